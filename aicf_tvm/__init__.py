@@ -1,0 +1,32 @@
+"""AICF on TVM: the Emit IR model (contract lattices, Emits in Relax) and its API.
+
+The core (lattices, contracts, Emit, kinds, library, verify) loads eagerly; the
+driver (compile, frontends, deploy, CLI) loads lazily on first use so that
+``import relax_passes`` and ``import schedules`` never pull the driver in.
+"""
+
+from .contract import (
+    ADAM_STEP_CONTRACT, RELU_CONTRACT, ContractFacts, EmitContract, Entailment, PortFacts, entails,
+)
+from .emit import EMIT_ATTR, Emit, Interface, Port, emit_of
+from .errors import (
+    AicfError, AliasContradiction, ContractContradiction, ContractViolation, DeployError,
+    EncodingError, InputError, TargetError, TuningError, UnsupportedModelError,
+)
+from .lattice import (
+    ABIFact, AccumDtype, Alias, Alignment, Determinism, Effect, Flag, MathTag, NumericFact,
+    Rounding, ShapeFact,
+)
+
+__version__ = "0.1.0"
+
+_LAZY = {}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(_LAZY[name], __name__)
+        return getattr(module, name)
+    raise AttributeError(f"module 'aicf_tvm' has no attribute {name!r}")

@@ -1,0 +1,157 @@
+"""The Emit: kind, attrs, interface and contract, and its ``aicf.emit`` encoding.
+
+An Emit lives in Relax as a private ``Primitive`` function whose attr ``aicf.emit``
+holds ``Emit.to_attr()``: only str/int/float/bool and lists/dicts of them, so the
+module round-trips through TVMScript and JSON unchanged (DESIGN §2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .contract import EmitContract
+from .errors import EncodingError
+
+EMIT_ATTR = "aicf.emit"
+FORMAT_VERSION = 1
+
+AttrValue = Any  # str | int | float | bool | tuple[AttrValue, ...] | frozen mapping
+
+
+@dataclass(frozen=True)
+class Port:
+    """One tensor port of an Emit's interface."""
+
+    name: str
+    dtype: str
+    ndim: int  # -1: unknown rank
+
+    def to_json(self) -> list:
+        return [self.name, self.dtype, self.ndim]
+
+    @classmethod
+    def from_json(cls, data) -> "Port":
+        name, dtype, ndim = data
+        return cls(str(name), str(dtype), int(ndim))
+
+
+@dataclass(frozen=True)
+class Interface:
+    """Inputs and outputs of an Emit, in call order."""
+
+    inputs: tuple[Port, ...] = ()
+    outputs: tuple[Port, ...] = ()
+
+    def port_names(self) -> list[str]:
+        return [p.name for p in self.inputs + self.outputs]
+
+    def to_json(self) -> dict:
+        return {"inputs": [p.to_json() for p in self.inputs], "outputs": [p.to_json() for p in self.outputs]}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "Interface":
+        return cls(
+            tuple(Port.from_json(p) for p in data["inputs"]),
+            tuple(Port.from_json(p) for p in data["outputs"]),
+        )
+
+
+def freeze(value: Any) -> AttrValue:
+    """Normalize TVM containers and Python containers into hashable plain values."""
+    import tvm
+
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float, str)):
+        return value
+    if isinstance(value, tvm.tirx.IntImm):
+        return bool(value.value) if value.dtype == "bool" else int(value.value)
+    if isinstance(value, tvm.tirx.FloatImm):
+        return float(value.value)
+    if isinstance(value, Mapping) or hasattr(value, "items"):
+        return tuple(sorted((str(k), freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)) or hasattr(value, "__len__"):
+        return tuple(freeze(v) for v in value)
+    raise EncodingError(f"attr value {value!r} of type {type(value).__name__} is not encodable")
+
+
+def thaw(value: AttrValue) -> Any:
+    """Inverse of ``freeze`` for encoding: tuples of pairs stay lists (dicts are explicit)."""
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+def plain(value: Any) -> Any:
+    """A TVM attr value (Array/Map/String/IntImm) as Python lists/dicts/scalars."""
+    import tvm
+
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, tvm.tirx.IntImm):
+        return bool(value.value) if value.dtype == "bool" else int(value.value)
+    if isinstance(value, tvm.tirx.FloatImm):
+        return float(value.value)
+    if hasattr(value, "items"):
+        return {str(k): plain(v) for k, v in value.items()}
+    if hasattr(value, "__len__"):
+        return [plain(v) for v in value]
+    raise EncodingError(f"unexpected value {value!r} in an {EMIT_ATTR} annotation")
+
+
+@dataclass(frozen=True)
+class Emit:
+    """An atomic state transformer: semantics (kind, attrs), interface and contract."""
+
+    kind: str
+    attrs: tuple[tuple[str, AttrValue], ...] = ()
+    interface: Interface = field(default_factory=Interface)
+    contract: EmitContract = field(default_factory=EmitContract)
+    math: str = "exact"
+    op: str = ""  # the Relax op an opaque or single-op Emit stands for
+
+    def __post_init__(self) -> None:
+        attrs = self.attrs.items() if isinstance(self.attrs, Mapping) else self.attrs
+        object.__setattr__(self, "attrs", tuple(sorted((str(k), freeze(v)) for k, v in attrs)))
+
+    @property
+    def attr_dict(self) -> dict[str, AttrValue]:
+        return dict(self.attrs)
+
+    def to_attr(self) -> dict:
+        """The ``aicf.emit`` function attribute value."""
+        return {
+            "version": FORMAT_VERSION,
+            "kind": self.kind,
+            "op": self.op,
+            "math": self.math,
+            "attrs": {k: thaw(v) for k, v in self.attrs},
+            "interface": self.interface.to_json(),
+            "contract": self.contract.to_json(),
+        }
+
+    @classmethod
+    def from_attr(cls, value: Any) -> "Emit":
+        data = plain(value) if not isinstance(value, dict) else value
+        try:
+            if int(data.get("version", -1)) != FORMAT_VERSION:
+                raise EncodingError(f"{EMIT_ATTR}: unsupported format version {data.get('version')!r}")
+            return cls(
+                kind=str(data["kind"]),
+                attrs=data.get("attrs", {}),
+                interface=Interface.from_json(data["interface"]),
+                contract=EmitContract.from_json(data["contract"]),
+                math=str(data.get("math", "exact")),
+                op=str(data.get("op", "")),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise EncodingError(f"malformed {EMIT_ATTR} annotation: {err}") from err
+
+
+def emit_of(func: Any) -> Emit | None:
+    """The Emit a Relax function is annotated with, or None."""
+    attrs = getattr(func, "attrs", None)
+    if attrs is None or EMIT_ATTR not in attrs:
+        return None
+    return Emit.from_attr(attrs[EMIT_ATTR])
