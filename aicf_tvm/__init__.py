@@ -9,6 +9,7 @@ from .contract import (
     ADAM_STEP_CONTRACT, RELU_CONTRACT, ContractFacts, EmitContract, Entailment, PortFacts, entails,
 )
 from .emit import EMIT_ATTR, Emit, Interface, Port, emit_of
+from .verify import contract_problems, verify_contracts
 from .errors import (
     AicfError, AliasContradiction, ContractContradiction, ContractViolation, DeployError,
     EncodingError, InputError, TargetError, TuningError, UnsupportedModelError,
@@ -20,7 +21,12 @@ from .lattice import (
 
 __version__ = "0.1.0"
 
-_LAZY = {}
+_LAZY = {
+    "explain": ".explainer",
+    "from_onnx": ".frontends",
+    "from_torch": ".frontends",
+    "load_model": ".frontends",
+}
 
 
 def __getattr__(name: str):

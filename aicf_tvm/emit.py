@@ -66,7 +66,7 @@ def freeze(value: Any) -> AttrValue:
     if isinstance(value, (int, float, str)):
         return value
     if isinstance(value, tvm.tirx.IntImm):
-        return bool(value.value) if value.dtype == "bool" else int(value.value)
+        return bool(value.value) if str(getattr(value, "ty", "")) == "bool" else int(value.value)
     if isinstance(value, tvm.tirx.FloatImm):
         return float(value.value)
     if isinstance(value, Mapping) or hasattr(value, "items"):
@@ -90,7 +90,7 @@ def plain(value: Any) -> Any:
     if isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, tvm.tirx.IntImm):
-        return bool(value.value) if value.dtype == "bool" else int(value.value)
+        return bool(value.value) if str(getattr(value, "ty", "")) == "bool" else int(value.value)
     if isinstance(value, tvm.tirx.FloatImm):
         return float(value.value)
     if hasattr(value, "items"):

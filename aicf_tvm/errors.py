@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tvm_ffi
+
 
 class AicfError(Exception):
     """Base of every error raised by AICF on purpose."""
@@ -14,8 +16,11 @@ class ContractContradiction(AicfError):
 class AliasContradiction(ContractContradiction):
     """MustAlias and NoAlias were both claimed for one pair of values."""
 
-    def __init__(self, first: str, second: str, detail: str = "") -> None:
+    def __init__(self, first: str, second: str | None = None, detail: str = "") -> None:
         self.first, self.second = first, second
+        if second is None:  # rebuilt from its message after crossing the FFI
+            super().__init__(first)
+            return
         msg = f"alias contradiction: {first} says MustAlias but {second} says NoAlias"
         super().__init__(msg + (f" ({detail})" if detail else ""))
 
@@ -46,3 +51,10 @@ class DeployError(AicfError):
 
 class TuningError(AicfError):
     """A tuning run that cannot proceed (no candidate built, corrupt database)."""
+
+
+# Errors raised inside our passes cross TVM's FFI (PassContext runs them from C++):
+# registering keeps their Python type on the way back out.
+for _cls in (AicfError, ContractContradiction, AliasContradiction, EncodingError, ContractViolation,
+             UnsupportedModelError, InputError, TargetError, DeployError, TuningError):
+    tvm_ffi.register_error(_cls.__name__, _cls)

@@ -75,6 +75,16 @@ class FinitePoset:
         return self._meet[a, b]
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
 class ProductLattice:
     """Mixin for frozen dataclasses whose fields are all lattice values.
 
@@ -82,17 +92,17 @@ class ProductLattice:
     """
 
     def leq(self, other: Any) -> bool:
-        return all(getattr(self, f.name).leq(getattr(other, f.name)) for f in dataclasses.fields(self))
+        return self is other or all(getattr(self, n).leq(getattr(other, n)) for n in _names(type(self)))
 
     def join(self, other: Any) -> Any:
-        return type(self)(
-            **{f.name: getattr(self, f.name).join(getattr(other, f.name)) for f in dataclasses.fields(self)}
-        )
+        if self is other:
+            return self
+        return type(self)(*[getattr(self, n).join(getattr(other, n)) for n in _names(type(self))])
 
     def meet(self, other: Any) -> Any:
-        return type(self)(
-            **{f.name: getattr(self, f.name).meet(getattr(other, f.name)) for f in dataclasses.fields(self)}
-        )
+        if self is other:
+            return self
+        return type(self)(*[getattr(self, n).meet(getattr(other, n)) for n in _names(type(self))])
 
     @classmethod
     def top(cls) -> Any:

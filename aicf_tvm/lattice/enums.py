@@ -36,9 +36,13 @@ class EnumLattice:
         return self.POSET.leq(self.value, other.value)
 
     def join(self, other):
+        if self.value == other.value:
+            return self
         return type(self)(self.POSET.join(self.value, other.value))
 
     def meet(self, other):
+        if self.value == other.value:
+            return self
         return type(self)(self.POSET.meet(self.value, other.value))
 
     def is_top(self) -> bool:

@@ -1,0 +1,118 @@
+"""Model import: ONNX files, PyTorch modules, Relax modules, built-in example models.
+
+Every importer returns a Relax IRModule with a pure ``main`` whose parameters are the
+model's real inputs (weights bound as constants), normalized by ``FoldConstant`` and
+``DeadCodeElimination`` so weights computed from constants arrive as constants.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Mapping, Sequence
+
+import tvm
+from tvm import relax
+
+from .errors import UnsupportedModelError
+
+
+def _normalize(mod: tvm.IRModule) -> tvm.IRModule:
+    seq = tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()])
+    return seq(mod)
+
+
+def _load_onnx(path_or_model: Any):
+    import onnx
+
+    if not isinstance(path_or_model, (str, os.PathLike, bytes)):
+        return path_or_model, "<in-memory model>"
+    if isinstance(path_or_model, bytes):
+        try:
+            return onnx.load_from_string(path_or_model), "<bytes>"
+        except Exception as err:  # noqa: BLE001 - onnx raises DecodeError subclasses
+            raise UnsupportedModelError(f"the given bytes are not an ONNX model ({err})") from err
+    path = os.fspath(path_or_model)
+    if not os.path.exists(path):
+        raise UnsupportedModelError(f"{path}: no such file")
+    try:
+        return onnx.load(path), path
+    except Exception as err:  # noqa: BLE001
+        raise UnsupportedModelError(f"{path}: not an ONNX model ({type(err).__name__}: {err})") from err
+
+
+def from_onnx(path_or_model: Any, shapes: Mapping[str, Sequence[int]] | None = None) -> tvm.IRModule:
+    """Import an ONNX model (path, bytes or ``onnx.ModelProto``) with TVM's ONNX frontend."""
+    model, name = _load_onnx(path_or_model)
+    inits = {i.name for i in model.graph.initializer}
+    real = [i for i in model.graph.input if i.name not in inits]
+    shape_dict, dtype_dict = {}, {}
+    for inp in real:
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in
+                inp.type.tensor_type.shape.dim]
+        if shapes and inp.name in shapes:
+            dims = list(shapes[inp.name])
+        shape_dict[inp.name] = dims
+    _check_ops(model, name)
+    try:
+        mod = relax.frontend.onnx.from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
+    except Exception as err:  # noqa: BLE001 - the frontend raises many kinds
+        raise UnsupportedModelError(f"{name}: the ONNX frontend failed: {type(err).__name__}: {err}") from err
+    del dtype_dict
+    return _normalize(mod)
+
+
+def _check_ops(model: Any, name: str) -> None:
+    """Name the first node whose operator TVM's ONNX frontend does not convert."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    table = onnx_frontend._get_convert_map()
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in table:
+            raise UnsupportedModelError(
+                f"{name}: operator {node.domain + '.' if node.domain else ''}{node.op_type} "
+                f"(node {node.name or '<unnamed>'}) is not supported by TVM's ONNX frontend"
+            )
+
+
+def from_torch(module: Any, example_args: Sequence[Any]) -> tvm.IRModule:
+    """Import a ``torch.nn.Module`` through ``torch.export`` (needs the ``torch`` extra)."""
+    try:
+        import torch
+    except ImportError as err:
+        raise UnsupportedModelError("from_torch needs PyTorch: pip install 'aicf-tvm[torch]'") from err
+    from tvm.relax.frontend.torch import from_exported_program
+
+    module = module.eval()
+    with torch.no_grad():
+        ep = torch.export.export(module, tuple(example_args))
+        mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    return _normalize(mod)
+
+
+def load_model(spec: Any) -> tvm.IRModule:
+    """A Relax module from: an IRModule; an ``nn.Module`` spec; an ONNX path;
+    a built-in model name; or ``package.module:function`` returning an IRModule."""
+    if isinstance(spec, tvm.IRModule):
+        return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        return from_onnx(spec)
+    text = os.fspath(spec)
+    from . import models
+
+    if text in models.BUILTIN_MODELS:
+        return models.BUILTIN_MODELS[text]()
+    if text.endswith(".onnx") or os.path.exists(text):
+        return from_onnx(text)
+    if ":" in text:
+        mod_name, _, attr = text.partition(":")
+        try:
+            obj = getattr(importlib.import_module(mod_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise UnsupportedModelError(f"{text}: cannot import ({err})") from err
+        obj = obj() if callable(obj) else obj
+        if not isinstance(obj, tvm.IRModule):
+            raise UnsupportedModelError(f"{text}: returned {type(obj).__name__}, not a tvm.IRModule")
+        return obj
+    known = ", ".join(sorted(models.BUILTIN_MODELS))
+    raise UnsupportedModelError(f"{text}: no such file, and not a built-in model ({known})")

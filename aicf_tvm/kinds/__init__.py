@@ -1,0 +1,10 @@
+"""Emit kinds: the per-op registry and the transfer rules of facts."""
+
+from .registry import (
+    CATEGORIES, OPAQUE_RULE, KindRule, kind_name, kinds_by_name, register, registered_ops, rule_for,
+)
+
+__all__ = [
+    "CATEGORIES", "OPAQUE_RULE", "KindRule", "kind_name", "kinds_by_name", "register",
+    "registered_ops", "rule_for",
+]

@@ -1,0 +1,90 @@
+"""Registry of Emit kinds: one entry per Relax op, with a conservative default.
+
+An entry gives the kind name, a category (what fusion may do with it), a math tag, an
+attribute reader and a stride transfer rule for views. Adding an op means adding an
+entry (``table.py``), never editing a pass. An op with no entry lifts to ``opaque``:
+the weakest contract (ReadWrite on every port, ⊤ everywhere), never fused or moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from ..lattice import ShapeFact
+
+# What fusion may do with an Emit of this category.
+ELEMENTWISE = "elementwise"  # same shape in and out, pointwise
+BROADCAST = "broadcast"  # pointwise with broadcasting inputs
+INJECTIVE = "injective"  # every output element reads one computed input element
+VIEW = "view"  # injective and expressible as strides over its input
+REDUCTION = "reduction"
+MATMUL = "matmul"
+CONV = "conv"
+POOL = "pool"
+NORM = "norm"  # layer_norm, rms_norm, batch_norm, group_norm
+SOFTMAX = "softmax"
+CREATION = "creation"  # no tensor input (zeros, arange, full)
+OPAQUE = "opaque"
+
+CATEGORIES = (
+    ELEMENTWISE, BROADCAST, INJECTIVE, VIEW, REDUCTION, MATMUL, CONV, POOL, NORM, SOFTMAX,
+    CREATION, OPAQUE,
+)
+
+# transfer(call, input shape facts, output dims) -> output strides or None (unknown)
+StrideRule = Callable[[Any, list[ShapeFact], tuple], Optional[tuple]]
+
+
+@dataclass(frozen=True)
+class KindRule:
+    """How one Relax op lifts to an Emit and how facts flow through it."""
+
+    kind: str
+    category: str
+    math: str = "exact"
+    strides: Optional[StrideRule] = None  # views only
+    has_effects: bool = False  # True only for opaque: ReadWrite on every port
+
+    @property
+    def is_opaque(self) -> bool:
+        return self.category == OPAQUE
+
+
+OPAQUE_RULE = KindRule("opaque", OPAQUE, math="approx", has_effects=True)
+
+_REGISTRY: dict[str, KindRule] = {}
+
+
+def register(op_name: str, category: str, kind: str | None = None, math: str = "exact",
+             strides: StrideRule | None = None) -> KindRule:
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown category {category!r} for {op_name}")
+    rule = KindRule(kind or kind_name(op_name), category, math, strides)
+    _REGISTRY[op_name] = rule
+    return rule
+
+
+def kind_name(op_name: str) -> str:
+    """``relax.nn.conv2d`` -> ``conv2d``."""
+    name = op_name.removeprefix("relax.")
+    for prefix in ("nn.", "image.", "ccl."):
+        name = name.removeprefix(prefix)
+    return name.replace(".", "_")
+
+
+def rule_for(op_name: str) -> KindRule:
+    """The registered rule, or the opaque rule for an op we do not know."""
+    from . import table  # noqa: F401  (fills the registry on first use)
+
+    return _REGISTRY.get(op_name, OPAQUE_RULE)
+
+
+def registered_ops() -> dict[str, KindRule]:
+    from . import table  # noqa: F401
+
+    return dict(_REGISTRY)
+
+
+def kinds_by_name() -> dict[str, KindRule]:
+    return {r.kind: r for r in registered_ops().values()} | {"opaque": OPAQUE_RULE}

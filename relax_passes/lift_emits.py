@@ -1,0 +1,156 @@
+"""LiftEmits: turn every op call in a function's dataflow blocks into an Emit call.
+
+Each binding ``y = R.op(x, ...)`` becomes ``y = emit_<kind>(x, ...)`` where
+``emit_<kind>`` is a private Relax function marked ``Primitive`` whose ``aicf.emit``
+attr holds the Emit (kind, attrs, interface, contract template; DESIGN §2). Tensor
+arguments (tuples of tensors flattened) become the Emit's ports; shapes, axes and other
+non-tensor arguments stay inside it. Identical Emits share one function.
+
+Runs first, on a module straight from a frontend. Sound because the body of each
+function is the original call: the lifted module computes exactly what the input did
+(inlining every Emit function gives the input back). Structural bindings (tuples,
+tuple reads, aliases) and bindings outside dataflow blocks are left as they are; so
+is a call whose non-tensor arguments use a symbolic variable that its tensor
+arguments do not define (the private function could not bind it).
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from aicf_tvm.emit import EMIT_ATTR, emit_of
+from aicf_tvm.kinds.describe import (
+    describe_call, flat_tensor_args, is_tensor, is_tensor_tuple, split_call,
+)
+
+# Ops that are runtime plumbing, not computations on tensors.
+_NOT_EMITS = ("relax.builtin.", "relax.memory.", "relax.vm.", "relax.inspect.", "relax.grad.")
+_NOT_EMIT_OPS = {
+    "relax.shape_of", "relax.null_value", "relax.print", "relax.assert_op", "relax.tensor_to_shape",
+    "relax.hint_on_device", "relax.to_vdevice", "relax.make_closure", "relax.invoke_closure",
+    "relax.invoke_pure_closure", "relax.wrap_param",
+}
+
+
+def _returns_tensors(ty) -> bool:
+    if isinstance(ty, relax.TensorType):
+        return True
+    fields = getattr(ty, "fields", None)
+    return isinstance(ty, relax.TupleType) and bool(fields) and all(isinstance(f, relax.TensorType) for f in fields)
+
+
+def is_liftable(call: relax.Expr) -> bool:
+    """A call of a Relax op that computes tensors from tensors."""
+    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+        return False
+    name = call.op.name
+    if name in _NOT_EMIT_OPS or name.startswith(_NOT_EMITS):
+        return False
+    return _returns_tensors(call.ty)
+
+
+def _param_name(port: str) -> str:
+    return port.replace(".", "_")
+
+
+def build_emit_function(call: relax.Call) -> tuple[relax.Function, tuple] | None:
+    """The private Emit function for ``call`` and the arguments to call it with."""
+    sig = split_call(call)
+    emit = describe_call(call, sig)
+    params = [relax.Var(_param_name(p), a.ty) for p, a in zip(sig.port_names, sig.tensor_args)]
+    it = iter(params)
+    new_args = []
+    for arg in call.args:
+        if is_tensor(arg):
+            new_args.append(next(it))
+        elif is_tensor_tuple(arg):
+            new_args.append(relax.Tuple([next(it) for _ in arg.fields]))
+        else:
+            new_args.append(arg)
+    body_call = relax.Call(call.op, new_args, call.attrs, call.ty_args)
+    bb = relax.BlockBuilder()
+    attrs = {"Primitive": True, EMIT_ATTR: emit.to_attr()}
+    with bb.function("emit", params, attrs=attrs, private=True):
+        with bb.dataflow():
+            out = bb.emit_output(body_call)
+        bb.emit_func_output(out)
+    func = bb.finalize()["emit"]
+    if relax.analysis.free_symbolic_vars(func):
+        return None
+    defined = relax.analysis.defined_symbolic_vars(func)
+    if defined:  # each function must define its own symbolic variables
+        func = func.bind_symbolic_vars({v: tvm.tirx.Var(v.name, v.ty) for v in defined})
+    return func, sig.tensor_args
+
+
+def _signature_key(call: relax.Call) -> tuple:
+    """Cheap identity of the Emit a call lifts to (structural hashes, no printing)."""
+    h = tvm_ffi.structural_hash
+    return (
+        call.op.name,
+        h(call.attrs) if call.attrs is not None else 0,
+        tuple(h(a.ty) if is_tensor(a) or is_tensor_tuple(a) else h(a) for a in call.args),
+        h(call.ty),
+    )
+
+
+@mutator
+class _Lifter(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.cache: dict[tuple, relax.GlobalVar | None] = {}
+        self.in_dataflow = False
+
+    def visit_dataflow_block_(self, block):
+        self.in_dataflow = True
+        try:
+            return super().visit_dataflow_block_(block)
+        finally:
+            self.in_dataflow = False
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not (self.in_dataflow and is_liftable(call)):
+            return call
+        key = _signature_key(call)
+        if key not in self.cache:
+            built = build_emit_function(call)
+            if built is None:
+                self.cache[key] = None
+            else:
+                name = f"emit_{emit_of(built[0]).kind}"
+                self.cache[key] = self.builder_.add_func(built[0], name)
+        gv = self.cache[key]
+        if gv is None:
+            return call
+        return relax.Call(gv, flat_tensor_args(call))
+
+
+def lift_function(mod: tvm.IRModule, name: str = "main") -> tvm.IRModule:
+    """Lift the Emits of one function (``main`` by default)."""
+    lifter = _Lifter(mod)
+    gv = mod.get_global_var(name)
+    new_func = lifter.visit_expr(mod[gv])
+    lifter.builder_.update_func(gv, new_func)
+    return lifter.builder_.get()
+
+
+@tvm.transform.module_pass(opt_level=0, name="LiftEmits")
+class LiftEmits:
+    """Lift every op call in the dataflow blocks of the module's public Relax functions.
+
+    Functions that already carry Emits (``aicf.emit``) or are ``Primitive`` are skipped,
+    so the pass is idempotent.
+    """
+
+    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        for gv, func in list(mod.functions_items()):
+            if not isinstance(func, relax.Function) or func.attrs is None:
+                continue
+            if "global_symbol" not in func.attrs or "Primitive" in func.attrs:
+                continue
+            mod = lift_function(mod, gv.name_hint)
+        return mod

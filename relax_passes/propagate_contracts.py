@@ -1,0 +1,245 @@
+"""PropagateContracts: refine every Emit's contract with the facts of its call sites.
+
+A worklist fixpoint over the Emit DAG of a function. Each value gets a fact (shape and
+strides, numerics, ABI) and a set of buffers it may share storage with; facts start
+from what Relax types prove and are refined through each Emit by the kind's transfer
+rule (``aicf_tvm.kinds.transfer``). Alias facts per pair of ports follow from those
+buffer sets: the same value MustAlias, disjoint fresh buffers NoAlias, a view and
+its source MayAlias, two caller inputs Unknown. An Emit function called from several
+sites keeps the join (the common guarantee) of its sites' facts.
+
+Runs after LiftEmits and again after every rewrite. Raises ``ContractContradiction``
+when a propagated fact and an annotation meet at ⊥. With ``AICF_DEBUG=1`` it asserts
+that every refinement descends (new ⊑ old), i.e. that the transfer rules are monotone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from aicf_tvm.contract import ContractFacts, EmitContract, PortFacts
+from aicf_tvm.emit import EMIT_ATTR, Emit, emit_of
+from aicf_tvm.errors import ContractContradiction
+from aicf_tvm.kinds.describe import is_tensor, output_types
+from aicf_tvm.kinds.registry import VIEW, rule_for
+from aicf_tvm.kinds.transfer import fresh_shape, transfer, value_facts
+from aicf_tvm.lattice import Alias, Alignment, NumericFact, ShapeFact
+
+MUST, NO, MAY, UNKNOWN = (Alias(v) for v in ("MustAlias", "NoAlias", "MayAlias", "Unknown"))
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("AICF_DEBUG", "") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class ValueFact:
+    """What is known of one Relax value: its facts and the buffers it may share."""
+
+    facts: PortFacts
+    roots: frozenset  # ("param", i) | ("const", id) | ("value", var)
+
+    @property
+    def from_caller(self) -> bool:
+        return any(r[0] == "param" for r in self.roots)
+
+
+def alias_between(a: Any, b: Any, fa: ValueFact, fb: ValueFact) -> Alias:
+    if a.same_as(b):
+        return MUST
+    if fa.roots & fb.roots:
+        return MAY
+    if fa.from_caller and fb.from_caller:
+        return UNKNOWN
+    return NO
+
+
+@dataclass
+class FactTable:
+    """The result of the analysis: a fact per value, per-site contracts per Emit."""
+
+    values: dict = field(default_factory=dict)  # relax.Var -> ValueFact | tuple[ValueFact]
+    sites: dict = field(default_factory=dict)  # GlobalVar -> list[ContractFacts]
+
+    def of(self, expr: Any) -> ValueFact:
+        if isinstance(expr, relax.Var):
+            return self.values[expr]
+        return constant_fact(expr)
+
+
+def constant_fact(expr: Any) -> ValueFact:
+    ty = expr.ty
+    if isinstance(ty, relax.TensorType):
+        shape = fresh_shape(ty)
+        return ValueFact(value_facts(shape, NumericFact.exact(str(ty.dtype))), frozenset({("const", id(expr))}))
+    return ValueFact(PortFacts(), frozenset({("const", id(expr))}))
+
+
+def _param_fact(i: int, param: relax.Var) -> ValueFact:
+    ty = param.ty
+    if not isinstance(ty, relax.TensorType):
+        return ValueFact(PortFacts(), frozenset({("param", i)}))
+    # The VM hands kernels compact tensors; their alignment is the caller's business.
+    facts = value_facts(fresh_shape(ty), NumericFact.exact(str(ty.dtype)), Alignment.top())
+    return ValueFact(facts, frozenset({("param", i)}))
+
+
+class _Analysis:
+    def __init__(self, mod: tvm.IRModule, func: relax.Function) -> None:
+        self.mod = mod
+        self.func = func
+        self.table = FactTable()
+        self.emits: dict = {}  # GlobalVar -> (Emit, body call)
+        self.debug = debug_enabled()
+
+    def emit_info(self, gv: relax.GlobalVar) -> tuple[Emit, Any] | None:
+        if gv not in self.emits:
+            func = self.mod[gv] if gv in self.mod.get_global_vars() else None
+            emit = emit_of(func) if isinstance(func, relax.Function) else None
+            body = None
+            if emit is not None:
+                bindings = [b for blk in func.body.blocks for b in blk.bindings]
+                if len(bindings) == 1 and isinstance(bindings[0].value, relax.Call):
+                    body = bindings[0].value
+            self.emits[gv] = None if emit is None else (emit, body)
+        return self.emits[gv]
+
+    def run(self) -> FactTable:
+        values = self.table.values
+        for i, p in enumerate(self.func.params):
+            values[p] = _param_fact(i, p)
+        bindings = [b for blk in self.func.body.blocks for b in blk.bindings]
+        users: dict = {}
+        for b in bindings:
+            for v in relax.analysis.free_vars(b.value):
+                users.setdefault(v, []).append(b)
+        work = deque(bindings)
+        queued = {id(b) for b in bindings}
+        while work:
+            b = work.popleft()
+            queued.discard(id(b))
+            new = self.visit(b)
+            old = values.get(b.var)
+            if old is not None and new == old:
+                continue
+            if self.debug and old is not None:
+                _assert_descends(b.var, old, new)
+            values[b.var] = new
+            for u in users.get(b.var, ()):
+                if id(u) not in queued:
+                    work.append(u)
+                    queued.add(id(u))
+        return self.table
+
+    def visit(self, binding: Any) -> Any:
+        value, var = binding.value, binding.var
+        fresh = frozenset({("value", var)})
+        if isinstance(value, relax.Var):
+            return self.table.values[value]
+        if isinstance(value, relax.TupleGetItem):
+            src = self.table.of(value.tuple_value)
+            return src[value.index] if isinstance(src, tuple) else ValueFact(PortFacts(), fresh)
+        if isinstance(value, relax.Tuple):
+            return tuple(self.table.of(f) for f in value.fields)
+        if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+            info = self.emit_info(value.op)
+            if info is not None:
+                return self.visit_emit(value, info, var)
+        if isinstance(var.ty, relax.TensorType):
+            facts = value_facts(fresh_shape(var.ty), NumericFact.top())
+            return ValueFact(facts, fresh)
+        return ValueFact(PortFacts(), fresh)
+
+    def visit_emit(self, call: relax.Call, info: tuple, var: relax.Var) -> Any:
+        emit, body = info
+        args = list(call.args)
+        ins = [self.table.of(a) for a in args]
+        outs = transfer(emit, body, [f.facts for f in ins], var.ty)
+        is_view = rule_for(emit.op).category == VIEW
+        roots = frozenset({("value", var)})
+        if is_view and ins:
+            roots |= ins[0].roots
+        out_facts = [ValueFact(o, roots) for o in outs]
+        self._record_site(call, emit, args, ins, out_facts)
+        return out_facts[0] if len(out_facts) == 1 and not len(output_types(var.ty)) > 1 else tuple(out_facts)
+
+    def _record_site(self, call, emit: Emit, args, ins, outs) -> None:
+        ports: dict[str, PortFacts] = {}
+        template = emit.contract.provides
+        names = [p.name for p in emit.interface.inputs]
+        for name, f in zip(names, ins):
+            ports[name] = _with_effect(f.facts, template.port(name))
+        out_names = [p.name for p in emit.interface.outputs]
+        for name, f in zip(out_names, outs):
+            ports[name] = _with_effect(f.facts, template.port(name))
+        alias = {}
+        tensor_ins = [(n, a, f) for n, a, f in zip(names, args, ins) if is_tensor(a)]
+        for i, (n1, a1, f1) in enumerate(tensor_ins):
+            for n2, a2, f2 in tensor_ins[i + 1:]:
+                alias[(n1, n2)] = alias_between(a1, a2, f1, f2)
+            for name, f in zip(out_names, outs):
+                alias[(n1, name)] = MAY if (f.roots & f1.roots) else NO
+        self.table.sites.setdefault(call.op, []).append(ContractFacts.of(ports, alias))
+
+
+def _with_effect(facts: PortFacts, template: PortFacts) -> PortFacts:
+    return PortFacts(template.effect, facts.shape, facts.numeric, facts.abi)
+
+
+def _assert_descends(var: Any, old: Any, new: Any) -> None:
+    olds = old if isinstance(old, tuple) else (old,)
+    news = new if isinstance(new, tuple) else (new,)
+    for o, n in zip(olds, news):
+        assert n.facts.leq(o.facts), f"non-monotone refinement of {var.name}: {o.facts} -> {n.facts}"
+
+
+def analyze(mod: tvm.IRModule, name: str = "main") -> FactTable:
+    """Facts of every value of function ``name`` and of every Emit call site in it."""
+    return _Analysis(mod, mod[name]).run()
+
+
+def refine_contract(gv_name: str, emit: Emit, sites: list[ContractFacts]) -> EmitContract:
+    """The Emit's contract refined by the join of its call sites' facts."""
+    distinct = list(dict.fromkeys(sites))  # most call sites of one Emit agree
+    joined = distinct[0]
+    for s in distinct[1:]:
+        joined = joined.join(s)
+    template = emit.contract.provides
+    for port in emit.interface.port_names():
+        have, new = template.port(port).shape, joined.port(port).shape
+        if have.meet(new).is_bottom:
+            raise ContractContradiction(
+                f"Emit {gv_name} ({emit.kind}) port {port}: annotated shape {have.show()} "
+                f"contradicts propagated {new.show()}"
+            )
+    for (a, b), fact in template.alias:
+        joined = joined.with_alias(a, b, fact.refine(joined.alias_of(a, b), f"annotation of {gv_name}",
+                                                     f"propagated facts at {gv_name}"))
+    return EmitContract(emit.contract.requires, joined)
+
+
+@tvm.transform.module_pass(opt_level=0, name="PropagateContracts")
+class PropagateContracts:
+    """Store the propagated facts of ``main`` into its Emits' ``aicf.emit`` contracts."""
+
+    def __init__(self, func_name: str = "main") -> None:
+        self.func_name = func_name
+
+    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        if self.func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
+            return mod
+        table = analyze(mod, self.func_name)
+        for gv, sites in table.sites.items():
+            func = mod[gv]
+            emit = emit_of(func)
+            contract = refine_contract(gv.name_hint, emit, sites)
+            if contract != emit.contract:
+                new = Emit(emit.kind, emit.attrs, emit.interface, contract, emit.math, emit.op)
+                mod[gv] = func.with_attr(EMIT_ATTR, new.to_attr())
+        return mod

@@ -1,0 +1,190 @@
+"""PropagateContracts: facts on tagged values, alias facts, contradictions, monotonicity.
+
+Like MLIR's dataflow tests: each case names values and checks the lattice value
+propagated to each, with the reason it is right.
+"""
+
+from __future__ import annotations
+
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from aicf_tvm import EMIT_ATTR, AliasContradiction, ContractContradiction, Emit, emit_of, verify_contracts
+from aicf_tvm.contract import EmitContract
+from aicf_tvm.kinds import views
+from aicf_tvm.lattice import Alias, MathTag, ShapeFact
+from relax_passes import LiftEmits, PropagateContracts, analyze
+
+from ..aicf_tvm.strategies import shapes
+
+
+@I.ir_module
+class Views:
+    @R.function
+    def main(x: R.Tensor(("n", 16, 8), "float32"), y: R.Tensor((4, 8), "float32")):
+        with R.dataflow():
+            t = R.permute_dims(x, [0, 2, 1])
+            r = R.reshape(x, R.shape([x.ty.shape[0] if False else 0, 128]) if False else (-1, 128))
+            rt = R.reshape(t, (-1, 128))
+            s0 = R.strided_slice(y, axes=[0], begin=[1], end=[3])
+            s1 = R.strided_slice(y, axes=[1], begin=[0], end=[8], strides=[2])
+            b = R.broadcast_to(R.expand_dims(y, [0]), (3, 4, 8))
+            g = R.nn.gelu_tanh(y)
+            a = R.add(g, y)
+            R.output(t, r, rt, s0, s1, b, a)
+        return (t, r, rt, s0, s1, b, a)
+
+
+@pytest.fixture(scope="module")
+def facts():
+    mod = LiftEmits()(Views)
+    table = analyze(mod)
+    return {v.name: f for v, f in table.values.items() if not isinstance(f, tuple)}
+
+
+def test_permute_dims_output_is_strided_and_not_contiguous(facts):
+    # x is [n,16,8] row-major: strides (128, 8, 1); swapping the last two axes.
+    t = facts["t"].facts.shape
+    assert t.dims == ("n", 8, 16) and t.strides == (128, 1, 8)
+    assert not t.is_contiguous()
+
+
+def test_reshape_of_contiguous_stays_contiguous_and_symbolic_dim_survives(facts):
+    r = facts["r"].facts.shape
+    assert r.is_contiguous() and r.dims[1] == 128 and isinstance(r.dims[0], str)
+
+
+def test_reshape_of_transposed_view_has_unknown_strides(facts):
+    rt = facts["rt"].facts.shape
+    assert rt.strides is None and not rt.is_contiguous()
+
+
+def test_slices_outer_axis_contiguous_inner_axis_strided(facts):
+    assert facts["s0"].facts.shape == ShapeFact((2, 8), (8, 1))  # rows of a contiguous matrix
+    s1 = facts["s1"].facts.shape
+    assert s1 == ShapeFact((4, 4), (8, 2)) and not s1.is_contiguous()
+
+
+def test_broadcast_gives_zero_strides(facts):
+    assert facts["b"].facts.shape.strides == (0, 8, 1)
+
+
+def test_approximate_math_propagates_to_consumers(facts):
+    assert facts["g"].facts.numeric.math == MathTag("approx:gelu_tanh")
+    assert facts["a"].facts.numeric.math == MathTag("approx:gelu_tanh")  # add itself is exact
+
+
+def test_alias_facts_of_call_sites():
+    mod = PropagateContracts()(LiftEmits()(Views))
+    verify_contracts(mod)
+    add = emit_of(mod["emit_add"]).contract.provides
+    assert add.alias_of("x1", "x2") == Alias("NoAlias")  # g is a fresh buffer, y the caller's
+    assert add.alias_of("x1", "out") == Alias("NoAlias")
+    perm = emit_of(mod["emit_permute_dims"]).contract.provides
+    assert perm.alias_of("x", "out") == Alias("MayAlias")  # a view may share storage
+
+
+@I.ir_module
+class SameValueTwice:
+    @R.function
+    def main(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            a = R.multiply(x, x)
+            b = R.multiply(x, y)
+            R.output(a, b)
+        return (a, b)
+
+
+def test_same_value_must_alias_and_two_caller_inputs_unknown():
+    table = analyze(LiftEmits()(SameValueTwice))
+    [sites] = table.sites.values()
+    assert sites[0].alias_of("x1", "x2") == Alias("MustAlias")
+    assert sites[1].alias_of("x1", "x2") == Alias("Unknown")
+    mod = PropagateContracts()(LiftEmits()(SameValueTwice))
+    joined = emit_of(mod["emit_multiply"]).contract.provides
+    assert joined.alias_of("x1", "x2") == Alias("Unknown")  # the join of the two sites
+
+
+def _annotate(mod, name, change):
+    emit = emit_of(mod[name])
+    new = Emit(emit.kind, emit.attrs, emit.interface, change(emit.contract), emit.math, emit.op)
+    mod[name] = mod[name].with_attr(EMIT_ATTR, new.to_attr())
+    return mod
+
+
+def test_shape_annotation_contradicting_propagation_raises():
+    mod = LiftEmits()(SameValueTwice)
+
+    def wrong(c: EmitContract) -> EmitContract:
+        port = c.provides.port("out")
+        return EmitContract(c.requires, c.provides.with_port("out", type(port)(
+            port.effect, ShapeFact.shape([5]), port.numeric, port.abi)))
+
+    with pytest.raises(ContractContradiction, match=r"emit_multiply.*port out.*\[5\].*\[4\]"):
+        PropagateContracts()(_annotate(mod, "emit_multiply", wrong))
+
+
+def test_alias_annotation_contradicting_propagation_raises_naming_both():
+    mod = LiftEmits()(Views)
+
+    def must(c: EmitContract) -> EmitContract:
+        return EmitContract(c.requires, c.provides.with_alias("x1", "out", Alias("MustAlias")))
+
+    with pytest.raises(AliasContradiction, match="annotation of emit_add says MustAlias but propagated"):
+        PropagateContracts()(_annotate(mod, "emit_add", must))
+
+
+def test_idempotent():
+    once = PropagateContracts()(LiftEmits()(Views))
+    tvm.ir.assert_structural_equal(PropagateContracts()(once), once)
+
+
+def test_module_without_emits_is_unchanged():
+    mod = Views
+    tvm.ir.assert_structural_equal(PropagateContracts()(mod), mod)
+
+
+class _Call:
+    """A stand-in call carrying only what the view rules read."""
+
+    def __init__(self, **attrs):
+        self.attrs = type("A", (), attrs)()
+        self.args = attrs.get("args", ())
+
+
+_VIEW_CASES = [
+    (views.permute_dims, _Call(axes=[1, 0]), (3, 2)),
+    (views.reshape, _Call(), (6,)),
+    (views.squeeze, _Call(axis=None), (2, 3)),
+    (views.expand_dims, _Call(axis=[0]), (1, 2, 3)),
+    (views.broadcast_to, _Call(), (4, 2, 3)),
+]
+
+
+@pytest.mark.parametrize("rule,call,out_dims", _VIEW_CASES)
+def test_view_stride_rules_are_monotone(rule, call, out_dims):
+    """A stronger input fact never gives a weaker output stride fact."""
+
+    @settings(max_examples=80, deadline=None)
+    @given(shapes(), shapes())
+    def check(a, b):
+        lo, hi = a.meet(b), a
+        if lo.is_bottom or hi.dims is None or lo.dims is None or len(lo.dims) != 2:
+            return
+        if hi.dims != (2, 3) and hi.dims != (None, None):
+            return
+        def out(f):
+            return ShapeFact(out_dims, rule(call, [f], out_dims))
+        assert out(lo).leq(out(hi))
+
+    check()
+
+
+def test_relax_rejects_nothing_we_built():
+    mod = PropagateContracts()(LiftEmits()(Views))
+    assert relax.analysis.check_well_formed(mod)
