@@ -22,6 +22,8 @@ from .lattice import (
 __version__ = "0.1.0"
 
 _LAZY = {
+    "compile": ".pipeline",
+    "CompiledModel": ".compiled",
     "explain": ".explainer",
     "from_onnx": ".frontends",
     "from_torch": ".frontends",

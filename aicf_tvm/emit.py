@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .contract import EmitContract
+from .contract import ContractFacts, EmitContract
 from .errors import EncodingError
 
 EMIT_ATTR = "aicf.emit"
@@ -110,6 +110,9 @@ class Emit:
     contract: EmitContract = field(default_factory=EmitContract)
     math: str = "exact"
     op: str = ""  # the Relax op an opaque or single-op Emit stands for
+    # Facts a user or frontend asserts, independent of propagation: propagation meets
+    # them with what it derives and reports a contradiction (⊥) naming both.
+    asserted: ContractFacts = field(default_factory=ContractFacts)
 
     def __post_init__(self) -> None:
         attrs = self.attrs.items() if isinstance(self.attrs, Mapping) else self.attrs
@@ -119,9 +122,13 @@ class Emit:
     def attr_dict(self) -> dict[str, AttrValue]:
         return dict(self.attrs)
 
+    def with_contract(self, contract: EmitContract) -> "Emit":
+        return Emit(self.kind, self.attrs, self.interface, contract, self.math, self.op, self.asserted)
+
     def to_attr(self) -> dict:
         """The ``aicf.emit`` function attribute value."""
-        return {
+        extra = {"asserted": self.asserted.to_json()} if self.asserted != ContractFacts() else {}
+        return extra | {
             "version": FORMAT_VERSION,
             "kind": self.kind,
             "op": self.op,
@@ -144,6 +151,7 @@ class Emit:
                 contract=EmitContract.from_json(data["contract"]),
                 math=str(data.get("math", "exact")),
                 op=str(data.get("op", "")),
+                asserted=ContractFacts.from_json(data.get("asserted", {})),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise EncodingError(f"malformed {EMIT_ATTR} annotation: {err}") from err

@@ -29,7 +29,7 @@ from aicf_tvm.errors import ContractContradiction
 from aicf_tvm.kinds.describe import is_tensor, output_types
 from aicf_tvm.kinds.registry import VIEW, rule_for
 from aicf_tvm.kinds.transfer import fresh_shape, transfer, value_facts
-from aicf_tvm.lattice import Alias, Alignment, NumericFact, ShapeFact
+from aicf_tvm.lattice import Alias, Alignment, NumericFact
 
 MUST, NO, MAY, UNKNOWN = (Alias(v) for v in ("MustAlias", "NoAlias", "MayAlias", "Unknown"))
 
@@ -205,21 +205,27 @@ def analyze(mod: tvm.IRModule, name: str = "main") -> FactTable:
 
 
 def refine_contract(gv_name: str, emit: Emit, sites: list[ContractFacts]) -> EmitContract:
-    """The Emit's contract refined by the join of its call sites' facts."""
+    """The Emit's contract: the join of its call sites' facts, met with what is asserted.
+
+    The sites' facts replace earlier propagated ones (a rewrite may turn a view into a
+    materialized buffer); asserted facts must agree with them or we raise.
+    """
     distinct = list(dict.fromkeys(sites))  # most call sites of one Emit agree
     joined = distinct[0]
     for s in distinct[1:]:
         joined = joined.join(s)
-    template = emit.contract.provides
-    for port in emit.interface.port_names():
-        have, new = template.port(port).shape, joined.port(port).shape
-        if have.meet(new).is_bottom:
+    asserted = emit.asserted
+    for port, want in asserted.ports:
+        have = joined.port(port)
+        shape = have.shape.meet(want.shape)
+        if shape.is_bottom:
             raise ContractContradiction(
-                f"Emit {gv_name} ({emit.kind}) port {port}: annotated shape {have.show()} "
-                f"contradicts propagated {new.show()}"
+                f"Emit {gv_name} ({emit.kind}) port {port}: asserted shape {want.shape.show()} "
+                f"contradicts propagated {have.shape.show()}"
             )
-    for (a, b), fact in template.alias:
-        joined = joined.with_alias(a, b, fact.refine(joined.alias_of(a, b), f"annotation of {gv_name}",
+        joined = joined.with_port(port, have.meet(want))
+    for (a, b), fact in asserted.alias:
+        joined = joined.with_alias(a, b, fact.refine(joined.alias_of(a, b), f"assertion on {gv_name}",
                                                      f"propagated facts at {gv_name}"))
     return EmitContract(emit.contract.requires, joined)
 
@@ -240,6 +246,5 @@ class PropagateContracts:
             emit = emit_of(func)
             contract = refine_contract(gv.name_hint, emit, sites)
             if contract != emit.contract:
-                new = Emit(emit.kind, emit.attrs, emit.interface, contract, emit.math, emit.op)
-                mod[gv] = func.with_attr(EMIT_ATTR, new.to_attr())
+                mod[gv] = func.with_attr(EMIT_ATTR, emit.with_contract(contract).to_attr())
         return mod

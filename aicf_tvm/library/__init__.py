@@ -1,8 +1,27 @@
-"""The Emit library: fused Emit candidates with Requires / Build / Derive (DESIGN §4)."""
+"""The Emit library: fused Emit candidates with Requires / Build / Derive (DESIGN §4).
+
+Library candidates are tried by benefit; ``fused_elementwise`` and
+``fused_reduce_epilogue`` are the generic groups FuseEmits forms around what is left.
+"""
 
 from __future__ import annotations
+
+from .attention import ATTENTION
+from .candidate import Candidate, Match
+from .gemm import CONV, GEMM, gemm_candidate
+from .norms import LAYERNORM, RMSNORM, SOFTMAX
+
+GENERIC_KINDS = ("fused_elementwise", "fused_reduce_epilogue")
+
+DEFAULT_CANDIDATES: tuple[Candidate, ...] = (ATTENTION, GEMM, CONV, LAYERNORM, RMSNORM, SOFTMAX)
 
 
 def library_kinds() -> list[str]:
     """Names of the fused kinds the library can build."""
-    return []
+    return sorted({c.kind for c in DEFAULT_CANDIDATES} | set(GENERIC_KINDS) | {"fused_adam_step"})
+
+
+__all__ = [
+    "ATTENTION", "CONV", "GEMM", "LAYERNORM", "RMSNORM", "SOFTMAX", "Candidate", "Match",
+    "DEFAULT_CANDIDATES", "GENERIC_KINDS", "gemm_candidate", "library_kinds",
+]

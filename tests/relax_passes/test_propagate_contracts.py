@@ -9,15 +9,14 @@ from __future__ import annotations
 import pytest
 import tvm
 from hypothesis import given, settings
-from hypothesis import strategies as st
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 from aicf_tvm import EMIT_ATTR, AliasContradiction, ContractContradiction, Emit, emit_of, verify_contracts
-from aicf_tvm.contract import EmitContract
+from aicf_tvm.contract import ContractFacts, PortFacts
 from aicf_tvm.kinds import views
-from aicf_tvm.lattice import Alias, MathTag, ShapeFact
+from aicf_tvm.lattice import ABIFact, Alias, Alignment, MathTag, ShapeFact
 from relax_passes import LiftEmits, PropagateContracts, analyze
 
 from ..aicf_tvm.strategies import shapes
@@ -110,33 +109,32 @@ def test_same_value_must_alias_and_two_caller_inputs_unknown():
     assert joined.alias_of("x1", "x2") == Alias("Unknown")  # the join of the two sites
 
 
-def _annotate(mod, name, change):
+def _assert_facts(mod, name, asserted: ContractFacts):
     emit = emit_of(mod[name])
-    new = Emit(emit.kind, emit.attrs, emit.interface, change(emit.contract), emit.math, emit.op)
+    new = Emit(emit.kind, emit.attrs, emit.interface, emit.contract, emit.math, emit.op, asserted)
     mod[name] = mod[name].with_attr(EMIT_ATTR, new.to_attr())
     return mod
 
 
-def test_shape_annotation_contradicting_propagation_raises():
+def test_asserted_shape_contradicting_propagation_raises():
     mod = LiftEmits()(SameValueTwice)
-
-    def wrong(c: EmitContract) -> EmitContract:
-        port = c.provides.port("out")
-        return EmitContract(c.requires, c.provides.with_port("out", type(port)(
-            port.effect, ShapeFact.shape([5]), port.numeric, port.abi)))
-
+    wrong = ContractFacts.of({"out": PortFacts(shape=ShapeFact.shape([5]))})
     with pytest.raises(ContractContradiction, match=r"emit_multiply.*port out.*\[5\].*\[4\]"):
-        PropagateContracts()(_annotate(mod, "emit_multiply", wrong))
+        PropagateContracts()(_assert_facts(mod, "emit_multiply", wrong))
 
 
-def test_alias_annotation_contradicting_propagation_raises_naming_both():
+def test_asserted_facts_are_kept_when_consistent():
+    mod = LiftEmits()(SameValueTwice)
+    aligned = ContractFacts.of({"x1": PortFacts(abi=ABIFact(Alignment(64)))})
+    out = PropagateContracts()(_assert_facts(mod, "emit_multiply", aligned))
+    assert emit_of(out["emit_multiply"]).contract.provides.port("x1").abi.alignment == Alignment(64)
+
+
+def test_alias_assertion_contradicting_propagation_raises_naming_both():
     mod = LiftEmits()(Views)
-
-    def must(c: EmitContract) -> EmitContract:
-        return EmitContract(c.requires, c.provides.with_alias("x1", "out", Alias("MustAlias")))
-
-    with pytest.raises(AliasContradiction, match="annotation of emit_add says MustAlias but propagated"):
-        PropagateContracts()(_annotate(mod, "emit_add", must))
+    must = ContractFacts.of(alias={("x1", "out"): Alias("MustAlias")})
+    with pytest.raises(AliasContradiction, match="assertion on emit_add says MustAlias but propagated"):
+        PropagateContracts()(_assert_facts(mod, "emit_add", must))
 
 
 def test_idempotent():

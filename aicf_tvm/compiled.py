@@ -1,0 +1,132 @@
+"""CompiledModel: run a compiled module on numpy arrays; inspect its kernels and report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .errors import InputError
+from .report import FusionReport
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, shape (ints, or str for symbolic dims) and dtype of one input or output."""
+
+    name: str
+    shape: tuple
+    dtype: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TensorSpec":
+        return cls(str(data["name"]), tuple(data["shape"]), str(data["dtype"]))
+
+    def check(self, value: np.ndarray) -> None:
+        if str(value.dtype) != self.dtype:
+            raise InputError(f"input {self.name}: dtype {value.dtype}, expected {self.dtype}")
+        if len(value.shape) != len(self.shape) or any(
+            isinstance(want, int) and want != got for want, got in zip(self.shape, value.shape)
+        ):
+            raise InputError(f"input {self.name}: shape {list(value.shape)}, expected {list(self.shape)}")
+
+
+def _specs_of_type(name: str, ty: Any) -> list[TensorSpec]:
+    from .kinds.describe import dim_value
+
+    if isinstance(ty, relax.TensorType):
+        shape = tuple(dim_value(d) for d in ty.shape.values) if ty.shape is not None else ()
+        return [TensorSpec(name, shape, str(ty.dtype))]
+    fields = getattr(ty, "fields", None) or []
+    out = []
+    for i, f in enumerate(fields):
+        out.extend(_specs_of_type(f"{name}.{i}", f))
+    return out
+
+
+def specs_of(func: relax.Function) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    inputs = [s for p in func.params for s in _specs_of_type(p.name, p.ty)]
+    outputs = _specs_of_type("output", func.ret_ty)
+    return inputs, outputs
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One PrimFunc called per inference: its name, Emit kind and schedule source."""
+
+    name: str
+    kind: str
+    schedule: str
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind}, {self.schedule})"
+
+
+def kernels_of(mod: tvm.IRModule) -> list[Kernel]:
+    from relax_passes.lower_emits import kernel_calls
+
+    out = []
+    for name in kernel_calls(mod["main"]):
+        attrs = mod[name].attrs
+        kind = str(attrs["aicf.kind"]) if attrs is not None and "aicf.kind" in attrs else "tvm"
+        sched = str(attrs["aicf.schedule"]) if attrs is not None and "aicf.schedule" in attrs else "unscheduled"
+        out.append(Kernel(name, kind, sched))
+    return out
+
+
+class CompiledModel:
+    """A compiled module: call it with numpy arrays, get numpy arrays back.
+
+    One output returns one array; several return a list.
+    """
+
+    def __init__(self, executable: Any, target: tvm.target.Target, main: relax.Function | None = None, *,
+                 report: FusionReport | None = None, lowered: tvm.IRModule | None = None,
+                 optimized: tvm.IRModule | None = None, inputs: Sequence[TensorSpec] | None = None,
+                 outputs: Sequence[TensorSpec] | None = None, kernels: Sequence[Kernel] | None = None,
+                 device: Any = None) -> None:
+        self.executable = executable
+        self.target = target
+        self.report = report if report is not None else FusionReport()
+        self.optimized = optimized
+        self.lowered = lowered
+        if main is not None:
+            inputs, outputs = specs_of(main)
+        self.inputs = list(inputs or [])
+        self.outputs = list(outputs or [])
+        self.kernels = list(kernels) if kernels is not None else (kernels_of(lowered) if lowered else [])
+        self.device = device if device is not None else (tvm.cuda() if "gpu" in target.keys else tvm.cpu())
+        self._vm = None
+
+    @property
+    def vm(self) -> relax.VirtualMachine:
+        if self._vm is None:
+            self._vm = relax.VirtualMachine(self.executable, self.device)
+        return self._vm
+
+    def check_inputs(self, args: Sequence[np.ndarray]) -> None:
+        if len(args) != len(self.inputs):
+            names = ", ".join(s.name for s in self.inputs)
+            raise InputError(f"expected {len(self.inputs)} inputs ({names}), got {len(args)}")
+        for spec, value in zip(self.inputs, args):
+            spec.check(np.asarray(value))
+
+    def __call__(self, *args: np.ndarray) -> Any:
+        arrays = [np.ascontiguousarray(a) for a in args]
+        self.check_inputs(arrays)
+        out = self.vm["main"](*[tvm.runtime.tensor(a, self.device) for a in arrays])
+        if hasattr(out, "numpy"):
+            return out.numpy()
+        return [o.numpy() for o in out]
+
+    def benchmark(self, *args: np.ndarray, number: int = 10, repeat: int = 3) -> float:
+        """Median seconds per call of ``main`` (TVM's time evaluator)."""
+        arrays = [tvm.runtime.tensor(np.ascontiguousarray(a), self.device) for a in args]
+        timer = self.vm.time_evaluator("main", self.device, number=number, repeat=repeat)
+        return float(timer(*arrays).median)

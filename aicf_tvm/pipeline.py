@@ -1,0 +1,108 @@
+"""compile: a Relax module to a runnable, reportable CompiledModel (DESIGN §1 flow).
+
+normalize -> LiftEmits -> PropagateContracts -> (EliminateEmits, FuseEmits,
+MaterializeEmits, PropagateContracts)* to a bounded fixpoint -> LowerEmits ->
+kernel selection (tuned record, else default rule, else fallback) -> the backend's
+own dataflow lowering -> ``tvm.compile``. ``verify_contracts`` runs after every step
+under ``AICF_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from .errors import UnsupportedModelError
+from .report import FusionReport
+from .targets import resolve_target
+from .verify import verify_contracts
+
+MAX_ROUNDS = 4
+
+
+def normalize(mod: tvm.IRModule) -> tvm.IRModule:
+    """Fold what is computable at compile time (weights, batch-norm into conv weights)."""
+    seq = [
+        relax.transform.FoldConstant(),
+        relax.transform.FoldBatchnormToConv2D(),
+        relax.transform.FoldConstant(),
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.FoldConstant(),
+        relax.transform.DeadCodeElimination(),
+    ]
+    return tvm.transform.Sequential(seq)(mod)
+
+
+def _debug() -> bool:
+    return os.environ.get("AICF_DEBUG", "") not in ("", "0")
+
+
+def optimize(mod: tvm.IRModule, report: FusionReport, candidates: Sequence[Any] | None = None,
+             check: Callable[[tvm.IRModule], None] | None = None) -> tvm.IRModule:
+    """Lift, propagate, then rewrite to a fixpoint (bounded by ``MAX_ROUNDS``)."""
+    from relax_passes import FuseEmits, LiftEmits, PropagateContracts
+    from relax_passes.rewrites import rewrite_passes
+
+    check = check or (verify_contracts if _debug() else (lambda m: None))
+    mod = PropagateContracts()(LiftEmits()(mod))
+    check(mod)
+    fuse = FuseEmits(report=report) if candidates is None else FuseEmits(tuple(candidates), report=report)
+    for _ in range(MAX_ROUNDS):
+        before = mod
+        for rewrite in [*rewrite_passes(report, before=True), fuse, *rewrite_passes(report, before=False)]:
+            mod = PropagateContracts()(rewrite(mod))
+            check(mod)
+        if tvm_ffi.structural_equal(before, mod):
+            break
+    return mod
+
+
+def _backend(target: tvm.target.Target):
+    if "gpu" in target.keys:
+        from tvm.relax.backend.cuda import pipeline as backend
+    else:
+        from tvm.relax.backend.cpu_generic import pipeline as backend
+    return backend
+
+
+def lower(mod: tvm.IRModule, target: tvm.target.Target, database: Any = None) -> tvm.IRModule:
+    """LowerEmits, kernel selection and scheduling; returns the module ready to build."""
+    from relax_passes import LowerEmits
+    from schedules import apply_default_schedules
+    from schedules.select import apply_database
+
+    mod = LowerEmits()(mod)
+    with target:
+        if database is not None:
+            mod = apply_database(mod, target, database)
+        mod = apply_default_schedules(target)(mod)
+    return mod
+
+
+def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
+    backend = _backend(target)
+    passes = [*backend.dataflow_lower_passes(target), *backend.finalize_passes(target)]
+    with target:
+        return tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes))
+
+
+def compile(mod: Any, target: Any = "llvm", database: Any = None, *, candidates: Sequence[Any] | None = None):  # noqa: A001
+    """Compile a Relax IRModule (or anything ``load_model`` accepts) to a ``CompiledModel``."""
+    from .compiled import CompiledModel
+    from .frontends import load_model
+
+    tgt = resolve_target(target)
+    mod = load_model(mod) if not isinstance(mod, tvm.IRModule) else mod
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise UnsupportedModelError("the module has no 'main' function")
+    report = FusionReport()
+    source = mod
+    mod = optimize(normalize(mod), report, candidates)
+    optimized = mod
+    lowered = lower(mod, tgt, database)
+    ex = build(lowered, tgt)
+    return CompiledModel(ex, tgt, source["main"], report=report, lowered=lowered, optimized=optimized)

@@ -1,0 +1,57 @@
+"""The fusion report: every candidate considered, and why it was taken or refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .lattice import Failure
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One candidate: the subgraph it covered and the verdict with its reasons."""
+
+    candidate: str  # the fused kind, e.g. fused_gemm_bias_act
+    members: tuple[str, ...]  # names of the bound values of the subgraph, in order
+    accepted: bool
+    failures: tuple[Failure, ...] = ()
+    note: str = ""  # a structural reason (not convex, overlaps, opaque member, ...)
+    benefit: int = 0  # bytes of intermediate traffic removed
+
+    def __str__(self) -> str:
+        verdict = "fused  " if self.accepted else "refused"
+        head = f"{verdict} {self.candidate} [{', '.join(self.members)}]"
+        if self.accepted:
+            return head + (f" saves {self.benefit} B" if self.benefit else "")
+        reasons = [f"{f} required by {self.candidate}" for f in self.failures]
+        if self.note:
+            reasons.append(self.note)
+        return head + ": " + "; ".join(reasons)
+
+
+@dataclass
+class FusionReport:
+    """All decisions of a compilation, in the order they were made."""
+
+    decisions: list[Decision] = field(default_factory=list)
+
+    def add(self, decision: Decision) -> None:
+        self.decisions.append(decision)
+
+    @property
+    def accepted(self) -> list[Decision]:
+        return [d for d in self.decisions if d.accepted]
+
+    @property
+    def refused(self) -> list[Decision]:
+        return [d for d in self.decisions if not d.accepted]
+
+    def summary(self) -> str:
+        kinds: dict[str, int] = {}
+        for d in self.accepted:
+            kinds[d.candidate] = kinds.get(d.candidate, 0) + 1
+        fused = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none"
+        return f"fusion: {len(self.accepted)} fused ({fused}), {len(self.refused)} refused"
+
+    def __str__(self) -> str:
+        return "\n".join([self.summary()] + [f"  {d}" for d in self.decisions])

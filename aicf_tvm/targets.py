@@ -1,0 +1,66 @@
+"""Target resolution: ``"llvm"`` means this machine's CPU (mcpu and cores), ``"cuda"`` a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import tvm
+
+from .errors import TargetError
+
+DEFAULT_CUDA_ARCH = "sm_90"
+
+
+def host_cpu_target(num_cores: int | None = None) -> tvm.target.Target:
+    """The host CPU as an LLVM target with its mcpu, and num-cores (MetaSchedule needs it)."""
+    host = tvm.target.Target.from_device(tvm.cpu()).export()
+    if num_cores is None:
+        num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = num_cores
+    keep = {k: v for k, v in host.items() if k in ("kind", "mtriple", "mcpu", "mattr")}
+    return tvm.target.Target({**keep, "num-cores": int(cores or 1)})
+
+
+def resolve_target(target: Any) -> tvm.target.Target:
+    """A ``tvm.target.Target`` from a Target, a dict, a JSON string, ``"llvm"`` or ``"cuda"``."""
+    if isinstance(target, tvm.target.Target):
+        return target
+    spec = target
+    if isinstance(target, str):
+        text = target.strip()
+        if text == "llvm":
+            return host_cpu_target()
+        if text == "cuda":
+            return tvm.target.Target({"kind": "cuda", "arch": DEFAULT_CUDA_ARCH}, host=host_cpu_target())
+        if text.startswith("{"):
+            try:
+                spec = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise TargetError(f"target {text!r} is not valid JSON: {err}") from err
+        else:
+            raise TargetError(f"unknown target {text!r}: use 'llvm', 'cuda' or a JSON target dict")
+    if not isinstance(spec, dict):
+        raise TargetError(f"unknown target {target!r}")
+    spec = dict(spec)
+    if spec.get("kind") == "llvm" and "mcpu" not in spec:
+        host = host_cpu_target(spec.get("num-cores"))
+        spec = {**host.export(), **spec}
+        spec = {k: v for k, v in spec.items() if k in ("kind", "mtriple", "mcpu", "mattr", "num-cores",
+                                                        "opt-level", "tag", "keys") and v not in ("", None)}
+    try:
+        if spec.get("kind") == "cuda":
+            return tvm.target.Target(spec, host=host_cpu_target())
+        return tvm.target.Target(spec)
+    except Exception as err:  # noqa: BLE001 - TVM raises ValueError/TVMError alike
+        raise TargetError(f"unknown target {target!r}: {err}") from err
+
+
+def describe(target: tvm.target.Target) -> str:
+    attrs = target.export()
+    bits = [attrs.get("kind", "?")]
+    for key in ("mcpu", "arch", "num-cores"):
+        if attrs.get(key):
+            bits.append(f"{key}={attrs[key]}")
+    return " ".join(str(b) for b in bits)

@@ -1,0 +1,350 @@
+"""FuseEmits: replace convex subgraphs of Emits by library Emits, where the facts allow.
+
+Preconditions: a lifted module (LiftEmits); facts come from PropagateContracts'
+analysis. Runs in the fixpoint with EliminateEmits and MaterializeEmits, before
+LowerEmits; re-propagate afterwards.
+
+1. Library candidates (``aicf_tvm.library``): ``relax.dpl`` patterns matched on the
+   op-level view of the DAG (each single-op Emit call seen as the op it wraps).
+2. Each match S is judged (``aicf_tvm.library.legality``): convex; no opaque member
+   and no effectful Emit inside its span touching its values; ``F ⊢ Requires(E*)``
+   on boundary facts; ``Provides(E*) ⊑ Provides(S)`` on numerics. Every verdict goes
+   to the report with the failing component and both lattice values.
+3. The planner takes legal matches by benefit (intermediate bytes removed), never
+   two that overlap: sorting makes it O(n log n) in the number of matches.
+4. What is left is grouped generically, in one topological sweep: elementwise,
+   broadcast, injective and view Emits join the group of their single-consumer
+   producer (``fused_elementwise``); an elementwise epilogue joins a reduction, pool,
+   norm, GEMM or convolution group (``fused_reduce_epilogue`` for a plain reduction).
+
+Sound because a fused Emit's body inlines its members' bodies in order: it computes
+exactly what S computed (with intermediates in their own dtypes); the only change a
+candidate may make, a forced accumulator, is refused unless it is no weaker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import tvm
+from tvm import relax
+from tvm.relax import dpl
+
+from aicf_tvm.contract import ContractFacts, EmitContract, PortFacts
+from aicf_tvm.emit import Emit, Interface, Port
+from aicf_tvm.emit_graph import EmitGraph
+from aicf_tvm.kinds import registry as K
+from aicf_tvm.kinds.describe import output_types
+from aicf_tvm.kinds.transfer import ALLOC_ALIGN, abi_of, fresh_shape
+from aicf_tvm.library import DEFAULT_CANDIDATES, Candidate, Match
+from aicf_tvm.library.legality import (
+    derived_numeric, effect_failures, numeric_failures, requires_failures,
+)
+from aicf_tvm.report import Decision, FusionReport
+
+from .group_rewrite import _ACCUMULATING, Group, rewrite_function
+from .propagate_contracts import FactTable, analyze
+
+_EPILOGUE = {K.ELEMENTWISE, K.BROADCAST}
+_CHAINABLE = {K.ELEMENTWISE, K.BROADCAST, K.INJECTIVE, K.VIEW}
+_ANCHORS = {K.REDUCTION, K.POOL, K.NORM, K.SOFTMAX, K.MATMUL, K.CONV}
+
+
+def op_view(graph: EmitGraph) -> tuple[dict, dict]:
+    """var -> op-level call (params replaced by the call's args); call id -> node."""
+    var2val, call_node = {}, {}
+    for node in graph.nodes:
+        if node.body is None or node.is_opaque:
+            continue
+        func = graph.mod[node.callee]
+        sub = {p: a for p, a in zip(func.params, node.value.args)}
+
+        def subst(e):
+            if isinstance(e, relax.Var) and e in sub:
+                return sub[e]
+            if isinstance(e, relax.Tuple):
+                return relax.Tuple([subst(f) for f in e.fields])
+            return e
+
+        call = relax.Call(node.body.op, [subst(a) for a in node.body.args], node.body.attrs, node.body.ty_args)
+        var2val[node.var] = call
+        call_node[call] = node.index
+    return var2val, call_node
+
+
+def _root_op(pattern: Any) -> Optional[str]:
+    if hasattr(pattern, "left"):  # an OrPattern: both sides share the root op here
+        return _root_op(pattern.left)
+    op = getattr(getattr(pattern, "op", None), "expr", None)
+    return getattr(op, "name", None)
+
+
+def _bytes(var: Any) -> int:
+    ty = var.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return 0
+    n = 1
+    for d in ty.shape.values:
+        if not isinstance(d, tvm.tirx.IntImm):
+            return 0
+        n *= int(d.value)
+    return n * max(1, tvm.runtime.DataType(str(ty.dtype)).bits // 8)
+
+
+class _Planner:
+    def __init__(self, graph: EmitGraph, table: FactTable, candidates, report: FusionReport) -> None:
+        self.graph, self.table, self.candidates, self.report = graph, table, candidates, report
+
+    # -- library candidates ---------------------------------------------------------
+    def judged_matches(self) -> list[tuple[Decision, Match]]:
+        """Per root and candidate, the first legal variant (most specific first), or the
+        first refused one when none is legal."""
+        var2val, call_node = op_view(self.graph)
+        found = []
+        for node in reversed(self.graph.nodes):
+            root = var2val.get(node.var)
+            if root is None:
+                continue
+            for cand in self.candidates:
+                first_refusal = None
+                seen: set = set()
+                for pattern, roles in _variants(cand):
+                    if _root_op(pattern) not in (None, root.op.name):
+                        continue
+                    got = pattern.extract_matched_expr(root, var2val)
+                    m = None if got is None else self._make_match(cand, node.index, roles, got, call_node)
+                    if m is None or (m.members, tuple(sorted(m.roles))) in seen:
+                        continue
+                    seen.add((m.members, tuple(sorted(m.roles))))
+                    decision = self.judge(m)
+                    if decision.accepted:
+                        found.append((decision, m))
+                        break
+                    first_refusal = first_refusal or (decision, m)
+                else:
+                    if first_refusal is not None:
+                        found.append(first_refusal)
+        return found
+
+    def _make_match(self, cand: Candidate, root: int, roles: dict, got: dict, call_node: dict) -> Optional[Match]:
+        members, matched, role_nodes = set(), {}, {}
+        for pat, expr in got.items():
+            if not isinstance(pat, dpl.WildcardPattern) and expr in call_node:
+                members.add(call_node[expr])
+        for role, pat in roles.items():
+            expr = got.get(pat)
+            if expr is None:
+                continue
+            if expr in call_node:  # an op call: a member, or a boundary value seen through
+                index = call_node[expr]
+                if index in members:
+                    role_nodes[role] = index
+                    matched[role] = expr
+                else:
+                    matched[role] = self.graph.nodes[index].var
+            else:
+                matched[role] = expr
+        if len(members) < 2:
+            return None
+        m = Match(cand, root, tuple(sorted(members)), matched, role_nodes)
+        for role, expr in matched.items():
+            var = self.graph.nodes[role_nodes[role]].var if role in role_nodes else expr
+            if isinstance(getattr(var, "ty", None), relax.TensorType):
+                fact = self.table.of(var)
+                if not isinstance(fact, tuple):
+                    m.shapes[role] = fact.facts.shape
+        return m
+
+    def ports_of(self, m: Match) -> dict[str, Any]:
+        return {r: e for r, e in m.roles.items() if r not in m.role_nodes}
+
+    def judge(self, m: Match) -> Decision:
+        names = tuple(self.graph.nodes[i].var.name for i in m.members)
+        label = m.candidate.name
+        if not self.graph.is_convex(m.members):
+            return Decision(label, names, False, note="not convex: a path leaves the subgraph and re-enters")
+        fails, note = effect_failures(self.graph, list(m.members))
+        if not fails:
+            note = m.candidate.check(m) or ""
+        if not fails and not note:
+            fails = requires_failures(self.table, self.ports_of(m), m.candidate.requires(m), label)
+            fails += self._numeric(m.members, m.candidate.accumulation)
+        return Decision(label, names, not fails and not note, tuple(fails), note, self._benefit(m.members))
+
+    def _numeric(self, members, accumulation):
+        accumulating = [i for i in members if self.graph.nodes[i].body is not None
+                        and self.graph.nodes[i].body.op.name in _ACCUMULATING]
+        outputs = sorted(set(accumulating) | set(self.graph.outputs_of(members)))
+        if accumulation is None:
+            return []
+        return numeric_failures(self.table, self.graph, outputs, accumulation)
+
+    def _benefit(self, members) -> int:
+        outs = set(self.graph.outputs_of(members))
+        saved = sum(_bytes(self.graph.nodes[i].var) for i in members if i not in outs)
+        return saved + 4096 * (len(members) - 1)
+
+    # -- planning -------------------------------------------------------------------
+    def plan(self) -> list[Group]:
+        taken: dict[int, int] = {}
+        groups: list[Group] = []
+        judged = self.judged_matches()
+        judged.sort(key=lambda dm: (-dm[0].accepted, -dm[1].candidate.priority, -dm[0].benefit, dm[1].root))
+        for decision, m in judged:
+            if decision.accepted and any(i in taken for i in m.members):
+                other = groups[taken[next(i for i in m.members if i in taken)]]
+                decision = Decision(decision.candidate, decision.members, False,
+                                    note=f"overlaps {other.name}, taken first")
+            self.report.add(decision)
+            if decision.accepted:
+                for i in m.members:
+                    taken[i] = len(groups)
+                groups.append(self._library_group(m))
+        return self._generic(groups, taken)
+
+    def _library_group(self, m: Match) -> Group:
+        ports = {id(e): r for r, e in self.ports_of(m).items()}
+        attrs = _config(m)
+        g = Group(list(m.members), m.candidate.kind, accumulation=m.candidate.accumulation)
+        g.make_emit = lambda ins, outs, graph: self._emit(m.candidate.kind, attrs, ins, outs, ports,
+                                                          m.candidate.requires(m), m.candidate.accumulation)
+        return g
+
+    def _generic(self, groups: list[Group], taken: dict[int, int]) -> list[Group]:
+        nodes = self.graph.nodes
+        anchor_cat: dict[int, str] = {k: "library" for k in range(len(groups))}
+        for node in nodes:
+            if node.index in taken or node.emit is None or node.is_opaque or node.category == "fused":
+                continue
+            cat = node.category
+            joined = None
+            for p in node.producers:
+                pn = nodes[p]
+                if p not in taken or pn.consumers != [node.index] or pn.escapes:
+                    continue
+                k = taken[p]
+                acat = anchor_cat[k]
+                ok = (cat in _EPILOGUE) if acat in _ANCHORS or acat == "library" else (cat in _CHAINABLE)
+                if acat == K.ELEMENTWISE and cat in _ANCHORS - {K.MATMUL, K.CONV} and len(node.producers) == 1:
+                    ok, anchor_cat[k] = True, cat  # an elementwise prologue of a reduction
+                if ok and len(self.graph.outputs_of(groups[k].members)) == 1:
+                    joined = k
+                    break
+            if joined is None:
+                if cat in _CHAINABLE or cat in _ANCHORS:
+                    taken[node.index] = len(groups)
+                    anchor_cat[len(groups)] = K.ELEMENTWISE if cat in _CHAINABLE else cat
+                    groups.append(Group([node.index], ""))
+                continue
+            taken[node.index] = joined
+            groups[joined].members.append(node.index)
+        out = []
+        for k, g in enumerate(groups):
+            if len(g.members) < 2:
+                continue
+            if not g.name:
+                g.name = "fused_elementwise" if anchor_cat[k] == K.ELEMENTWISE else "fused_reduce_epilogue"
+                decision = self._judge_generic(g)
+                self.report.add(decision)
+                if not decision.accepted:
+                    continue
+                g.make_emit = self._generic_emit(g.name)
+            out.append(g)
+        return out
+
+    def _judge_generic(self, g: Group) -> Decision:
+        names = tuple(self.graph.nodes[i].var.name for i in g.members)
+        if not self.graph.is_convex(g.members):
+            return Decision(g.name, names, False, note="not convex")
+        fails, note = effect_failures(self.graph, g.members)
+        return Decision(g.name, names, not fails, tuple(fails), note, self._benefit(g.members))
+
+    def _generic_emit(self, kind: str):
+        return lambda ins, outs, graph: self._emit(kind, {}, ins, outs, {}, ContractFacts(), None)
+
+    # -- Derive -----------------------------------------------------------------------
+    def _emit(self, kind, attrs, inputs, outputs, role_of, requires: ContractFacts, acc) -> Emit:
+        """Contract(E*) = Derive(F): boundary facts, effects Read/Write, derived numerics."""
+        graph, table = self.graph, self.table
+        in_ports, out_ports, provides = [], [], {}
+        used: set[str] = set()
+        rename = {}
+        for i, expr in enumerate(inputs):
+            name = role_of.get(id(expr)) or f"in{i}"
+            name = name if name not in used else f"{name}{i}"
+            used.add(name)
+            rename[name] = name
+            ty = expr.ty
+            in_ports.append(Port(name, str(ty.dtype), ty.ndim))
+            fact = table.of(expr)
+            facts = fact.facts if not isinstance(fact, tuple) else PortFacts()
+            provides[name] = PortFacts(K_READ, facts.shape, facts.numeric, facts.abi)
+        out_ty = [graph.nodes[i].var for i in outputs]
+        for j, var in enumerate(out_ty):
+            name = "out" if len(out_ty) == 1 else f"out.{j}"
+            out_ports.append(Port(name, str(var.ty.dtype), var.ty.ndim))
+            fact = table.of(var)
+            facts = fact.facts if not isinstance(fact, tuple) else PortFacts()
+            shape = fresh_shape(var.ty)  # E* writes its outputs into fresh buffers
+            provides[name] = PortFacts(K_WRITE, shape, derived_numeric(facts.numeric, acc), abi_of(shape, ALLOC_ALIGN))
+        req = {n: p for n, p in requires.ports if n in provides}
+        return Emit(kind, attrs, Interface(tuple(in_ports), tuple(out_ports)),
+                    EmitContract(ContractFacts.of(req), ContractFacts.of(provides)), op="")
+
+
+from aicf_tvm.lattice import Effect as _Effect  # noqa: E402
+
+K_READ, K_WRITE = _Effect("Read"), _Effect("Write")
+
+
+def _variants(cand: Candidate) -> list:
+    cache = _VARIANTS.get(id(cand))
+    if cache is None:
+        cache = _VARIANTS[id(cand)] = cand.variants()
+    return cache
+
+
+_VARIANTS: dict[int, list] = {}
+
+
+def _config(m: Match) -> dict:
+    """Configuration attrs accumulated from the members (seed §4: attrs_new = derive(∨ attrs_i))."""
+    out: dict[str, Any] = {}
+    if m.has("act"):
+        out["activation"] = m.roles["act"].op.name.rsplit(".", 1)[-1]
+    elif m.has("post_act"):
+        out["activation"] = "relu"
+    for flag in ("bias", "residual", "mask", "scale", "gamma", "beta", "transpose_b", "transpose_k"):
+        if flag in m.roles or f"{flag}_add" in m.roles:
+            out[f"has_{flag}"] = True
+    if m.has("post_act"):
+        out["post_activation"] = "relu"
+    if m.has("norm"):
+        eps = m.attr("norm", "epsilon")
+        if eps is not None:
+            out["epsilon"] = float(eps)
+    return out
+
+
+@tvm.transform.module_pass(opt_level=0, name="FuseEmits")
+class FuseEmits:
+    """Fuse the Emits of ``main``; decisions are appended to ``self.report``."""
+
+    def __init__(self, candidates: tuple[Candidate, ...] = DEFAULT_CANDIDATES,
+                 report: FusionReport | None = None, func_name: str = "main") -> None:
+        self.candidates = tuple(sorted(candidates, key=lambda c: -c.priority))
+        self.report = report if report is not None else FusionReport()
+        self.func_name = func_name
+
+    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        if self.func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
+            return mod
+        table = analyze(mod, self.func_name)
+
+        def plan(graph: EmitGraph) -> list[Group]:
+            return _Planner(graph, table, self.candidates, self.report).plan()
+
+        return rewrite_function(mod, self.func_name, plan)
+
+
+__all__ = ["FuseEmits", "op_view", "output_types"]

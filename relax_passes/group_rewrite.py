@@ -1,0 +1,197 @@
+"""Replace groups of Emit calls by calls of one new Emit function each.
+
+Shared by the rewriting passes. A group's function takes the group's boundary inputs,
+inlines each member's body in program order (so it computes exactly what the members
+did), and returns every member value needed outside the group. The block is then
+re-emitted in a topological order of groups and remaining bindings.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import tvm
+from tvm import relax
+from tvm.relax.utils import copy_with_new_vars
+
+from aicf_tvm.emit import EMIT_ATTR, Emit
+from aicf_tvm.emit_graph import EmitGraph
+
+_ACCUMULATING = {"relax.matmul", "relax.nn.conv2d"}
+
+
+@dataclass
+class Group:
+    """A set of nodes to become one Emit, with the Emit that describes it."""
+
+    members: list[int]
+    name: str  # function name hint
+    make_emit: Any = None  # (inputs, outputs, graph) -> Emit, set by the planner
+    accumulation: Optional[str] = None
+    input_names: dict = field(default_factory=dict)  # boundary expr -> port name
+
+
+def group_inputs(graph: EmitGraph, members: list[int]) -> list[Any]:
+    """Boundary tensor inputs of a group, in first-use order, without duplicates."""
+    inside = {graph.nodes[i].var for i in members}
+    out: list[Any] = []
+    for i in members:
+        for arg in graph.nodes[i].value.args:
+            if arg in inside or any(arg.same_as(o) for o in out):
+                continue
+            out.append(arg)
+    return out
+
+
+def _override_accumulation(bb: relax.BlockBuilder, binding: Any, acc: str) -> Any:
+    call = binding.value
+    if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in _ACCUMULATING):
+        return binding
+    out_dtype = str(binding.var.ty.dtype)
+    if out_dtype == acc:
+        return binding
+    if call.op.name == "relax.matmul":
+        wide = relax.op.matmul(call.args[0], call.args[1], out_dtype=acc)
+    else:
+        a = call.attrs
+        wide = relax.op.nn.conv2d(call.args[0], call.args[1], a.strides, a.padding, a.dilation, a.groups,
+                                  a.data_layout, a.kernel_layout, a.out_layout, acc)
+    tmp = bb.emit(wide)
+    return relax.VarBinding(binding.var, bb.normalize(relax.op.astype(tmp, out_dtype)))
+
+
+def _inline(bb: relax.BlockBuilder, func: relax.Function, args: list[Any], acc: Optional[str]) -> Any:
+    func = copy_with_new_vars(func)
+    params = [p for p in func.params]
+    bound = func.bind_params({p: a for p, a in zip(params, args)})
+    for block in bound.body.blocks:
+        for binding in block.bindings:
+            if acc is not None:
+                binding = _override_accumulation(bb, binding, acc)
+            bb.emit_normalized(binding)
+    return bound.body.body
+
+
+def build_group_function(graph: EmitGraph, group: Group) -> tuple[relax.Function, list[Any], list[int]]:
+    inputs = group_inputs(graph, group.members)
+    outputs = graph.outputs_of(group.members)
+    params = [relax.Var(f"p{i}", a.ty) for i, a in enumerate(inputs)]
+    env: dict[Any, Any] = {}
+    for a, p in zip(inputs, params):
+        env[a] = p
+    bb = relax.BlockBuilder()
+    emit: Emit = group.make_emit(inputs, outputs, graph)
+    attrs = {"Primitive": True, EMIT_ATTR: emit.to_attr()}
+    with bb.function("fused", params, attrs=attrs, private=True):
+        with bb.dataflow():
+            for i in group.members:
+                node = graph.nodes[i]
+                args = [_lookup(env, a) for a in node.value.args]
+                env[node.var] = _inline(bb, graph.mod[node.callee], args, group.accumulation)
+            results = [env[graph.nodes[i].var] for i in outputs]
+            out = bb.emit_output(results[0] if len(results) == 1 else relax.Tuple(results))
+        bb.emit_func_output(out)
+    func = bb.finalize()["fused"]
+    defined = relax.analysis.defined_symbolic_vars(func)
+    if defined:
+        func = func.bind_symbolic_vars({v: tvm.tirx.Var(v.name, v.ty) for v in defined})
+    return func, inputs, outputs
+
+
+def _lookup(env: dict, expr: Any) -> Any:
+    for k, v in env.items():
+        if k.same_as(expr):
+            return v
+    return expr
+
+
+def rewrite_block(bb: relax.BlockBuilder, graph: EmitGraph, groups: list[Group]) -> relax.DataflowBlock:
+    """The block with each group replaced by one call, in a valid topological order."""
+    unit_of: dict[int, int] = {}
+    for g_index, g in enumerate(groups):
+        for i in g.members:
+            unit_of[i] = g_index
+    units: dict[Any, list[int]] = {}
+    for node in graph.nodes:
+        key = ("g", unit_of[node.index]) if node.index in unit_of else ("n", node.index)
+        units.setdefault(key, []).append(node.index)
+    deps: dict[Any, set] = {k: set() for k in units}
+    users: dict[Any, set] = {k: set() for k in units}
+    key_of = {i: k for k, members in units.items() for i in members}
+    for k, members in units.items():
+        for i in members:
+            for p in graph.nodes[i].producers:
+                if key_of[p] != k:
+                    deps[k].add(key_of[p])
+                    users[key_of[p]].add(k)
+    ready = [(max(m), k) for k, m in units.items() if not deps[k]]
+    heapq.heapify(ready)
+    bindings: list[Any] = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        if k[0] == "n":
+            bindings.append(graph.block.bindings[k[1]])
+        else:
+            bindings.extend(_group_bindings(bb, graph, groups[k[1]]))
+        for u in users[k]:
+            deps[u].discard(k)
+            if not deps[u]:
+                heapq.heappush(ready, (max(units[u]), u))
+    assert len(bindings) >= len(graph.nodes) - sum(len(g.members) for g in groups), "cycle in grouping"
+    return relax.DataflowBlock(bindings)
+
+
+def _group_bindings(bb: relax.BlockBuilder, graph: EmitGraph, group: Group) -> list[Any]:
+    func, inputs, outputs = build_group_function(graph, group)
+    gv = bb.add_func(func, group.name)
+    call = bb.normalize(relax.Call(gv, inputs))
+    if len(outputs) == 1:
+        return [relax.VarBinding(graph.nodes[outputs[0]].var, call)]
+    tup = relax.DataflowVar(f"{group.name}_out", call.ty)
+    out = [relax.VarBinding(tup, call)]
+    for j, i in enumerate(outputs):
+        out.append(relax.VarBinding(graph.nodes[i].var, bb.normalize(relax.TupleGetItem(tup, j))))
+    return out
+
+
+def rewrite_function(mod: tvm.IRModule, name: str, plan) -> tvm.IRModule:
+    """Apply ``plan(graph) -> list[Group]`` to every dataflow block of ``mod[name]``."""
+    bb = relax.BlockBuilder(mod)
+    func = mod[name]
+    cache: dict = {}
+    blocks = []
+    changed = False
+    for block in func.body.blocks:
+        if isinstance(block, relax.DataflowBlock):
+            graph = EmitGraph(mod, block, cache)
+            groups = plan(graph)
+            if groups:
+                block = rewrite_block(bb, graph, groups)
+                changed = True
+        blocks.append(block)
+    if not changed:
+        return mod
+    new_func = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
+                              func.is_pure, func.attrs)
+    new_func = bb.normalize(new_func)
+    bb.update_func(mod.get_global_var(name), new_func)
+    out = bb.get()
+    return _drop_unused(out)
+
+
+def _drop_unused(mod: tvm.IRModule) -> tvm.IRModule:
+    """Remove private functions no longer called (the members' old Emit functions)."""
+    used: set[str] = set()
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function) and func.attrs is not None and "global_symbol" in func.attrs:
+            for g in relax.analysis.all_global_vars(func):
+                used.add(g.name_hint)
+    keep = tvm.IRModule({}, attrs=mod.attrs) if mod.attrs is not None else tvm.IRModule({})
+    for gv, func in mod.functions_items():
+        is_emit = isinstance(func, relax.Function) and func.attrs is not None and EMIT_ATTR in func.attrs
+        if is_emit and gv.name_hint not in used:
+            continue
+        keep[gv] = func
+    return keep
