@@ -1,0 +1,289 @@
+"""CPU rule for PrimFuncs with reductions: softmax, layer/RMS norm, pooling, mean/sum,
+and multi-block fused kernels such as attention (matmul, scale, mask, softmax, matmul).
+
+Accepts a PrimFunc that ``NormalizePrimFunc`` handles, that has at least one reduction
+block, and whose blocks (after inlining) all start with ``n >= 1`` spatial loops: the
+"rows" (batch, head, query row...).  Schedule:
+
+1. Inline producers that are cheap (a copy or cast) or have a single consumer; TensorIR
+   refuses an illegal inline, so what stays is materialized per row.
+2. Fuse the first ``n`` loops of the last block (and of every other output block) into a
+   row loop and ``compute_at`` each earlier block under it, so a row's intermediates stay
+   in cache.  The rule then checks that no block computes more points than its domain
+   holds (rows × per-row work ≤ domain).  Since ``compute_at`` covers every point needed,
+   equality means the rows write disjoint regions: the row loop can run in parallel
+   without races.  Otherwise it retries with fewer row axes, and returns None at zero.
+3. Parallelize the row loop.  Injective blocks vectorize their innermost loop.
+   Reduction blocks whose innermost spatial loop indexes the last axis of a read (matmul
+   by V in attention, pooling windows) move the reduction outside that loop and
+   vectorize it; pure horizontal reductions (max/sum of a row) stay serial, because LLVM
+   does not reassociate float sums.
+
+Every step goes through TensorIR's checked primitives, so a schedule this rule returns
+computes what the PrimFunc computes.  Returns None for all-spatial PrimFuncs (see
+Elementwise) and for non-LLVM targets.
+"""
+
+from tvm import ir, s_tir, sym, tirx
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from .elementwise import (
+    MIN_VECTOR_EXTENT,
+    calls_scalar_math,
+    largest_pow2_divisor,
+    vector_lanes,
+    vectorize_innermost,
+)
+from .fallback import (
+    MIN_PARALLEL_WORK,
+    LoopRV,
+    SBlockRV,
+    block_realize,
+    is_cpu_target,
+    loop_extent,
+    loop_kinds,
+    nest_work,
+    root_block,
+    try_parallel,
+)
+
+_IF_THEN_ELSE = ir.Op.get("prim.if_then_else")
+
+
+def is_cheap_copy(block: s_tir.SBlock) -> bool:
+    """Whether the block only copies, casts or pads one element (free to recompute)."""
+    body = block.body
+    if not isinstance(body, tirx.BufferStore):
+        return False
+    return _is_load(body.value)
+
+
+def _is_load(value: tirx.Expr) -> bool:
+    if isinstance(value, tirx.Cast):
+        return _is_load(value.value)
+    if isinstance(value, ir.Call) and value.op.same_as(_IF_THEN_ELSE):
+        return _is_load(value.args[1]) and isinstance(value.args[2], (tirx.IntImm, tirx.FloatImm))
+    return isinstance(value, ir.TensorLoad)
+
+
+def domain_size(block: s_tir.SBlock) -> tirx.Expr:
+    """Points in the block's iteration domain."""
+    size = tirx.const(1, "int64")
+    for iv in block.iter_vars:
+        size = size * tirx.Cast("int64", iv.dom.extent)
+    return size
+
+
+def reads_each_input_once(sch: s_tir.Schedule, producer: SBlockRV, consumer: SBlockRV) -> bool:
+    """Whether ``consumer`` iterates no more points than ``producer`` writes, so inlining
+    the producer does not recompute it (x*x into a sum: yes; p into p@v: no)."""
+    return sym.Analyzer().can_prove(
+        domain_size(sch.get(consumer)) <= domain_size(sch.get(producer))
+    )
+
+
+def inline_producers(sch: s_tir.Schedule) -> None:
+    """Inline spatial blocks that are cheap copies, or whose single consumer reads each
+    of their points once, until none is left."""
+    changed = True
+    while changed:
+        changed = False
+        for info in normalize_prim_func(sch) or []:
+            if not info.is_injective():
+                continue
+            consumers = sch.get_consumers(info.block_rv)
+            if not is_cheap_copy(sch.get(info.block_rv)) and not (
+                len(consumers) == 1 and reads_each_input_once(sch, info.block_rv, consumers[0])
+            ):
+                continue
+            try:
+                sch.compute_inline(info.block_rv)
+            except s_tir.ScheduleError:
+                continue
+            changed = True
+            break
+
+
+def leading_spatial(kinds: str) -> int:
+    """Number of leading 'S' letters."""
+    return len(kinds) - len(kinds.lstrip("S"))
+
+
+def is_output_block(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """Whether the block writes a buffer the function does not allocate (a parameter)."""
+    local = sch.get(root_block(sch)).alloc_buffers
+    return any(
+        not any(region.source.same_as(buf) for buf in local) for region in sch.get(block).writes
+    )
+
+
+def indexes_last_axis(block: s_tir.SBlock, var: tirx.Var) -> bool:
+    """Whether ``var`` steps the last index of a buffer the block reads by exactly one
+    (contiguous loads; a strided window such as a stride-2 pool gathers, which measured
+    slower than the scalar loop)."""
+    for region in block.reads:
+        if not region.region:
+            continue
+        coeffs = sym.detect_linear_equation(region.region[-1].min, [var])
+        if len(coeffs) == 2 and isinstance(coeffs[0], tirx.IntImm) and coeffs[0].value == 1:
+            return True
+    return False
+
+
+def computes_once(sch: s_tir.Schedule, block: SBlockRV, size: tirx.Expr) -> bool:
+    """Whether the loops around ``block`` iterate no more than its domain ``size``."""
+    work = tirx.const(1, "int64")
+    for loop in sch.get_loops(block):
+        work = work * tirx.Cast("int64", sch.get(loop).extent)
+    return sym.Analyzer().can_prove(work <= size)
+
+
+def is_contiguous_spatial(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> bool:
+    """Whether ``loop`` is long, is bound to exactly one iterator, and that iterator
+    indexes the contiguous axis of a read buffer."""
+    extent = loop_extent(sch, loop)
+    if extent is None or extent < MIN_VECTOR_EXTENT:
+        return False
+    var = sch.get(loop).loop_var
+    realize = block_realize(sch, block)
+    if realize is None:
+        return False
+    bound = [
+        iv.var
+        for iv, value in zip(realize.block.iter_vars, realize.iter_values)
+        if any(v.same_as(var) for v in tirx.analysis.undefined_vars(value))
+    ]
+    return len(bound) == 1 and indexes_last_axis(realize.block, bound[0])
+
+
+def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
+    """Vectorize a reduction block's innermost spatial loop under its reduction loops."""
+    loops = sch.get_loops(block)[1:]
+    kinds = (loop_kinds(sch, block) or "O")[1:]
+    if "O" in kinds or "R" not in kinds:
+        return
+    spatial = [loop for loop, kind in zip(loops, kinds) if kind == "S"]
+    reduce = [loop for loop, kind in zip(loops, kinds) if kind == "R"]
+    if not spatial or not is_contiguous_spatial(sch, block, spatial[-1]):
+        return
+    last = spatial[-1]
+    extent = loop_extent(sch, last)
+    if extent > lanes:
+        factor = largest_pow2_divisor(extent, lanes)
+        if factor < MIN_VECTOR_EXTENT:
+            return
+        outer, last = sch.split(last, factors=[None, factor])
+        spatial = [*spatial[:-1], outer, last]
+    sch.reorder(*spatial[:-1], *reduce, last)
+    # Vectorize before decomposing: the update block without init is no longer a
+    # reduction block, and TensorIR would refuse to vectorize it.
+    sch.vectorize(last)
+    init = sch.decompose_reduction(block, reduce[0])
+    init_loop = sch.get_loops(init)[-1]
+    if sch.get(init_loop).kind != tirx.ForKind.VECTORIZED:
+        vectorize_innermost(sch, init_loop, lanes)
+
+
+class Reduction(ScheduleRule):
+    """Row-wise schedule for PrimFuncs with reductions (see the module docstring)."""
+
+    def is_target_available(self, target: Target) -> bool:
+        return is_cpu_target(target)
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        probe = s_tir.Schedule(func)
+        infos = normalize_prim_func(probe)
+        if not infos or all(info.is_injective() for info in infos):
+            return None
+        for rows in self._row_candidates(probe):
+            try:
+                sch = self._schedule(func, target, rows)
+            except s_tir.ScheduleError:
+                continue
+            if sch is not None:
+                return sch
+        return None
+
+    @staticmethod
+    def _row_candidates(sch: s_tir.Schedule) -> list[int]:
+        """Row-axis counts to try, best first."""
+        inline_producers(sch)
+        infos = normalize_prim_func(sch) or []
+        kinds = [loop_kinds(sch, info.block_rv) for info in infos]
+        if not infos or None in kinds:
+            return []
+        most = min(leading_spatial(k) for k in kinds)
+        candidates = list(range(most, 0, -1))
+        anchor = infos[-1]
+        if (
+            most > 1
+            and not anchor.is_injective()
+            and leading_spatial(kinds[-1]) == most
+            and is_contiguous_spatial(
+                sch, anchor.block_rv, sch.get_loops(anchor.block_rv)[most - 1]
+            )
+        ):
+            # Leave the contiguous output axis to the vector unit (pooling windows).
+            candidates.remove(most - 1)
+            candidates.insert(0, most - 1)
+        return candidates
+
+    @staticmethod
+    def _schedule(func: tirx.PrimFunc, target: Target, rows: int) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        inline_producers(sch)
+        infos = normalize_prim_func(sch)
+        if not infos:
+            return None
+        blocks = [info.block_rv for info in infos]
+        sizes = [domain_size(sch.get(block)) for block in blocks]
+        anchors: list[LoopRV] = []
+        for block in reversed(blocks):
+            if not anchors or is_output_block(sch, block):
+                loops = sch.get_loops(block)[:rows]
+                if len(blocks) == 1:
+                    loops = loops[: _enough_rows(sch, loops)]
+                anchors.append(sch.fuse(*loops) if len(loops) > 1 else loops[0])
+            else:
+                sch.compute_at(block, anchors[-1], preserve_unit_loops=True)
+        if not all(computes_once(sch, b, size) for b, size in zip(blocks, sizes)):
+            return None
+        if all(loop_extent(sch, anchor) == 1 for anchor in anchors):
+            return None  # a single row (e.g. a full reduction to a scalar): nothing to split
+        # Parallelize first: once a reduction is decomposed, its update block is neither
+        # complete nor a reduction block, and TensorIR refuses parallel loops above it.
+        for anchor in anchors:
+            work = nest_work(sch, anchor)
+            if work is None or work >= MIN_PARALLEL_WORK:
+                try_parallel(sch, anchor)
+        for info in infos:
+            lanes = vector_lanes(target, sch, info.block_rv)
+            loops = sch.get_loops(info.block_rv)
+            if info.is_injective() and len(loops) > 1:
+                if not calls_scalar_math(sch.get(info.block_rv)):
+                    vectorize_innermost(sch, loops[-1], lanes)
+            elif not info.is_injective():
+                schedule_reduction_block(sch, info.block_rv, lanes)
+        return sch
+
+
+# A single-block kernel (pooling, mean) fuses only enough row loops for the threads: every
+# fused loop costs a div/mod per iteration, which measured 3x slower on a 3x3 max pool.
+MIN_PARALLEL_ROWS = 64
+
+
+def _enough_rows(sch: s_tir.Schedule, loops: list[LoopRV]) -> int:
+    """How many of the leading ``loops`` to fuse to reach MIN_PARALLEL_ROWS iterations."""
+    rows = 1
+    for count, loop in enumerate(loops, start=1):
+        extent = loop_extent(sch, loop)
+        if extent is None:
+            return count
+        rows *= extent
+        if rows >= MIN_PARALLEL_ROWS:
+            return count
+    return len(loops)

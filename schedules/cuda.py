@@ -1,0 +1,76 @@
+"""GPU (CUDA) default rules: dlight's GPU rules, each held to a complete thread binding.
+
+Order: ``Matmul`` (matmul, batched matmul, conv2d through its im2col view), ``GEMV``,
+``Reduction`` (row reductions, RMS norm, pooling sums), ``GeneralReduction`` (softmax,
+layer norm), then ``Fallback``, which inlines what it can and binds the spatial loops of
+every remaining block to blocks/threads (reductions run serially per thread).  Our fused
+kernels (attention: matmul, scale, mask, softmax, matmul in one PrimFunc) reach Fallback,
+which launches one kernel per remaining block: valid, not fast.
+
+A dlight rule can return a schedule that leaves a block outside any thread binding (the
+build then fails with "did you forget to bind?"), so each rule is wrapped: such a schedule
+counts as "not applicable" and the next rule is tried.
+"""
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+
+def unbound_blocks(sch: s_tir.Schedule) -> list[str]:
+    """Names of the innermost blocks not under a thread-bound loop."""
+    body = sch.mod["main"].body
+    if not isinstance(body, s_tir.SBlockRealize):
+        return ["<root>"]
+    pending = list(sch.get_child_blocks(sch.get_sblock(body.block.name_hint)))
+    unbound = []
+    while pending:
+        block = pending.pop()
+        children = sch.get_child_blocks(block)
+        if children:
+            if not _is_bound(sch, block):
+                pending.extend(children)
+            continue
+        if not _is_bound(sch, block):
+            unbound.append(sch.get(block).name_hint)
+    return unbound
+
+
+def _is_bound(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    return any(sch.get(loop).thread_binding is not None for loop in sch.get_loops(block))
+
+
+class RequireThreadBinding(ScheduleRule):
+    """``rule``, except that a schedule leaving a block unbound counts as None."""
+
+    def __init__(self, rule: ScheduleRule):
+        self.rule = rule
+
+    def is_target_available(self, target: Target) -> bool:
+        return self.rule.is_target_available(target)
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        sch = self.rule.apply(func, target, tunable)
+        if isinstance(sch, list):
+            sch = sch[0] if sch else None
+        if sch is None or unbound_blocks(sch):
+            return None
+        return sch
+
+    def __repr__(self) -> str:
+        return f"RequireThreadBinding({type(self.rule).__name__})"
+
+
+def gpu_rules() -> list[ScheduleRule]:
+    """Rules for GPU targets, most specific first; ``Fallback`` binds anything left."""
+    return [
+        RequireThreadBinding(rule)
+        for rule in (
+            dl.gpu.Matmul(),
+            dl.gpu.GEMV(),
+            dl.gpu.Reduction(),
+            dl.gpu.GeneralReduction(),
+            dl.gpu.Fallback(),
+        )
+    ]
