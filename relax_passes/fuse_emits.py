@@ -43,7 +43,7 @@ from aicf_tvm.library.legality import (
 from aicf_tvm.report import Decision, FusionReport
 
 from .group_rewrite import _ACCUMULATING, Group, rewrite_function
-from .propagate_contracts import FactTable, analyze
+from .propagate_contracts import FactTable, alias_between, analyze
 
 _EPILOGUE = {K.ELEMENTWISE, K.BROADCAST}
 _CHAINABLE = {K.ELEMENTWISE, K.BROADCAST, K.INJECTIVE, K.VIEW}
@@ -167,7 +167,7 @@ class _Planner:
         if not fails:
             note = m.candidate.check(m) or ""
         if not fails and not note:
-            fails = requires_failures(self.table, self.ports_of(m), m.candidate.requires(m), label)
+            fails = requires_failures(self.table, self.ports_of(m), m.candidate.requires(m), label, alias_between)
             fails += self._numeric(m.members, m.candidate.accumulation)
         return Decision(label, names, not fails and not note, tuple(fails), note, self._benefit(m.members))
 
@@ -203,7 +203,7 @@ class _Planner:
         return self._generic(groups, taken)
 
     def _library_group(self, m: Match) -> Group:
-        ports = {id(e): r for r, e in self.ports_of(m).items()}
+        ports = list(self.ports_of(m).items())
         attrs = _config(m)
         g = Group(list(m.members), m.candidate.kind, accumulation=m.candidate.accumulation)
         g.make_emit = lambda ins, outs, graph: self._emit(m.candidate.kind, attrs, ins, outs, ports,
@@ -260,7 +260,7 @@ class _Planner:
         return Decision(g.name, names, not fails, tuple(fails), note, self._benefit(g.members))
 
     def _generic_emit(self, kind: str):
-        return lambda ins, outs, graph: self._emit(kind, {}, ins, outs, {}, ContractFacts(), None)
+        return lambda ins, outs, graph: self._emit(kind, {}, ins, outs, [], ContractFacts(), None)
 
     # -- Derive -----------------------------------------------------------------------
     def _emit(self, kind, attrs, inputs, outputs, role_of, requires: ContractFacts, acc) -> Emit:
@@ -270,7 +270,7 @@ class _Planner:
         used: set[str] = set()
         rename = {}
         for i, expr in enumerate(inputs):
-            name = role_of.get(id(expr)) or f"in{i}"
+            name = next((r for r, e in role_of if e.same_as(expr)), None) or f"in{i}"
             name = name if name not in used else f"{name}{i}"
             used.add(name)
             rename[name] = name

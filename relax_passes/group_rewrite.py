@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import tvm
 from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.relax.utils import copy_with_new_vars
 
 from aicf_tvm.emit import EMIT_ATTR, Emit
@@ -45,33 +46,46 @@ def group_inputs(graph: EmitGraph, members: list[int]) -> list[Any]:
     return out
 
 
-def _override_accumulation(bb: relax.BlockBuilder, binding: Any, acc: str) -> Any:
-    call = binding.value
+def _widened(bb: relax.BlockBuilder, call: Any, out_dtype: str, acc: str) -> Any:
+    """``call`` recomputed with accumulator ``acc`` and cast back, when it accumulates."""
     if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in _ACCUMULATING):
-        return binding
-    out_dtype = str(binding.var.ty.dtype)
+        return call
     if out_dtype == acc:
-        return binding
+        return call
     if call.op.name == "relax.matmul":
         wide = relax.op.matmul(call.args[0], call.args[1], out_dtype=acc)
     else:
         a = call.attrs
         wide = relax.op.nn.conv2d(call.args[0], call.args[1], a.strides, a.padding, a.dilation, a.groups,
                                   a.data_layout, a.kernel_layout, a.out_layout, acc)
-    tmp = bb.emit(wide)
-    return relax.VarBinding(binding.var, bb.normalize(relax.op.astype(tmp, out_dtype)))
+    return relax.op.astype(bb.emit(wide), out_dtype)
+
+
+@mutator
+class _Remap(PyExprMutator):
+    def __init__(self, remap: dict) -> None:
+        super().__init__()
+        self.remap = remap
+
+    def visit_var_(self, var: relax.Var) -> relax.Expr:
+        return self.remap.get(var, var)
+
+    def visit_dataflow_var_(self, var: relax.Var) -> relax.Expr:
+        return self.remap.get(var, var)
 
 
 def _inline(bb: relax.BlockBuilder, func: relax.Function, args: list[Any], acc: Optional[str]) -> Any:
-    func = copy_with_new_vars(func)
-    params = [p for p in func.params]
-    bound = func.bind_params({p: a for p, a in zip(params, args)})
+    """Emit the body of ``func`` applied to ``args``; return the value it returns."""
+    fresh = copy_with_new_vars(func)
+    bound = fresh.bind_params({p: a for p, a in zip(fresh.params, args)})
+    remap: dict = {}
     for block in bound.body.blocks:
         for binding in block.bindings:
+            value = _Remap(remap).visit_expr(binding.value) if remap else binding.value
             if acc is not None:
-                binding = _override_accumulation(bb, binding, acc)
-            bb.emit_normalized(binding)
-    return bound.body.body
+                value = _widened(bb, value, str(binding.var.ty.dtype), acc)
+            remap[binding.var] = bb.emit(value, name_hint=binding.var.name)
+    return remap.get(bound.body.body, bound.body.body)
 
 
 def build_group_function(graph: EmitGraph, group: Group) -> tuple[relax.Function, list[Any], list[int]]:
@@ -93,7 +107,7 @@ def build_group_function(graph: EmitGraph, group: Group) -> tuple[relax.Function
             results = [env[graph.nodes[i].var] for i in outputs]
             out = bb.emit_output(results[0] if len(results) == 1 else relax.Tuple(results))
         bb.emit_func_output(out)
-    func = bb.finalize()["fused"]
+    func = relax.transform.CanonicalizeBindings()(bb.finalize())["fused"]
     defined = relax.analysis.defined_symbolic_vars(func)
     if defined:
         func = func.bind_symbolic_vars({v: tvm.tirx.Var(v.name, v.ty) for v in defined})

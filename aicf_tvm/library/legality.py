@@ -15,23 +15,32 @@ from ..lattice import AccumDtype, Effect, Failure, NumericFact, explain_leq
 
 
 def effect_failures(graph: Any, members: list[int]) -> tuple[list[Failure], str]:
+    """Effects of S's members must be pure (inputs ⊑ Read, outputs ⊑ Write), and no
+    Emit that may write lies inside S's span touching S's values."""
     s = set(members)
+    read, write = Effect("Read"), Effect("Write")
     for i in members:
         node = graph.nodes[i]
-        if node.is_opaque:
-            return [Failure(f"effect({node.var.name})", Effect.top(), Effect("Write"))], \
-                f"opaque member {node.var.name} ({node.emit.op}) may read and write every port"
+        provides = node.emit.contract.provides
+        inputs = {p.name for p in node.emit.interface.inputs}
+        for port in node.emit.interface.port_names():
+            have, bound = provides.port(port).effect, read if port in inputs else write
+            if not have.leq(bound):
+                return [Failure(f"{node.var.name}.{port}.effect", have, bound)], ""
     touched = {graph.nodes[i].var for i in s}
     for i in s:
         touched.update(a for a in graph.nodes[i].value.args)
     for j in range(min(s), max(s)):
         other = graph.nodes[j]
-        if j in s or not other.is_opaque:
+        if j in s or other.emit is None:
             continue
-        for a in other.value.args:
-            if a in touched:
-                return [Failure(f"effect({getattr(a, 'name', a)})", Effect.top(), Effect("Read"))], \
-                    f"opaque {other.var.name} ({other.emit.op}) between members may write it"
+        writes = [p for p in other.emit.interface.inputs
+                  if other.emit.contract.provides.port(p.name).effect.writes]
+        for port, arg in zip(other.emit.interface.inputs, other.value.args):
+            if port in writes and arg in touched:
+                have = other.emit.contract.provides.port(port.name).effect
+                return [Failure(f"effect({other.var.name}.{port.name})", have, read)], \
+                    f"{other.var.name} ({other.emit.kind}) between members may write {getattr(arg, 'name', arg)}"
     return [], ""
 
 
@@ -59,17 +68,24 @@ def numeric_failures(table: Any, graph: Any, outputs: list[int], accumulation: O
     return fails
 
 
-def boundary_facts(table: Any, ports: dict[str, Any]) -> ContractFacts:
-    facts = {}
+def boundary_facts(table: Any, ports: dict[str, Any], alias_of: Any = None) -> ContractFacts:
+    """F on the boundary: each port's propagated facts, and the alias fact of each pair."""
+    facts, alias = {}, {}
     for name, expr in ports.items():
         fact = table.of(expr)
         if not isinstance(fact, tuple):
             facts[name] = fact.facts
-    return ContractFacts.of(facts)
+    names = [n for n in ports if n in facts]
+    if alias_of is not None:
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                alias[(a, b)] = alias_of(ports[a], ports[b], table.of(ports[a]), table.of(ports[b]))
+    return ContractFacts.of(facts, alias)
 
 
-def requires_failures(table: Any, ports: dict[str, Any], requires: ContractFacts, label: str) -> list[Failure]:
-    return list(entails(boundary_facts(table, ports), requires, by=label).failures)
+def requires_failures(table: Any, ports: dict[str, Any], requires: ContractFacts, label: str,
+                      alias_of: Any = None) -> list[Failure]:
+    return list(entails(boundary_facts(table, ports, alias_of), requires, by=label).failures)
 
 
 __all__ = ["PortFacts", "boundary_facts", "derived_numeric", "effect_failures", "numeric_failures",

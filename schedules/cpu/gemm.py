@@ -1,0 +1,259 @@
+"""CPU GEMM schedule rule: a packed, register-blocked BLIS kernel with the epilogue fused.
+
+Accepts a static-shape PrimFunc with exactly one reduction block of GEMM shape (see
+``gemm_analysis``): plain, batched (3-D/4-D) or transposed-operand matmul, with injective
+producers (``permute_dims`` of the weight) and consumers (bias add, relu/gelu/silu,
+residual add). Anything else -- a second reduction, symbolic extents, a reduction that is
+not a multiply-accumulate -- gets ``None`` so that the next rule handles it.
+
+The schedule, after ``normalize_gemm`` has rewritten the block to
+``C[S, M, N] += A[S, M, K] * B[S, N, K]`` (``reindex``; for a conv2d this is im2col):
+
+1. ``pad_einsum`` pads M, N (and K if needed) to the tile sizes of ``gemm_plan``;
+2. producers of A and B are inlined into the reindex/pad copies, so each operand is read
+   once by one copy block; B's copy writes the packed layout ``[S, N/nr, K, nr]``
+   (``transform_layout``), A's copy is inlined away when it is a plain load;
+3. the BLIS loop nest (``gemm_plan`` docstring), ``mr`` unrolled and ``nr`` vectorised,
+   the init split off with ``decompose_reduction``;
+4. consumers are inlined into one epilogue block, placed after the reduction of each
+   parallel chunk (``reverse_compute_at``) when it reads C at plain indices, otherwise
+   (fused batch axes, conv positions y*W + x) run as a separate parallel pass: TVM 0.27's
+   ``reverse_compute_at`` silently under-covers fused indices (see ``reads_plainly``).
+
+Every step is a TensorIR primitive that checks its own preconditions, so a shape this
+module did not foresee raises inside ``apply``, which then returns None.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.target import Target
+
+from .gemm_analysis import GemmTraits, IterRole, detect_gemm, normalize_gemm
+from .gemm_blocks import (
+    find_reduction_block,
+    inline_consumers,
+    inline_producers,
+    is_plain_load,
+    last_index_is_iter,
+    loop_extent,
+    num_cores,
+    schedule_injective,
+    vector_lanes,
+)
+from .gemm_plan import GemmPlan, plan_gemm
+
+
+def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole) -> IterRole:
+    """The axis (I or J) to vectorise: the one whose tiles pad the problem least.
+
+    N pads to a multiple of 16..64 and M only to one of ~6, so a 7-wide N wastes half the
+    vector lanes while the same axis as M wastes nothing; ``preferred`` wins ties.
+    """
+    batch, k = traits.extent(IterRole.S), traits.extent(IterRole.K)
+    i_ext, j_ext = traits.extent(IterRole.I), traits.extent(IterRole.J)
+    if IterRole.I not in traits.block or IterRole.J not in traits.block:
+        return IterRole.I if IterRole.I in traits.block else IterRole.J
+
+    def padded_work(m: int, n: int) -> int:
+        plan = plan_gemm(batch, m, n, k, lanes, cores=1)
+        return plan.m_padded * plan.n_padded
+
+    work = {IterRole.J: padded_work(i_ext, j_ext), IterRole.I: padded_work(j_ext, i_ext)}
+    other = IterRole.I if preferred == IterRole.J else IterRole.J
+    return other if work[other] < work[preferred] else preferred
+
+
+def _operand_producers(
+    sch: s_tir.Schedule, main: SBlockRV, a_read: int
+) -> tuple[SBlockRV, SBlockRV]:
+    """The blocks producing A and B, A being the block's ``a_read``-th read."""
+    stmt = sch.get(main)
+    buffers = [stmt.reads[a_read].source, stmt.reads[1 - a_read].source]
+    found: list[SBlockRV | None] = [None, None]
+    for producer in sch.get_producers(main):
+        written = sch.get(producer).writes[0].source
+        for i, buf in enumerate(buffers):
+            if written.same_as(buf):
+                found[i] = producer
+    if found[0] is None or found[1] is None:
+        raise s_tir.ScheduleError("GEMM operands are not produced by copy blocks")
+    return found[0], found[1]
+
+
+def _schedule_pack(sch: s_tir.Schedule, block: SBlockRV, plan: GemmPlan) -> None:
+    s, n, k = sch.get_loops(block)
+    n_outer, n_inner = sch.split(n, [None, plan.nr])
+    if last_index_is_iter(sch, block, 2) and loop_extent(sch, k) % plan.lanes == 0:
+        # a transposing pack (B stored [N, K], e.g. a Linear weight): read K-contiguous
+        # vectors and write them out strided, in lanes x nr blocks that stay in L1
+        k_outer, k_inner = sch.split(k, [None, plan.lanes])
+        sch.reorder(s, n_outer, k_outer, n_inner, k_inner)
+        sch.unroll(k_inner)
+    else:
+        sch.reorder(s, n_outer, k, n_inner)
+        sch.vectorize(n_inner)
+    sch.parallel(sch.fuse(s, n_outer))
+
+
+def _schedule_im2col(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
+    """The im2col copy (loops already ``S, K, rows``): parallel over K, row loop innermost."""
+    loops = sch.get_loops(block)
+    inner = loops[-1]
+    if loop_extent(sch, inner) % lanes == 0:
+        sch.vectorize(sch.split(inner, [None, lanes])[1])
+    sch.parallel(sch.fuse(*loops[: max(1, len(loops) - 2)]))
+
+
+def schedule_gemm(
+    sch: s_tir.Schedule,
+    main: SBlockRV,
+    traits: GemmTraits,
+    vector_role: IterRole,
+    target: Target,
+) -> GemmPlan:
+    """Schedule the GEMM block ``main`` (and its producers/consumers) in place."""
+    lanes, cores = vector_lanes(target), num_cores(target)
+    norm = normalize_gemm(sch, main, traits, vector_role)
+    a_copy, b_copy = norm.a_copy, norm.b_copy
+    for copy, im2col in ((a_copy, norm.a_im2col), (b_copy, norm.b_im2col)):
+        if im2col:  # keep the padded input: inlined, im2col would test bounds per element
+            for producer in sch.get_producers(copy):
+                inline_producers(sch, producer)
+                schedule_injective(sch, producer, lanes)
+        else:
+            inline_producers(sch, copy)
+    batch, m, n, k = (int(iv.dom.extent) for iv in sch.get(main).iter_vars)
+    plan = plan_gemm(
+        batch,
+        m,
+        n,
+        k,
+        lanes,
+        cores,
+        registers=32 if lanes >= 16 else 16,
+        b_contiguous_in_n=norm.b_im2col or last_index_is_iter(sch, b_copy, 1),
+        b_im2col=norm.b_im2col,
+    )
+    padded = (plan.m_padded, plan.n_padded, plan.k_padded)
+    if padded != (m, n, k):
+        sch.pad_einsum(main, [1, *padded])
+        # normalize_gemm keeps the read order: A is the left operand unless N is its axis
+        a_pad, b_pad = _operand_producers(sch, main, 0 if vector_role == IterRole.J else 1)
+        if not a_pad.same_as(a_copy) and not norm.a_im2col:
+            inline_producers(sch, a_pad)
+        if not b_pad.same_as(b_copy) and not norm.b_im2col:
+            inline_producers(sch, b_pad)
+        for copy, pad, im2col in ((a_copy, a_pad, norm.a_im2col), (b_copy, b_pad, norm.b_im2col)):
+            if im2col:
+                _schedule_im2col(sch, copy, lanes)
+                if not pad.same_as(copy):
+                    schedule_injective(sch, pad, lanes)
+        a_copy, b_copy = a_pad, b_pad
+    else:
+        for copy, im2col in ((a_copy, norm.a_im2col), (b_copy, norm.b_im2col)):
+            if im2col:
+                _schedule_im2col(sch, copy, lanes)
+    if plan.pack_b:
+        sch.transform_layout(
+            b_copy, ("write", 0), lambda s, j, r: (s, j // plan.nr, r, j % plan.nr)
+        )
+        _schedule_pack(sch, b_copy, plan)
+    elif not norm.b_im2col:
+        sch.compute_inline(b_copy)  # small M, N-contiguous B: read in place
+    if not norm.a_im2col:
+        if is_plain_load(sch, a_copy):
+            sch.compute_inline(a_copy)
+        else:
+            schedule_injective(sch, a_copy, lanes)  # a padded copy
+
+    epilogue = inline_consumers(sch, main)
+    s, m_loop, n_loop, k_loop = sch.get_loops(main)
+    mo, mi, mr = sch.split(m_loop, [None, plan.mc // plan.mr, plan.mr])
+    no, ni, nr = sch.split(n_loop, [None, plan.nc // plan.nr, plan.nr])
+    ko, ki = sch.split(k_loop, [None, plan.kc])
+    nv, nl = sch.split(nr, [None, lanes])
+    if plan.parallel_m:
+        sch.reorder(s, no, mo, ko, ni, mi, ki, mr, nv, nl)
+        chunk = sch.fuse(s, no, mo)
+    else:
+        sch.reorder(s, no, ko, mo, ni, mi, ki, mr, nv, nl)
+        chunk = sch.fuse(s, no)
+    sch.parallel(chunk)
+    sch.unroll(mr)
+    sch.unroll(nv)
+    sch.vectorize(nl)
+    init = sch.decompose_reduction(main, ko)
+    sch.vectorize(sch.get_loops(init)[-1])
+    _place_epilogue(sch, main, epilogue, chunk, lanes)
+    return plan
+
+
+def reads_plainly(block: s_tir.SBlock, buffer: tirx.Buffer) -> bool:
+    """Whether ``block`` reads ``buffer`` only at distinct plain iters / constants.
+
+    ``reverse_compute_at`` must invert the consumer's index into the producer's region; for a
+    fused index such as ``b * 10 + i`` TVM 0.27 derives too small a loop nest and silently
+    skips outputs (seen on a 3-D x 2-D matmul), so the epilogue is only fused in this case.
+    """
+    for region in block.reads:
+        if region.source.same_as(buffer):
+            mins = [rng.min for rng in region.region]
+            if not all(isinstance(x, (tirx.Var, tirx.IntImm)) for x in mins):
+                return False
+            names = [x for x in mins if isinstance(x, tirx.Var)]
+            return not any(a.same_as(b) for i, a in enumerate(names) for b in names[i + 1 :])
+    return False
+
+
+def _place_epilogue(
+    sch: s_tir.Schedule, main: SBlockRV, epilogue: list[SBlockRV], chunk: LoopRV, lanes: int
+) -> None:
+    result = sch.get(main).writes[0].source
+    if len(epilogue) == 1 and reads_plainly(sch.get(epilogue[0]), result):
+        try:
+            sch.reverse_compute_at(epilogue[0], chunk)
+            inner = sch.get_loops(epilogue[0])[-1]
+            if loop_extent(sch, inner) % lanes == 0:
+                sch.vectorize(sch.split(inner, [None, lanes])[1])
+            return
+        except s_tir.ScheduleError:
+            pass
+    for block in epilogue:
+        schedule_injective(sch, block, lanes)
+
+
+class Gemm(CPUScheduleRule):
+    """Default CPU schedule for a (batched, fused) matmul PrimFunc; None when not one."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        main = find_reduction_block(sch)
+        if main is None:
+            return None
+        traits = detect_gemm(sch.get(main))
+        if traits is None:
+            return None
+        if looks_like_convolution(sch.get(main)):
+            return None  # Conv2d owns those (it picks the GEMM orientation per shape)
+        # on a tie, vectorise the output's innermost axis: the epilogue stores are vectors
+        innermost = [r for r in traits.out if r in (IterRole.I, IterRole.J)][-1]
+        vector_role = choose_vector_role(traits, vector_lanes(target), innermost)
+        try:
+            schedule_gemm(sch, main, traits, vector_role, target)
+        except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
+            return None
+        return sch
+
+
+def looks_like_convolution(block: s_tir.SBlock) -> bool:
+    """Whether an operand index is a compound expression (``y*s + r``), as in conv2d."""
+    for region in block.reads:
+        for rng in region.region:
+            if not isinstance(rng.min, (tirx.Var, tirx.IntImm)):
+                return True
+    return False

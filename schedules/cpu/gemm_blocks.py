@@ -1,0 +1,110 @@
+"""Block-graph helpers shared by the CPU GEMM and conv2d rules.
+
+Finding the one reduction block, inlining the injective blocks around it, and the plain
+parallel + vectorised schedule for copy/elementwise blocks left standing (pads, im2col
+pads, epilogues that cannot be fused). Inlining goes through ``compute_inline``, which
+checks its own preconditions; a refusal just leaves the block as a separate pass.
+"""
+
+from __future__ import annotations
+
+from tvm import ir, s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.target import Target, codegen
+
+
+def vector_lanes(target: Target) -> int:
+    """float32 lanes of the target's widest vector register (4 for a bare ``llvm``)."""
+    try:
+        bits = int(codegen.llvm_get_vector_width(target))
+    except Exception:  # noqa: BLE001 - a target LLVM cannot describe: assume SSE
+        bits = 128
+    return max(4, bits // 32)
+
+
+def num_cores(target: Target) -> int:
+    """The target's ``num-cores`` (1 when absent)."""
+    cores = target.attrs.get("num-cores", None)
+    return int(cores) if cores is not None else 1
+
+
+def find_reduction_block(sch: s_tir.Schedule) -> SBlockRV | None:
+    """The single reduction block under the root, when all others are spatial."""
+    found = None
+    for block in sch.get_child_blocks(get_root_block(sch)):
+        kinds = {iv.iter_type for iv in sch.get(block).iter_vars}
+        if not kinds <= {tirx.IterVar.DataPar, tirx.IterVar.CommReduce}:
+            return None
+        if tirx.IterVar.CommReduce in kinds:
+            if found is not None:
+                return None
+            found = block
+    return found
+
+
+def _transitive(sch: s_tir.Schedule, block: SBlockRV, step) -> list[SBlockRV]:
+    out: list[SBlockRV] = []
+    for nxt in step(block):
+        out.append(nxt)
+        out.extend(_transitive(sch, nxt, step))
+    return out
+
+
+def _inline_first(sch: s_tir.Schedule, blocks: list[SBlockRV], skip_outputs: bool) -> bool:
+    for block in blocks:
+        if skip_outputs and not sch.get_consumers(block):
+            continue  # an output block: the chain ends here
+        try:
+            sch.compute_inline(block)
+            return True
+        except s_tir.ScheduleError:
+            continue
+    return False
+
+
+def inline_producers(sch: s_tir.Schedule, block: SBlockRV) -> None:
+    """Inline every block feeding ``block`` (transitively) that TensorIR lets us inline."""
+    # Restart after each inline: in a diamond the same block is listed twice, and an
+    # inlined block's handle is dead.
+    while _inline_first(sch, _transitive(sch, block, sch.get_producers), skip_outputs=False):
+        pass
+
+
+def inline_consumers(sch: s_tir.Schedule, block: SBlockRV) -> list[SBlockRV]:
+    """Inline the consumer chain of ``block`` into its output blocks; return its consumers."""
+    while _inline_first(sch, _transitive(sch, block, sch.get_consumers), skip_outputs=True):
+        pass
+    return sch.get_consumers(block)
+
+
+def is_plain_load(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    body = sch.get(block).body
+    return isinstance(body, tirx.BufferStore) and isinstance(body.value, ir.TensorLoad)
+
+
+def last_index_is_iter(sch: s_tir.Schedule, block: SBlockRV, iter_index: int) -> bool:
+    """Whether the block copies a buffer whose innermost index is its ``iter_index``-th iter."""
+    stmt = sch.get(block)
+    if not is_plain_load(sch, block):
+        return False
+    return stmt.body.value.indices[-1].same_as(stmt.iter_vars[iter_index].var)
+
+
+def loop_extent(sch: s_tir.Schedule, loop: LoopRV) -> int:
+    return int(sch.get(loop).extent)
+
+
+def schedule_injective(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
+    """A standalone elementwise/copy block: parallel outer loops, vectorised inner loop."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    inner = loops[-1]
+    if len(loops) > 1 and loop_extent(sch, inner) % lanes == 0:
+        _, vec = sch.split(inner, [None, lanes])
+        sch.vectorize(vec)
+        outer = loops[:-1]
+    else:
+        outer = loops[:-1] if len(loops) > 1 else loops
+    sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])

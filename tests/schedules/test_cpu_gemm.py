@@ -1,0 +1,207 @@
+"""Tests for the CPU GEMM rule (schedules/cpu/gemm.py) and its analysis and tile plan.
+
+Each case builds the PrimFunc Relax produces for a fused matmul group (LegalizeOps +
+FuseOps/FuseOpsByPattern + FuseTIR), schedules it with ``Gemm``, builds it for the host CPU
+and compares it with numpy on seeded inputs. Shapes are small and deliberately not
+multiples of the tiles (7x33x65, K = 401) so padding and tails are exercised.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, s_tir
+from tvm.relax.dpl import is_op, wildcard
+
+from schedules.cpu.gemm import Gemm
+from schedules.cpu.gemm_analysis import IterRole, detect_gemm
+from schedules.cpu.gemm_blocks import find_reduction_block
+from schedules.cpu.gemm_plan import plan_gemm
+
+F32 = "float32"
+
+
+@pytest.fixture(scope="module")
+def target() -> tvm.target.Target:
+    config = dict(tvm.target.Target.from_device(tvm.cpu()).export())
+    config["num-cores"] = 2
+    return tvm.target.Target(config)
+
+
+def fused_primfunc(
+    build: Callable[..., relax.Expr],
+    inputs: dict[str, tuple[int, ...]],
+    pattern=None,
+) -> tvm.tirx.PrimFunc:
+    """The one PrimFunc holding the reduction that Relax makes of ``build(bb, *vars)``."""
+    params = [relax.Var(name, relax.TensorType(shape, F32)) for name, shape in inputs.items()]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb, *params))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    if pattern is not None:
+        passes = [relax.transform.FuseOpsByPattern([("fused", pattern)])]
+        passes += [relax.transform.LegalizeOps(), relax.transform.FuseTIR()]
+    else:
+        passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
+        passes += [relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    for transform in passes:
+        mod = transform(mod)
+    funcs = [
+        f
+        for f in mod.functions.values()
+        if isinstance(f, tvm.tirx.PrimFunc) and find_reduction_block(s_tir.Schedule(f)) is not None
+    ]
+    assert len(funcs) == 1, f"expected one reduction PrimFunc, got {len(funcs)}"
+    return funcs[0]
+
+
+def run_scheduled(
+    sch: s_tir.Schedule, target: tvm.target.Target, arrays: dict[str, np.ndarray], out_shape
+) -> np.ndarray:
+    """Build the scheduled PrimFunc and run it on ``arrays`` (matched to params by name)."""
+    func = sch.mod["main"].with_attr("global_symbol", "main")
+    kernel = tvm.compile(tvm.IRModule({"main": func}), target=target).mod["main"]
+    names = [str(p) for p in func.params][:-1]
+    out = tvm.runtime.tensor(np.zeros(out_shape, np.float32))
+    kernel(*[tvm.runtime.tensor(arrays[n]) for n in names], out)
+    return out.numpy()
+
+
+def random_inputs(shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {name: rng.standard_normal(shape, dtype=np.float32) for name, shape in shapes.items()}
+
+
+def check_rule(rule, func, target, arrays, expected) -> s_tir.Schedule:
+    sch = rule.apply(func, target, False)
+    assert sch is not None, "the rule declined a PrimFunc it supports"
+    got = run_scheduled(sch, target, arrays, expected.shape)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * math.sqrt(expected.size))
+    return sch
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(7, 33, 65), (64, 48, 401), (13, 100, 5)])
+def test_matmul_bias_relu_matches_numpy(target, m, n, k):
+    """Odd extents pad M, N (and K = 401: no tile divides it) inside the kernel."""
+    shapes = {"x": (m, k), "w": (k, n), "b": (n,)}
+
+    def build(bb, x, w, b):
+        y = bb.emit(relax.op.matmul(x, w))
+        return relax.op.nn.relu(bb.emit(relax.op.add(y, b)))
+
+    a = random_inputs(shapes)
+    expected = np.maximum(a["x"] @ a["w"] + a["b"], 0)
+    check_rule(Gemm(), fused_primfunc(build, shapes), target, a, expected)
+
+
+def test_transposed_weight_with_gelu_is_fused_into_one_kernel(target):
+    """permute_dims of the weight inside the group is inlined into B's packing copy."""
+    shapes = {"x": (9, 40), "w": (24, 40), "b": (24,)}
+
+    def build(bb, x, w, b):
+        y = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w))))
+        return relax.op.nn.gelu(bb.emit(relax.op.add(y, b)))
+
+    pattern = is_op("relax.nn.gelu")(
+        is_op("relax.add")(
+            is_op("relax.matmul")(wildcard(), is_op("relax.permute_dims")(wildcard())), wildcard()
+        )
+    )
+    a = random_inputs(shapes)
+    expected = _gelu(a["x"] @ a["w"].T + a["b"])
+    check_rule(Gemm(), fused_primfunc(build, shapes, pattern), target, a, expected)
+
+
+def test_dense_with_one_row_and_transposed_weight(target):
+    """1x2048 @ 2048x1000 (a classifier head): M = 1 has no I axis at all."""
+    shapes = {"x": (1, 2048), "w": (1000, 2048), "b": (1000,)}
+
+    def build(bb, x, w, b):
+        y = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w))))
+        return relax.op.add(y, b)
+
+    pattern = is_op("relax.add")(
+        is_op("relax.matmul")(wildcard(), is_op("relax.permute_dims")(wildcard())), wildcard()
+    )
+    a = random_inputs(shapes)
+    expected = a["x"] @ a["w"].T + a["b"]
+    check_rule(Gemm(), fused_primfunc(build, shapes, pattern), target, a, expected)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape"),
+    [((3, 10, 20), (3, 20, 17)), ((2, 3, 10, 20), (2, 3, 20, 17)), ((3, 10, 20), (20, 17))],
+    ids=["batched-3d", "batched-4d", "3d-times-2d"],
+)
+def test_batched_matmul_with_residual_silu(target, x_shape, w_shape):
+    """Batch axes (S) and a 2-D weight broadcast over the batch (fused into M)."""
+    out_shape = (*x_shape[:-1], w_shape[-1])
+    shapes = {"x": x_shape, "w": w_shape, "r": out_shape}
+
+    def build(bb, x, w, r):
+        y = bb.emit(relax.op.nn.silu(bb.emit(relax.op.matmul(x, w))))
+        return relax.op.add(y, r)
+
+    a = random_inputs(shapes)
+    expected = _silu(a["x"] @ a["w"]) + a["r"]
+    check_rule(Gemm(), fused_primfunc(build, shapes), target, a, expected)
+
+
+def test_returns_none_without_a_multiply_accumulate(target):
+    """A sum reduction has one operand: not a GEMM, so the next rule must handle it."""
+    shapes = {"x": (8, 32)}
+    func = fused_primfunc(lambda bb, x: relax.op.sum(x, axis=1), shapes)
+    assert Gemm().apply(func, target, False) is None
+
+
+def test_returns_none_for_symbolic_shapes(target):
+    n = tvm.tirx.Var("n", "int64")
+    shapes = {"x": (n, 16), "w": (16, 32)}
+    func = fused_primfunc(lambda bb, x, w: relax.op.matmul(x, w), shapes)
+    assert Gemm().apply(func, target, False) is None
+
+
+def test_returns_none_for_a_gpu_target():
+    shapes = {"x": (8, 16), "w": (16, 32)}
+    func = fused_primfunc(lambda bb, x, w: relax.op.matmul(x, w), shapes)
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    assert Gemm().apply(func, cuda, False) is None
+
+
+def test_detect_gemm_assigns_roles_of_a_transposed_batched_matmul():
+    shapes = {"x": (3, 10, 20), "w": (3, 20, 17)}
+    func = fused_primfunc(lambda bb, x, w: relax.op.matmul(x, w), shapes)
+    sch = s_tir.Schedule(func)
+    traits = detect_gemm(sch.get(find_reduction_block(sch)))
+    assert traits is not None
+    assert traits.block == (IterRole.S, IterRole.I, IterRole.J, IterRole.K)
+    assert (traits.extent(IterRole.I), traits.extent(IterRole.J)) == (10, 17)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [(1, 1000, 2048), (7, 33, 65), (1024, 1024, 1024), (49, 512, 4608), (5, 7, 1031)],
+)
+def test_plan_tiles_divide_the_padded_problem(m, n, k):
+    plan = plan_gemm(1, m, n, k, lanes=16, cores=2)
+    assert plan.m_padded >= m and plan.n_padded >= n and plan.k_padded >= k
+    assert plan.m_padded % plan.mc == 0 and plan.mc % plan.mr == 0
+    assert plan.n_padded % plan.nc == 0 and plan.nc % plan.nr == 0
+    assert plan.k_padded % plan.kc == 0 and plan.nr % plan.lanes == 0
+    # accumulators + B vectors + a broadcast fit the 32 AVX-512 registers
+    assert plan.mr * plan.nr // plan.lanes + plan.nr // plan.lanes + 1 <= 32
