@@ -28,6 +28,9 @@ _LAZY = {
     "from_onnx": ".frontends",
     "from_torch": ".frontends",
     "load_model": ".frontends",
+    "tune": ".tuning",
+    "TuneResult": ".tuning",
+    "load": ".deploy",
 }
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tvm
@@ -25,7 +27,7 @@ class TensorSpec:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
     @classmethod
-    def from_json(cls, data: dict) -> "TensorSpec":
+    def from_json(cls, data: dict) -> TensorSpec:
         return cls(str(data["name"]), tuple(data["shape"]), str(data["dtype"]))
 
     def check(self, value: np.ndarray) -> None:
@@ -83,14 +85,17 @@ def kernels_of(mod: tvm.IRModule) -> list[Kernel]:
 class CompiledModel:
     """A compiled module: call it with numpy arrays, get numpy arrays back.
 
-    One output returns one array; several return a list.
+    Inputs go in order, or by name (``model(x=a)``); one output returns one array,
+    several return a list. A model returned by ``aicf_tvm.load`` has no Relax modules
+    (``optimized``/``lowered`` are None) but keeps the metadata it was exported with.
     """
 
     def __init__(self, executable: Any, target: tvm.target.Target, main: relax.Function | None = None, *,
                  report: FusionReport | None = None, lowered: tvm.IRModule | None = None,
                  optimized: tvm.IRModule | None = None, inputs: Sequence[TensorSpec] | None = None,
                  outputs: Sequence[TensorSpec] | None = None, kernels: Sequence[Kernel] | None = None,
-                 device: Any = None) -> None:
+                 device: Any = None, metadata: Mapping[str, Any] | None = None,
+                 path: str | None = None) -> None:
         self.executable = executable
         self.target = target
         self.report = report if report is not None else FusionReport()
@@ -102,7 +107,22 @@ class CompiledModel:
         self.outputs = list(outputs or [])
         self.kernels = list(kernels) if kernels is not None else (kernels_of(lowered) if lowered else [])
         self.device = device if device is not None else (tvm.cuda() if "gpu" in target.keys else tvm.cpu())
+        self.metadata = dict(metadata) if metadata is not None else None
+        self.path = path  # the library it was loaded from, if any
         self._vm = None
+
+    def __repr__(self) -> str:
+        from .targets import describe
+
+        sig = ", ".join(f"{s.name}: {s.dtype}{list(s.shape)}" for s in self.inputs)
+        where = f" from {self.path}" if self.path else ""
+        return f"<CompiledModel ({sig}) on {describe(self.target)}, {len(self.kernels)} kernels{where}>"
+
+    def export(self, path: str | Path) -> Path:
+        """Write a shared library that carries this model's metadata (see ``aicf_tvm.load``)."""
+        from .deploy import export
+
+        return export(self, path)
 
     @property
     def vm(self) -> relax.VirtualMachine:
@@ -117,8 +137,26 @@ class CompiledModel:
         for spec, value in zip(self.inputs, args):
             spec.check(np.asarray(value))
 
-    def __call__(self, *args: np.ndarray) -> Any:
-        arrays = [np.ascontiguousarray(a) for a in args]
+    def arrange(self, args: Sequence[Any], named: Mapping[str, Any]) -> list[np.ndarray]:
+        """Positional then named inputs, in the order of ``inputs``; names are checked."""
+        names = [s.name for s in self.inputs]
+        expected = ", ".join(names) or "none"
+        if len(args) > len(names):
+            raise InputError(f"expected {len(names)} inputs ({expected}), got {len(args)}")
+        values: dict[str, Any] = dict(zip(names, args))
+        for key, value in named.items():
+            if key not in names:
+                raise InputError(f"no input named {key!r}; the inputs are: {expected}")
+            if key in values:
+                raise InputError(f"input {key!r} given twice")
+            values[key] = value
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise InputError(f"missing input {', '.join(missing)} (the inputs are: {expected})")
+        return [np.ascontiguousarray(values[n]) for n in names]
+
+    def __call__(self, *args: np.ndarray, **named: np.ndarray) -> Any:
+        arrays = self.arrange(args, named)
         self.check_inputs(arrays)
         out = self.vm["main"](*[tvm.runtime.tensor(a, self.device) for a in arrays])
         if hasattr(out, "numpy"):

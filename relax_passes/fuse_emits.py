@@ -54,7 +54,7 @@ def op_view(graph: EmitGraph) -> tuple[dict, dict]:
     """var -> op-level call (params replaced by the call's args); call id -> node."""
     var2val, call_node = {}, {}
     for node in graph.nodes:
-        if node.body is None or node.is_opaque:
+        if node.body is None or node.is_opaque or not isinstance(node.var.ty, relax.TensorType):
             continue
         func = graph.mod[node.callee]
         sub = {p: a for p, a in zip(func.params, node.value.args)}
@@ -215,6 +215,8 @@ class _Planner:
         anchor_cat: dict[int, str] = {k: "library" for k in range(len(groups))}
         for node in nodes:
             if node.index in taken or node.emit is None or node.is_opaque or node.category == "fused":
+                continue
+            if not isinstance(node.var.ty, relax.TensorType):  # tuple results stay their own Emit
                 continue
             cat = node.category
             joined = None

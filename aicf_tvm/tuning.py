@@ -1,0 +1,146 @@
+"""``aicf_tvm.tune``: tune the Emit kernels of one or more models into a work dir.
+
+Every model is imported, optimized and lowered to Emit PrimFuncs exactly as ``compile``
+does (before any default schedule), their kernels become one task per contract signature
+across all models (``schedules.tune.extract_tasks``), costliest first, and each task is
+seeded with its measured default schedule and searched by MetaSchedule.  The work dir
+holds MetaSchedule's JSON database plus ``aicf_tuning.json`` (per signature: trials,
+default and tuned seconds, the choice); ``compile(..., database=work_dir)`` applies it.
+Running again with the same arguments skips tasks that already have their trials.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import tvm
+
+from .errors import TuningError, UnsupportedModelError
+from .report import FusionReport
+from .targets import describe, resolve_target
+
+
+@dataclass
+class TuneResult:
+    """The outcome of a tuning run: one entry per task, and where the records are."""
+
+    work_dir: Path
+    target: tvm.target.Target
+    models: list[str]
+    tasks: list[Any] = field(default_factory=list)  # schedules.tune.TaskOutcome
+    measured: int = 0  # candidates measured by this run (the default baselines excluded)
+    untuned: list[str] = field(default_factory=list)  # task keys left for lack of budget
+
+    @property
+    def tuned(self) -> list[Any]:
+        """Tasks whose best tuned record beat the default schedule."""
+        return [t for t in self.tasks if t.choice == "tuned"]
+
+    def summary(self) -> str:
+        lines = [f"tuned {len(self.models)} model(s) for {describe(self.target)} into {self.work_dir}: "
+                 f"{len(self.tasks)} task(s), {self.measured} candidate(s) measured"]
+        for t in self.tasks:
+            ms_ = lambda s: "-" if s is None else f"{s * 1e3:.4f} ms"  # noqa: E731
+            note = " (resumed: already tuned)" if t.skipped else ""
+            lines.append(f"  {t.key:40s} default {ms_(t.default_s):>12s}  tuned {ms_(t.tuned_s):>12s}"
+                         f"  -> {t.choice}{note}")
+        if self.untuned:
+            lines.append(f"  {len(self.untuned)} task(s) not tuned: trial budget spent")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def lower_for_tuning(mod: tvm.IRModule) -> tvm.IRModule:
+    """normalize -> optimize -> LowerEmits: the Emit PrimFuncs before any schedule."""
+    from relax_passes import LowerEmits
+
+    from .pipeline import normalize, optimize
+
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise UnsupportedModelError("the module has no 'main' function")
+    return LowerEmits()(optimize(normalize(mod), FusionReport()))
+
+
+def _model_name(spec: Any, index: int) -> str:
+    return os.fspath(spec) if isinstance(spec, (str, os.PathLike)) else f"model{index}"
+
+
+def _save_choices(work_dir: Path, target: tvm.target.Target, choices: dict) -> None:
+    """Write ``aicf_tuning.json`` atomically (a kill leaves the old or the new file)."""
+    from schedules.select import CHOICES_FILE
+
+    path = work_dir / CHOICES_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"target": describe(target), "tasks": choices}, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "aicf_tuning", *,
+         trials_per_task: int | None = None, builder_timeout: float = 300, progress: bool = True) -> TuneResult:
+    """Tune the Emit kernels of ``models`` (one or a list of what ``load_model`` takes).
+
+    ``trials`` caps the candidates measured in this run; each task gets ``trials_per_task``
+    (default: an even share of ``trials``).  Raises ``TuningError`` for a corrupt database
+    (left untouched) and when no candidate of a task built.
+    """
+    from tqdm.auto import tqdm
+
+    from schedules import tune as st
+    from schedules.select import load_choices, open_database
+
+    from .frontends import load_model
+
+    tgt = resolve_target(target)
+    specs: Sequence[Any] = list(models) if isinstance(models, (list, tuple)) else [models]
+    if not specs:
+        raise TuningError("tune: no model given")
+    names = [_model_name(s, i) for i, s in enumerate(specs)]
+    lowered = [(name, lower_for_tuning(load_model(s))) for name, s in zip(names, specs)]
+    tasks = st.extract_tasks(lowered, tgt)
+    if not tasks:
+        raise TuningError(f"tune: {', '.join(names)} has no Emit kernels to tune")
+
+    wdir = Path(work_dir)
+    db = open_database(wdir, create=True)  # validates the files before anything is written
+    choices = load_choices(wdir)
+    per_task = trials_per_task or max(1, trials // len(tasks))
+    cores = max(1, int(tgt.export().get("num-cores", 1) or 1))
+    builder = st.make_builder(builder_timeout, cores)
+    runner = st.make_runner()
+    from tvm.s_tir import meta_schedule as ms
+
+    cost_model = ms.cost_model.CostModel.create("xgb", num_tuning_cores=cores)
+    result = TuneResult(wdir, tgt, names)
+    bar = tqdm(total=min(trials, per_task * len(tasks)), unit="trial", disable=not progress, desc="tune")
+    with st.cpu_intrinsics_only(tgt), contextlib.closing(bar):
+        for index, task in enumerate(tasks):
+            bar.set_description(f"tune {index + 1}/{len(tasks)} {task.kind}")
+            baseline = st.seed_default(task, tgt, db, builder, runner)
+            done = len(st.tuned_records(db, task, baseline))
+            budget = min(per_task - done, trials - result.measured)
+            if budget > 0:
+                def step(n: int) -> None:
+                    result.measured += n
+                    bar.update(n)
+
+                try:
+                    st.search(task, tgt, db, budget, builder=builder, runner=runner, cost_model=cost_model,
+                              work_dir=str(wdir), on_batch=step, seed=index)
+                except st.TuningFailed as err:
+                    model, kernel = task.uses[0]
+                    raise TuningError(f"tuning kernel {kernel} of {model} failed: {err}") from err
+            elif done < per_task:
+                result.untuned.append(task.key)
+                continue
+            out = st.outcome(task, db, baseline, skipped=budget <= 0)
+            result.tasks.append(out)
+            choices[task.key] = out.to_json() | {"uses": [list(u) for u in task.uses]}
+            _save_choices(wdir, tgt, choices)
+    return result
