@@ -34,9 +34,13 @@ class FusionReport:
     """All decisions of a compilation, in the order they were made."""
 
     decisions: list[Decision] = field(default_factory=list)
+    _seen: set = field(default_factory=set, repr=False)
 
     def add(self, decision: Decision) -> None:
-        self.decisions.append(decision)
+        """Record a decision; the same verdict on the same subgraph is kept once."""
+        if decision not in self._seen:
+            self._seen.add(decision)
+            self.decisions.append(decision)
 
     @property
     def accepted(self) -> list[Decision]:

@@ -192,10 +192,10 @@ def rewrite_function(mod: tvm.IRModule, name: str, plan) -> tvm.IRModule:
     new_func = bb.normalize(new_func)
     bb.update_func(mod.get_global_var(name), new_func)
     out = bb.get()
-    return _drop_unused(out)
+    return drop_unused_emits(out)
 
 
-def _drop_unused(mod: tvm.IRModule) -> tvm.IRModule:
+def drop_unused_emits(mod: tvm.IRModule) -> tvm.IRModule:
     """Remove private functions no longer called (the members' old Emit functions)."""
     used: set[str] = set()
     for gv, func in mod.functions_items():

@@ -7,4 +7,7 @@ from typing import Any
 
 def rewrite_passes(report: Any, before: bool) -> list:
     """Passes before fusion (elimination) or after it (materialization), in order."""
-    return []
+    from .eliminate_emits import EliminateEmits
+    from .materialize_emits import MaterializeEmits
+
+    return [EliminateEmits(report=report)] if before else [MaterializeEmits(report=report)]

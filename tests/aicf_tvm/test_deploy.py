@@ -1,0 +1,134 @@
+"""export/load: the library carries its metadata; anything else is a DeployError naming the file."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import aicf_tvm
+from aicf_tvm import DeployError, InputError, deploy
+from aicf_tvm.emit import Emit
+from aicf_tvm.models import BUILTIN_MODELS
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return aicf_tvm.compile(BUILTIN_MODELS["encoder_layer_small"]())
+
+
+@pytest.fixture(scope="module")
+def exported(compiled, tmp_path_factory) -> Path:
+    return compiled.export(tmp_path_factory.mktemp("deploy") / "small.so")
+
+
+@pytest.fixture
+def x() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((1, 16, 64)).astype(np.float32)
+
+
+def test_round_trip_runs_like_the_in_memory_model(compiled, exported, x):
+    loaded = aicf_tvm.load(exported)
+    np.testing.assert_array_equal(loaded(x), compiled(x))
+    np.testing.assert_array_equal(loaded(x=x), compiled(x))
+
+
+def test_loaded_model_keeps_specs_kernels_report_and_emits(compiled, exported):
+    loaded = aicf_tvm.load(exported)
+    assert loaded.inputs == compiled.inputs and loaded.outputs == compiled.outputs
+    assert loaded.kernels == compiled.kernels
+    assert str(loaded.report) == str(compiled.report)
+    assert loaded.target.export()["mcpu"] == compiled.target.export()["mcpu"]
+    meta = loaded.metadata
+    assert meta["magic"] == "aicf-tvm" and meta["format_version"] == deploy.FORMAT_VERSION
+    kinds = {Emit.from_attr(e["emit"]).kind for e in meta["emits"]}
+    assert "fused_attention" in kinds
+    assert loaded.path == str(exported) and loaded.optimized is None
+
+
+def test_metadata_is_inside_the_library_not_beside_it(exported, tmp_path):
+    moved = tmp_path / "moved.so"
+    moved.write_bytes(exported.read_bytes())
+    assert list(tmp_path.iterdir()) == [moved]
+    assert aicf_tvm.load(moved).inputs[0].name == "x"
+
+
+@pytest.mark.parametrize("call, culprit", [
+    (lambda m, x: m(y=x), "no input named 'y'; the inputs are: x"),
+    (lambda m, x: m(x.astype(np.float64)), "input x: dtype float64, expected float32"),
+    (lambda m, x: m(x[:, :8]), "input x: shape [1, 8, 64], expected [1, 16, 64]"),
+    (lambda m, x: m(), "missing input x"),
+    (lambda m, x: m(x, x), "expected 1 inputs (x), got 2"),
+    (lambda m, x: m(x, x=x), "input 'x' given twice"),
+])
+@pytest.mark.parametrize("which", ["in_memory", "loaded"])
+def test_wrong_inputs_are_input_errors(compiled, exported, x, call, culprit, which):
+    model = compiled if which == "in_memory" else aicf_tvm.load(exported)
+    with pytest.raises(InputError, match=re.escape(culprit)):
+        call(model, x)
+
+
+def test_module_for_another_target_is_refused(tmp_path):
+    if tvm.cuda(0).exist:
+        pytest.skip("this host has a CUDA device")
+    cuda = aicf_tvm.compile(BUILTIN_MODELS["encoder_layer_small"](), target="cuda")
+    path = cuda.export(tmp_path / "cuda.so")
+    with pytest.raises(DeployError, match=r"cuda\.so: compiled for cuda .* no CUDA device"):
+        aicf_tvm.load(path)
+
+
+def test_module_for_another_cpu_is_refused(exported, monkeypatch):
+    host = deploy._host_target()
+    monkeypatch.setattr(deploy, "_host_target", lambda: {**host, "mcpu": "some-other-cpu"})
+    with pytest.raises(DeployError, match=r"small\.so: compiled for CPU .* this host is some-other-cpu"):
+        aicf_tvm.load(exported)
+
+
+def test_device_of_the_wrong_kind_is_refused(exported):
+    with pytest.raises(DeployError, match=r"small\.so: compiled for llvm, cannot run on device cuda"):
+        aicf_tvm.load(exported, device="cuda")
+
+
+def test_plain_tvm_library_is_not_ours(tmp_path):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.add(x, x)))
+        bb.emit_func_output(out)
+    path = tmp_path / "plain.so"
+    tvm.compile(bb.get(), target=tvm.target.Target({"kind": "llvm"})).export_library(str(path))
+    with pytest.raises(DeployError, match=r"plain\.so: not an AICF module"):
+        aicf_tvm.load(path)
+
+
+def test_random_bytes_are_not_a_library(tmp_path):
+    path = tmp_path / "random.so"
+    path.write_bytes(np.random.default_rng(0).bytes(4096))
+    with pytest.raises(DeployError, match=r"random\.so: not a shared library"):
+        aicf_tvm.load(path)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_byte", "flip_metadata"])
+def test_corrupt_library_is_caught_before_loading(exported, tmp_path, damage):
+    data = bytearray(exported.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) * 3 // 4]
+    elif damage == "flip_byte":
+        data[-64] ^= 0xFF
+    else:
+        at = data.find(deploy.MAGIC) + deploy._HEADER_LEN + 10
+        data[at] ^= 0xFF
+    path = tmp_path / "damaged.so"
+    path.write_bytes(bytes(data))
+    with pytest.raises(DeployError, match=r"damaged\.so: corrupt"):
+        aicf_tvm.load(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(DeployError, match=r"gone\.so: no such file"):
+        aicf_tvm.load(tmp_path / "gone.so")
