@@ -146,6 +146,14 @@ class EliminateEmits:
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
         if self.func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
             return mod
+        for _ in range(8):  # a removal can leave its producer dead: sweep again
+            new = self._sweep(mod)
+            if new is mod:
+                break
+            mod = new
+        return mod
+
+    def _sweep(self, mod: tvm.IRModule) -> tvm.IRModule:
         table = analyze(mod, self.func_name)
         func = mod[self.func_name]
         blocks, changed, cache = [], False, {}

@@ -1,0 +1,243 @@
+"""EliminateEmits: each rule removes an Emit only when its fact is proven."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import aicf_tvm
+from aicf_tvm import emit_of, verify_contracts
+from aicf_tvm.elimination import compose_permutations, represents_exactly
+from aicf_tvm.report import FusionReport
+from relax_passes import EliminateEmits, LiftEmits, MaterializeEmits, PropagateContracts
+
+from ..conftest import run_vm
+
+
+def eliminate(mod):
+    report = FusionReport()
+    out = PropagateContracts()(EliminateEmits(report=report)(PropagateContracts()(LiftEmits()(mod))))
+    verify_contracts(out)
+    return out, report
+
+
+def kinds(mod) -> list[str]:
+    return sorted(emit_of(f).kind for _, f in mod.functions_items()
+                  if isinstance(f, relax.Function) and emit_of(f) is not None)
+
+
+def same_numbers(before, after, *shapes, dtype="float32"):
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    for got, want in zip(run_vm(after, *args), run_vm(before, *args)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_represents_exactly_table():
+    assert represents_exactly("float16", "float32") and represents_exactly("int8", "float32")
+    assert not represents_exactly("float32", "float16") and not represents_exactly("int32", "float32")
+    assert compose_permutations([0, 2, 1], [0, 2, 1]) == [0, 1, 2]
+
+
+@I.ir_module
+class IdentityOps:
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32")):
+        with R.dataflow():
+            a = R.reshape(x, (4, 8))
+            b = R.permute_dims(a, [0, 1])
+            c = R.astype(b, "float32")
+            d = R.add(c, R.const(np.zeros((8,), "float32")))
+            e = R.multiply(d, R.const(1.0, "float32"))
+            f = R.nn.relu(e)
+            R.output(f)
+        return f
+
+
+@I.ir_module
+class IdentityOpsExpected:
+    @R.function(private=True)
+    def emit_relu(x: R.Tensor((4, 8), "float32")) -> R.Tensor((4, 8), "float32"):
+        R.func_attr({"Primitive": True})
+        with R.dataflow():
+            gv = R.nn.relu(x)
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32")):
+        cls = IdentityOpsExpected
+        with R.dataflow():
+            f = cls.emit_relu(x)
+            R.output(f)
+        return f
+
+
+class TestIdentities:
+    """Same-shape reshape, identity permutation, same-dtype cast, x+0 and x*1 all go:
+    each returns its input unchanged."""
+
+    def test_structure(self):
+        from .helpers import strip_emits
+
+        after, report = eliminate(IdentityOps)
+        tvm.ir.assert_structural_equal(strip_emits(after), IdentityOpsExpected)
+        rules = sorted(d.candidate for d in report.accepted)
+        assert rules == ["eliminate:add", "eliminate:astype", "eliminate:multiply", "eliminate:permute_dims",
+                         "eliminate:reshape"]
+
+    def test_numbers(self):
+        after, _ = eliminate(IdentityOps)
+        same_numbers(IdentityOps, after, (4, 8))
+
+    def test_idempotent(self):
+        once, _ = eliminate(IdentityOps)
+        tvm.ir.assert_structural_equal(EliminateEmits()(once), once)
+
+
+@I.ir_module
+class AddBroadcastingZero:
+    @R.function
+    def main(x: R.Tensor((8,), "float32")):
+        with R.dataflow():
+            y = R.add(x, R.const(np.zeros((4, 8), "float32")))  # broadcasts x to [4, 8]
+            R.output(y)
+        return y
+
+
+def test_neutral_constant_that_broadcasts_is_kept():
+    after, report = eliminate(AddBroadcastingZero)
+    assert kinds(after) == ["add"] and not report.accepted
+
+
+@I.ir_module
+class InversePermutes:
+    @R.function
+    def main(x: R.Tensor((2, 3, 4), "float32")):
+        with R.dataflow():
+            a = R.permute_dims(x, [0, 2, 1])
+            b = R.permute_dims(a, [0, 2, 1])
+            c = R.nn.relu(b)
+            R.output(c)
+        return c
+
+
+def test_inverse_permutes_cancel_where_tvm_keeps_them():
+    after, report = eliminate(InversePermutes)
+    assert kinds(after) == ["relu"]
+    same_numbers(InversePermutes, after, (2, 3, 4))
+    # TVM's own pipeline keeps both transposes (as a fused copy kernel).
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    with target:
+        theirs = tvm.transform.Sequential([*cpu.legalize_passes(target)])(InversePermutes)
+    assert any("transpose" in gv.name_hint for gv in theirs.get_global_vars())
+    compiled = aicf_tvm.compile(InversePermutes, target={"kind": "llvm", "num-cores": 2})
+    assert [k.kind for k in compiled.kernels] == ["relu"]
+
+
+@I.ir_module
+class CastPairs:
+    @R.function
+    def main(h: R.Tensor((8,), "float16"), f: R.Tensor((8,), "float32")):
+        with R.dataflow():
+            a = R.astype(h, "float32")
+            b = R.astype(a, "float16")  # f16 -> f32 -> f16: exact, goes
+            c = R.astype(f, "float16")
+            d = R.astype(c, "float32")  # f32 -> f16 -> f32: rounds, stays
+            R.output(b, d)
+        return (b, d)
+
+
+def test_cast_pairs():
+    after, report = eliminate(CastPairs)
+    assert kinds(after) == ["astype", "astype"]  # only f -> f16 -> f32 remains
+    refused = [str(d) for d in report.refused if d.candidate == "eliminate:astype"]
+    assert refused and "float32->float16" in refused[0]
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal(8).astype("float16")
+    f = (rng.standard_normal(8) * 1000 + 0.1).astype("float32")
+    b, d = run_vm(after, h, f)
+    np.testing.assert_array_equal(b, h)
+    np.testing.assert_array_equal(d, f.astype("float16").astype("float32"))  # still rounds
+
+
+@I.ir_module
+class ReshapeViews:
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32")):
+        with R.dataflow():
+            a = R.reshape(x, (32,))  # x is contiguous: a view
+            t = R.permute_dims(x, [1, 0])
+            b = R.reshape(t, (32,))  # t is a transposed view: not a view
+            R.output(a, b)
+        return (a, b)
+
+
+def test_reshape_of_contiguous_becomes_view_but_not_of_transposed():
+    after, report = eliminate(ReshapeViews)
+    assert kinds(after) == ["permute_dims", "reshape"]  # b's reshape stays an Emit
+    refused = [str(d) for d in report.refused]
+    assert any("b.x.shape: [8x4] strides(1,8) ⋢ [8x4] contiguous" in r for r in refused)
+    same_numbers(ReshapeViews, after, (4, 8))
+
+
+@I.ir_module
+class DeadEmit:
+    @R.function
+    def main(x: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            unused = R.exp(x)
+            y = R.nn.relu(x)
+            R.output(y)
+        return y
+
+
+def test_dead_pure_emit_goes():
+    after, report = eliminate(DeadEmit)
+    assert kinds(after) == ["relu"]
+    assert any(d.candidate == "eliminate:dead" for d in report.accepted)
+
+
+@I.ir_module
+class TransposedWeight:
+    @R.function
+    def main(x: R.Tensor((4, 16), "float32")):
+        with R.dataflow():
+            w = R.permute_dims(R.const(np.arange(8 * 16, dtype="float32").reshape(8, 16) / 100), [1, 0])
+            y = R.matmul(x, w)
+            z = R.add(y, R.const(np.ones(8, "float32")))
+            R.output(z)
+        return z
+
+
+def test_transposed_weight_is_materialized_at_compile_time():
+    """The weight's transpose runs once at compile time: a fused GEMM per inference and
+    no transpose kernel."""
+    lifted = PropagateContracts()(LiftEmits()(TransposedWeight))
+    report = FusionReport()
+    after = MaterializeEmits(report=report)(lifted)
+    assert "permute_dims" not in kinds(after)
+    assert [d.candidate for d in report.accepted] == ["materialize:permute_dims"]
+    compiled = aicf_tvm.compile(TransposedWeight, target={"kind": "llvm", "num-cores": 2})
+    assert [k.kind for k in compiled.kernels] == ["fused_gemm_bias_act"]
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype("float32")
+    w = (np.arange(8 * 16, dtype="float32").reshape(8, 16) / 100).T
+    np.testing.assert_allclose(compiled(x), x @ w + 1, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mod", [IdentityOps, CastPairs, ReshapeViews])
+def test_pipeline_numbers_match_reference(mod):
+    compiled = aicf_tvm.compile(mod, target={"kind": "llvm", "num-cores": 2})
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal([int(d) for d in p.ty.shape.values]).astype(str(p.ty.dtype))
+            for p in mod["main"].params]
+    got = compiled(*args)
+    got = got if isinstance(got, list) else [got]
+    for g, w in zip(got, run_vm(mod, *args)):
+        np.testing.assert_array_equal(g, w)
