@@ -300,13 +300,14 @@ K_READ, K_WRITE = _Effect("Read"), _Effect("Write")
 
 
 def _variants(cand: Candidate) -> list:
-    cache = _VARIANTS.get(id(cand))
+    """The candidate's patterns, built once per variants function (held, so never reused)."""
+    cache = _VARIANTS.get(cand.variants)
     if cache is None:
-        cache = _VARIANTS[id(cand)] = cand.variants()
+        cache = _VARIANTS[cand.variants] = cand.variants()
     return cache
 
 
-_VARIANTS: dict[int, list] = {}
+_VARIANTS: dict = {}
 
 
 def _config(m: Match) -> dict:

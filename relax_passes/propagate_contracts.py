@@ -26,12 +26,19 @@ from tvm import relax
 from aicf_tvm.contract import ContractFacts, EmitContract, PortFacts
 from aicf_tvm.emit import EMIT_ATTR, Emit, emit_of
 from aicf_tvm.errors import ContractContradiction
-from aicf_tvm.kinds.describe import is_tensor, output_types
+from aicf_tvm.kinds.describe import describe_call, is_tensor, output_types, split_call
 from aicf_tvm.kinds.registry import VIEW, rule_for
 from aicf_tvm.kinds.transfer import fresh_shape, transfer, value_facts
 from aicf_tvm.lattice import Alias, Alignment, NumericFact
 
 MUST, NO, MAY, UNKNOWN = (Alias(v) for v in ("MustAlias", "NoAlias", "MayAlias", "Unknown"))
+
+
+def _returns_tensors(ty: Any) -> bool:
+    if isinstance(ty, relax.TensorType):
+        return True
+    fields = getattr(ty, "fields", None)
+    return bool(fields) and all(isinstance(f, relax.TensorType) for f in fields)
 
 
 def debug_enabled() -> bool:
@@ -151,10 +158,24 @@ class _Analysis:
             info = self.emit_info(value.op)
             if info is not None:
                 return self.visit_emit(value, info, var)
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and _returns_tensors(var.ty):
+            return self.visit_op(value, var)  # an op left in main (e.g. a view): its kind's rule
         if isinstance(var.ty, relax.TensorType):
             facts = value_facts(fresh_shape(var.ty), NumericFact.top())
             return ValueFact(facts, fresh)
         return ValueFact(PortFacts(), fresh)
+
+    def visit_op(self, call: relax.Call, var: relax.Var) -> Any:
+        sig = split_call(call)
+        emit = describe_call(call, sig)
+        ins = [self.table.of(a) for a in sig.tensor_args]
+        ins = [f if not isinstance(f, tuple) else ValueFact(PortFacts(), frozenset()) for f in ins]
+        outs = transfer(emit, call, [f.facts for f in ins], var.ty)
+        roots = frozenset({("value", var)})
+        if rule_for(emit.op).category == VIEW and ins:
+            roots |= ins[0].roots
+        facts = [ValueFact(o, roots) for o in outs]
+        return facts[0] if len(facts) == 1 and isinstance(var.ty, relax.TensorType) else tuple(facts)
 
     def visit_emit(self, call: relax.Call, info: tuple, var: relax.Var) -> Any:
         emit, body = info
