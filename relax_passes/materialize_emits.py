@@ -1,40 +1,178 @@
-"""MaterializeEmits: do at compile time the work an Emit needs only constants for.
+"""MaterializeEmits: insert the Emits that make a refused candidate legal, and do at
+compile time the work that needs only constants (DESIGN §6).
 
-An effect-free single-op Emit whose inputs are all constants (a weight transposed
-for a GEMM, a bias broadcast or reshaped for a convolution) is evaluated now, so the
-transposed / reshaped weight is a constant and no kernel runs per inference: the
-weight arrives in the layout the fused kernel requires. Sound because such an Emit
-depends on nothing but its constant inputs and writes nothing else; TVM's
-``FoldConstant`` evaluates it with the op's own legalization.
-Runs after FuseEmits in the pipeline's fixpoint; re-propagate afterwards.
+1. Insert. A library candidate refused only because a boundary input's shape does not
+   entail its requirement, where the input broadcasts to the required shape (a padding
+   mask ``[1,1,1,S]`` for attention's ``[1,1,S,S]``, a residual that broadcasts into a
+   norm), gets a ``broadcast_to`` Emit on that input when the cost model says
+   insert-and-fuse beats not fusing: the inserted Emit writes and the fused kernel
+   reads ``2 x bytes(required)``, nothing when the input is a constant; the fusion
+   saves the candidate's benefit. The next FuseEmits round then takes the candidate.
+2. Fold. An effect-free single-op Emit whose inputs are all constants (a weight
+   transposed for a GEMM, a broadcast mask) is evaluated now, by TVM's ``FoldConstant``
+   with the op's own legalization, so no kernel runs per inference.
+
+Sound: ``broadcast_to`` to the shape the consumer broadcasts to anyway leaves every
+consumer's result unchanged, and folding evaluates the same op on the same constants.
+Runs in the pipeline's fixpoint after FuseEmits; re-propagate afterwards.
 """
 
 from __future__ import annotations
+
+from typing import Any, Optional
 
 import tvm
 from tvm import relax
 
 from aicf_tvm.emit_graph import EmitGraph
+from aicf_tvm.kinds.describe import type_shape
+from aicf_tvm.lattice import ShapeFact
+from aicf_tvm.library import DEFAULT_CANDIDATES
 from aicf_tvm.report import Decision, FusionReport
 
+from .fuse_emits import _bytes, _Planner
 from .group_rewrite import drop_unused_emits
+from .lift_emits import build_emit_function
+from .propagate_contracts import FactTable, analyze
 
 
-def _is_constant(expr) -> bool:
+def _is_constant(expr: Any) -> bool:
     return isinstance(expr, tvm.ir.Constant)
+
+
+def broadcasts_to(have: Optional[tuple], want: Optional[tuple]) -> bool:
+    """numpy's rule: ``have`` broadcasts to the static ``want`` of at least its rank."""
+    if have is None or want is None or len(have) > len(want):
+        return False
+    if not all(isinstance(d, int) for d in want):
+        return False
+    return all(h == w or h == 1 for h, w in zip(reversed(have), reversed(want)))
+
+
+def broadcast_repairs(graph: EmitGraph, table: FactTable, candidates) -> list[tuple[Decision, Any, dict]]:
+    """Refused library matches that broadcast_to inputs would make legal:
+    (decision, match, {port: required dims})."""
+    judged = _Planner(graph, table, candidates, FusionReport()).judged_matches()
+    out = []
+    for decision, m in judged:
+        if decision.accepted or decision.note or not decision.failures:
+            continue
+        # a legal candidate of at least this priority would take these members anyway
+        if any(d.accepted and o.candidate.priority >= m.candidate.priority and set(o.members) & set(m.members)
+               for d, o in judged):
+            continue
+        fixes: dict[str, tuple] = {}
+        for f in decision.failures:
+            port = f.path[: -len(".shape")] if f.path.endswith(".shape") else None
+            if port is None or port not in m.roles or port in m.role_nodes:
+                break
+            if not broadcasts_to(f.have.dims, f.required.dims) or f.required.strides is not None:
+                break
+            fixes[port] = tuple(f.required.dims)
+        else:
+            out.append((decision, m, fixes))
+    return out
+
+
+class _Inserter:
+    def __init__(self, bb: relax.BlockBuilder, graph: EmitGraph, report: FusionReport) -> None:
+        self.bb, self.graph, self.report = bb, graph, report
+        self.before: dict[int, list] = {}  # node index -> bindings to insert before it
+        self.replace: dict[int, dict] = {}  # node index -> {old arg: new var}
+
+    def repair(self, decision: Decision, m: Any, fixes: dict) -> None:
+        cost = 0
+        for port, dims in fixes.items():
+            x = m.roles[port]
+            cost += 0 if _is_constant(x) else 2 * _bytes(relax.Var("t", relax.TensorType(dims, x.ty.dtype)))
+        what = ", ".join(f"{p} {type_shape(m.roles[p].ty).show()} -> {ShapeFact.shape(d).show()}"
+                         for p, d in fixes.items())
+        verdict = cost < decision.benefit
+        note = (f"for {decision.candidate} [{', '.join(decision.members)}]: broadcast {what}; "
+                f"cost {cost} B {'<' if verdict else '>='} benefit {decision.benefit} B")
+        self.report.add(Decision("materialize:broadcast_to", decision.members, verdict, note=note))
+        if not verdict:
+            return
+        for port, dims in fixes.items():
+            x = m.roles[port]
+            users = [i for i in m.members if any(a.same_as(x) for a in self.graph.nodes[i].value.args)]
+            if not users:
+                continue
+            call = self.bb.normalize(relax.op.broadcast_to(x, dims))
+            built = build_emit_function(call)
+            if built is None:
+                continue
+            gv = self.bb.add_func(built[0], "emit_broadcast_to")
+            name = getattr(x, "name", "const")
+            new = relax.DataflowVar(f"{name}_bcast", call.ty)
+            self.before.setdefault(min(users), []).append(relax.VarBinding(new, self.bb.normalize(relax.Call(gv, [x]))))
+            for i in users:
+                self.replace.setdefault(i, {})[x] = new
+
+    def bindings(self) -> list:
+        out = []
+        for node in self.graph.nodes:
+            out.extend(self.before.get(node.index, []))
+            b = self.graph.block.bindings[node.index]
+            swap = self.replace.get(node.index)
+            if swap:
+                b = self._relifted(node, swap) or b
+            out.append(b)
+        return out
+
+    def _relifted(self, node: Any, swap: dict) -> Any:
+        """The member's op applied to the new argument, lifted to its own Emit function
+        (the old function's parameter type no longer fits)."""
+        if node.body is None:
+            return None
+        func = self.graph.mod[node.callee]
+        sub = {}
+        for p, a in zip(func.params, node.value.args):
+            sub[p] = next((v for k, v in swap.items() if k.same_as(a)), a)
+        args = [sub.get(a, a) for a in node.body.args]
+        call = self.bb.normalize(relax.Call(node.body.op, args, node.body.attrs, node.body.ty_args))
+        built = build_emit_function(call)
+        if built is None:
+            return None
+        gv = self.bb.add_func(built[0], node.callee.name_hint)
+        return relax.VarBinding(node.var, self.bb.normalize(relax.Call(gv, list(built[1]))))
+
+
+def _fold_constant_emits(graph: EmitGraph, mod: tvm.IRModule, bindings: list, report: FusionReport) -> bool:
+    changed = False
+    for k, b in enumerate(bindings):
+        node = graph.node_of(b.var)
+        if node is None or not b.same_as(graph.block.bindings[node.index]):
+            continue
+        args = list(node.value.args) if isinstance(node.value, relax.Call) else []
+        pure = node.emit is not None and not node.is_opaque and all(
+            not node.emit.contract.provides.port(p.name).effect.writes for p in node.emit.interface.inputs)
+        if pure and node.body is not None and args and all(_is_constant(a) for a in args):
+            sub = dict(zip(mod[node.callee].params, args))
+            call = relax.Call(node.body.op, [sub.get(a, a) for a in node.body.args], node.body.attrs,
+                              node.body.ty_args)
+            bindings[k] = relax.VarBinding(b.var, call)
+            report.add(Decision(f"materialize:{node.emit.kind}", (node.var.name,), True,
+                                note="inputs are constants: computed at compile time"))
+            changed = True
+    return changed
 
 
 @tvm.transform.module_pass(opt_level=0, name="MaterializeEmits")
 class MaterializeEmits:
-    """Fold constant-only Emits of ``main`` into constants; decisions go to the report."""
+    """Insert broadcasts that enable fusion, fold constant-only Emits; report both."""
 
-    def __init__(self, report: FusionReport | None = None, func_name: str = "main") -> None:
+    def __init__(self, report: FusionReport | None = None, candidates=DEFAULT_CANDIDATES,
+                 func_name: str = "main") -> None:
         self.report = report if report is not None else FusionReport()
+        self.candidates = tuple(sorted(candidates, key=lambda c: -c.priority))
         self.func_name = func_name
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
         if self.func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
             return mod
+        table = analyze(mod, self.func_name)
+        bb = relax.BlockBuilder(mod)
         func = mod[self.func_name]
         blocks, changed, cache = [], False, {}
         for block in func.body.blocks:
@@ -42,26 +180,16 @@ class MaterializeEmits:
                 blocks.append(block)
                 continue
             graph = EmitGraph(mod, block, cache)
-            bindings = []
-            for node in graph.nodes:
-                b = block.bindings[node.index]
-                args = list(node.value.args) if isinstance(node.value, relax.Call) else []
-                pure = node.emit is not None and not node.is_opaque and all(
-                    not node.emit.contract.provides.port(p.name).effect.writes for p in node.emit.interface.inputs)
-                if pure and node.body is not None and args and all(_is_constant(a) for a in args):
-                    sub = dict(zip(mod[node.callee].params, args))
-                    call = relax.Call(node.body.op, [sub.get(a, a) for a in node.body.args], node.body.attrs,
-                                      node.body.ty_args)
-                    bindings.append(relax.VarBinding(b.var, call))
-                    self.report.add(Decision(f"materialize:{node.emit.kind}", (node.var.name,), True,
-                                             note="inputs are constants: computed at compile time"))
-                    changed = True
-                else:
-                    bindings.append(b)
+            inserter = _Inserter(bb, graph, self.report)
+            for decision, m, fixes in broadcast_repairs(graph, table, self.candidates):
+                inserter.repair(decision, m, fixes)
+            bindings = inserter.bindings()
+            inserted = bool(inserter.before)
+            folded = _fold_constant_emits(graph, mod, bindings, self.report)
+            changed |= inserted or folded
             blocks.append(relax.DataflowBlock(bindings))
         if not changed:
             return mod
-        bb = relax.BlockBuilder(mod)
         new_func = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
                                   func.is_pure, func.attrs)
         bb.update_func(mod.get_global_var(self.func_name), bb.normalize(new_func))

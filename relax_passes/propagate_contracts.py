@@ -97,6 +97,17 @@ def _param_fact(i: int, param: relax.Var) -> ValueFact:
     return ValueFact(facts, frozenset({("param", i)}))
 
 
+def _item_fact(var: relax.Var, src: ValueFact, index: int, fresh: frozenset) -> ValueFact:
+    """An item of a tuple known only as a whole: an item of a caller's tuple is itself a
+    caller input (Unknown alias with the others, not a fresh buffer)."""
+    if not src.from_caller:
+        return ValueFact(PortFacts(), fresh)
+    roots = frozenset(r + (index,) for r in src.roots if r[0] == "param")
+    if not isinstance(var.ty, relax.TensorType):
+        return ValueFact(PortFacts(), roots)
+    return ValueFact(_param_fact(0, var).facts, roots)
+
+
 class _Analysis:
     def __init__(self, mod: tvm.IRModule, func: relax.Function) -> None:
         self.mod = mod
@@ -151,7 +162,7 @@ class _Analysis:
             return self.table.values[value]
         if isinstance(value, relax.TupleGetItem):
             src = self.table.of(value.tuple_value)
-            return src[value.index] if isinstance(src, tuple) else ValueFact(PortFacts(), fresh)
+            return src[value.index] if isinstance(src, tuple) else _item_fact(var, src, value.index, fresh)
         if isinstance(value, relax.Tuple):
             return tuple(self.table.of(f) for f in value.fields)
         if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):

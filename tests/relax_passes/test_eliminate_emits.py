@@ -241,3 +241,62 @@ def test_pipeline_numbers_match_reference(mod):
     got = got if isinstance(got, list) else [got]
     for g, w in zip(got, run_vm(mod, *args)):
         np.testing.assert_array_equal(g, w)
+
+
+@I.ir_module
+class PaddingMaskAttention:
+    @R.function
+    def main(q: R.Tensor((1, 2, 8, 4), "float32"), k: R.Tensor((1, 2, 8, 4), "float32"),
+             v: R.Tensor((1, 2, 8, 4), "float32"), mask: R.Tensor((1, 1, 1, 8), "float32")):
+        with R.dataflow():
+            s = R.matmul(q, R.permute_dims(k, [0, 1, 3, 2]))
+            p = R.nn.softmax(R.add(s, mask), axis=-1)
+            o = R.matmul(p, v)
+            R.output(o)
+        return o
+
+
+def test_broadcast_is_materialized_when_insert_and_fuse_wins():
+    """A padding mask [1,1,1,8] fails attention's mask requirement [1,1,8,8]; inserting
+    broadcast_to costs 512 B and lets the attention fuse (benefit larger): taken."""
+    compiled = aicf_tvm.compile(PaddingMaskAttention, target={"kind": "llvm", "num-cores": 2})
+    kinds_run = [k.kind for k in compiled.kernels]
+    assert "fused_attention" in kinds_run
+    decisions = [d for d in compiled.report.decisions if d.candidate == "materialize:broadcast_to"]
+    assert decisions and decisions[0].accepted and "mask [1x1x1x8] -> [1x1x8x8]; cost 512 B <" in decisions[0].note
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 8, 4)).astype("float32") for _ in range(3))
+    mask = np.where(rng.random((1, 1, 1, 8)) < 0.3, -1e9, 0).astype("float32")
+    s = q @ k.transpose(0, 1, 3, 2) + mask
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(compiled(q, k, v, mask), (e / e.sum(-1, keepdims=True)) @ v, rtol=1e-5, atol=1e-5)
+
+
+@I.ir_module
+class BroadcastResidualNorm:
+    @R.function
+    def main(x: R.Tensor((4, 64, 32), "float32"), r: R.Tensor((1, 1, 32), "float32"),
+             g: R.Tensor((32,), "float32"), b: R.Tensor((32,), "float32")):
+        with R.dataflow():
+            h = R.add(x, r)
+            y = R.nn.layer_norm(h, g, b, axes=[-1])
+            R.output(y)
+        return y
+
+
+def test_broadcast_is_not_materialized_when_it_costs_more():
+    """A [1,1,32] addend into a norm: broadcasting it to [4,64,32] would write and read
+    64 KiB to save one 32 KiB intermediate: refused, with both numbers."""
+    from relax_passes.materialize_emits import broadcasts_to
+
+    assert broadcasts_to((1, 1, 1, 8), (1, 1, 8, 8)) and not broadcasts_to((1, 2, 1, 8), (1, 1, 8, 8))
+    compiled = aicf_tvm.compile(BroadcastResidualNorm, target={"kind": "llvm", "num-cores": 2})
+    [decision] = [d for d in compiled.report.decisions if d.candidate == "materialize:broadcast_to"]
+    assert not decision.accepted
+    assert "residual [1x1x32] -> [4x64x32]; cost 65536 B >= benefit" in decision.note
+    rng = np.random.default_rng(0)
+    x, r = rng.standard_normal((4, 64, 32)).astype("float32"), rng.standard_normal((1, 1, 32)).astype("float32")
+    g, b = rng.standard_normal(32).astype("float32"), rng.standard_normal(32).astype("float32")
+    h = x + r
+    want = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5) * g + b
+    np.testing.assert_allclose(compiled(x, r, g, b), want, rtol=1e-4, atol=1e-4)
