@@ -1,22 +1,38 @@
 """LowerEmits: every Emit function becomes one PrimFunc called with ``call_tir``.
 
-Runs last among our passes, on a module whose Emits are final. ``LegalizeOps`` turns
-the ops inside each Emit function into TensorIR, ``FuseTIR`` merges each Emit function
-into one PrimFunc named after it. FuseTIR drops custom function attrs, so the Emit
-(kind, contract) is carried onto the PrimFunc here as ``aicf.emit``, and the ABI facts
-of its ports as buffer alignment (DESIGN §7). Sound: both TVM passes preserve the
-semantics of each function; we only add attrs and raise buffer alignment where the
-contract proves it.
+Runs last among our passes, on a module whose Emits are final. Final-lowering ABI
+(DESIGN §7), then TVM's own passes:
+
+* a rank-0 constant port that the Emit only uses as an operand of elementwise
+  arithmetic is passed as a scalar immediate (bound into a specialized copy of the
+  Emit function), not as a buffer: the port's contract gets ``scalar_view``;
+* ``LegalizeOps`` turns each Emit function's ops into TensorIR and ``FuseTIR`` merges
+  it into one PrimFunc named after it; ``RewriteDataflowReshape`` turns reshape
+  kernels into views, so the kernel list is what runs;
+* FuseTIR drops custom function attrs, so the Emit (kind, contract) is carried onto
+  the PrimFunc as ``aicf.emit``, and per port the ABI it was lowered with as
+  ``aicf.abi``: the buffer alignment the kernel assumes, the alignment the contract
+  proves, and whether the caller must ensure it at the module boundary
+  (``CompiledModel`` copies such an input only when it is under-aligned or strided).
+
+Sound: binding a constant's value in place of a read of that constant, and TVM's
+passes, preserve each function's semantics; we only add attrs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from aicf_tvm.contract import EmitContract, PortFacts
 from aicf_tvm.emit import EMIT_ATTR, Emit, emit_of
+from aicf_tvm.lattice import Flag
+
+_SCALAR_OK = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
+              "relax.maximum", "relax.minimum"}
 
 
 def kernel_calls(func: relax.Function) -> list[str]:
@@ -30,48 +46,120 @@ def kernel_calls(func: relax.Function) -> list[str]:
     return out
 
 
-def _aligned(func: tirx.PrimFunc, emit: Emit) -> tirx.PrimFunc:
-    """Raise each port buffer's alignment to what the contract proves (never lower it)."""
-    ports = emit.interface.inputs + emit.interface.outputs
-    params = list(func.params)
-    if len(params) != len(ports):
-        return func
-    new_map = {}
-    for param, port in zip(params, ports):
-        buf = func.buffer_map.get(param)
-        want = emit.contract.provides.port(port.name).abi.alignment.bytes
-        if buf is None or want <= buf.data_alignment:
-            continue
-        new_map[param] = tirx.decl_buffer(buf.shape, buf.dtype, buf.name, buf.data, buf.strides,
-                                          buf.elem_offset, buf.scope(), want, buf.offset_factor)
-    if not new_map:
-        return func
-    buffer_map = {p: new_map.get(p, func.buffer_map[p]) for p in params if p in func.buffer_map}
-    return tirx.PrimFunc(params, func.body, func.ret_type, buffer_map, func.attrs)
+def _scalar_value(expr: Any) -> Any:
+    """A rank-0 float/int constant as a TIR immediate, else None."""
+    if not isinstance(expr, tvm.ir.Constant) or not isinstance(expr.ty, relax.TensorType) or expr.ty.ndim != 0:
+        return None
+    dtype = str(expr.ty.dtype)
+    value = expr.value.numpy().item()
+    if dtype.startswith("float"):
+        return tirx.FloatImm(dtype, float(value))
+    if dtype.startswith(("int", "uint")):
+        return tirx.IntImm(dtype, int(value))
+    return None
+
+
+def _only_arithmetic_uses(func: relax.Function, param: relax.Var) -> bool:
+    uses = 0
+    for block in func.body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if any(a.same_as(param) for a in getattr(v, "args", [])):
+                if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name in _SCALAR_OK):
+                    return False
+                uses += 1
+    return uses > 0
+
+
+def bind_scalar_ports(mod: tvm.IRModule) -> tvm.IRModule:
+    """Specialize Emit functions so rank-0 constant ports become scalar immediates."""
+    bb = relax.BlockBuilder(mod)
+    main = mod["main"]
+    specialized: dict[tuple, relax.GlobalVar] = {}
+    blocks, changed = [], False
+    for block in main.body.blocks:
+        bindings = []
+        for b in block.bindings:
+            v = b.value
+            func = mod[v.op] if isinstance(v, relax.Call) and isinstance(v.op, relax.GlobalVar) else None
+            emit = emit_of(func) if isinstance(func, relax.Function) else None
+            picks = []
+            if emit is not None:
+                for i, (p, a) in enumerate(zip(func.params, v.args)):
+                    imm = _scalar_value(a)
+                    if imm is not None and _only_arithmetic_uses(func, p):
+                        picks.append((i, p, imm))
+            if not picks:
+                bindings.append(b)
+                continue
+            key = (v.op.name_hint, tuple((i, str(imm.ty), imm.value) for i, _, imm in picks))
+            if key not in specialized:
+                bound = func.bind_params({p: relax.prim_value(imm) for _, p, imm in picks})
+                ports = [emit.interface.inputs[i].name for i, _, _ in picks]
+                provides = emit.contract.provides
+                for port in ports:
+                    f = provides.port(port)
+                    abi = type(f.abi)(f.abi.alignment, Flag.of(True), f.abi.contiguous)
+                    provides = provides.with_port(port, PortFacts(f.effect, f.shape, f.numeric, abi))
+                new_emit = emit.with_contract(EmitContract(emit.contract.requires, provides))
+                attrs = {"aicf.scalar_ports": ports}
+                bound = bound.with_attr(EMIT_ATTR, new_emit.to_attr()).with_attr("aicf.scalar_ports", attrs["aicf.scalar_ports"])
+                specialized[key] = bb.add_func(bb.normalize(bound), f"{v.op.name_hint}_scalar")
+            keep = [a for i, a in enumerate(v.args) if i not in {i for i, _, _ in picks}]
+            bindings.append(relax.VarBinding(b.var, bb.normalize(relax.Call(specialized[key], keep))))
+            changed = True
+        blocks.append(type(block)(bindings) if isinstance(block, relax.DataflowBlock) else block)
+    if not changed:
+        return mod
+    new_main = relax.Function(main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty,
+                              main.is_pure, main.attrs)
+    bb.update_func(mod.get_global_var("main"), bb.normalize(new_main))
+    from .group_rewrite import drop_unused_emits
+
+    return drop_unused_emits(bb.get())
+
+
+def abi_of(func: tirx.PrimFunc, emit: Emit, scalars: list[str]) -> list[dict]:
+    """Per PrimFunc parameter: port, the alignment the kernel assumes and the one proven."""
+    ports = [p for p in emit.interface.inputs if p.name not in scalars] + list(emit.interface.outputs)
+    out = []
+    for param, port in zip(func.params, ports):
+        ty = param.ty
+        assumed = int(getattr(ty, "data_alignment", 1) or 1)
+        facts = emit.contract.provides.port(port.name).abi
+        proven = facts.alignment.bytes
+        out.append({"port": port.name, "align": assumed, "proven": proven,
+                    "contiguous": bool(facts.contiguous), "boundary_check": proven < assumed})
+    for name in scalars:
+        out.append({"port": name, "scalar": True})
+    return out
 
 
 @tvm.transform.module_pass(opt_level=0, name="LowerEmits")
 class LowerEmits:
-    """Legalize and fuse each Emit function into a PrimFunc carrying the Emit."""
+    """Bind scalar ports, then legalize and fuse each Emit function into a PrimFunc."""
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        emits: dict[str, Emit] = {}
+        if "main" in [gv.name_hint for gv in mod.get_global_vars()]:
+            mod = bind_scalar_ports(mod)
+        emits: dict[str, tuple[Emit, list[str]]] = {}
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 emit = emit_of(func)
                 if emit is not None:
-                    emits[gv.name_hint] = emit
+                    scalars = [str(s) for s in func.attrs["aicf.scalar_ports"]] if "aicf.scalar_ports" in func.attrs else []
+                    emits[gv.name_hint] = (emit, scalars)
         # RewriteDataflowReshape turns reshape-pattern kernels into views (no kernel runs);
         # the backend runs it too, but here the kernel list reflects what really runs.
         mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.FuseTIR(),
                                         relax.transform.RewriteDataflowReshape()])(mod)
         for gv, func in list(mod.functions_items()):
-            emit = emits.get(gv.name_hint)
-            if isinstance(func, tirx.PrimFunc) and emit is not None:
-                func = _aligned(func, emit) if _can_align(func) else func
-                mod[gv] = func.with_attr(EMIT_ATTR, emit.to_attr()).with_attr("aicf.kind", emit.kind)
+            found = emits.get(gv.name_hint)
+            if isinstance(func, tirx.PrimFunc) and found is not None:
+                emit, scalars = found
+                func = func.with_attr(EMIT_ATTR, emit.to_attr()).with_attr("aicf.kind", emit.kind)
+                mod[gv] = func.with_attr("aicf.abi", abi_of(func, emit, scalars))
         return mod
 
 
-def _can_align(func: Any) -> bool:
-    return hasattr(tirx, "decl_buffer") and hasattr(func, "buffer_map")
+__all__ = ["LowerEmits", "abi_of", "bind_scalar_ports", "kernel_calls", "np"]
