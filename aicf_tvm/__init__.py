@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "compile": ".pipeline",
+    "compile_optimizer_step": ".optimizer",
     "CompiledModel": ".compiled",
     "explain": ".explainer",
     "from_onnx": ".frontends",

@@ -36,7 +36,13 @@ from aicf_tvm.emit import EMIT_ATTR
 from aicf_tvm.emit_graph import EmitGraph
 from aicf_tvm.lattice import MUST_ALIAS, NO_ALIAS, UNKNOWN_ALIAS, Alias, Failure
 from aicf_tvm.library.adam import (
-    ADAM_PORTS, DISTINCT_INPUTS_ATTR, OUT_OF, WRITTEN, fused_adam_kernel, fused_emit, static_shape,
+    ADAM_PORTS,
+    DISTINCT_INPUTS_ATTR,
+    OUT_OF,
+    WRITTEN,
+    fused_adam_kernel,
+    fused_emit,
+    static_shape,
 )
 from aicf_tvm.report import Decision, FusionReport
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
@@ -32,7 +31,12 @@ from tvm.relax import dpl
 from aicf_tvm.contract import ContractFacts
 from aicf_tvm.lattice import NO_ALIAS
 from aicf_tvm.library.adam import (
-    ADAM_PORTS, ATTRS, DISTINCT_INPUTS_ATTR, WRITTEN, adam_step_emit, adam_step_function,
+    ADAM_PORTS,
+    ATTRS,
+    DISTINCT_INPUTS_ATTR,
+    WRITTEN,
+    adam_step_emit,
+    adam_step_function,
 )
 
 _ROLES = ("param", "grad", "m", "v", "bias1", "bias2") + ATTRS + ("m_new", "v_new")

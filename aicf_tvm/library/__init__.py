@@ -6,6 +6,7 @@ Library candidates are tried by benefit; ``fused_elementwise`` and
 
 from __future__ import annotations
 
+from .adam import ADAM_KINDS
 from .attention import ATTENTION
 from .candidate import Candidate, Match
 from .gemm import CONV, GEMM, gemm_candidate
@@ -18,7 +19,7 @@ DEFAULT_CANDIDATES: tuple[Candidate, ...] = (ATTENTION, GEMM, CONV, LAYERNORM, R
 
 def library_kinds() -> list[str]:
     """Names of the fused kinds the library can build."""
-    return sorted({c.kind for c in DEFAULT_CANDIDATES} | set(GENERIC_KINDS) | {"fused_adam_step"})
+    return sorted({c.kind for c in DEFAULT_CANDIDATES} | set(GENERIC_KINDS) | set(ADAM_KINDS))
 
 
 __all__ = [
