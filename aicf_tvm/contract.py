@@ -50,6 +50,10 @@ class ContractFacts:
         alias = {_pair(*k): v for k, v in dict(self.alias).items() if not v.is_top()}
         object.__setattr__(self, "ports", tuple(sorted(ports.items())))
         object.__setattr__(self, "alias", tuple(sorted(alias.items())))
+        object.__setattr__(self, "_hash", hash((self.ports, self.alias)))
+
+    def __hash__(self) -> int:  # facts are hashed often (deduplicating call sites)
+        return self._hash
 
     @classmethod
     def of(

@@ -9,6 +9,7 @@ Contiguous means row-major strides.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -38,6 +39,11 @@ def mul_dims(a: Dim, b: Dim) -> Dim:
 
 def row_major(dims: Sequence[Dim]) -> tuple[Dim, ...]:
     """Row-major (C-contiguous) strides, in elements."""
+    return _row_major(tuple(dims))
+
+
+@functools.lru_cache(maxsize=65536)
+def _row_major(dims: tuple) -> tuple[Dim, ...]:
     out: list[Dim] = []
     acc: Dim = 1
     for d in reversed(dims):
