@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import tvm
 
@@ -42,12 +43,12 @@ class TuneResult:
         return [t for t in self.tasks if t.choice == "tuned"]
 
     def summary(self) -> str:
-        lines = [f"tuned {len(self.models)} model(s) for {describe(self.target)} into {self.work_dir}: "
-                 f"{len(self.tasks)} task(s), {self.measured} candidate(s) measured"]
+        head = (f"tuned {len(self.models)} model(s) for {describe(self.target)} into {self.work_dir}: "
+                f"{len(self.tasks)} task(s), {self.measured} candidate(s) measured")
+        lines = [head]
         for t in self.tasks:
-            ms_ = lambda s: "-" if s is None else f"{s * 1e3:.4f} ms"  # noqa: E731
             note = " (resumed: already tuned)" if t.skipped else ""
-            lines.append(f"  {t.key:40s} default {ms_(t.default_s):>12s}  tuned {ms_(t.tuned_s):>12s}"
+            lines.append(f"  {t.key:40s} default {_ms(t.default_s):>12s}  tuned {_ms(t.tuned_s):>12s}"
                          f"  -> {t.choice}{note}")
         if self.untuned:
             lines.append(f"  {len(self.untuned)} task(s) not tuned: trial budget spent")
@@ -55,6 +56,10 @@ class TuneResult:
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def _ms(secs: float | None) -> str:
+    return "-" if secs is None else f"{secs * 1e3:.4f} ms"
 
 
 def lower_for_tuning(mod: tvm.IRModule) -> tvm.IRModule:
@@ -111,36 +116,42 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
     db = open_database(wdir, create=True)  # validates the files before anything is written
     choices = load_choices(wdir)
     per_task = trials_per_task or max(1, trials // len(tasks))
-    cores = max(1, int(tgt.export().get("num-cores", 1) or 1))
-    builder = st.make_builder(builder_timeout, cores)
-    runner = st.make_runner()
-    from tvm.s_tir import meta_schedule as ms
-
-    cost_model = ms.cost_model.CostModel.create("xgb", num_tuning_cores=cores)
+    tools = st.Tools(tgt, builder_timeout)
     result = TuneResult(wdir, tgt, names)
     bar = tqdm(total=min(trials, per_task * len(tasks)), unit="trial", disable=not progress, desc="tune")
     with st.cpu_intrinsics_only(tgt), contextlib.closing(bar):
         for index, task in enumerate(tasks):
             bar.set_description(f"tune {index + 1}/{len(tasks)} {task.kind}")
-            baseline = st.seed_default(task, tgt, db, builder, runner)
-            done = len(st.tuned_records(db, task, baseline))
-            budget = min(per_task - done, trials - result.measured)
-            if budget > 0:
-                def step(n: int) -> None:
-                    result.measured += n
-                    bar.update(n)
-
-                try:
-                    st.search(task, tgt, db, budget, builder=builder, runner=runner, cost_model=cost_model,
-                              work_dir=str(wdir), on_batch=step, seed=index)
-                except st.TuningFailed as err:
-                    model, kernel = task.uses[0]
-                    raise TuningError(f"tuning kernel {kernel} of {model} failed: {err}") from err
-            elif done < per_task:
+            try:
+                out = _tune_task(task, index, db, tools, per_task, trials - result.measured, result, bar)
+            except st.TuningFailed as err:
+                model, kernel = task.uses[0]
+                raise TuningError(f"tuning kernel {kernel} of {model} failed: {err}") from err
+            if out is None:
                 result.untuned.append(task.key)
                 continue
-            out = st.outcome(task, db, baseline, skipped=budget <= 0)
             result.tasks.append(out)
             choices[task.key] = out.to_json() | {"uses": [list(u) for u in task.uses]}
             _save_choices(wdir, tgt, choices)
     return result
+
+
+def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: int, result: TuneResult,
+               bar: Any) -> Any:
+    """Seed, search and judge one task; None when the run's trial budget is spent."""
+    from schedules import tune as st
+
+    baseline = st.seed_default(task, result.target, db, tools)
+    done = len(st.tuned_records(db, task, baseline))
+    budget = min(per_task - done, left)
+    if budget <= 0 and done < per_task:
+        return None
+
+    def step(n: int) -> None:
+        result.measured += n
+        bar.update(n)
+
+    if budget > 0:
+        st.search(task, result.target, db, budget, tools, work_dir=str(result.work_dir), on_batch=step,
+                  seed=index)
+    return st.outcome(task, db, baseline, skipped=budget <= 0)

@@ -1,51 +1,207 @@
-"""Kernel selection: a tuned record for the PrimFunc's workload, else the default rules.
+"""Kernel selection: a tuned record for the Emit's contract signature, else the default rules.
 
-Records come from a MetaSchedule JSON database (``database_*.json`` in a work dir).
-A PrimFunc that gets a tuned schedule is marked scheduled with ``aicf.schedule =
-"tuned"``, so the default-rule pass leaves it alone.
+Records live in a MetaSchedule JSON database (``database_*.json`` in a work dir), written
+by ``schedules.tune``.  MetaSchedule keys a record by the structural hash of its workload,
+so tuning and selection must query with exactly the same PrimFunc: ``workload_of`` is that
+one function.  It drops our own attrs (``aicf.emit`` differs between models in facts that
+do not change the kernel) and adds ``aicf.signature``, a key derived from the Emit's
+contract signature (kind, attrs, port dtypes, shapes, strides, alignment, target).  The
+key keeps records target-specific (MetaSchedule's JSON database ignores the target on
+lookup) and one record serves every model whose Emit has the same signature.
+
+``aicf_tuning.json`` next to the database says, per signature, whether the best tuned
+record beat the default schedule when both were measured; when that file exists, only
+records of signatures it marks ``tuned`` are used, so the default rule keeps every other
+kernel (including the default's own seed record of a task the budget did not reach).  A PrimFunc that takes a record is
+marked scheduled with ``aicf.schedule = "tuned"`` and the default-rule pass leaves it alone.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import tvm
 from tvm import tirx
 
+SIGNATURE_ATTR = "aicf.signature"
+EMIT_ATTR = "aicf.emit"
+CHOICES_FILE = "aicf_tuning.json"
+WORKLOAD_FILE = "database_workload.json"
+RECORD_FILE = "database_tuning_record.json"
+# Attrs that vary with the model a kernel comes from (or with scheduling) but not its code.
+_DROPPED = (EMIT_ATTR, "aicf.kind", "aicf.schedule", "tirx.is_scheduled", "global_symbol")
+_TARGET_KEYS = ("kind", "mtriple", "mcpu", "mattr", "num-cores", "arch", "max_num_threads")
 
-def open_database(database: Any):
-    """A MetaSchedule database from a work dir (or a database object as it is)."""
+
+def _plain(value: Any) -> Any:
+    """A TVM attr value (Map/Array/String/IntImm) as plain JSON-able Python."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tirx.IntImm, tirx.FloatImm)):
+        return value.value
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if hasattr(value, "__len__"):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def target_signature(target: tvm.target.Target) -> dict:
+    """The target facts that change generated code (host CPU, cores, GPU arch)."""
+    spec = target.export()
+    return {k: _plain(spec[k]) for k in _TARGET_KEYS if spec.get(k) not in (None, "", [])}
+
+
+def contract_signature(func: tirx.PrimFunc, target: tvm.target.Target) -> dict | None:
+    """Kind, attrs, port dtypes and layout facts of the PrimFunc's Emit, plus the target.
+
+    None when the PrimFunc carries no ``aicf.emit`` (it is not one of our kernels).
+    """
+    if func.attrs is None or EMIT_ATTR not in func.attrs:
+        return None
+    emit = _plain(func.attrs[EMIT_ATTR])
+    provides = emit.get("contract", {}).get("provides", {}).get("ports", {})
+    ports = []
+    for name, dtype, ndim in [*emit["interface"]["inputs"], *emit["interface"]["outputs"]]:
+        facts = provides.get(name, {})
+        ports.append({"name": name, "dtype": dtype, "ndim": ndim,
+                      "shape": facts.get("shape", {}), "abi": facts.get("abi", {})})
+    return {"kind": emit["kind"], "op": emit.get("op", ""), "math": emit.get("math", "exact"),
+            "attrs": emit.get("attrs", {}), "ports": ports, "target": target_signature(target)}
+
+
+def signature_key(signature: dict) -> str:
+    """A short stable key for a signature: ``<kind>-<16 hex digits>``."""
+    text = json.dumps(signature, sort_keys=True, separators=(",", ":"))
+    return f"{signature['kind']}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def workload_of(func: tirx.PrimFunc, target: tvm.target.Target) -> tvm.IRModule | None:
+    """The MetaSchedule workload tuned and queried for ``func``; None if not an Emit kernel."""
+    signature = contract_signature(func, target)
+    if signature is None:
+        return None
+    for key in _DROPPED:
+        if func.attrs is not None and key in func.attrs:
+            func = func.without_attr(key)
+    func = func.with_attr(SIGNATURE_ATTR, signature_key(signature)).with_attr("global_symbol", "main")
+    return tvm.IRModule({"main": func})
+
+
+def _check_json_lines(path: Path, fields: int) -> None:
+    """Raise TuningError naming the first line of ``path`` that is not a database row."""
+    from aicf_tvm.errors import TuningError
+
+    if not path.exists():
+        return
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise TuningError(f"tuning database {path} cannot be read: {err}") from err
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            ok = isinstance(row, list) and len(row) == fields
+            if ok and isinstance(row[1], str):
+                base64.b64decode(row[1], validate=True)  # a workload's serialized IRModule
+        except (ValueError, TypeError):
+            ok = False
+        if not ok:
+            raise TuningError(
+                f"tuning database {path} is corrupt at line {number} ({line[:60]!r}...): "
+                "it was left untouched; repair or delete that line (a run killed while "
+                "writing leaves an incomplete last line), or use another --work-dir"
+            )
+
+
+def open_database(database: Any, create: bool = False):
+    """A MetaSchedule JSON database from a work dir (a database object is returned as is).
+
+    Raises ``TuningError`` for a corrupt file, which is never rewritten (the JSON database
+    only appends), and for a missing work dir unless ``create``.
+    """
     from tvm.s_tir import meta_schedule as ms
 
     if not isinstance(database, (str, os.PathLike)):
         return database
-    path = os.fspath(database)
-    return ms.database.JSONDatabase(
-        path_workload=os.path.join(path, "database_workload.json"),
-        path_tuning_record=os.path.join(path, "database_tuning_record.json"),
-        allow_missing=True,
-    )
+    from aicf_tvm.errors import TuningError
+
+    path = Path(database)
+    if path.exists() and not path.is_dir():
+        raise TuningError(f"tuning work dir {path} is a file, not a directory")
+    _check_json_lines(path / WORKLOAD_FILE, 2)
+    _check_json_lines(path / RECORD_FILE, 2)
+    load_choices(path)
+    if not path.is_dir():
+        if not create:
+            raise TuningError(f"no tuning database: {path} does not exist (run `aicf tune` first)")
+        path.mkdir(parents=True)
+    try:
+        return ms.database.JSONDatabase(
+            path_workload=str(path / WORKLOAD_FILE),
+            path_tuning_record=str(path / RECORD_FILE),
+            allow_missing=True,
+        )
+    except Exception as err:
+        raise TuningError(f"tuning database in {path} cannot be loaded: {err}") from err
+
+
+def load_choices(work_dir: Any) -> dict[str, dict]:
+    """The per-signature tuning outcomes in ``work_dir`` (empty when there are none)."""
+    from aicf_tvm.errors import TuningError
+
+    path = Path(work_dir) / CHOICES_FILE
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise TuningError(f"tuning summary {path} is corrupt ({err}); it was left untouched") from err
+    if not isinstance(data, dict) or not isinstance(data.get("tasks", {}), dict):
+        raise TuningError(f"tuning summary {path} is corrupt (not an object with 'tasks'); "
+                          "it was left untouched")
+    return data.get("tasks", {})
+
+
+def restore_attrs(scheduled: tirx.PrimFunc, original: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``scheduled`` with the workload's attrs replaced by ``original``'s."""
+    for key in (SIGNATURE_ATTR, "global_symbol"):
+        if scheduled.attrs is not None and key in scheduled.attrs:
+            scheduled = scheduled.without_attr(key)
+    for key in (EMIT_ATTR, "aicf.kind", "global_symbol"):
+        if original.attrs is not None and key in original.attrs:
+            scheduled = scheduled.with_attr(key, original.attrs[key])
+    return scheduled
 
 
 def apply_database(mod: tvm.IRModule, target: tvm.target.Target, database: Any) -> tvm.IRModule:
-    """Replace each PrimFunc that has a tuning record by its best tuned schedule."""
-    from tvm.s_tir import meta_schedule as ms
-
+    """Replace each Emit PrimFunc whose signature has a winning record by its tuned schedule."""
     db = open_database(database)
+    from_dir = isinstance(database, (str, os.PathLike))
+    choices = load_choices(database) if from_dir else {}
+    judged = from_dir and (Path(database) / CHOICES_FILE).exists()
     updates = {}
     for gv, func in mod.functions_items():
-        if not isinstance(func, tirx.PrimFunc):
+        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get("tirx.is_scheduled")):
             continue
-        sch = db.query_schedule(tvm.IRModule({"main": func}), target=target, workload_name="main")
+        workload = workload_of(func, target)
+        if workload is None:
+            continue
+        key = str(workload["main"].attrs[SIGNATURE_ATTR])
+        if judged and choices.get(key, {}).get("choice") != "tuned":
+            continue  # not measured faster than the default rule (or not tuned): keep the rule
+        sch = db.query_schedule(workload, target=target, workload_name="main")
         if sch is None:
             continue
-        updates[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("aicf.schedule", "tuned")
-    del ms
+        scheduled = restore_attrs(sch.mod["main"], func)
+        updates[gv] = scheduled.with_attr("tirx.is_scheduled", True).with_attr("aicf.schedule", "tuned")
     for gv, func in updates.items():
-        attrs = mod[gv].attrs
-        for key in ("aicf.emit", "aicf.kind"):
-            if attrs is not None and key in attrs:
-                func = func.with_attr(key, attrs[key])
         mod[gv] = func
     return mod

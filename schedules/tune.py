@@ -1,0 +1,333 @@
+"""MetaSchedule tuning of Emit PrimFuncs, one task per contract signature (DESIGN §7).
+
+``extract_tasks`` turns lowered modules (after ``LowerEmits``, before any schedule) into
+tasks: one per distinct ``select.workload_of`` workload, which is keyed by the Emit's
+contract signature, so a kernel shared by several models is tuned once.  ``tune_task``
+then, for one task:
+
+1. skips it when the database already holds ``trials`` records for it (a run killed
+   midway and started again loses nothing: MetaSchedule's JSON database appends every
+   measured batch as it goes);
+2. measures the default rule's schedule with the same builder and runner and commits it
+   as a record, so the search starts with the default as its best measured point and
+   MetaSchedule's top record is never slower than it;
+3. runs MetaSchedule (evolutionary search, xgboost cost model) for the remaining trials;
+4. returns the outcome: default vs best tuned seconds and which one compile should use.
+
+A batch in which no candidate built raises ``TuningFailed`` with the builder's message.
+The build function skips ``import tvm.s_tir.tensor_intrin`` on LLVM targets: that import
+alone takes 25-50 s per build worker here, longer than MetaSchedule's default builder
+timeout (DESIGN §9).  Imports only TVM, the standard library and this package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.util
+import logging
+import os
+import shutil
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from . import default_rules
+from .select import SIGNATURE_ATTR, contract_signature, workload_of
+
+_LOG = logging.getLogger(__name__)
+WIN_MARGIN = 0.98  # a tuned record must beat the default by 2%: less is measurement noise
+FAILED_SECS = 1e9  # MetaSchedule stores failed candidates with run_secs of 1e10
+
+
+class TuningFailed(RuntimeError):
+    """No candidate of a tuning batch built or ran; the message says why."""
+
+
+@dataclass
+class Task:
+    """One tuning task: a workload and the kernels (model, PrimFunc name) that share it."""
+
+    key: str
+    workload: tvm.IRModule
+    signature: dict
+    flops: float
+    uses: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return str(self.signature["kind"])
+
+
+@dataclass
+class TaskOutcome:
+    """What tuning one task found: seconds per call of the default and of the best record."""
+
+    key: str
+    kind: str
+    trials: int
+    default_s: float | None
+    tuned_s: float | None
+    choice: str  # "tuned" or "default"
+    skipped: bool = False
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "trials": self.trials, "default_s": self.default_s,
+                "tuned_s": self.tuned_s, "choice": self.choice}
+
+
+def _flops(func: tirx.PrimFunc) -> float:
+    try:
+        return float(tirx.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
+    except Exception:  # noqa: BLE001 - only used to order tasks
+        return 0.0
+
+
+def extract_tasks(lowered: list[tuple[str, tvm.IRModule]], target: tvm.target.Target) -> list[Task]:
+    """Tasks of the Emit PrimFuncs of ``(model name, lowered module)`` pairs, costliest first."""
+    tasks: dict[int, Task] = {}
+    for model, mod in lowered:
+        for gv, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            workload = workload_of(func, target)
+            if workload is None:
+                continue
+            shash = tvm_ffi.structural_hash(workload)
+            if shash not in tasks:
+                key = str(workload["main"].attrs[SIGNATURE_ATTR])
+                sig = contract_signature(func, target)
+                tasks[shash] = Task(key, workload, sig, _flops(workload["main"]))
+            tasks[shash].uses.append((model, gv.name_hint))
+    return sorted(tasks.values(), key=lambda t: (-t.flops, t.key))
+
+
+def _build(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
+    """MetaSchedule's default build, without the tensor-intrinsic import on LLVM targets."""
+    if target.kind.name != "llvm":
+        importlib.import_module("tvm.s_tir.tensor_intrin")  # registers the GPU intrinsics
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm_build(mod, target=target)
+
+
+@contextlib.contextmanager
+def cpu_intrinsics_only(target: tvm.target.Target) -> Iterator[None]:
+    """On LLVM targets, let MetaSchedule's ``import tvm.s_tir.tensor_intrin`` load only the
+    CPU intrinsics its rules name (x86 or Arm), not the CUDA ones (~40 of its ~50 s here).
+
+    A stand-in package with the real ``__path__`` sits in ``sys.modules`` while tuning and
+    is removed afterwards, so a later import anywhere loads the real package in full.
+    """
+    name = "tvm.s_tir.tensor_intrin"
+    if target.kind.name != "llvm" or name in sys.modules:
+        yield
+        return
+    spec = importlib.util.find_spec(name)
+    stub = types.ModuleType(name)
+    stub.__path__ = list(spec.submodule_search_locations or [])
+    stub.__package__ = name
+    sys.modules[name] = stub
+    try:
+        arm = str(target.export().get("mtriple", "")).startswith(("aarch64", "arm"))
+        importlib.import_module(f"{name}.{'arm_cpu' if arm else 'x86'}")
+        yield
+    finally:
+        if sys.modules.get(name) is stub:
+            del sys.modules[name]
+            parent = sys.modules.get("tvm.s_tir")
+            if getattr(parent, "tensor_intrin", None) is stub:
+                delattr(parent, "tensor_intrin")
+
+
+def make_builder(timeout_s: float, workers: int) -> ms.builder.LocalBuilder:
+    return ms.builder.LocalBuilder(max_workers=workers, timeout_sec=timeout_s, f_build=_build)
+
+
+def make_runner(timeout_s: float = 60.0) -> ms.runner.LocalRunner:
+    config = ms.runner.EvaluatorConfig(number=3, repeat=3, min_repeat_ms=50, enable_cpu_cache_flush=False)
+    return ms.runner.LocalRunner(timeout_sec=timeout_s, evaluator_config=config)
+
+
+class Tools:
+    """The builder, runner and cost model of a run, each made on first use (the builder
+    and runner start worker processes: a resumed run with nothing to do needs neither)."""
+
+    def __init__(self, target: tvm.target.Target, builder_timeout: float) -> None:
+        self.builder_timeout = builder_timeout
+        self.cores = max(1, int(target.export().get("num-cores", 1) or 1))
+
+    @functools.cached_property
+    def builder(self) -> ms.builder.LocalBuilder:
+        try:  # LocalBuilder checks its workers at once, under the same timeout
+            return make_builder(self.builder_timeout, self.cores)
+        except Exception as err:
+            raise TuningFailed(
+                f"no candidate can be built: the build workers did not answer within "
+                f"builder_timeout={self.builder_timeout} s ({type(err).__name__}: {err}); "
+                "raise builder_timeout") from err
+
+    @functools.cached_property
+    def runner(self) -> ms.runner.LocalRunner:
+        return make_runner()
+
+    @functools.cached_property
+    def cost_model(self) -> Any:
+        return ms.cost_model.CostModel.create("xgb", num_tuning_cores=self.cores)
+
+
+def valid_records(db: Any, workload: tvm.IRModule) -> list[Any]:
+    """The task's records that built and ran, fastest first."""
+    if not db.has_workload(workload):
+        return []
+    records = db.get_top_k(db.commit_workload(workload), 1 << 30)
+    return [r for r in records if r.run_secs and _mean(r.run_secs) < FAILED_SECS]
+
+
+def _mean(secs: Any) -> float:
+    values = [float(s.value if hasattr(s, "value") else s) for s in secs]
+    return sum(values) / len(values)
+
+
+def default_schedule(workload: tvm.IRModule, target: tvm.target.Target) -> Any:
+    """The first default rule's schedule of the workload, or None when no rule applies."""
+    for rule in default_rules(target):
+        try:
+            sch = rule.apply(workload["main"], target, False)
+        except Exception as err:  # noqa: BLE001 - a failing rule is skipped, as at compile time
+            _LOG.warning("default rule %r failed on %s: %s", rule, workload["main"].attrs[SIGNATURE_ATTR], err)
+            continue
+        sch = (sch[0] if sch else None) if isinstance(sch, list) else sch
+        if sch is not None:
+            return sch
+    return None
+
+
+def _replays(trace: Any, workload: tvm.IRModule, expected: tvm.IRModule) -> bool:
+    """Whether ``trace`` rebuilds ``expected`` from ``workload`` (then it can be a record)."""
+    try:
+        sch = tvm.s_tir.Schedule(workload)
+        trace.apply_to_schedule(sch, remove_postproc=False)
+        return bool(tvm_ffi.structural_equal(sch.mod, expected))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def measure(mod: tvm.IRModule, target: tvm.target.Target, builder: Any, runner: Any) -> tuple[float | None, str]:
+    """Mean seconds per call of ``mod`` on the tuning runner, or (None, the error)."""
+    (built,) = builder.build([ms.builder.BuilderInput(mod, target)])
+    if built.error_msg:
+        return None, str(built.error_msg)
+    try:
+        args = ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True)
+        device = "cuda" if "gpu" in target.keys else "cpu"
+        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, device, args)])
+        result = future.result()
+    finally:
+        shutil.rmtree(os.path.dirname(built.artifact_path), ignore_errors=True)
+    if result.error_msg:
+        return None, str(result.error_msg)
+    return _mean(result.run_secs), ""
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The default schedule of a task: its trace (as text) and measured seconds per call."""
+
+    trace: str | None
+    secs: float | None
+
+
+def seed_default(task: Task, target: tvm.target.Target, db: Any, tools: Tools) -> Baseline:
+    """Measure the default schedule and commit it as a record (once: a resumed run finds it)."""
+    sch = default_schedule(task.workload, target)
+    if sch is None:
+        return Baseline(None, None)
+    text = str(sch.trace)
+    for record in valid_records(db, task.workload):
+        if str(record.trace) == text:
+            return Baseline(text, _mean(record.run_secs))
+    secs, error = measure(sch.mod, target, tools.builder, tools.runner)
+    if secs is None:
+        _LOG.warning("default schedule of %s did not run: %s", task.key, error.strip()[-300:])
+        return Baseline(text, None)
+    if _replays(sch.trace, task.workload, sch.mod):
+        args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
+        record = ms.database.TuningRecord(sch.trace, db.commit_workload(task.workload), [secs], target, args)
+        db.commit_tuning_record(record)
+    return Baseline(text, secs)
+
+
+def tuned_records(db: Any, task: Task, baseline: Baseline) -> list[Any]:
+    """The task's valid records other than the default schedule's, fastest first."""
+    return [r for r in valid_records(db, task.workload) if str(r.trace) != baseline.trace]
+
+
+@derived_object
+class _Watch(ms.measure_callback.PyMeasureCallback):
+    """Counts measured candidates (for progress) and keeps the first failure message."""
+
+    def __init__(self, on_batch: Callable[[int], None]) -> None:
+        self.on_batch = on_batch
+        self.ok = 0
+        self.errors: list[str] = []
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+        for built, ran in zip(builder_results, runner_results):
+            error = built.error_msg or ran.error_msg
+            if error:
+                self.errors.append(str(error))
+            else:
+                self.ok += 1
+        self.on_batch(len(measure_candidates))
+
+
+def search(task: Task, target: tvm.target.Target, db: Any, trials: int, tools: Tools, *, work_dir: str,
+           on_batch: Callable[[int], None], seed: int = 0) -> None:
+    """MetaSchedule's evolutionary search for ``trials`` more candidates of ``task``."""
+    watch = _Watch(on_batch)
+    # MetaSchedule's population of 512 costs minutes per task on 2 cores; a few trials
+    # cannot use more than a few dozen candidates.
+    population = min(512, max(64, 16 * trials))
+    strategy = ms.search_strategy.EvolutionarySearch(
+        population_size=population, init_min_unmeasured=min(50, population // 2))
+    context = ms.TuneContext(
+        mod=task.workload, target=target, space_generator="post-order-apply",
+        search_strategy=strategy, task_name=task.key, rand_state=seed,
+        num_threads=tools.cores,
+    )
+    ms.tune_tasks(
+        tasks=[context], task_weights=[1.0], work_dir=work_dir, max_trials_global=trials,
+        max_trials_per_task=trials, num_trials_per_iter=min(trials, 16), builder=tools.builder,
+        runner=tools.runner, database=db, cost_model=tools.cost_model,
+        measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), watch],
+        task_scheduler="round-robin",
+    )
+    if watch.ok == 0 and watch.errors:
+        first = watch.errors[0].strip().splitlines()
+        detail = " | ".join(line.strip() for line in first[-3:])
+        raise TuningFailed(
+            f"task {task.key}: none of {len(watch.errors)} candidates built and ran ({detail}); "
+            "if this is a builder timeout, raise builder_timeout"
+        )
+
+
+def outcome(task: Task, db: Any, baseline: Baseline, skipped: bool) -> TaskOutcome:
+    """Compare the best tuned record with the default schedule; keep the faster."""
+    tuned = tuned_records(db, task, baseline)
+    trials = len(tuned)
+    tuned_s = _mean(tuned[0].run_secs) if tuned else None
+    wins = tuned_s is not None and (baseline.secs is None or tuned_s < WIN_MARGIN * baseline.secs)
+    return TaskOutcome(task.key, task.kind, trials, baseline.secs, tuned_s,
+                       "tuned" if wins else "default", skipped)

@@ -1,0 +1,122 @@
+"""Tuning tasks keyed by contract signature, and the database checks (no tuning run here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.script import relax as R
+
+from aicf_tvm.errors import TuningError
+from aicf_tvm.tuning import lower_for_tuning
+from schedules.select import SIGNATURE_ATTR, open_database, signature_key, workload_of
+from schedules.tune import extract_tasks
+
+
+def gemm_model(layers: list[tuple[int, int]], seed: int = 0, rows: int = 64) -> tvm.IRModule:
+    """x @ w + b -> relu, once per (in, out) layer; weights are constants from ``seed``."""
+    rng = np.random.default_rng(seed)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((rows, layers[0][0]), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = x
+            for n_in, n_out in layers:
+                w = relax.const(rng.standard_normal((n_in, n_out)).astype("float32"))
+                b = relax.const(rng.standard_normal((n_out,)).astype("float32"))
+                y = bb.emit(relax.op.nn.relu(relax.op.add(relax.op.matmul(y, w), b)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def target(cores: int = 2) -> tvm.target.Target:
+    return tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": cores})
+
+
+def emit_funcs(mod: tvm.IRModule) -> list[tvm.tirx.PrimFunc]:
+    return [f for _, f in lower_for_tuning(mod).functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and "aicf.emit" in f.attrs]
+
+
+class TestWorkload:
+    def test_same_emit_in_two_models_gives_one_workload(self):
+        """Weights are constants outside the kernel: only the signature and the code count."""
+        (a,) = emit_funcs(gemm_model([(128, 96)], seed=0))
+        b = emit_funcs(gemm_model([(128, 96), (96, 96)], seed=7))[0]
+        wa, wb = workload_of(a, target()), workload_of(b, target())
+        assert wa["main"].attrs[SIGNATURE_ATTR] == wb["main"].attrs[SIGNATURE_ATTR]
+        assert tvm_ffi.structural_equal(wa, wb)
+        assert tvm_ffi.structural_hash(wa) == tvm_ffi.structural_hash(wb)
+
+    def test_shape_and_target_change_the_key(self):
+        (a,) = emit_funcs(gemm_model([(128, 96)]))
+        (other_shape,) = emit_funcs(gemm_model([(128, 96)], rows=32))
+        key = workload_of(a, target())["main"].attrs[SIGNATURE_ATTR]
+        assert workload_of(other_shape, target())["main"].attrs[SIGNATURE_ATTR] != key
+        assert workload_of(a, target(cores=4))["main"].attrs[SIGNATURE_ATTR] != key
+
+    def test_drops_our_attrs_and_keeps_tvm_ones(self):
+        (a,) = emit_funcs(gemm_model([(128, 96)]))
+        attrs = workload_of(a, target())["main"].attrs
+        assert "aicf.emit" not in attrs and "aicf.kind" not in attrs
+        assert attrs["tirx.noalias"] and str(attrs["global_symbol"]) == "main"
+
+    def test_a_primfunc_without_an_emit_is_not_a_workload(self):
+        func = tvm.tirx.PrimFunc([], tvm.tirx.Evaluate(0))
+        assert workload_of(func, target()) is None
+
+    def test_key_names_the_kind(self):
+        assert signature_key({"kind": "fused_gemm_bias_act", "ports": []}).startswith("fused_gemm_bias_act-")
+
+
+class TestExtractTasks:
+    def test_one_task_per_signature_across_models(self):
+        """The 128->96 GEMM appears in both models: one task, used twice."""
+        mods = [("one", lower_for_tuning(gemm_model([(128, 96)]))),
+                ("two", lower_for_tuning(gemm_model([(128, 96), (96, 96)], seed=3)))]
+        tasks = extract_tasks(mods, target())
+        assert len(tasks) == 2
+        shared = [t for t in tasks if len(t.uses) == 2]
+        assert len(shared) == 1 and {m for m, _ in shared[0].uses} == {"one", "two"}
+        assert tasks[0].flops >= tasks[1].flops  # costliest first
+
+
+class TestOpenDatabase:
+    def test_corrupt_record_file_raises_and_is_left_untouched(self, tmp_path):
+        path = tmp_path / "database_tuning_record.json"
+        path.write_text('[0, [1, 2]\n{not json\n')
+        before = path.read_bytes()
+        with pytest.raises(TuningError, match=r"corrupt at line 1"):
+            open_database(tmp_path)
+        assert path.read_bytes() == before
+
+    def test_corrupt_summary_raises(self, tmp_path):
+        (tmp_path / "aicf_tuning.json").write_text("[1, 2")
+        with pytest.raises(TuningError, match="aicf_tuning.json is corrupt"):
+            open_database(tmp_path)
+
+    def test_missing_dir_raises_unless_created(self, tmp_path):
+        with pytest.raises(TuningError, match="does not exist"):
+            open_database(tmp_path / "nope")
+        open_database(tmp_path / "new", create=True)
+        assert (tmp_path / "new").is_dir()
+
+
+def test_cpu_intrinsics_only_leaves_the_real_package_importable():
+    """Inside, MetaSchedule's import is cheap; afterwards the full package loads as usual."""
+    code = (
+        "import sys, tvm; from schedules.tune import cpu_intrinsics_only\n"
+        "t = tvm.target.Target({'kind': 'llvm', 'mcpu': 'skylake-avx512'})\n"
+        "with cpu_intrinsics_only(t):\n"
+        "    import tvm.s_tir.tensor_intrin\n"
+        "    assert 'tvm.s_tir.tensor_intrin.cuda' not in sys.modules\n"
+        "    assert 'tvm.s_tir.tensor_intrin.x86' in sys.modules\n"
+        "assert 'tvm.s_tir.tensor_intrin' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
