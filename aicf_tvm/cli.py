@@ -155,10 +155,17 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
     mod = load_model(args.model)
     report = None
+    text = ""
     if not args.no_fusion:
+        from .explainer import kernel_selection
+        from .pipeline import lower
+        from .targets import resolve_target
+
         report = FusionReport()
-        optimize(normalize(mod), report)
-    print(explain(mod, report))
+        optimized = optimize(normalize(mod), report)
+        text = "\n\n" + kernel_selection(lower(optimized, resolve_target(args.target), args.database),
+                                          resolve_target(args.target))
+    print(explain(mod, report) + text)
     return 0
 
 
@@ -172,7 +179,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from .targets import resolve_target
 
     target = resolve_target(args.target)
-    result = tune(args.models, target=target, trials=args.trials, work_dir=args.work_dir)
+    result = tune(args.models, target=target, trials=args.trials, work_dir=args.work_dir,
+                  rpc=args.rpc, key=args.key, workers=args.workers)
     if result is not None:
         print(result)
     return 0
@@ -213,12 +221,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="print the Emit table, contracts and fusion decisions of a model")
     p.add_argument("model", help=MODEL_HELP)
     p.add_argument("--no-fusion", action="store_true", help="only the Emit table (skip the fusion passes)")
+    p.add_argument("--target", default="llvm", help=TARGET_HELP)
+    p.add_argument("--database", default=None, metavar="DIR", help="a tuning work dir (`aicf tune`)")
 
     p = sub.add_parser("tune", parents=[common], help="tune the kernels of models with MetaSchedule")
     p.add_argument("models", nargs="+", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
     p.add_argument("--trials", type=int, default=64, help="measured candidates in all (default: 64)")
     p.add_argument("--work-dir", required=True, help="the tuning database directory")
+    p.add_argument("--rpc", default=None, metavar="HOST:PORT",
+                   help="measure on the servers of this TVM RPC tracker (build here)")
+    p.add_argument("--key", default=None, help="with --rpc: the key the servers registered under")
+    p.add_argument("--workers", type=int, default=None,
+                   help="with --rpc: measurements at once (default: one per registered server)")
     return parser
 
 

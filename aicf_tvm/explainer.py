@@ -77,3 +77,18 @@ def explain(mod: tvm.IRModule, report: Any = None) -> str:
     if report is not None:
         text += "\n\n" + str(report)
     return text
+
+
+def kernel_selection(lowered: tvm.IRModule, target: Any) -> str:
+    """Per kernel of a lowered module: its Emit kind and where its schedule came from
+    (a tuned record, one of our default rules, or none)."""
+    from .compiled import kernels_of
+    from .targets import describe
+
+    kernels = kernels_of(lowered)
+    rows = [("#", "kernel", "Emit kind", "schedule")]
+    rows += [(str(i), k.name, k.kind, k.schedule) for i, k in enumerate(kernels)]
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    lines = [f"kernel selection for {describe(target)}: tuned record > default rule > fallback"]
+    lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)

@@ -44,3 +44,14 @@ def test_cli_explain_missing_file_is_one_line_error():
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == ["aicf: error: no_such_model.onnx: no such file"]
+
+
+def test_cli_explain_shows_kernel_selection_per_emit(capsys):
+    from aicf_tvm.cli import main
+
+    assert main(["explain", "encoder_layer_small"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel selection for llvm mcpu=" in out and "num-cores=" in out
+    rows = [line.split() for line in out.split("kernel selection", 1)[1].splitlines()[2:] if line.strip()]
+    assert rows and all(r[-1] in {"Gemm", "Conv2d", "Reduction", "Elementwise", "Fallback", "tuned"} for r in rows)
+    assert any(r[2] == "fused_attention" for r in rows)
