@@ -30,6 +30,7 @@ from aicf_tvm.kinds.describe import type_shape
 from aicf_tvm.lattice import Failure, ShapeFact
 from aicf_tvm.report import Decision, FusionReport
 
+from .group_rewrite import drop_unused_emits, with_blocks
 from .propagate_contracts import FactTable, analyze
 
 _VIEWS = {"reshape", "squeeze", "expand_dims", "flatten", "batch_flatten"}
@@ -166,10 +167,6 @@ class EliminateEmits:
         if not changed:
             return mod
         bb = relax.BlockBuilder(mod)
-        new_func = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
-                                  func.is_pure, func.attrs)
-        bb.update_func(mod.get_global_var(self.func_name), bb.normalize(new_func))
+        with_blocks(bb, mod, self.func_name, blocks)
         out = relax.transform.CanonicalizeBindings()(bb.get())
-        from .group_rewrite import drop_unused_emits
-
         return drop_unused_emits(out)

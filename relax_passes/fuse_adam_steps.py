@@ -47,6 +47,7 @@ from aicf_tvm.library.adam import (
 from aicf_tvm.report import Decision, FusionReport
 
 from .lift_adam_steps import caller_paths
+from .group_rewrite import drop_unused_emits, with_blocks
 from .propagate_contracts import FactTable, alias_between, analyze
 
 KIND = "fused_adam_step"
@@ -243,8 +244,5 @@ class FuseAdamSteps:
                 blocks[k], changed = group.rewrite(bb), True
         if not changed:
             return mod
-        new = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs)
-        bb.update_func(mod.get_global_var(self.func_name), bb.normalize(new))
-        from .group_rewrite import drop_unused_emits
-
+        with_blocks(bb, mod, self.func_name, blocks)
         return drop_unused_emits(bb.get())

@@ -170,6 +170,14 @@ def _group_bindings(bb: relax.BlockBuilder, graph: EmitGraph, group: Group) -> l
     return out
 
 
+def with_blocks(bb: relax.BlockBuilder, mod: tvm.IRModule, name: str, blocks: list) -> None:
+    """Replace the binding blocks of function ``name`` (in ``bb``'s module), normalized."""
+    func = mod[name]
+    new_func = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
+                              func.is_pure, func.attrs)
+    bb.update_func(mod.get_global_var(name), bb.normalize(new_func))
+
+
 def rewrite_function(mod: tvm.IRModule, name: str, plan) -> tvm.IRModule:
     """Apply ``plan(graph) -> list[Group]`` to every dataflow block of ``mod[name]``."""
     bb = relax.BlockBuilder(mod)
@@ -187,10 +195,7 @@ def rewrite_function(mod: tvm.IRModule, name: str, plan) -> tvm.IRModule:
         blocks.append(block)
     if not changed:
         return mod
-    new_func = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
-                              func.is_pure, func.attrs)
-    new_func = bb.normalize(new_func)
-    bb.update_func(mod.get_global_var(name), new_func)
+    with_blocks(bb, mod, name, blocks)
     out = bb.get()
     return drop_unused_emits(out)
 

@@ -31,6 +31,8 @@ from aicf_tvm.contract import EmitContract, PortFacts
 from aicf_tvm.emit import EMIT_ATTR, Emit, emit_of
 from aicf_tvm.lattice import Flag
 
+from .group_rewrite import drop_unused_emits, with_blocks
+
 _SCALAR_OK = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
               "relax.maximum", "relax.minimum"}
 
@@ -111,11 +113,7 @@ def bind_scalar_ports(mod: tvm.IRModule) -> tvm.IRModule:
         blocks.append(type(block)(bindings) if isinstance(block, relax.DataflowBlock) else block)
     if not changed:
         return mod
-    new_main = relax.Function(main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty,
-                              main.is_pure, main.attrs)
-    bb.update_func(mod.get_global_var("main"), bb.normalize(new_main))
-    from .group_rewrite import drop_unused_emits
-
+    with_blocks(bb, mod, "main", blocks)
     return drop_unused_emits(bb.get())
 
 

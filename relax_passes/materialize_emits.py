@@ -31,7 +31,7 @@ from aicf_tvm.library import DEFAULT_CANDIDATES
 from aicf_tvm.report import Decision, FusionReport
 
 from .fuse_emits import _bytes, _Planner
-from .group_rewrite import drop_unused_emits
+from .group_rewrite import drop_unused_emits, with_blocks
 from .lift_emits import build_emit_function
 from .propagate_contracts import FactTable, analyze
 
@@ -190,8 +190,6 @@ class MaterializeEmits:
             blocks.append(relax.DataflowBlock(bindings))
         if not changed:
             return mod
-        new_func = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
-                                  func.is_pure, func.attrs)
-        bb.update_func(mod.get_global_var(self.func_name), bb.normalize(new_func))
+        with_blocks(bb, mod, self.func_name, blocks)
         out = relax.transform.FoldConstant()(bb.get())
         return drop_unused_emits(relax.transform.CanonicalizeBindings()(out))
