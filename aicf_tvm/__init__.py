@@ -21,6 +21,15 @@ from .lattice import (
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "ADAM_STEP_CONTRACT", "RELU_CONTRACT", "ContractFacts", "EmitContract", "Entailment", "PortFacts",
+    "entails", "EMIT_ATTR", "Emit", "Interface", "Port", "emit_of", "contract_problems",
+    "verify_contracts", "AicfError", "AliasContradiction", "ContractContradiction",
+    "ContractViolation", "DeployError", "EncodingError", "InputError", "TargetError", "TuningError",
+    "UnsupportedModelError", "ABIFact", "AccumDtype", "Alias", "Alignment", "Determinism", "Effect",
+    "Flag", "MathTag", "NumericFact", "Rounding", "ShapeFact",
+]
+
 _LAZY = {
     "compile": ".pipeline",
     "compile_optimizer_step": ".optimizer",
@@ -33,6 +42,7 @@ _LAZY = {
     "TuneResult": ".tuning",
     "load": ".deploy",
 }
+__all__ += list(_LAZY)
 
 
 def __getattr__(name: str):

@@ -34,17 +34,18 @@ from aicf_tvm.contract import ContractFacts, EmitContract, PortFacts
 from aicf_tvm.emit import Emit, Interface, Port
 from aicf_tvm.emit_graph import EmitGraph
 from aicf_tvm.kinds import registry as K
-from aicf_tvm.kinds.describe import output_types
 from aicf_tvm.kinds.transfer import ALLOC_ALIGN, abi_of, fresh_shape
 from aicf_tvm.library import DEFAULT_CANDIDATES, Candidate, Match
 from aicf_tvm.library.legality import (
     derived_numeric, effect_failures, numeric_failures, requires_failures,
 )
+from aicf_tvm.lattice import Effect
 from aicf_tvm.report import Decision, FusionReport
 
 from .group_rewrite import _ACCUMULATING, Group, rewrite_function
 from .propagate_contracts import FactTable, alias_between, analyze
 
+K_READ, K_WRITE = Effect("Read"), Effect("Write")
 _EPILOGUE = {K.ELEMENTWISE, K.BROADCAST}
 _CHAINABLE = {K.ELEMENTWISE, K.BROADCAST, K.INJECTIVE, K.VIEW}
 _ANCHORS = {K.REDUCTION, K.POOL, K.NORM, K.SOFTMAX, K.MATMUL, K.CONV}
@@ -270,12 +271,10 @@ class _Planner:
         graph, table = self.graph, self.table
         in_ports, out_ports, provides = [], [], {}
         used: set[str] = set()
-        rename = {}
         for i, expr in enumerate(inputs):
             name = next((r for r, e in role_of if e.same_as(expr)), None) or f"in{i}"
             name = name if name not in used else f"{name}{i}"
             used.add(name)
-            rename[name] = name
             ty = expr.ty
             in_ports.append(Port(name, str(ty.dtype), ty.ndim))
             fact = table.of(expr)
@@ -292,11 +291,6 @@ class _Planner:
         req = {n: p for n, p in requires.ports if n in provides}
         return Emit(kind, attrs, Interface(tuple(in_ports), tuple(out_ports)),
                     EmitContract(ContractFacts.of(req), ContractFacts.of(provides)), op="")
-
-
-from aicf_tvm.lattice import Effect as _Effect  # noqa: E402
-
-K_READ, K_WRITE = _Effect("Read"), _Effect("Write")
 
 
 def _variants(cand: Candidate) -> list:
@@ -350,4 +344,4 @@ class FuseEmits:
         return rewrite_function(mod, self.func_name, plan)
 
 
-__all__ = ["FuseEmits", "op_view", "output_types"]
+__all__ = ["FuseEmits", "op_view"]
