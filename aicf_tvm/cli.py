@@ -23,6 +23,17 @@ MODEL_HELP = "an ONNX file, a built-in model name (encoder_layer, ...), or packa
 TARGET_HELP = "'llvm' (this CPU), 'cuda', or a JSON target dict such as '{\"kind\": \"llvm\", \"num-cores\": 4}'"
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer > 0 (argparse then prints its usage error, exit code 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
+
+
 def _status(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -98,6 +109,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     target = resolve_target(args.target)  # fail fast, before the import
     if args.database is not None and not Path(args.database).is_dir():
         raise TuningError(f"--database {args.database}: no such directory")
+    if not Path(args.output).resolve().parent.is_dir():
+        raise AicfError(f"-o {args.output}: directory {Path(args.output).parent} does not exist")
     mod = load_model(args.model)
     _status(f"aicf: compiling {args.model} for {describe(target)} ...")
     model = aicf_compile(mod, target, database=args.database)
@@ -201,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", parents=[common], help="compile a built-in model, check it against TVM, time both")
     p.add_argument("--model", default="encoder_layer", help="a built-in model (default: encoder_layer)")
-    p.add_argument("--repeat", type=int, default=5, help="timed runs per build (default: 5)")
+    p.add_argument("--repeat", type=_positive_int, default=5, help="timed runs per build (default: 5)")
     p.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance of the check")
     p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the check")
 
@@ -227,12 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", parents=[common], help="tune the kernels of models with MetaSchedule")
     p.add_argument("models", nargs="+", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
-    p.add_argument("--trials", type=int, default=64, help="measured candidates in all (default: 64)")
+    p.add_argument("--trials", type=_positive_int, default=64, help="measured candidates in all (default: 64)")
     p.add_argument("--work-dir", required=True, help="the tuning database directory")
     p.add_argument("--rpc", default=None, metavar="HOST:PORT",
                    help="measure on the servers of this TVM RPC tracker (build here)")
     p.add_argument("--key", default=None, help="with --rpc: the key the servers registered under")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=_positive_int, default=None,
                    help="with --rpc: measurements at once (default: one per registered server)")
     return parser
 

@@ -7,6 +7,8 @@ seeded with its measured default schedule and searched by MetaSchedule.  The wor
 holds MetaSchedule's JSON database plus ``aicf_tuning.json`` (per signature: trials,
 default and tuned seconds, the choice); ``compile(..., database=work_dir)`` applies it.
 Running again with the same arguments skips tasks that already have their trials.
+With ``rpc="HOST:PORT"`` and ``key``, candidates are built here and measured on every
+server registered with that TVM RPC tracker under ``key`` (``schedules.remote``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class TuneResult:
     tasks: list[Any] = field(default_factory=list)  # schedules.tune.TaskOutcome
     measured: int = 0  # candidates measured by this run (the default baselines excluded)
     untuned: list[str] = field(default_factory=list)  # task keys left for lack of budget
+    measured_on: str = "this machine"  # or "rpc HOST:PORT key KEY (N servers)"
 
     @property
     def tuned(self) -> list[Any]:
@@ -44,7 +47,7 @@ class TuneResult:
 
     def summary(self) -> str:
         head = (f"tuned {len(self.models)} model(s) for {describe(self.target)} into {self.work_dir}: "
-                f"{len(self.tasks)} task(s), {self.measured} candidate(s) measured")
+                f"{len(self.tasks)} task(s), {self.measured} candidate(s) measured on {self.measured_on}")
         lines = [head]
         for t in self.tasks:
             note = " (resumed: already tuned)" if t.skipped else ""
@@ -88,12 +91,16 @@ def _save_choices(work_dir: Path, target: tvm.target.Target, choices: dict) -> N
 
 
 def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "aicf_tuning", *,
-         trials_per_task: int | None = None, builder_timeout: float = 300, progress: bool = True) -> TuneResult:
+         trials_per_task: int | None = None, builder_timeout: float = 300, progress: bool = True,
+         rpc: str | None = None, key: str | None = None, workers: int | None = None) -> TuneResult:
     """Tune the Emit kernels of ``models`` (one or a list of what ``load_model`` takes).
 
     ``trials`` caps the candidates measured in this run; each task gets ``trials_per_task``
-    (default: an even share of ``trials``).  Raises ``TuningError`` for a corrupt database
-    (left untouched) and when no candidate of a task built.
+    (default: an even share of ``trials``).  With ``rpc="HOST:PORT"`` and ``key``, measure
+    on that tracker's servers, ``workers`` sessions at once (default: one per server
+    registered now); ``target`` must then describe the servers' device.  Raises
+    ``TuningError`` for a corrupt database (left untouched), when no candidate of a task
+    built, and when the tracker is unreachable or has no server under ``key``.
     """
     from tqdm.auto import tqdm
 
@@ -103,6 +110,7 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
     from .frontends import load_model
 
     tgt = resolve_target(target)
+    tracker, workers, where = _remote(rpc, key, workers)
     specs: Sequence[Any] = list(models) if isinstance(models, (list, tuple)) else [models]
     if not specs:
         raise TuningError("tune: no model given")
@@ -116,8 +124,8 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
     db = open_database(wdir, create=True)  # validates the files before anything is written
     choices = load_choices(wdir)
     per_task = trials_per_task or max(1, trials // len(tasks))
-    tools = st.Tools(tgt, builder_timeout)
-    result = TuneResult(wdir, tgt, names)
+    tools = st.Tools(tgt, builder_timeout, tracker, workers)
+    result = TuneResult(wdir, tgt, names, measured_on=where)
     bar = tqdm(total=min(trials, per_task * len(tasks)), unit="trial", disable=not progress, desc="tune")
     with st.cpu_intrinsics_only(tgt), contextlib.closing(bar):
         for index, task in enumerate(tasks):
@@ -134,6 +142,27 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
             choices[task.key] = out.to_json() | {"uses": [list(u) for u in task.uses]}
             _save_choices(wdir, tgt, choices)
     return result
+
+
+def _remote(rpc: str | None, key: str | None, workers: int | None) -> tuple[Any, int, str]:
+    """The tracker to measure on (None: this machine), the parallel sessions, and a label."""
+    from schedules.remote import RemoteError, Tracker
+
+    if rpc is None:
+        if key is not None or workers is not None:
+            raise TuningError("tune: key and workers need rpc='HOST:PORT' (a TVM RPC tracker)")
+        return None, 1, "this machine"
+    if workers is not None and workers < 1:
+        raise TuningError(f"tune: workers={workers}; give at least 1")
+    try:
+        tracker = Tracker.parse(rpc, key or "")
+        servers = tracker.servers()
+    except RemoteError as err:
+        raise TuningError(f"tune: {err}") from err
+    if servers == 0:
+        raise TuningError(f"tune: no RPC server is registered under key {key!r} with the tracker at {rpc}; "
+                          f"start one with `python -m tvm.exec.rpc_server --tracker {rpc} --key {key}`")
+    return tracker, workers or servers, f"rpc {rpc} key {key} ({servers} server(s))"
 
 
 def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: int, result: TuneResult,

@@ -17,7 +17,9 @@ then, for one task:
 A batch in which no candidate built raises ``TuningFailed`` with the builder's message.
 The build function skips ``import tvm.s_tir.tensor_intrin`` on LLVM targets: that import
 alone takes 25-50 s per build worker here, longer than MetaSchedule's default builder
-timeout (DESIGN §9).  Imports only TVM, the standard library and this package.
+timeout (DESIGN §9).  ``Tools(..., tracker=...)`` measures on the servers of a TVM RPC
+tracker instead of this machine (``schedules.remote``).  Imports only TVM, the standard
+library and this package.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from . import default_rules
+from .remote import RemoteRunner, Tracker
 from .select import SIGNATURE_ATTR, contract_signature, workload_of
 
 _LOG = logging.getLogger(__name__)
@@ -155,23 +158,32 @@ def make_builder(timeout_s: float, workers: int) -> ms.builder.LocalBuilder:
     return ms.builder.LocalBuilder(max_workers=workers, timeout_sec=timeout_s, f_build=_build)
 
 
+def evaluator_config() -> ms.runner.EvaluatorConfig:
+    return ms.runner.EvaluatorConfig(number=3, repeat=3, min_repeat_ms=50, enable_cpu_cache_flush=False)
+
+
 def make_runner(timeout_s: float = 60.0) -> ms.runner.LocalRunner:
-    config = ms.runner.EvaluatorConfig(number=3, repeat=3, min_repeat_ms=50, enable_cpu_cache_flush=False)
-    return ms.runner.LocalRunner(timeout_sec=timeout_s, evaluator_config=config)
+    return ms.runner.LocalRunner(timeout_sec=timeout_s, evaluator_config=evaluator_config())
 
 
 class Tools:
     """The builder, runner and cost model of a run, each made on first use (the builder
-    and runner start worker processes: a resumed run with nothing to do needs neither)."""
+    and runner start worker processes: a resumed run with nothing to do needs neither).
 
-    def __init__(self, target: tvm.target.Target, builder_timeout: float) -> None:
+    With a ``tracker``, candidates are built here on all local cores and measured on the
+    tracker's servers, ``workers`` at a time (``schedules.remote``)."""
+
+    def __init__(self, target: tvm.target.Target, builder_timeout: float, tracker: Tracker | None = None,
+                 workers: int = 1) -> None:
         self.builder_timeout = builder_timeout
         self.cores = max(1, int(target.export().get("num-cores", 1) or 1))
+        self.tracker = tracker
+        self.workers = workers
 
     @functools.cached_property
     def builder(self) -> ms.builder.LocalBuilder:
         try:  # LocalBuilder checks its workers at once, under the same timeout
-            return make_builder(self.builder_timeout, self.cores)
+            return make_builder(self.builder_timeout, (os.cpu_count() or 1) if self.tracker else self.cores)
         except Exception as err:
             raise TuningFailed(
                 f"no candidate can be built: the build workers did not answer within "
@@ -179,7 +191,9 @@ class Tools:
                 "raise builder_timeout") from err
 
     @functools.cached_property
-    def runner(self) -> ms.runner.LocalRunner:
+    def runner(self) -> ms.runner.Runner:
+        if self.tracker is not None:
+            return RemoteRunner(self.tracker, self.workers, evaluator_config())
         return make_runner()
 
     @functools.cached_property
