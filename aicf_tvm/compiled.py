@@ -158,8 +158,17 @@ class CompiledModel:
         if len(args) != len(self.inputs):
             names = ", ".join(s.name for s in self.inputs)
             raise InputError(f"expected {len(self.inputs)} inputs ({names}), got {len(args)}")
+        bound: dict[str, tuple[int, str]] = {}  # symbolic dim -> (value, the input that set it)
         for spec, value in zip(self.inputs, args):
-            spec.check(np.asarray(value))
+            value = np.asarray(value)
+            spec.check(value)
+            for want, got in zip(spec.shape, value.shape):
+                if not (isinstance(want, str) and want.isidentifier()):
+                    continue
+                first = bound.setdefault(want, (got, spec.name))
+                if first[0] != got:
+                    raise InputError(f"input {spec.name}: dim {want} = {got}, but input {first[1]} "
+                                     f"has {want} = {first[0]}")
 
     def arrange(self, args: Sequence[Any], named: Mapping[str, Any]) -> list[np.ndarray]:
         """Positional then named inputs, in the order of ``inputs``; names are checked."""

@@ -88,6 +88,8 @@ def _c_source(frame: bytes) -> str:
 def export(model: Any, path: str | os.PathLike) -> Path:
     """Write ``model`` as a shared library at ``path`` that carries its metadata."""
     out = Path(path)
+    if not out.resolve().parent.is_dir():
+        raise DeployError(f"{out}: directory {out.parent} does not exist")
     payload = json.dumps(metadata_of(model), separators=(",", ":"), default=str).encode()
     header = MAGIC + b"%02d" % FORMAT_VERSION + b"%08x" % len(payload)
     frame = header + b"0" * _HASH_LEN + payload

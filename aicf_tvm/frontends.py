@@ -26,6 +26,10 @@ def _load_onnx(path_or_model: Any):
     import onnx
 
     if not isinstance(path_or_model, (str, os.PathLike, bytes)):
+        if not isinstance(path_or_model, onnx.ModelProto):
+            raise UnsupportedModelError(
+                f"cannot import a {type(path_or_model).__name__}: give an ONNX file, bytes or ModelProto, "
+                "a built-in model name, or a tvm.IRModule (a PyTorch module: aicf_tvm.from_torch(module, args))")
         return path_or_model, "<in-memory model>"
     if isinstance(path_or_model, bytes):
         try:

@@ -44,6 +44,7 @@ def resolve_target(target: Any) -> tvm.target.Target:
     if not isinstance(spec, dict):
         raise TargetError(f"unknown target {target!r}")
     spec = dict(spec)
+    _check_spec(spec, target)
     if spec.get("kind") == "llvm" and "mcpu" not in spec:
         host = host_cpu_target(spec.get("num-cores"))
         spec = {**host.export(), **spec}
@@ -55,6 +56,23 @@ def resolve_target(target: Any) -> tvm.target.Target:
         return tvm.target.Target(spec)
     except Exception as err:  # noqa: BLE001 - TVM raises ValueError/TVMError alike
         raise TargetError(f"unknown target {target!r}: {err}") from err
+
+
+def _check_spec(spec: dict, given: Any) -> None:
+    """Refuse what TVM would refuse, before we merge in host keys: unknown keys (TVM's
+    message names them), and an LLVM ``mcpu`` LLVM does not know (LLVM would only warn
+    and silently build generic code)."""
+    try:  # without mcpu: an unknown one would make LLVM print an error line, then go generic
+        target = tvm.target.Target({k: v for k, v in spec.items() if k != "mcpu"})
+    except Exception as err:  # noqa: BLE001 - TVM raises ValueError/TVMError alike
+        raise TargetError(f"unknown target {given!r}: {err}") from err
+    mcpu = spec.get("mcpu")
+    if spec.get("kind") == "llvm" and mcpu:
+        from tvm.target import codegen
+
+        if str(mcpu) not in {str(c) for c in codegen.llvm_get_cpu_archlist(target)}:
+            raise TargetError(f"target {given!r}: LLVM does not know the CPU mcpu={mcpu!r} "
+                              "(use 'llvm' for this machine's CPU)")
 
 
 def describe(target: tvm.target.Target) -> str:

@@ -130,6 +130,10 @@ class Elementwise(ScheduleRule):
         infos = normalize_prim_func(sch)
         if infos is None or not infos or not all(info.is_injective() for info in infos):
             return None
+        # A reduction whose reduce loops all have extent 1 looks injective to dlight, but
+        # inlining a block with an init aborts the process inside TVM: not ours to schedule.
+        if any(bool(info.is_reduction()) for info in infos):
+            return None
         for info in try_inline(sch, infos):
             schedule_injective_block(sch, info.block_rv, vector_lanes(target, sch, info.block_rv))
         return sch
