@@ -114,6 +114,9 @@ class _Analysis:
         self.func = func
         self.table = FactTable()
         self.emits: dict = {}  # GlobalVar -> (Emit, body call)
+        self.transfers: dict = {}  # (callee, input fact ids) -> output facts
+        self.site_cache: dict = {}  # (transfer key, alias values) -> ContractFacts
+        self.keep: list = []
         self.debug = debug_enabled()
 
     def emit_info(self, gv: relax.GlobalVar) -> tuple[Emit, Any] | None:
@@ -192,24 +195,24 @@ class _Analysis:
         emit, body = info
         args = list(call.args)
         ins = [self.table.of(a) for a in args]
-        outs = transfer(emit, body, [f.facts for f in ins], var.ty)
+        # Facts are interned (``value_facts``), so equal inputs are the same objects:
+        # sites of one Emit with the same input facts share the transfer result.
+        key = (call.op, tuple(id(f.facts) for f in ins))
+        outs = self.transfers.get(key)
+        if outs is None:
+            outs = self.transfers[key] = transfer(emit, body, [f.facts for f in ins], var.ty)
+            self.keep.append(ins)  # keeps the ids in the key alive
         is_view = rule_for(emit.op).category == VIEW
         roots = frozenset({("value", var)})
         if is_view and ins:
             roots |= ins[0].roots
         out_facts = [ValueFact(o, roots) for o in outs]
-        self._record_site(call, emit, args, ins, out_facts)
+        self._record_site(call, emit, args, ins, out_facts, key)
         return out_facts[0] if len(out_facts) == 1 and not len(output_types(var.ty)) > 1 else tuple(out_facts)
 
-    def _record_site(self, call, emit: Emit, args, ins, outs) -> None:
-        ports: dict[str, PortFacts] = {}
-        template = emit.contract.provides
+    def _record_site(self, call, emit: Emit, args, ins, outs, key) -> None:
         names = [p.name for p in emit.interface.inputs]
-        for name, f in zip(names, ins):
-            ports[name] = _with_effect(f.facts, template.port(name))
         out_names = [p.name for p in emit.interface.outputs]
-        for name, f in zip(out_names, outs):
-            ports[name] = _with_effect(f.facts, template.port(name))
         alias = {}
         tensor_ins = [(n, a, f) for n, a, f in zip(names, args, ins) if is_tensor(a)]
         for i, (n1, a1, f1) in enumerate(tensor_ins):
@@ -217,7 +220,17 @@ class _Analysis:
                 alias[(n1, n2)] = alias_between(a1, a2, f1, f2)
             for name, f in zip(out_names, outs):
                 alias[(n1, name)] = MAY if (f.roots & f1.roots) else NO
-        self.table.sites.setdefault(call.op, []).append(ContractFacts.of(ports, alias))
+        site_key = (key, tuple(alias.values()))
+        site = self.site_cache.get(site_key)
+        if site is None:
+            ports: dict[str, PortFacts] = {}
+            template = emit.contract.provides
+            for name, f in zip(names, ins):
+                ports[name] = _with_effect(f.facts, template.port(name))
+            for name, f in zip(out_names, outs):
+                ports[name] = _with_effect(f.facts, template.port(name))
+            site = self.site_cache[site_key] = ContractFacts.of(ports, alias)
+        self.table.sites.setdefault(call.op, []).append(site)
 
 
 def _with_effect(facts: PortFacts, template: PortFacts) -> PortFacts:

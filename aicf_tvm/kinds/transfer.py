@@ -31,8 +31,19 @@ def abi_of(shape: ShapeFact, alignment: Alignment) -> ABIFact:
     return ABIFact(alignment, Flag.of(shape.ndim == 0), Flag.of(shape.is_contiguous()))
 
 
+_INTERNED: dict = {}
+
+
 def value_facts(shape: ShapeFact, numeric: NumericFact, alignment: Alignment = ALLOC_ALIGN) -> PortFacts:
-    return PortFacts(shape=shape, numeric=numeric, abi=abi_of(shape, alignment))
+    """The facts of a value, interned: equal facts are one object (cheap to compare and
+    to key caches by identity)."""
+    key = (shape, numeric, alignment)
+    facts = _INTERNED.get(key)
+    if facts is None:
+        if len(_INTERNED) > 200_000:
+            _INTERNED.clear()
+        facts = _INTERNED[key] = PortFacts(shape=shape, numeric=numeric, abi=abi_of(shape, alignment))
+    return facts
 
 
 def transfer(emit: Emit, body_call: Any, ins: Sequence[PortFacts], out_ty: Any) -> list[PortFacts]:

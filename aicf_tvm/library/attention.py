@@ -43,7 +43,7 @@ def attention_check(m: Match) -> str | None:
     scores = m.shapes.get("scores", ShapeFact.top())
     axis = m.attr("softmax", "axis")
     nd = scores.ndim
-    if axis is None or nd is None or int(axis) % nd != nd - 1:
+    if axis is None or not nd or int(axis) % nd != nd - 1:  # rank 0: no last axis
         return f"shape: softmax axis {axis} is not the last axis of the scores"
     if m.has("scale"):
         s = m.shapes.get("scale", ShapeFact.top())

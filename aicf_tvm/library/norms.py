@@ -84,7 +84,7 @@ def _last_axis(m: Match, role: str, attr: str) -> str | None:
         return None
     axes = [int(a) for a in (axes if hasattr(axes, "__len__") else [axes])]
     nd = x.ndim
-    if nd is None or [a % nd for a in axes] != [nd - 1]:
+    if not nd or [a % nd for a in axes] != [nd - 1]:  # rank 0 has no last axis (fuzz_529a2d0dba)
         return f"shape: reduction axes {axes} are not the last axis of a rank-{nd} input"
     return None
 
