@@ -62,8 +62,10 @@ def test_rejects_aliased_inputs_at_call_time(step):
     grads = _tensors([np.ones(s, "float32") for s in SHAPES])
     with pytest.raises(InputError, match=r"arg2\.3 and arg2\.6 share memory"):
         step(params, grads, tuple(state))
-    with pytest.raises(InputError, match=r"arg0\.0 and arg1\.0 share memory"):
-        step(params, params, _tensors(adam_state(SHAPES)))  # the gradients are the parameters
+    # every parameter is its own gradient: the message names one such pair (which one
+    # depends on where the buffers lie in memory)
+    with pytest.raises(InputError, match=r"arg0\.(\d) and arg1\.\1 share memory"):
+        step(params, params, _tensors(adam_state(SHAPES)))
 
 
 def test_undonated_step_is_out_of_place_and_still_correct():
