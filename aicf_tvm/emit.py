@@ -14,6 +14,10 @@ from .contract import ContractFacts, EmitContract
 from .errors import EncodingError
 
 EMIT_ATTR = "aicf.emit"
+# TVM's names: PrimFunc params every call passes a constant, and a block that only
+# rewrites such a param's layout (split out and run at compile time: pre-packed weights)
+LAYOUT_FREE_ATTR = "layout_free_buffers"
+PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
 FORMAT_VERSION = 1
 
 AttrValue = Any  # str | int | float | bool | tuple[AttrValue, ...] | frozen mapping

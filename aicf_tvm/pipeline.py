@@ -17,7 +17,7 @@ import tvm_ffi
 from tvm import relax
 
 from .errors import UnsupportedModelError
-from .report import FusionReport
+from .report import Decision, FusionReport
 from .targets import resolve_target
 from .verify import verify_contracts
 
@@ -53,7 +53,7 @@ def optimize(mod: tvm.IRModule, report: FusionReport, candidates: Sequence[Any] 
     fuse = FuseEmits(report=report) if candidates is None else FuseEmits(tuple(candidates), report=report)
     for _ in range(MAX_ROUNDS):
         before = mod
-        for rewrite in [*rewrite_passes(report, before=True), fuse, *rewrite_passes(report, before=False)]:
+        for rewrite in [*rewrite_passes(report, before=True, candidates=candidates), fuse, *rewrite_passes(report, before=False)]:
             mod = PropagateContracts()(rewrite(mod))
             check(mod)
         if tvm_ffi.structural_equal(before, mod):
@@ -69,17 +69,23 @@ def _backend(target: tvm.target.Target):
     return backend
 
 
-def lower(mod: tvm.IRModule, target: tvm.target.Target, database: Any = None) -> tvm.IRModule:
+def lower(mod: tvm.IRModule, target: tvm.target.Target, database: Any = None,
+          report: FusionReport | None = None) -> tvm.IRModule:
     """LowerEmits, kernel selection and scheduling; returns the module ready to build."""
     from relax_passes import LowerEmits
+    from relax_passes.prepack_weights import mark_layout_free, prepack_weights
     from schedules import apply_default_schedules
     from schedules.select import apply_database
 
-    mod = LowerEmits()(mod)
+    mod = mark_layout_free(LowerEmits()(mod))
     with target:
         if database is not None:
             mod = apply_database(mod, target, database)
         mod = apply_default_schedules(target)(mod)
+        mod, packed = prepack_weights(mod)
+    if report is not None:
+        for p in packed:
+            report.add(Decision("materialize:layout_transform", (p.kernel,), True, note=p.describe()))
     return mod
 
 
@@ -103,6 +109,6 @@ def compile(mod: Any, target: Any = "llvm", database: Any = None, *, candidates:
     source = mod
     mod = optimize(normalize(mod), report, candidates)
     optimized = mod
-    lowered = lower(mod, tgt, database)
+    lowered = lower(mod, tgt, database, report)
     ex = build(lowered, tgt)
     return CompiledModel(ex, tgt, source["main"], report=report, lowered=lowered, optimized=optimized)

@@ -1,19 +1,31 @@
 """MaterializeEmits: insert the Emits that make a refused candidate legal, and do at
 compile time the work that needs only constants (DESIGN §6).
 
-1. Insert. A library candidate refused only because a boundary input's shape does not
-   entail its requirement, where the input broadcasts to the required shape (a padding
-   mask ``[1,1,1,S]`` for attention's ``[1,1,S,S]``, a residual that broadcasts into a
-   norm), gets a ``broadcast_to`` Emit on that input when the cost model says
-   insert-and-fuse beats not fusing: the inserted Emit writes and the fused kernel
-   reads ``2 x bytes(required)``, nothing when the input is a constant; the fusion
-   saves the candidate's benefit. The next FuseEmits round then takes the candidate.
+1. Insert. A library candidate refused only because boundary inputs' shape/stride
+   facts do not entail its requirement gets, on each such input, the Emit that makes it
+   true, when the cost model says insert-and-fuse beats not fusing:
+
+   * ``broadcast_to`` where the input broadcasts to the required shape (a padding mask
+     ``[1,1,1,S]`` for attention's ``[1,1,S,S]``, a residual into a norm);
+   * ``contiguous`` (an identity ``layout_transform``: a fresh row-major copy) where the
+     shape is the required one but the strides are not (a transposed view fed to a
+     candidate that requires a contiguous operand).
+
+   The inserted Emit writes and the fused kernel reads ``2 x bytes``, nothing when the
+   input is a constant (then the insert is folded at compile time); the fusion saves the
+   candidate's benefit. The next FuseEmits round then takes the candidate.
 2. Fold. An effect-free single-op Emit whose inputs are all constants (a weight
    transposed for a GEMM, a broadcast mask) is evaluated now, by TVM's ``FoldConstant``
    with the op's own legalization, so no kernel runs per inference.
 
-Sound: ``broadcast_to`` to the shape the consumer broadcasts to anyway leaves every
-consumer's result unchanged, and folding evaluates the same op on the same constants.
+Layouts the kernel itself wants (the GEMM's packed B) are materialized on constants
+after scheduling, by ``prepack_weights``. Casts are never inserted: Relax ops take
+operands of one dtype, so no candidate refusal is a dtype one, and a cast that widens
+an operand would change the numerics the contract states.
+
+Sound: ``broadcast_to`` to the shape the consumer broadcasts to anyway, and a copy of
+the same values, leave every consumer's result unchanged; folding evaluates the same op
+on the same constants.
 Runs in the pipeline's fixpoint after FuseEmits; re-propagate afterwards.
 """
 
@@ -49,9 +61,21 @@ def broadcasts_to(have: Optional[tuple], want: Optional[tuple]) -> bool:
     return all(h == w or h == 1 for h, w in zip(reversed(have), reversed(want)))
 
 
-def broadcast_repairs(graph: EmitGraph, table: FactTable, candidates) -> list[tuple[Decision, Any, dict]]:
-    """Refused library matches that broadcast_to inputs would make legal:
-    (decision, match, {port: required dims})."""
+def _fix_for(have: ShapeFact, want: ShapeFact) -> Optional[tuple[str, tuple]]:
+    """The Emit that turns a port's shape fact ``have`` into one entailing ``want``:
+    ``("broadcast_to", dims)``, ``("contiguous", dims)`` or None when neither does."""
+    if want.strides is None and broadcasts_to(have.dims, want.dims) and have.dims != want.dims:
+        return "broadcast_to", tuple(want.dims)
+    static = have.dims is not None and all(isinstance(d, int) for d in have.dims)
+    if static and have.dims == want.dims and want.is_contiguous() and not have.is_contiguous():
+        return "contiguous", tuple(have.dims)
+    return None
+
+
+def repairs(graph: EmitGraph, table: FactTable, candidates) -> list[tuple[Decision, Any, dict]]:
+    """Refused library matches that inserted Emits on boundary inputs would make legal:
+    (decision, match, {port: (fix kind, dims)}); every failure must be a shape/stride one
+    on a boundary input that ``_fix_for`` repairs."""
     judged = _Planner(graph, table, candidates, FusionReport()).judged_matches()
     out = []
     for decision, m in judged:
@@ -61,17 +85,26 @@ def broadcast_repairs(graph: EmitGraph, table: FactTable, candidates) -> list[tu
         if any(d.accepted and o.candidate.priority >= m.candidate.priority and set(o.members) & set(m.members)
                for d, o in judged):
             continue
-        fixes: dict[str, tuple] = {}
+        fixes: dict[str, tuple[str, tuple]] = {}
         for f in decision.failures:
             port = f.path[: -len(".shape")] if f.path.endswith(".shape") else None
             if port is None or port not in m.roles or port in m.role_nodes:
                 break
-            if not broadcasts_to(f.have.dims, f.required.dims) or f.required.strides is not None:
+            fix = _fix_for(f.have, f.required)
+            if fix is None:
                 break
-            fixes[port] = tuple(f.required.dims)
+            fixes[port] = fix
         else:
             out.append((decision, m, fixes))
     return out
+
+
+def _inserted_call(kind: str, x: Any, dims: tuple) -> relax.Call:
+    if kind == "broadcast_to":
+        return relax.op.broadcast_to(x, dims)
+    # a fresh row-major copy: an identity layout_transform (an injective Emit, never elided)
+    identity = tvm.tirx.IndexMap.from_func(lambda *axes: list(axes), ndim=len(dims))
+    return relax.op.layout_transform(x, index_map=identity)
 
 
 class _Inserter:
@@ -81,30 +114,34 @@ class _Inserter:
         self.replace: dict[int, dict] = {}  # node index -> {old arg: new var}
 
     def repair(self, decision: Decision, m: Any, fixes: dict) -> None:
+        """Insert the fixes when they cost less than the fusion saves: each inserted Emit
+        writes and the fused kernel reads ``2 x bytes``, nothing for a constant (folded)."""
         cost = 0
-        for port, dims in fixes.items():
+        for port, (_, dims) in fixes.items():
             x = m.roles[port]
             cost += 0 if _is_constant(x) else 2 * _bytes(relax.Var("t", relax.TensorType(dims, x.ty.dtype)))
+        kinds = sorted({kind for kind, _ in fixes.values()})
         what = ", ".join(f"{p} {type_shape(m.roles[p].ty).show()} -> {ShapeFact.shape(d).show()}"
-                         for p, d in fixes.items())
+                         if kind == "broadcast_to" else f"{p} {_shown(m, p)} -> contiguous copy"
+                         for p, (kind, d) in fixes.items())
         verdict = cost < decision.benefit
-        note = (f"for {decision.candidate} [{', '.join(decision.members)}]: broadcast {what}; "
+        note = (f"for {decision.candidate} [{', '.join(decision.members)}]: {what}; "
                 f"cost {cost} B {'<' if verdict else '>='} benefit {decision.benefit} B")
-        self.report.add(Decision("materialize:broadcast_to", decision.members, verdict, note=note))
+        self.report.add(Decision(f"materialize:{'+'.join(kinds)}", decision.members, verdict, note=note))
         if not verdict:
             return
-        for port, dims in fixes.items():
+        for port, (kind, dims) in fixes.items():
             x = m.roles[port]
             users = [i for i in m.members if any(a.same_as(x) for a in self.graph.nodes[i].value.args)]
             if not users:
                 continue
-            call = self.bb.normalize(relax.op.broadcast_to(x, dims))
+            call = self.bb.normalize(_inserted_call(kind, x, dims))
             built = build_emit_function(call)
             if built is None:
                 continue
-            gv = self.bb.add_func(built[0], "emit_broadcast_to")
+            gv = self.bb.add_func(built[0], f"emit_{kind}")
             name = getattr(x, "name", "const")
-            new = relax.DataflowVar(f"{name}_bcast", call.ty)
+            new = relax.DataflowVar(f"{name}_{'bcast' if kind == 'broadcast_to' else 'contig'}", call.ty)
             self.before.setdefault(min(users), []).append(relax.VarBinding(new, self.bb.normalize(relax.Call(gv, [x]))))
             for i in users:
                 self.replace.setdefault(i, {})[x] = new
@@ -136,6 +173,11 @@ class _Inserter:
             return None
         gv = self.bb.add_func(built[0], node.callee.name_hint)
         return relax.VarBinding(node.var, self.bb.normalize(relax.Call(gv, list(built[1]))))
+
+
+def _shown(m: Any, port: str) -> str:
+    fact = m.shapes.get(port)
+    return fact.show() if fact is not None else type_shape(m.roles[port].ty).show()
 
 
 def _fold_constant_emits(graph: EmitGraph, mod: tvm.IRModule, bindings: list, report: FusionReport) -> bool:
@@ -181,7 +223,7 @@ class MaterializeEmits:
                 continue
             graph = EmitGraph(mod, block, cache)
             inserter = _Inserter(bb, graph, self.report)
-            for decision, m, fixes in broadcast_repairs(graph, table, self.candidates):
+            for decision, m, fixes in repairs(graph, table, self.candidates):
                 inserter.repair(decision, m, fixes)
             bindings = inserter.bindings()
             inserted = bool(inserter.before)

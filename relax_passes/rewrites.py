@@ -5,14 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 
-def rewrite_passes(report: Any, before: bool) -> list:
+def rewrite_passes(report: Any, before: bool, candidates: Any = None) -> list:
     """Passes before fusion or after it, in order.
 
     Materialization runs before fusion so that an inserted Emit makes its candidate legal
     before a lower-priority candidate takes the same members; in the fixpoint the order
-    is Eliminate -> Materialize -> Fuse, repeated.
+    is Eliminate -> Materialize -> Fuse, repeated. ``candidates`` (default: the library's)
+    are the ones FuseEmits uses, so Materialize repairs exactly those.
     """
     from .eliminate_emits import EliminateEmits
     from .materialize_emits import MaterializeEmits
 
-    return [EliminateEmits(report=report), MaterializeEmits(report=report)] if before else []
+    if not before:
+        return []
+    materialize = MaterializeEmits(report=report) if candidates is None else MaterializeEmits(report, candidates)
+    return [EliminateEmits(report=report), materialize]

@@ -39,6 +39,7 @@ from .gemm_blocks import (
     is_plain_load,
     last_index_is_iter,
     loop_extent,
+    mark_prepack,
     num_cores,
     schedule_injective,
     vector_lanes,
@@ -161,6 +162,7 @@ def schedule_gemm(
             b_copy, ("write", 0), lambda s, j, r: (s, j // plan.nr, r, j % plan.nr)
         )
         _schedule_pack(sch, b_copy, plan)
+        mark_prepack(sch, b_copy)  # a constant B: packed once, at compile time
     elif not norm.b_im2col:
         sch.compute_inline(b_copy)  # small M, N-contiguous B: read in place
     if not norm.a_im2col:

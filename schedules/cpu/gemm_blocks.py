@@ -13,6 +13,11 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target, codegen
 
+# TVM's names (relax.transform.SplitLayoutRewritePreproc reads the annotation); this
+# package imports only TVM, so they are spelled here as in aicf_tvm.emit
+LAYOUT_FREE_ATTR = "layout_free_buffers"
+PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
+
 
 def vector_lanes(target: Target) -> int:
     """float32 lanes of the target's widest vector register (4 for a bare ``llvm``)."""
@@ -108,3 +113,20 @@ def schedule_injective(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None
     else:
         outer = loops[:-1] if len(loops) > 1 else loops
     sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+
+
+def mark_prepack(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """Mark ``block`` as a compile-time layout rewrite when it reads exactly one buffer and
+    that buffer is a parameter every caller passes a constant (``LAYOUT_FREE_ATTR``, set by
+    ``relax_passes.prepack_weights.mark_layout_free``); True if marked."""
+    func = sch.mod["main"]
+    if func.attrs is None or LAYOUT_FREE_ATTR not in func.attrs:
+        return False
+    stmt = sch.get(block)
+    if len(stmt.reads) != 1 or len(stmt.writes) != 1:
+        return False
+    source = stmt.reads[0].source
+    if not any(source.same_as(func.params[int(i)]) for i in func.attrs[LAYOUT_FREE_ATTR]):
+        return False
+    sch.annotate(block, PREPACK_ANNOTATION, tirx.IntImm("int32", 1))
+    return True
