@@ -190,3 +190,30 @@ def test_layout_free_only_when_constant_at_every_call():
     only_constant = mark_layout_free(_lowered(_gemm_module(weight_is_constant=True)[0]))
     [const_name] = kernel_calls(only_constant["main"])
     assert [int(i) for i in only_constant[const_name].attrs["layout_free_buffers"]] == [1, 2]
+
+
+def test_cast_of_a_constant_weight_runs_at_compile_time():
+    """A float16 weight cast to float32 for the GEMM (as fp16-stored ONNX models do): the
+    cast needs only the constant, so it is computed at compile time (FoldConstant before
+    lifting; MaterializeEmits folds any constant-only Emit left later); per inference only
+    the fused GEMM runs, on the exact float32 values of the weight."""
+    rng = np.random.default_rng(3)
+    w16 = rng.standard_normal((48, 96)).astype("float16")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 48), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.op.astype(relax.const(w16), "float32")
+            y = bb.emit(relax.op.nn.gelu(relax.op.matmul(x, w)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    compiled = aicf_tvm.compile(mod, target=TARGET)
+    assert [k.kind for k in compiled.kernels] == ["fused_gemm_bias_act"]
+    main = compiled.lowered["main"]
+    constants = [a for blk in main.body.blocks for bnd in blk.bindings if isinstance(bnd.value, relax.Call)
+                 for a in (bnd.value.args[1].fields if bnd.value.op.name == "relax.call_tir" else [])
+                 if isinstance(a, tvm.ir.Constant)]
+    assert [str(c.ty.dtype) for c in constants] == ["float32"], "the kernel should get the cast weight"
+    xv = rng.standard_normal((64, 48)).astype("float32")
+    np.testing.assert_allclose(compiled(xv), run_vm(mod, xv)[0], rtol=1e-5, atol=1e-5)
