@@ -7,6 +7,7 @@ line (``aicf: error: ...``) and exits 1; ``--debug`` shows the full traceback in
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -31,6 +32,17 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
     return value
 
 
@@ -176,8 +188,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
         report = FusionReport()
         optimized = optimize(normalize(mod), report)
-        text = "\n\n" + kernel_selection(lower(optimized, resolve_target(args.target), args.database),
-                                          resolve_target(args.target))
+        lowered = lower(optimized, resolve_target(args.target), args.database, report)
+        text = "\n\n" + kernel_selection(lowered, resolve_target(args.target))
     print(explain(mod, report) + text)
     return 0
 
@@ -193,7 +205,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     target = resolve_target(args.target)
     result = tune(args.models, target=target, trials=args.trials, work_dir=args.work_dir,
-                  rpc=args.rpc, key=args.key, workers=args.workers)
+                  runner_timeout=args.runner_timeout, rpc=args.rpc, key=args.key, workers=args.workers)
     if result is not None:
         print(result)
     return 0
@@ -242,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
     p.add_argument("--trials", type=_positive_int, default=64, help="measured candidates in all (default: 64)")
     p.add_argument("--work-dir", required=True, help="the tuning database directory")
+    p.add_argument("--runner-timeout", type=_positive_seconds, default=60.0, metavar="S",
+                   help="seconds one candidate may take to measure; one that crashes or runs longer "
+                        "is recorded as failed and tuning goes on (default: 60)")
     p.add_argument("--rpc", default=None, metavar="HOST:PORT",
                    help="measure on the servers of this TVM RPC tracker (build here)")
     p.add_argument("--key", default=None, help="with --rpc: the key the servers registered under")

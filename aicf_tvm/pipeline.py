@@ -77,11 +77,11 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target, database: Any = None,
     from schedules import apply_default_schedules
     from schedules.select import apply_database
 
-    mod = mark_layout_free(LowerEmits()(mod))
+    mod = LowerEmits()(mod)
     with target:
-        if database is not None:
+        if database is not None:  # records are keyed by the PrimFuncs as tuning saw them
             mod = apply_database(mod, target, database)
-        mod = apply_default_schedules(target)(mod)
+        mod = apply_default_schedules(target)(mark_layout_free(mod))
         mod, packed = prepack_weights(mod)
     if report is not None:
         for p in packed:

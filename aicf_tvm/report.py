@@ -22,7 +22,7 @@ class Decision:
         verdict = "fused  " if self.accepted else "refused"
         head = f"{verdict} {self.candidate} [{', '.join(self.members)}]"
         if self.accepted:
-            return head + (f" saves {self.benefit} B" if self.benefit else "")
+            return head + (f" saves {self.benefit} B" if self.benefit else "") + (f": {self.note}" if self.note else "")
         reasons = [f"{f} required by {self.candidate}" for f in self.failures]
         if self.note:
             reasons.append(self.note)

@@ -6,7 +6,10 @@ across all models (``schedules.tune.extract_tasks``), costliest first, and each 
 seeded with its measured default schedule and searched by MetaSchedule.  The work dir
 holds MetaSchedule's JSON database plus ``aicf_tuning.json`` (per signature: trials,
 default and tuned seconds, the choice); ``compile(..., database=work_dir)`` applies it.
-Running again with the same arguments skips tasks that already have their trials.
+Running again with the same arguments skips tasks that already have their trials; a run
+killed midway (even with ``kill -9``) leaves a database that loads and resumes.  A candidate
+that crashes or hangs the runner costs at most ``runner_timeout`` seconds and is recorded
+as failed; tuning goes on with the next one.
 With ``rpc="HOST:PORT"`` and ``key``, candidates are built here and measured on every
 server registered with that TVM RPC tracker under ``key`` (``schedules.remote``).
 """
@@ -14,7 +17,9 @@ server registered with that TVM RPC tracker under ``key`` (``schedules.remote``)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -91,16 +96,20 @@ def _save_choices(work_dir: Path, target: tvm.target.Target, choices: dict) -> N
 
 
 def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "aicf_tuning", *,
-         trials_per_task: int | None = None, builder_timeout: float = 300, progress: bool = True,
-         rpc: str | None = None, key: str | None = None, workers: int | None = None) -> TuneResult:
+         trials_per_task: int | None = None, builder_timeout: float = 300, runner_timeout: float = 60,
+         progress: bool = True, rpc: str | None = None, key: str | None = None,
+         workers: int | None = None) -> TuneResult:
     """Tune the Emit kernels of ``models`` (one or a list of what ``load_model`` takes).
 
     ``trials`` caps the candidates measured in this run; each task gets ``trials_per_task``
-    (default: an even share of ``trials``).  With ``rpc="HOST:PORT"`` and ``key``, measure
-    on that tracker's servers, ``workers`` sessions at once (default: one per server
-    registered now); ``target`` must then describe the servers' device.  Raises
+    (default: an even share of ``trials``).  A candidate still measuring after
+    ``runner_timeout`` seconds (with ``rpc``: still in its session, upload and link
+    included) is killed and recorded as failed.  With ``rpc="HOST:PORT"`` and ``key``,
+    measure on that tracker's servers, ``workers`` sessions at once (default: one per
+    server registered now); ``target`` must then describe the servers' device.  Raises
     ``TuningError`` for a corrupt database (left untouched), when no candidate of a task
-    built, and when the tracker is unreachable or has no server under ``key``.
+    built, for a ``runner_timeout`` that is not a positive number, and when the tracker is
+    unreachable or has no server under ``key``.
     """
     from tqdm.auto import tqdm
 
@@ -109,8 +118,9 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
 
     from .frontends import load_model
 
+    _check_seconds("runner_timeout", runner_timeout)
     tgt = resolve_target(target)
-    tracker, workers, where = _remote(rpc, key, workers)
+    tracker, workers, where = _remote(rpc, key, workers, runner_timeout)
     specs: Sequence[Any] = list(models) if isinstance(models, (list, tuple)) else [models]
     if not specs:
         raise TuningError("tune: no model given")
@@ -124,7 +134,7 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
     db = open_database(wdir, create=True)  # validates the files before anything is written
     choices = load_choices(wdir)
     per_task = trials_per_task or max(1, trials // len(tasks))
-    tools = st.Tools(tgt, builder_timeout, tracker, workers)
+    tools = st.Tools(tgt, builder_timeout, runner_timeout, tracker, workers)
     result = TuneResult(wdir, tgt, names, measured_on=where)
     bar = tqdm(total=min(trials, per_task * len(tasks)), unit="trial", disable=not progress, desc="tune")
     with st.cpu_intrinsics_only(tgt), contextlib.closing(bar):
@@ -144,8 +154,16 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
     return result
 
 
-def _remote(rpc: str | None, key: str | None, workers: int | None) -> tuple[Any, int, str]:
-    """The tracker to measure on (None: this machine), the parallel sessions, and a label."""
+def _check_seconds(name: str, value: Any) -> None:
+    """Raise ``TuningError`` unless ``value`` is a finite number of seconds > 0."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (is_number and math.isfinite(value) and value > 0):
+        raise TuningError(f"tune: {name}={value!r}; give a number of seconds > 0")
+
+
+def _remote(rpc: str | None, key: str | None, workers: int | None, timeout_s: float) -> tuple[Any, int, str]:
+    """The tracker to measure on (None: this machine), its sessions limited to ``timeout_s``
+    (whole seconds), the parallel sessions, and a label."""
     from schedules.remote import RemoteError, Tracker
 
     if rpc is None:
@@ -155,7 +173,7 @@ def _remote(rpc: str | None, key: str | None, workers: int | None) -> tuple[Any,
     if workers is not None and workers < 1:
         raise TuningError(f"tune: workers={workers}; give at least 1")
     try:
-        tracker = Tracker.parse(rpc, key or "")
+        tracker = dataclasses.replace(Tracker.parse(rpc, key or ""), session_timeout_s=math.ceil(timeout_s))
         servers = tracker.servers()
     except RemoteError as err:
         raise TuningError(f"tune: {err}") from err

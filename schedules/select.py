@@ -9,6 +9,12 @@ contract signature (kind, attrs, port dtypes, shapes, strides, alignment, target
 key keeps records target-specific (MetaSchedule's JSON database ignores the target on
 lookup) and one record serves every model whose Emit has the same signature.
 
+The database appends a row, then its newline; a run killed in between leaves an
+incomplete last row.  ``open_database`` keeps every complete row: for the tuning run it
+moves the incomplete one into ``<file>.torn`` (so the next append starts a new line),
+for a reader it ignores it.  A bad row anywhere else is corruption: ``TuningError``, and
+the file is left untouched.
+
 ``aicf_tuning.json`` next to the database says, per signature, whether the best tuned
 record beat the default schedule when both were measured; when that file exists, only
 records of signatures it marks ``tuned`` are used, so the default rule keeps every other
@@ -23,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -96,39 +103,105 @@ def workload_of(func: tirx.PrimFunc, target: tvm.target.Target) -> tvm.IRModule 
     return tvm.IRModule({"main": func})
 
 
-def _check_json_lines(path: Path, fields: int) -> None:
-    """Raise TuningError naming the first line of ``path`` that is not a database row."""
+def _is_row(line: str) -> bool:
+    """Whether ``line`` is one row of a MetaSchedule JSON database file (both kinds have two
+    fields: a workload's hash and IRModule, a record's workload index and record)."""
+    try:
+        row = json.loads(line)
+        ok = isinstance(row, list) and len(row) == 2
+        if ok and isinstance(row[1], str):
+            base64.b64decode(row[1], validate=True)  # a workload's serialized IRModule
+    except (ValueError, TypeError):
+        return False
+    return ok
+
+
+def _check_json_lines(path: Path) -> bytes:
+    """Raise TuningError naming the first complete line of ``path`` that is not a database row.
+
+    Returns the bytes after the last newline (``b""`` when the file ends with one): the
+    database appends a row and then its newline, so only a run killed while appending
+    leaves them, and they are not checked here.
+    """
     from aicf_tvm.errors import TuningError
 
     if not path.exists():
-        return
+        return b""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
+        body, _, tail = data.rpartition(b"\n")
+        lines = body.decode().split("\n")
     except (OSError, UnicodeDecodeError) as err:
         raise TuningError(f"tuning database {path} cannot be read: {err}") from err
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            ok = isinstance(row, list) and len(row) == fields
-            if ok and isinstance(row[1], str):
-                base64.b64decode(row[1], validate=True)  # a workload's serialized IRModule
-        except (ValueError, TypeError):
-            ok = False
-        if not ok:
+    for number, line in enumerate(lines, 1):
+        if line.strip() and not _is_row(line):
             raise TuningError(
                 f"tuning database {path} is corrupt at line {number} ({line[:60]!r}...): "
-                "it was left untouched; repair or delete that line (a run killed while "
-                "writing leaves an incomplete last line), or use another --work-dir"
+                "it was left untouched; repair or delete that line, or use another --work-dir"
             )
+    return tail
+
+
+def _is_complete_row(tail: bytes) -> bool:
+    """A tail that is a whole row: the run was killed between the row and its newline."""
+    try:
+        return _is_row(tail.decode())
+    except UnicodeDecodeError:
+        return False
+
+
+def _set_aside_torn_tail(path: Path, tail: bytes) -> None:
+    """End ``path`` at its last complete row; a torn row is appended to ``<path>.torn``.
+
+    The torn bytes are on disk in ``.torn`` before the database file is cut, so a kill in
+    between leaves them twice, never nowhere.
+    """
+    from aicf_tvm.errors import TuningError
+
+    try:
+        if _is_complete_row(tail):
+            with path.open("ab") as out:
+                out.write(b"\n")
+            return
+        torn = path.with_name(path.name + ".torn")
+        with torn.open("ab") as out:
+            out.write(tail + b"\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.truncate(path, path.stat().st_size - len(tail))
+    except OSError as err:
+        raise TuningError(f"tuning database {path} ends in an incomplete row (a run killed while "
+                          f"writing) that cannot be set aside: {err}") from err
+    _LOG.warning("tuning database %s ended in an incomplete row (%d bytes; a run killed while writing): "
+                 "moved it to %s, the complete rows are kept", path, len(tail), torn)
+
+
+def _load_without_torn_tails(path: Path, tails: dict[str, bytes]) -> Any:
+    """A JSON database of the complete rows in ``path``, which is left as it is (a tuning
+    run may be appending right now).  JSONDatabase reads its files when it is made."""
+    from tvm.s_tir import meta_schedule as ms
+
+    with tempfile.TemporaryDirectory(prefix="aicf_db_") as tmp:
+        for name, tail in tails.items():
+            if not (path / name).exists():
+                continue
+            data = (path / name).read_bytes()
+            if tail and not _is_complete_row(tail):
+                _LOG.warning("tuning database %s ends in an incomplete row (%d bytes; a run killed "
+                             "while writing, or writing now): ignored", path / name, len(tail))
+                data = data[:len(data) - len(tail)]
+            (Path(tmp) / name).write_bytes(data)
+        return ms.database.JSONDatabase(path_workload=str(Path(tmp) / WORKLOAD_FILE),
+                                        path_tuning_record=str(Path(tmp) / RECORD_FILE), allow_missing=True)
 
 
 def open_database(database: Any, create: bool = False):
     """A MetaSchedule JSON database from a work dir (a database object is returned as is).
 
-    Raises ``TuningError`` for a corrupt file, which is never rewritten (the JSON database
-    only appends), and for a missing work dir unless ``create``.
+    ``create`` is for the tuning run, which appends: it makes a missing work dir and moves
+    an incomplete last row (left by a run killed while appending) into ``<file>.torn``.
+    Without it the files are only read, and such a row is ignored.  Raises ``TuningError``
+    for a corrupt file, which is never changed, and for a missing work dir unless ``create``.
     """
     from tvm.s_tir import meta_schedule as ms
 
@@ -139,19 +212,25 @@ def open_database(database: Any, create: bool = False):
     path = Path(database)
     if path.exists() and not path.is_dir():
         raise TuningError(f"tuning work dir {path} is a file, not a directory")
-    _check_json_lines(path / WORKLOAD_FILE, 2)
-    _check_json_lines(path / RECORD_FILE, 2)
+    tails = {name: _check_json_lines(path / name) for name in (WORKLOAD_FILE, RECORD_FILE)}
     load_choices(path)
     if not path.is_dir():
         if not create:
             raise TuningError(f"no tuning database: {path} does not exist (run `aicf tune` first)")
         path.mkdir(parents=True)
     try:
+        if any(tails.values()) and not create:
+            return _load_without_torn_tails(path, tails)
+        for name, tail in tails.items():
+            if tail:
+                _set_aside_torn_tail(path / name, tail)
         return ms.database.JSONDatabase(
             path_workload=str(path / WORKLOAD_FILE),
             path_tuning_record=str(path / RECORD_FILE),
             allow_missing=True,
         )
+    except TuningError:
+        raise
     except Exception as err:
         raise TuningError(f"tuning database in {path} cannot be loaded: {err}") from err
 

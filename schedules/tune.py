@@ -15,6 +15,10 @@ then, for one task:
 4. returns the outcome: default vs best tuned seconds and which one compile should use.
 
 A batch in which no candidate built raises ``TuningFailed`` with the builder's message.
+A candidate that crashes the runner's worker process (a segfault) or runs past
+``runner_timeout`` seconds is recorded as failed (MetaSchedule commits it with run_secs
+1e10, which ``valid_records`` skips) and the search goes on: the runner kills its worker
+and starts a fresh one for the next candidate.
 The build function skips ``import tvm.s_tir.tensor_intrin`` on LLVM targets: that import
 alone takes 25-50 s per build worker here, longer than MetaSchedule's default builder
 timeout (DESIGN §9).  ``Tools(..., tracker=...)`` measures on the servers of a TVM RPC
@@ -162,7 +166,9 @@ def evaluator_config() -> ms.runner.EvaluatorConfig:
     return ms.runner.EvaluatorConfig(number=3, repeat=3, min_repeat_ms=50, enable_cpu_cache_flush=False)
 
 
-def make_runner(timeout_s: float = 60.0) -> ms.runner.LocalRunner:
+def make_runner(timeout_s: float) -> ms.runner.LocalRunner:
+    """MetaSchedule's local runner: one worker process, which it kills (and restarts for the
+    next candidate) when a candidate crashes it or takes longer than ``timeout_s``."""
     return ms.runner.LocalRunner(timeout_sec=timeout_s, evaluator_config=evaluator_config())
 
 
@@ -173,9 +179,10 @@ class Tools:
     With a ``tracker``, candidates are built here on all local cores and measured on the
     tracker's servers, ``workers`` at a time (``schedules.remote``)."""
 
-    def __init__(self, target: tvm.target.Target, builder_timeout: float, tracker: Tracker | None = None,
-                 workers: int = 1) -> None:
+    def __init__(self, target: tvm.target.Target, builder_timeout: float, runner_timeout: float,
+                 tracker: Tracker | None = None, workers: int = 1) -> None:
         self.builder_timeout = builder_timeout
+        self.runner_timeout = runner_timeout
         self.cores = max(1, int(target.export().get("num-cores", 1) or 1))
         self.tracker = tracker
         self.workers = workers
@@ -194,7 +201,7 @@ class Tools:
     def runner(self) -> ms.runner.Runner:
         if self.tracker is not None:
             return RemoteRunner(self.tracker, self.workers, evaluator_config())
-        return make_runner()
+        return make_runner(self.runner_timeout)
 
     @functools.cached_property
     def cost_model(self) -> Any:

@@ -215,6 +215,16 @@ def test_cli_trials_must_be_a_positive_integer(capsys, tmp_path, value, culprit)
     assert not any(tmp_path.iterdir())  # refused before any tuning
 
 
+@pytest.mark.parametrize("value, culprit", [("0", "0 is not a positive number of seconds"),
+                                            ("-2", "-2 is not a positive number of seconds"),
+                                            ("nan", "nan is not a positive number of seconds"),
+                                            ("soon", "'soon' is not a number of seconds")])
+def test_cli_runner_timeout_must_be_positive_seconds(capsys, tmp_path, value, culprit):
+    argv = ["tune", "encoder_layer_small", "--runner-timeout", value, "--work-dir", str(tmp_path)]
+    assert culprit in _usage_error(capsys, argv)
+    assert not any(tmp_path.iterdir())  # refused before any tuning
+
+
 def test_cli_input_without_equals(capsys, tmp_path):
     line = _error_line(capsys, ["run", str(tmp_path / "x.so"), "--input", "noequals"])
     assert line.endswith("--input noequals: expected NAME=FILE.npy")
