@@ -36,7 +36,9 @@ def test_every_kernel_carries_its_emit_and_abi():
         buffers = [e for e in abi if not e.get("scalar", False)]
         assert len(buffers) == len(func.params)
         for entry, param in zip(buffers, func.params):
-            assert int(entry["align"]) == param.ty.data_alignment  # what the kernel assumes
+            assert int(entry["align"]) == param.ty.data_alignment == 64  # what the kernel assumes
+            # every buffer starts its allocation: offset 0, stronger than any offset_factor
+            assert int(param.ty.elem_offset) == 0
 
 
 def test_rank0_constant_is_a_scalar_immediate_not_a_buffer():
