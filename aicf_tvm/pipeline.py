@@ -25,13 +25,17 @@ MAX_ROUNDS = 4
 
 
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
-    """Fold what is computable at compile time (weights, batch-norm into conv weights)."""
+    """Fold what is computable at compile time (weights, batch-norm into conv weights) and
+    move reshapes below the elementwise ops they feed (``relax_passes.SinkReshapes``)."""
+    from relax_passes.sink_reshapes import SinkReshapes
+
     seq = [
         relax.transform.FoldConstant(),
         relax.transform.FoldBatchnormToConv2D(),
         relax.transform.FoldConstant(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
+        SinkReshapes(),
         relax.transform.DeadCodeElimination(),
     ]
     return tvm.transform.Sequential(seq)(mod)

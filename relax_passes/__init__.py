@@ -1,6 +1,7 @@
 """Our Relax passes, one per module, usable in any TVM pipeline.
 
-LiftEmits -> PropagateContracts -> (EliminateEmits, FuseEmits, MaterializeEmits)* -> LowerEmits
+SinkReshapes (op level) -> LiftEmits -> PropagateContracts ->
+(EliminateEmits, MaterializeEmits, FuseEmits)* -> LowerEmits -> (after scheduling) prepack_weights
 """
 
 from .eliminate_emits import EliminateEmits
@@ -9,5 +10,7 @@ from .lift_emits import LiftEmits
 from .lower_emits import LowerEmits
 from .materialize_emits import MaterializeEmits
 from .propagate_contracts import PropagateContracts, analyze
+from .sink_reshapes import SinkReshapes
 
-__all__ = ["EliminateEmits", "MaterializeEmits", "FuseEmits", "LiftEmits", "LowerEmits", "PropagateContracts", "analyze"]
+__all__ = ["EliminateEmits", "MaterializeEmits", "FuseEmits", "LiftEmits", "LowerEmits", "PropagateContracts", "SinkReshapes",
+           "analyze"]
