@@ -2,10 +2,12 @@
 
 Accepts a static-shape PrimFunc whose single reduction block is a convolution as TOPI
 writes it (``out[n, f, y, x] += pad[n, c, y*s + r, x*s + q] * w[f, c, r, q]``; NCHW/OIHW,
-any stride and padding, dilation 1, depthwise), with injective producers (the padding
-block) and consumers (bias ``[1, C, 1, 1]``, relu, residual add). Grouped convolutions
-with more than one input channel per group index the input as ``f // g * c_g + c``, which
-im2col would replicate per output channel: they get None (as do non-convolutions).
+any stride and padding, dilation 1, depthwise and grouped), with injective producers (the
+padding block) and consumers (bias ``[1, C, 1, 1]``, relu, residual add). A grouped
+convolution reads its input at ``f // F_g * C_g + c``: its output-channel iter is split
+into (group, channel in group) with ``transform_block_layout`` and the indices simplified,
+so the input index becomes ``group * C_g + c`` and the group is the GEMM's batch axis
+(one ``F_g x K`` by ``K x positions`` product per group). Non-convolutions get None.
 
 ``gemm_analysis.normalize_gemm`` turns the block into ``C[S, M, N] += A[S, M, K] * B[S, N, K]``
 with K = (c, r, q); the vectorised N axis is either the output channels (im2col rows are
@@ -16,12 +18,45 @@ that its copy and the kernel's vector loads both walk rows of the input).
 
 from __future__ import annotations
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
 from .gemm import find_reduction_block, looks_like_convolution, schedule_gemm
 from .gemm_analysis import IterRole, detect_gemm
+
+
+def _group_divisors(expr: tirx.Expr, found: list) -> list:
+    """Every ``iter // constant`` inside ``expr``."""
+    if isinstance(expr, tirx.FloorDiv) and isinstance(expr.a, tirx.Var) and isinstance(expr.b, tirx.IntImm):
+        found.append((expr.a, int(expr.b.value)))
+    for operand in (getattr(expr, "a", None), getattr(expr, "b", None)):
+        if isinstance(operand, tvm.ir.expr.Expr):
+            _group_divisors(operand, found)
+    return found
+
+
+def split_groups(sch: s_tir.Schedule, main: SBlockRV) -> None:
+    """For a grouped convolution, make the conv block iterate (group, channel in group)
+    instead of the output channel; nothing when the block reads no ``f // F_g`` index.
+    ``detect_gemm`` and ``reindex`` then see ``(g * F_g + f) // F_g`` as ``g``."""
+    stmt = sch.get(main)
+    found = [d for region in stmt.reads for rng in region.region for d in _group_divisors(rng.min, [])]
+    spatial = {iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
+    found = [(v, d) for v, d in found if any(v.same_as(s) for s in spatial)]
+    if len(found) != 1:
+        return
+    var, divisor = found[0]
+    inputs = [tirx.Var(f"i{k}", str(iv.var.ty)) for k, iv in enumerate(stmt.iter_vars)]
+    outputs = []
+    for iv, i in zip(stmt.iter_vars, inputs):
+        if iv.var.same_as(var):
+            outputs += [tirx.floordiv(i, divisor), tirx.floormod(i, divisor)]
+        else:
+            outputs.append(i)
+    sch.transform_block_layout(main, tirx.IndexMap(inputs, outputs, None))
 
 
 def channel_role(block: s_tir.SBlock) -> IterRole:
@@ -49,6 +84,13 @@ class Conv2d(CPUScheduleRule):
         sch = s_tir.Schedule(func)
         main = find_reduction_block(sch)
         if main is None or not looks_like_convolution(sch.get(main)):
+            return None
+        try:
+            split_groups(sch, main)
+        except (RuntimeError, ValueError):  # ScheduleError: the block layout cannot change
+            return None
+        main = find_reduction_block(sch)
+        if main is None:
             return None
         traits = detect_gemm(sch.get(main))
         if traits is None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from tvm import ir, s_tir, tirx
+from tvm.sym.analyzer import Analyzer
 from tvm.s_tir.schedule import SBlockRV
 from tvm.tirx.analysis import undefined_vars
 
@@ -99,8 +100,9 @@ def is_multiply_accumulate(block: s_tir.SBlock) -> bool:
 def _is_affine(expr: tirx.Expr) -> bool:
     """Sums of (constant multiples of) iters: what im2col-style reindexing handles soundly.
 
-    Grouped convolutions index the input with ``f // 4 * 2 + c``; reindexing that would
-    replicate the input per output channel, so such blocks are left to other rules.
+    A grouped convolution indexes the input with ``f // 4 * 2 + c``; reindexing that would
+    replicate the input per output channel, so it is refused here until ``Conv2d`` has
+    split ``f`` into (group, channel in group).
     """
     if isinstance(expr, (tirx.Var, tirx.IntImm)):
         return True
@@ -113,14 +115,18 @@ def _is_affine(expr: tirx.Expr) -> bool:
     return False
 
 
-def _region_vars(region) -> set[tirx.Var] | None:
+def _region_vars(region, analyzer: Analyzer) -> set[tirx.Var] | None:
+    """The iters a point access reads, its indices simplified within the iters' domains
+    (a grouped conv split into (group, channel) reads ``(g * F_g + f) // F_g * C_g + c``,
+    which is ``g * C_g + c``: ``reindex`` simplifies it the same way)."""
     result: set[tirx.Var] = set()
     for rng in region:
         if not (isinstance(rng.extent, tirx.IntImm) and rng.extent.value == 1):
             return None
-        if not _is_affine(rng.min):
+        index = analyzer.simplify(rng.min)
+        if not _is_affine(index):
             return None
-        result |= set(undefined_vars(rng.min))
+        result |= set(undefined_vars(index))
     return result
 
 
@@ -128,9 +134,12 @@ def detect_gemm(block: s_tir.SBlock) -> GemmTraits | None:
     """The GEMM roles of ``block``'s iters, or None when it is not a static-shape GEMM."""
     if len(block.reads) != 2 or len(block.writes) != 1 or not is_multiply_accumulate(block):
         return None
-    lhs_vars = _region_vars(block.reads[0].region)
-    rhs_vars = _region_vars(block.reads[1].region)
-    out_vars = _region_vars(block.writes[0].region)
+    analyzer = Analyzer()
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    lhs_vars = _region_vars(block.reads[0].region, analyzer)
+    rhs_vars = _region_vars(block.reads[1].region, analyzer)
+    out_vars = _region_vars(block.writes[0].region, analyzer)
     if lhs_vars is None or rhs_vars is None or out_vars is None:
         return None
     roles: dict[tirx.Var, IterRole] = {}

@@ -62,6 +62,9 @@ CASES = {
     "1x1": {"ic": 8, "oc": 20, "h": 9, "k": 1},
     "7x7-stride2-pad3": {"ic": 3, "oc": 16, "h": 23, "k": 7, "stride": 2, "pad": 3},
     "depthwise-3x3": {"ic": 8, "oc": 8, "h": 15, "k": 3, "pad": 1, "groups": 8},
+    "grouped-3x3": {"ic": 8, "oc": 16, "h": 9, "k": 3, "pad": 1, "groups": 4},
+    "grouped-1x1-batch2-residual": {"ic": 12, "oc": 12, "h": 7, "k": 1, "groups": 3, "n": 2, "residual": True},
+    "grouped-3x3-stride2-multiplier": {"ic": 6, "oc": 18, "h": 11, "k": 3, "stride": 2, "pad": 1, "groups": 2},
     "batch2-nonsquare-residual": {
         "ic": 6,
         "oc": 12,
@@ -87,10 +90,23 @@ def test_channels_orientation_matches_numpy(target):
     check_rule(Conv2d(vector_axis="channels"), func, target, arrays, expected)
 
 
-def test_returns_none_for_grouped_conv_with_several_channels_per_group(target):
-    """f // 4 * 2 + c indexing would replicate the input per output channel."""
-    func, _, _ = conv_case(ic=8, oc=16, h=9, k=3, pad=1, groups=4)
-    assert Conv2d().apply(func, target, False) is None
+def test_grouped_conv_is_a_batched_gemm_over_groups(target):
+    """f // F_g * C_g + c indexing: the rule splits f into (group, channel) first, so the
+    im2col buffer holds each input element once per (r, q) tap, not once per output channel."""
+    ic, oc, h, k, groups = 8, 16, 9, 3, 4
+    func, arrays, expected = conv_case(ic=ic, oc=oc, h=h, k=k, pad=1, groups=groups)
+    sch = Conv2d().apply(func, target, False)
+    assert sch is not None
+    root = sch.get(sch.get_sblock("root"))
+    sizes = [int(np.prod([int(d) for d in b.shape])) for b in root.alloc_buffers]
+    im2col = ic * k * k * h * h  # every tap of every input channel at every position
+    assert max(sizes) < 2 * im2col, f"a buffer of {max(sizes)} elements replicates the input"
+    check_rule(Conv2d(), func, target, arrays, expected)
+
+
+def test_grouped_conv_channels_orientation_matches_numpy(target):
+    func, arrays, expected = conv_case(**CASES["grouped-3x3"])
+    check_rule(Conv2d(vector_axis="channels"), func, target, arrays, expected)
 
 
 def test_returns_none_for_a_matmul(target):

@@ -1,0 +1,75 @@
+"""Time every kernel of a compiled model on its own: ``python scripts/profile_kernels.py MODEL``.
+
+MODEL is anything ``aicf_tvm.load_model`` takes (a built-in name, an ONNX path) or the
+name of a light ONNX model shipped with the ``onnx`` wheel (``squeezenet``,
+``shufflenet``, ...). Each distinct PrimFunc the model calls is built alone for the same
+target and timed with TVM's ``time_evaluator`` on random arguments of its parameter
+shapes; the table lists kernels by total time (time per call x calls per inference) with
+their kind, chosen schedule and share of the sum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TVM_NUM_THREADS", "2")
+
+import tvm  # noqa: E402
+from tvm import tirx  # noqa: E402
+
+import aicf_tvm  # noqa: E402
+from relax_passes.lower_emits import kernel_calls  # noqa: E402
+
+
+def resolve(model: str) -> str:
+    import onnx
+
+    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{model}.onnx"
+    return str(light) if light.exists() else model
+
+
+def random_args(func: tirx.PrimFunc, device) -> list:
+    rng = np.random.default_rng(0)
+    out = []
+    for p in func.params:
+        shape = [int(d) for d in p.ty.shape]
+        dtype = str(p.ty.dtype)
+        data = rng.standard_normal(shape) if dtype.startswith("float") else rng.integers(0, 2, shape)
+        out.append(tvm.runtime.tensor(data.astype(dtype), device))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--target", default="llvm")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    compiled = aicf_tvm.compile(resolve(args.model), target=args.target)
+    calls = collections.Counter(kernel_calls(compiled.lowered["main"]))
+    kinds = {k.name: (k.kind, k.schedule) for k in compiled.kernels}
+    device = tvm.cpu()
+    rows = []
+    for name, count in calls.items():
+        func = compiled.lowered[name].with_attr("global_symbol", "kernel")
+        lib = tvm.compile(tvm.IRModule({"kernel": func}), target=compiled.target)
+        timer = lib.jit().time_evaluator("kernel", device, number=5, repeat=3, min_repeat_ms=20)
+        secs = float(np.median(timer(*random_args(func, device)).results))
+        rows.append((secs * count, secs, count, name))
+    total = sum(r[0] for r in rows)
+    print(f"{'kernel':40s} {'kind':24s} {'schedule':12s} {'calls':>5s} {'ms/call':>9s} {'share':>6s}")
+    for t, secs, count, name in sorted(rows, reverse=True)[: args.top]:
+        kind, schedule = kinds.get(name, ("?", "?"))
+        print(f"{name:40s} {kind:24s} {schedule:12s} {count:5d} {secs * 1e3:9.3f} {t / total:6.1%}")
+    print(f"sum of kernel times: {total * 1e3:.2f} ms over {sum(calls.values())} calls")
+
+
+if __name__ == "__main__":
+    main()
