@@ -84,14 +84,45 @@ def reads_each_input_once(sch: s_tir.Schedule, producer: SBlockRV, consumer: SBl
     )
 
 
+def _last_index_var(region) -> tirx.Var | None:
+    index = region.region[-1].min if region.region else None
+    return index if isinstance(index, tirx.Var) else None
+
+
+def feeds_a_vector_reduction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """Whether ``block`` is a copy that moves its source's last axis (a transpose, e.g. the
+    kᵀ of attention) into a buffer whose single consumer, a reduction, reads it with a
+    spatial iter on the last axis.  Materialized, that operand gives the reduction a
+    contiguous axis to vectorize; inlined, the reduction would read the source with its
+    reduction iter innermost (a serial dot product per output)."""
+    stmt = sch.get(block)
+    consumers = sch.get_consumers(block)
+    if not is_cheap_copy(stmt) or len(consumers) != 1 or len(stmt.reads) != 1:
+        return False
+    written, read = _last_index_var(stmt.writes[0]), _last_index_var(stmt.reads[0])
+    if written is None or read is None or written.same_as(read):
+        return False
+    consumer = sch.get(consumers[0])
+    spatial = {iv.var for iv in consumer.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
+    if len(spatial) == len(consumer.iter_vars):
+        return False  # not a reduction
+    buffer = stmt.writes[0].source
+    for region in consumer.reads:
+        if region.source.same_as(buffer):
+            last = _last_index_var(region)
+            return last is not None and any(last.same_as(v) for v in spatial)
+    return False
+
+
 def inline_producers(sch: s_tir.Schedule) -> None:
     """Inline spatial blocks that are cheap copies, or whose single consumer reads each
-    of their points once, until none is left."""
+    of their points once, until none is left; a transposing copy that feeds a reduction
+    its vector axis stays (``feeds_a_vector_reduction``)."""
     changed = True
     while changed:
         changed = False
         for info in normalize_prim_func(sch) or []:
-            if not info.is_injective():
+            if not info.is_injective() or feeds_a_vector_reduction(sch, info.block_rv):
                 continue
             consumers = sch.get_consumers(info.block_rv)
             if not is_cheap_copy(sch.get(info.block_rv)) and not (
@@ -239,8 +270,13 @@ class Reduction(ScheduleRule):
         infos = normalize_prim_func(sch)
         if not infos:
             return None
+        # transposed operands are computed once, before the rows, not per row
+        staged = [info for info in infos if info.is_injective() and feeds_a_vector_reduction(sch, info.block_rv)]
+        infos = [info for info in infos if not any(info.block_rv.same_as(t.block_rv) for t in staged)]
         blocks = [info.block_rv for info in infos]
         sizes = [domain_size(sch.get(block)) for block in blocks]
+        for info in staged:
+            _schedule_staged_copy(sch, info.block_rv, vector_lanes(target, sch, info.block_rv))
         anchors: list[LoopRV] = []
         for block in reversed(blocks):
             if not anchors or is_output_block(sch, block):
@@ -269,6 +305,17 @@ class Reduction(ScheduleRule):
             elif not info.is_injective():
                 schedule_reduction_block(sch, info.block_rv, lanes)
         return sch
+
+
+def _schedule_staged_copy(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
+    """A copy left at the root: its outer loops fused and parallel, the last vectorized."""
+    loops = sch.get_loops(block)
+    if len(loops) > 1:
+        vectorize_innermost(sch, loops[-1], lanes)
+        loops = sch.get_loops(block)
+        outer = [loop for loop in loops if sch.get(loop).kind == tirx.ForKind.SERIAL][:-1] or loops[:1]
+        anchor = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        try_parallel(sch, anchor)
 
 
 # A single-block kernel (pooling, mean) fuses only enough row loops for the threads: every

@@ -190,6 +190,26 @@ def test_fused_attention_is_one_primfunc_with_two_matmuls():
     assert "T.vectorized" in script
 
 
+def test_attention_scores_read_a_transposed_key_copy_made_once():
+    """kᵀ is materialized once at the root (parallel, vectorized), not per row: the
+    q·kᵀ reduction then vectorizes over the keys (a contiguous axis of the copy) with the
+    head dimension outside, instead of a serial dot product per score."""
+    q, k, v, m = rand(1, 2, 32, 16), rand(1, 2, 32, 16), rand(1, 2, 32, 16), rand(1, 2, 32, 32)
+    mod = relax_module([q.shape, k.shape, v.shape, m.shape], attention, ATTENTION)
+    [func] = prim_funcs(mod).values()
+    sch = Reduction().apply(func, TARGET, False)
+    root = sch.get_child_blocks(sch.get_sblock("root"))
+    [copy] = [b for b in root if "transpose" in sch.get(b).name_hint or "permute" in sch.get(b).name_hint]
+    copy_loops = sch.get_loops(copy)
+    assert len(copy_loops) <= 3 and sch.get(copy_loops[0]).kind == tirx.ForKind.PARALLEL
+    assert sch.get(copy_loops[-1]).kind == tirx.ForKind.VECTORIZED
+    script = sch.mod["main"].script()
+    update = script[script.index('sblock("matmul_update")') - 400: script.index('sblock("matmul_update")')]
+    assert "T.vectorized" in update, "the scores reduction is not vectorized over the keys"
+    expected = np_softmax(q @ k.transpose(0, 1, 3, 2) * 0.25 + m, -1) @ v
+    check_rule(mod, [q, k, v, m], expected)
+
+
 def test_attention_through_the_pass_inside_target_scope():
     q, k, v, m = rand(2, 2, 16, 8), rand(2, 2, 16, 8), rand(2, 2, 16, 8), rand(2, 2, 16, 16)
     mod = relax_module([q.shape, k.shape, v.shape, m.shape], attention, ATTENTION)
