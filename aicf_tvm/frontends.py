@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import tvm
@@ -89,9 +90,27 @@ def from_torch(module: Any, example_args: Sequence[Any]) -> tvm.IRModule:
 
     module = module.eval()
     with torch.no_grad():
-        ep = torch.export.export(module, tuple(example_args))
-        mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+        try:
+            ep = torch.export.export(module, tuple(example_args))
+        except Exception as err:  # noqa: BLE001 - torch.export's many error types
+            raise UnsupportedModelError(f"torch.export could not capture {type(module).__name__}: "
+                                        f"{_first_line(err)}") from err
+        try:
+            mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+        except Exception as err:  # noqa: BLE001 - the frontend asserts on unknown ops
+            text = _first_line(err)
+            missing = re.search(r"Unsupported function types? (\[.*?\])", text)
+            if missing:
+                raise UnsupportedModelError(f"{type(module).__name__}: PyTorch op(s) {missing.group(1)} "
+                                            "not supported by TVM's PyTorch frontend") from err
+            raise UnsupportedModelError(f"TVM's PyTorch frontend could not import {type(module).__name__}: "
+                                        f"{text}") from err
     return _normalize(mod)
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(err).__name__
 
 
 def load_model(spec: Any) -> tvm.IRModule:

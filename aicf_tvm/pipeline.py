@@ -81,8 +81,8 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target, database: Any = None,
     from schedules import apply_default_schedules
     from schedules.select import apply_database
 
-    mod = LowerEmits()(mod)
-    with target:
+    with target:  # LowerEmits dispatches sort/scan ops for the target
+        mod = LowerEmits()(mod)
         if database is not None:  # records are keyed by the PrimFuncs as tuning saw them
             mod = apply_database(mod, target, database)
         mod = apply_default_schedules(target)(mark_layout_free(mod))

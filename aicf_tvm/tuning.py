@@ -70,15 +70,18 @@ def _ms(secs: float | None) -> str:
     return "-" if secs is None else f"{secs * 1e3:.4f} ms"
 
 
-def lower_for_tuning(mod: tvm.IRModule) -> tvm.IRModule:
-    """normalize -> optimize -> LowerEmits: the Emit PrimFuncs before any schedule."""
+def lower_for_tuning(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """normalize -> optimize -> LowerEmits (for ``target``): the Emit PrimFuncs before any
+    schedule, as ``compile`` sees them."""
     from relax_passes import LowerEmits
 
     from .pipeline import normalize, optimize
 
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise UnsupportedModelError("the module has no 'main' function")
-    return LowerEmits()(optimize(normalize(mod), FusionReport()))
+    optimized = optimize(normalize(mod), FusionReport())
+    with target:
+        return LowerEmits()(optimized)
 
 
 def _model_name(spec: Any, index: int) -> str:
@@ -125,7 +128,7 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
     if not specs:
         raise TuningError("tune: no model given")
     names = [_model_name(s, i) for i, s in enumerate(specs)]
-    lowered = [(name, lower_for_tuning(load_model(s))) for name, s in zip(names, specs)]
+    lowered = [(name, lower_for_tuning(load_model(s), tgt)) for name, s in zip(names, specs)]
     tasks = st.extract_tasks(lowered, tgt)
     if not tasks:
         raise TuningError(f"tune: {', '.join(names)} has no Emit kernels to tune")

@@ -133,6 +133,23 @@ def abi_of(func: tirx.PrimFunc, emit: Emit, scalars: list[str]) -> list[dict]:
     return out
 
 
+_FUSABLE = ("relax.call_tir", "relax.call_tir_inplace")
+
+
+def _demote_unfusable(mod: tvm.IRModule) -> tvm.IRModule:
+    """Drop ``Primitive`` from Emit functions whose body calls anything but call_tir after
+    legalization (FuseTIR accepts only those); the VM then calls them as functions."""
+    for gv, func in list(mod.functions_items()):
+        if not isinstance(func, relax.Function) or func.attrs is None or "Primitive" not in func.attrs:
+            continue
+        calls: list = []
+        relax.analysis.post_order_visit(
+            func.body, lambda e: calls.append(e) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+        if any(c.op.name not in _FUSABLE for c in calls):
+            mod[gv] = func.without_attr("Primitive")
+    return mod
+
+
 @tvm.transform.module_pass(opt_level=0, name="LowerEmits")
 class LowerEmits:
     """Bind scalar ports, then legalize and fuse each Emit function into a PrimFunc."""
@@ -147,10 +164,17 @@ class LowerEmits:
                 if emit is not None:
                     scalars = [str(s) for s in func.attrs["aicf.scalar_ports"]] if "aicf.scalar_ports" in func.attrs else []
                     emits[gv.name_hint] = (emit, scalars)
+        # Sort/scan/sampling ops lower through TVM's dispatchers (the target's
+        # implementation); an Emit whose ops still do not all become call_tir (an extern
+        # sort) stays a plain Relax function the VM calls, not a fused kernel.
         # RewriteDataflowReshape turns reshape-pattern kernels into views (no kernel runs);
         # the backend runs it too, but here the kernel list reflects what really runs.
-        mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.FuseTIR(),
-                                        relax.transform.RewriteDataflowReshape()])(mod)
+        from tvm.relax import backend
+
+        mod = tvm.transform.Sequential([backend.DispatchSampling(), backend.DispatchSortScan(),
+                                        relax.transform.LegalizeOps()])(mod)
+        mod = tvm.transform.Sequential([relax.transform.FuseTIR(),
+                                        relax.transform.RewriteDataflowReshape()])(_demote_unfusable(mod))
         for gv, func in list(mod.functions_items()):
             found = emits.get(gv.name_hint)
             if isinstance(func, tirx.PrimFunc) and found is not None:

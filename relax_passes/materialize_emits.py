@@ -189,7 +189,7 @@ def _fold_constant_emits(graph: EmitGraph, mod: tvm.IRModule, bindings: list, re
         args = list(node.value.args) if isinstance(node.value, relax.Call) else []
         pure = node.emit is not None and not node.is_opaque and all(
             not node.emit.contract.provides.port(p.name).effect.writes for p in node.emit.interface.inputs)
-        if pure and node.body is not None and args and all(_is_constant(a) for a in args):
+        if pure and node.body is not None and all(_is_constant(a) for a in args):  # no args: creation
             sub = dict(zip(mod[node.callee].params, args))
             call = relax.Call(node.body.op, [sub.get(a, a) for a in node.body.args], node.body.attrs,
                               node.body.ty_args)

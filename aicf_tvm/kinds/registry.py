@@ -25,11 +25,12 @@ POOL = "pool"
 NORM = "norm"  # layer_norm, rms_norm, batch_norm, group_norm
 SOFTMAX = "softmax"
 CREATION = "creation"  # no tensor input (zeros, arange, full)
+SCAN = "scan"  # sort, top-k, cumulative sums: the target's own kernel, never fused
 OPAQUE = "opaque"
 
 CATEGORIES = (
     ELEMENTWISE, BROADCAST, INJECTIVE, VIEW, REDUCTION, MATMUL, CONV, POOL, NORM, SOFTMAX,
-    CREATION, OPAQUE,
+    CREATION, SCAN, OPAQUE,
 )
 
 # transfer(call, input shape facts, output dims) -> output strides or None (unknown)

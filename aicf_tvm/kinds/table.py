@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import views
 from .registry import (
-    BROADCAST, CONV, CREATION, ELEMENTWISE, INJECTIVE, MATMUL, NORM, POOL, REDUCTION, SOFTMAX,
+    BROADCAST, CONV, CREATION, ELEMENTWISE, INJECTIVE, MATMUL, NORM, POOL, REDUCTION, SCAN, SOFTMAX,
     VIEW, register,
 )
 
@@ -22,7 +22,7 @@ equal not_equal greater greater_equal less less_equal logical_and logical_or log
 bitwise_and bitwise_or bitwise_xor left_shift right_shift log_add_exp where nn.prelu
 ewise_fma""".split()
 
-_REDUCE = """sum mean max min prod variance std argmax argmin cumsum cumprod median""".split()
+_REDUCE = """sum mean max min prod variance std argmax argmin median""".split()
 
 _INJECTIVE = """concat split take tile repeat flip nn.pad layout_transform gather_elements
 gather_nd scatter_elements scatter_nd stack one_hot tril triu image.resize2d
@@ -44,11 +44,12 @@ for _name in _REDUCE:
 
 for _name in _INJECTIVE:
     register(f"relax.{_name}", INJECTIVE)
-# einsum/outer/sort/topk are not pointwise gathers; keep them from elementwise fusion.
+# einsum/outer are not pointwise gathers; keep them from elementwise fusion.
 for _name in ("einsum", "outer"):
     register(f"relax.{_name}", MATMUL)
-for _name in ("sort", "argsort", "topk"):
-    register(f"relax.{_name}", REDUCTION)
+# lowered by TVM's sort/scan dispatch (an extern sort on some targets): never in a group
+for _name in ("sort", "argsort", "topk", "cumsum", "cumprod"):
+    register(f"relax.{_name}", SCAN)
 
 for _name in _CREATION:
     register(f"relax.{_name}", CREATION)

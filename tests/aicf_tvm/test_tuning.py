@@ -87,7 +87,7 @@ def test_a_searched_record_replays_correctly(model, tuned):
 
     work_dir, _ = tuned
     target = resolve_target("llvm")
-    (task,) = extract_tasks([("m", lower_for_tuning(model))], target)
+    (task,) = extract_tasks([("m", lower_for_tuning(model, target))], target)
     baseline = Baseline(str(default_schedule(task.workload, target).trace), None)
     best = tuned_records(open_database(work_dir), task, baseline)[0]
     only = ms.database.MemoryDatabase()

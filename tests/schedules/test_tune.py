@@ -40,7 +40,7 @@ def target(cores: int = 2) -> tvm.target.Target:
 
 
 def emit_funcs(mod: tvm.IRModule) -> list[tvm.tirx.PrimFunc]:
-    return [f for _, f in lower_for_tuning(mod).functions_items()
+    return [f for _, f in lower_for_tuning(mod, target()).functions_items()
             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and "aicf.emit" in f.attrs]
 
 
@@ -78,8 +78,8 @@ class TestWorkload:
 class TestExtractTasks:
     def test_one_task_per_signature_across_models(self):
         """The 128->96 GEMM appears in both models: one task, used twice."""
-        mods = [("one", lower_for_tuning(gemm_model([(128, 96)]))),
-                ("two", lower_for_tuning(gemm_model([(128, 96), (96, 96)], seed=3)))]
+        mods = [("one", lower_for_tuning(gemm_model([(128, 96)]), target())),
+                ("two", lower_for_tuning(gemm_model([(128, 96), (96, 96)], seed=3), target()))]
         tasks = extract_tasks(mods, target())
         assert len(tasks) == 2
         shared = [t for t in tasks if len(t.uses) == 2]
