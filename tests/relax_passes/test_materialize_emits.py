@@ -6,8 +6,6 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.script import ir as I
-from tvm.script import relax as R
 
 import aicf_tvm
 from aicf_tvm.lattice import ShapeFact
@@ -35,28 +33,18 @@ PACKED_GEMM = Candidate("fused_gemm_bias_act", gemm_variants, requires=_contiguo
 WITH_PACKED_GEMM = [PACKED_GEMM, *(c for c in DEFAULT_CANDIDATES if c.kind != "fused_gemm_bias_act")]
 
 
-@I.ir_module
-class TransposedOperand:
-    @R.function
-    def main(x: R.Tensor((32, 8), "float32"), w: R.Tensor((32, 16), "float32"), b: R.Tensor((16,), "float32")):
-        with R.dataflow():
-            xt = R.permute_dims(x, [1, 0])
-            y = R.matmul(xt, w)
-            z = R.add(y, b)
-            R.output(z)
-        return z
-
-
-@I.ir_module
-class LongTransposedOperand:
-    @R.function
-    def main(x: R.Tensor((512, 8), "float32"), w: R.Tensor((512, 16), "float32"), b: R.Tensor((16,), "float32")):
-        with R.dataflow():
-            xt = R.permute_dims(x, [1, 0])
-            y = R.matmul(xt, w)
-            z = R.add(y, b)
-            R.output(z)
-        return z
+def transposed_operand(k: int):
+    """(xᵀ @ w + b) with x [k, 8]: A reaches the GEMM as a transposed (strided) view."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((k, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((k, 16), "float32"))
+    b = relax.Var("b", relax.TensorType((16,), "float32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            xt = bb.emit(relax.op.permute_dims(x, [1, 0]))
+            z = bb.emit_output(relax.op.add(relax.op.matmul(xt, w), b))
+        bb.emit_func_output(z)
+    return bb.get()
 
 
 def _decisions(compiled, name):
@@ -67,7 +55,7 @@ def test_contiguous_copy_is_materialized_when_insert_and_fuse_wins():
     """A transposed view fails packed_gemm's contiguity requirement on A; a copy costs
     2 x 1 KiB, the fusion saves 4.5 KiB: inserted, the candidate fuses, and the copy
     runs inside the transpose kernel (two kernels, as without the insert)."""
-    compiled = aicf_tvm.compile(TransposedOperand, target=TARGET, candidates=WITH_PACKED_GEMM)
+    compiled = aicf_tvm.compile(transposed_operand(32), target=TARGET, candidates=WITH_PACKED_GEMM)
     [decision] = _decisions(compiled, "materialize:contiguous")
     assert decision.accepted
     assert "a [8x32] strides(1,8) -> contiguous copy; cost 2048 B < benefit 4608 B" in decision.note
@@ -80,7 +68,7 @@ def test_contiguous_copy_is_materialized_when_insert_and_fuse_wins():
 
 def test_contiguous_copy_is_not_materialized_when_it_costs_more():
     """A is 16 KiB: copying it (write + read 32 KiB) costs more than the fusion saves."""
-    compiled = aicf_tvm.compile(LongTransposedOperand, target=TARGET, candidates=WITH_PACKED_GEMM)
+    compiled = aicf_tvm.compile(transposed_operand(512), target=TARGET, candidates=WITH_PACKED_GEMM)
     [decision] = _decisions(compiled, "materialize:contiguous")
     assert not decision.accepted and "cost 32768 B >= benefit 4608 B" in decision.note
     assert not any(d.accepted for d in _decisions(compiled, "packed_gemm"))
@@ -95,7 +83,7 @@ def test_no_insert_when_the_failure_is_not_a_layout_one():
         return port_requirement(a=ShapeFact.rank(3))
 
     cand = Candidate("fused_gemm_bias_act", gemm_variants, requires=rank3, label="rank3_gemm", priority=50)
-    compiled = aicf_tvm.compile(TransposedOperand, target=TARGET, candidates=[cand])
+    compiled = aicf_tvm.compile(transposed_operand(32), target=TARGET, candidates=[cand])
     assert not [d for d in compiled.report.decisions if d.candidate.startswith("materialize:")]
     assert not any(d.accepted for d in _decisions(compiled, "rank3_gemm"))
 
