@@ -70,8 +70,12 @@ class Prepacked:
     after: tuple[int, ...]
 
     def describe(self) -> str:
-        shape = lambda s: "x".join(str(d) for d in s)  # noqa: E731
-        return f"{self.kernel} input {self.param}: [{shape(self.before)}] packed to [{shape(self.after)}] at compile time"
+        return (f"{self.kernel} input {self.param}: [{_dims(self.before)}] packed to [{_dims(self.after)}] "
+                "at compile time")
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "x".join(str(d) for d in shape)
 
 
 def _strip_marks(mod: tvm.IRModule) -> tvm.IRModule:
@@ -128,7 +132,7 @@ def _with_layout(func: tirx.PrimFunc, index: int, shape: tuple[int, ...]) -> tir
     entries = [dict(e) for e in func.attrs["aicf.abi"]]
     buffers = [e for e in entries if not e.get("scalar", False)]
     if index < len(buffers):
-        buffers[index]["layout"] = "packed[" + "x".join(str(d) for d in shape) + "]"
+        buffers[index]["layout"] = f"packed[{_dims(shape)}]"
         buffers[index]["prepacked"] = True
     return func.with_attr("aicf.abi", entries)
 
