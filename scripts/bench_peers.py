@@ -1,0 +1,396 @@
+"""Ours against the engines a user would pick instead, on real ``transformers`` models.
+
+Usage::
+
+    python scripts/bench_peers.py [--models bert gpt2 llama vit resnet50 mobilenetv2 convnext]
+                                  [--peers eager inductor ort openvino tvm ours]
+                                  [--rounds 10] [--budget B] [--json bench_peers.json]
+
+Run it as a user runs our compiler: a fresh process, no environment variable set for us.
+Every peer gets the same thread count (``--threads``, default: the CPUs this process may
+use) and the same inputs, in ONE process:
+
+* ``eager``: PyTorch eager under ``torch.inference_mode``.
+* ``inductor``: ``torch.compile`` (Inductor, ``freezing=True``).
+* ``ort``: ONNX Runtime, CPU EP, every graph optimization, spinning off; on the model that
+  ``torch.onnx.export`` writes.
+* ``openvino``: OpenVINO CPU on the same ONNX file, ``INFERENCE_PRECISION_HINT=f32``,
+  latency hint.
+* ``tvm``: TVM's default Relax pipeline on the module ``aicf_tvm.from_torch`` imports
+  (slow; not in the default peers).
+* ``ours``: ``aicf_tvm.from_torch`` then ``aicf_tvm.compile(mod, target="llvm")``, called on
+  numpy arrays, exactly the README's path. With ``--budget B``, also ``ours_tuned``:
+  ``aicf_tvm.tune`` with B trials, then ``compile(database=...)``.
+
+Models have random weights (seeded); decoders get the all-ones attention mask a tokenizer
+returns; batch-norm statistics are calibrated on random batches so the output depends on
+the input (checked: two inputs must give two outputs). Every peer's output is checked
+against PyTorch eager (``max|a-b| / max|ref| <= --tol``) and marked ``MISMATCH`` when not.
+Timing is interleaved: each round calls every peer once per model in turn (after a pause
+that lets the previous engine's spinning threads sleep), so a neighbour stealing a core
+hurts all peers alike; the median over rounds is reported. Printed per model: latency of
+each peer, ratio ours/peer and compile seconds; then the geometric mean of each ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TRANSFORMERS = ("bert", "gpt2", "llama", "vit")
+CONVNETS = ("resnet50", "mobilenetv2", "convnext")
+PEERS = ("eager", "inductor", "ort", "openvino", "tvm", "ours")
+DEFAULT_PEERS = ("eager", "inductor", "ort", "openvino", "ours")
+SEQ = 128
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(TRANSFORMERS),
+                        choices=[*TRANSFORMERS, *CONVNETS])
+    parser.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS), choices=PEERS)
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds (median)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="threads for every peer except ours (default: the CPUs this process may use)")
+    parser.add_argument("--budget", type=int, default=0, help="tuning trials for ours_tuned (0: skip)")
+    parser.add_argument("--tol", type=float, default=1e-3, help="max |a-b| / max |ref| allowed")
+    parser.add_argument("--seq", type=int, default=SEQ, help="sequence length of the text models")
+    parser.add_argument("--json", default="bench_peers.json")
+    parser.add_argument("--work-dir", default=None, help="where ONNX files and tuning records go")
+    return parser.parse_args()
+
+
+# ---------------------------------------------------------------------------- models
+
+
+@dataclass
+class Model:
+    """A torch module returning one tensor, its example inputs, and their names."""
+
+    name: str
+    module: Any
+    inputs: tuple
+    names: tuple[str, ...]
+    other_inputs: tuple = ()  # a second input set: the output must differ
+
+
+def _text(name: str, model: Any, vocab: int, seq: int, mask: bool) -> Model:
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (1, seq), generator=gen)
+    other = torch.randint(0, vocab, (1, seq), generator=gen)
+    ones = torch.ones((1, seq), dtype=torch.int64)
+
+    class Text(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any = None) -> Any:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    if mask:
+        return Model(name, Text().eval(), (ids, ones), ("input_ids", "attention_mask"), (other, ones))
+    return Model(name, Text().eval(), (ids,), ("input_ids",), (other,))
+
+
+def _image(name: str, model: Any, size: int = 224, calibrate: bool = False) -> Model:
+    import torch
+
+    gen = torch.Generator().manual_seed(2)
+    if calibrate:  # batch-norm at init is the identity up to 1e-5: outputs would not depend on x
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+                mod.reset_running_stats()
+                mod.momentum = None  # a cumulative average over the calibration batches
+        model.train()
+        with torch.no_grad():
+            for _ in range(3):
+                model(pixel_values=torch.randn((4, 3, size, size), generator=gen))
+    model.eval()
+
+    class Image(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values: Any) -> Any:
+            out = self.model(pixel_values=pixel_values)
+            return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+    x = torch.randn((1, 3, size, size), generator=gen)
+    y = torch.randn((1, 3, size, size), generator=gen)
+    return Model(name, Image().eval(), (x,), ("pixel_values",), (y,))
+
+
+def build(name: str, seq: int) -> Model:
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if name == "bert":
+        return _text(name, tf.BertModel(tf.BertConfig()), 30522, seq, mask=True)
+    if name == "gpt2":
+        return _text(name, tf.GPT2Model(tf.GPT2Config()), 50257, seq, mask=True)
+    if name == "llama":
+        config = tf.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                                num_attention_heads=16, num_key_value_heads=4, vocab_size=32000)
+        return _text(name, tf.LlamaModel(config), 32000, seq, mask=True)
+    if name == "vit":
+        return _image(name, tf.ViTModel(tf.ViTConfig(), add_pooling_layer=False))
+    if name == "resnet50":
+        return _image(name, tf.ResNetForImageClassification(tf.ResNetConfig()), calibrate=True)
+    if name == "mobilenetv2":
+        return _image(name, tf.MobileNetV2ForImageClassification(tf.MobileNetV2Config()), calibrate=True)
+    if name == "convnext":
+        return _image(name, tf.ConvNextForImageClassification(tf.ConvNextConfig()))
+    raise SystemExit(f"unknown model {name!r}")
+
+
+# ----------------------------------------------------------------------------- peers
+
+Runner = Callable[[], np.ndarray]
+
+
+@dataclass
+class Peer:
+    run: Runner
+    compile_s: float
+    note: str = ""
+    times: list[float] = field(default_factory=list)
+
+
+def _numpy(model: Model) -> list[np.ndarray]:
+    return [t.numpy() for t in model.inputs]
+
+
+def eager(model: Model, threads: int, work: Path) -> Runner:
+    import torch
+
+    def run() -> np.ndarray:
+        with torch.inference_mode():
+            return model.module(*model.inputs).numpy()
+
+    return run
+
+
+def inductor(model: Model, threads: int, work: Path) -> Runner:
+    import torch
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True
+    compiled = torch.compile(model.module)
+
+    def run() -> np.ndarray:
+        with torch.inference_mode():
+            return compiled(*model.inputs).numpy()
+
+    run()  # compiles
+    return run
+
+
+def onnx_file(model: Model, work: Path) -> Path:
+    import torch
+
+    path = work / f"{model.name}.onnx"
+    if not path.exists():
+        with torch.no_grad():
+            torch.onnx.export(model.module, model.inputs, str(path), input_names=list(model.names),
+                              output_names=["output"], opset_version=17, dynamo=False)
+    return path
+
+
+def ort(model: Model, threads: int, work: Path) -> Runner:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    sess = ort.InferenceSession(str(onnx_file(model, work)), opts, providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    feeds = {n: a for n, a in zip(model.names, _numpy(model)) if n in names}
+    return lambda: sess.run(None, feeds)[0]
+
+
+def openvino(model: Model, threads: int, work: Path) -> Runner:
+    import openvino as ov
+
+    config = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY",
+              "INFERENCE_NUM_THREADS": threads}
+    compiled = ov.Core().compile_model(str(onnx_file(model, work)), "CPU", config)
+    request = compiled.create_infer_request()
+    names = {n for port in compiled.inputs for n in port.get_names()}
+    feeds = {n: a for n, a in zip(model.names, _numpy(model)) if n in names}
+
+    def run() -> np.ndarray:
+        return np.array(request.infer(feeds)[compiled.outputs[0]])
+
+    return run
+
+
+def tvm_default(model: Model, threads: int, work: Path) -> Runner:
+    import tvm
+    from tvm import relax
+
+    import aicf_tvm
+    from aicf_tvm.targets import resolve_target
+
+    target = resolve_target("llvm")
+    mod = aicf_tvm.from_torch(model.module, model.inputs)
+    ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    args = [tvm.runtime.tensor(a) for a in _numpy(model)]
+
+    def run() -> np.ndarray:
+        out = vm["main"](*args)
+        return (out if hasattr(out, "numpy") else out[0]).numpy()
+
+    return run
+
+
+def _first(out: Any) -> np.ndarray:
+    return out[0] if isinstance(out, (list, tuple)) else out
+
+
+def ours(model: Model, threads: int, work: Path, database: str | None = None) -> Runner:
+    import aicf_tvm
+
+    mod = aicf_tvm.from_torch(model.module, model.inputs)
+    compiled = aicf_tvm.compile(mod, target="llvm", database=database)
+    args = _numpy(model)
+    return lambda: _first(compiled(*args))
+
+
+def ours_tuned(model: Model, threads: int, work: Path, budget: int) -> tuple[Runner, str]:
+    import aicf_tvm
+
+    mod = aicf_tvm.from_torch(model.module, model.inputs)
+    tuning = work / f"tuning_{model.name}"
+    start = time.perf_counter()
+    aicf_tvm.tune(mod, target="llvm", work_dir=str(tuning), trials=budget)
+    tune_s = time.perf_counter() - start
+    return ours(model, threads, work, database=str(tuning)), f"tuned {budget} trials in {tune_s:.0f} s"
+
+
+BUILDERS: dict[str, Callable[..., Runner]] = {
+    "eager": eager, "inductor": inductor, "ort": ort, "openvino": openvino, "tvm": tvm_default,
+    "ours": ours,
+}
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def check(name: str, out: np.ndarray, ref: np.ndarray, tol: float) -> str:
+    out = np.asarray(out)
+    if out.shape != ref.shape:
+        return f"MISMATCH shape {out.shape} vs {ref.shape}"
+    err = float(np.max(np.abs(out.astype(np.float64) - ref))) / max(float(np.max(np.abs(ref))), 1e-30)
+    return "" if err <= tol else f"MISMATCH rel err {err:.2e}"
+
+
+def build_peers(model: Model, args: argparse.Namespace, work: Path) -> dict[str, Peer]:
+    import torch
+
+    with torch.inference_mode():
+        ref = model.module(*model.inputs).numpy().astype(np.float64)
+        other = model.module(*model.other_inputs).numpy()
+    if np.array_equal(ref, other):
+        raise SystemExit(f"{model.name}: two different inputs give the same output; the check "
+                         "would prove nothing")
+    peers: dict[str, Peer] = {}
+    names = list(args.peers) + (["ours_tuned"] if args.budget else [])
+    for name in names:
+        print(f"  building {name} ...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        note = ""
+        try:
+            if name == "ours_tuned":
+                run, note = ours_tuned(model, args.threads, work, args.budget)
+            else:
+                run = BUILDERS[name](model, args.threads, work)
+            out = run()
+        except Exception as err:  # noqa: BLE001 - a peer that fails is reported, not fatal
+            traceback.print_exc(file=sys.stderr)
+            print(f"  {name}: FAILED ({type(err).__name__}: {str(err).splitlines()[0][:200]})",
+                  file=sys.stderr)
+            continue
+        compile_s = time.perf_counter() - start
+        verdict = check(name, out, ref, args.tol)
+        peers[name] = Peer(run, compile_s, "; ".join(n for n in (note, verdict) if n))
+    return peers
+
+
+def time_rounds(peers: dict[str, Peer], rounds: int) -> None:
+    for peer in peers.values():  # warm-up
+        peer.run()
+    for _ in range(rounds):
+        for peer in peers.values():
+            time.sleep(0.05)  # let the previous engine's spinning worker threads go idle
+            start = time.perf_counter()
+            peer.run()
+            peer.times.append(time.perf_counter() - start)
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def main() -> None:
+    args = parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    import aicf_tvm
+    from aicf_tvm.targets import describe, resolve_target
+
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_peers_"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"target {describe(resolve_target('llvm'))}; peers with {args.threads} thread(s); "
+          f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}; aicf_tvm {aicf_tvm.__file__}")
+    results: dict[str, dict] = {}
+    ratios: dict[str, list[float]] = {}
+    for name in args.models:
+        print(f"{name}:", file=sys.stderr, flush=True)
+        model = build(name, args.seq)
+        peers = build_peers(model, args, work)
+        time_rounds(peers, args.rounds)
+        medians = {p: statistics.median(peer.times) * 1e3 for p, peer in peers.items()}
+        print(f"\n{name}")
+        print(f"  {'peer':<11}{'ms':>10}{'ours/peer':>11}{'compile s':>11}  note")
+        for p, peer in peers.items():
+            ratio = medians["ours"] / medians[p] if "ours" in medians else float("nan")
+            if p != "ours" and "ours" in medians and not peer.note.startswith("MISMATCH"):
+                ratios.setdefault(p, []).append(ratio)
+            print(f"  {p:<11}{medians[p]:>10.2f}{ratio:>11.2f}{peer.compile_s:>11.1f}  {peer.note}")
+        results[name] = {p: {"ms": medians[p], "compile_s": peers[p].compile_s, "note": peers[p].note,
+                             "times_ms": [t * 1e3 for t in peers[p].times]} for p in peers}
+    print("\ngeometric mean of ours/peer over " + ", ".join(args.models))
+    summary = {p: geomean(v) for p, v in ratios.items()}
+    for p, g in summary.items():
+        print(f"  ours/{p:<10} {g:.2f}  ({len(ratios[p])} model(s))")
+    Path(args.json).write_text(json.dumps({"models": results, "geomean_ours_over": summary,
+                                           "threads": args.threads, "rounds": args.rounds}, indent=1))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
