@@ -62,7 +62,9 @@ def _kernel_table(kernels: Sequence[Any]) -> str:
 
 
 def _as_list(out: Any) -> list[np.ndarray]:
-    return list(out) if isinstance(out, (list, tuple)) else [out]
+    from .compiled import flat_outputs
+
+    return flat_outputs(out)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

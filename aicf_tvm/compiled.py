@@ -22,10 +22,11 @@ BOUNDARY_ALIGN = 64
 
 def to_device(value: np.ndarray, device: Any) -> tuple[Any, bool]:
     """The input as a TVM tensor: zero-copy when it already meets the kernels' ABI
-    (C-contiguous, 64-byte aligned, on the CPU), else an explicit copy. Returns
+    (row-major strides, 64-byte aligned, on the CPU), else an explicit copy. Returns
     (tensor, copied)."""
     arr = np.asarray(value)
-    if device.dlpack_device_type() == 1 and arr.flags.c_contiguous and arr.ctypes.data % BOUNDARY_ALIGN == 0:
+    if (device.dlpack_device_type() == 1 and arr.size > 0 and _has_row_major_strides(arr)
+            and arr.ctypes.data % BOUNDARY_ALIGN == 0):
         try:
             return tvm.runtime.from_dlpack(arr), False
         except (BufferError, TypeError, ValueError):  # e.g. a read-only array
@@ -33,10 +34,37 @@ def to_device(value: np.ndarray, device: Any) -> tuple[Any, bool]:
     return tvm.runtime.tensor(_contiguous(arr), device), True  # rank 0 stays rank 0
 
 
+def _has_row_major_strides(arr: np.ndarray) -> bool:
+    """Whether ``arr``'s strides are exactly the row-major ones of its shape, as the
+    kernels' buffers declare them. numpy's ``c_contiguous`` flag is weaker: it holds for
+    every zero-size array (``np.zeros((0, 4))`` has strides ``(0, 0)``) and ignores the
+    strides of size-1 dims, and DLPack passes the strides on as they are."""
+    expected, step = [], arr.itemsize
+    for dim in reversed(arr.shape):
+        expected.append(step)
+        step *= dim
+    return arr.strides == tuple(reversed(expected))
+
+
 def _contiguous(value: Any) -> np.ndarray:
     """A C-contiguous array; unlike ``np.ascontiguousarray`` a rank-0 input stays rank 0."""
     arr = np.asarray(value)
     return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
+def _to_numpy(value: Any) -> Any:
+    """A VM result as numpy: a tensor as an array, a tuple as a list (nested as returned)."""
+    if hasattr(value, "numpy"):
+        return value.numpy()
+    return [_to_numpy(v) for v in value]
+
+
+def flat_outputs(result: Any) -> list[np.ndarray]:
+    """The arrays of a ``CompiledModel`` call's result in the order of its ``outputs``
+    (whose names number the nesting: ``output.0.1``)."""
+    if isinstance(result, (list, tuple)):
+        return [a for r in result for a in flat_outputs(r)]
+    return [result]
 
 
 @dataclass(frozen=True)
@@ -110,7 +138,8 @@ class CompiledModel:
     """A compiled module: call it with numpy arrays, get numpy arrays back.
 
     Inputs go in order, or by name (``model(x=a)``); one output returns one array,
-    several return a list. A model returned by ``aicf_tvm.load`` has no Relax modules
+    a tuple returns a list (a nested tuple, nested lists; ``flat_outputs`` lines them up
+    with ``outputs``). A model returned by ``aicf_tvm.load`` has no Relax modules
     (``optimized``/``lowered`` are None) but keeps the metadata it was exported with.
     """
 
@@ -193,10 +222,7 @@ class CompiledModel:
         self.check_inputs(arrays)
         moved = [to_device(a, self.device) for a in arrays]
         self.boundary_copies = [spec.name for spec, (_, copied) in zip(self.inputs, moved) if copied]
-        out = self.vm["main"](*[t for t, _ in moved])
-        if hasattr(out, "numpy"):
-            return out.numpy()
-        return [o.numpy() for o in out]
+        return _to_numpy(self.vm["main"](*[t for t, _ in moved]))
 
     def benchmark(self, *args: np.ndarray, number: int = 10, repeat: int = 3) -> float:
         """Median seconds per call of ``main`` (TVM's time evaluator)."""

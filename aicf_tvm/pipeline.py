@@ -86,10 +86,12 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target, database: Any = None,
         if database is not None:  # records are keyed by the PrimFuncs as tuning saw them
             mod = apply_database(mod, target, database)
         mod = apply_default_schedules(target)(mark_layout_free(mod))
-        mod, packed = prepack_weights(mod)
+        mod, packed, refused = prepack_weights(mod)
     if report is not None:
         for p in packed:
             report.add(Decision("materialize:layout_transform", (p.kernel,), True, note=p.describe()))
+        for r in refused:
+            report.add(Decision("materialize:layout_transform", (r.kernel,), False, note=r.describe()))
     return mod
 
 

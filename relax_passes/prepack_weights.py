@@ -4,19 +4,24 @@
 The CPU GEMM rule copies B into the packed layout ``[S, N/nr, K, nr]`` inside the kernel,
 on every call. When B is a constant (a weight), that copy is the same work each time:
 
-1. ``mark_layout_free`` (after LowerEmits, before scheduling) records on each PrimFunc the
-   parameters that every call site passes a Relax constant, as TVM's
-   ``layout_free_buffers`` attr; a schedule rule may then mark the block that rewrites
-   such a parameter's layout with ``meta_schedule.layout_rewrite_preproc``;
-2. ``PrepackWeights`` (after scheduling) splits each marked block into its own PrimFunc
-   (TVM's ``SplitLayoutRewritePreproc``: the kernel now takes the packed buffer) and
-   evaluates that PrimFunc on the constant (``FoldConstant``): the module holds the packed
-   weight, and no packing kernel runs per inference. Each prepacked port is returned (and
-   recorded in the kernel's ``aicf.abi`` as its layout) so the report can name it.
+1. ``mark_layout_free`` (after LowerEmits, before scheduling) records on each Emit PrimFunc
+   our default rules will schedule the parameters that every call site passes a Relax
+   constant, as TVM's ``layout_free_buffers`` attr; a schedule rule may then mark the block
+   that rewrites such a parameter's layout with ``meta_schedule.layout_rewrite_preproc``;
+2. ``prepack_weights`` (after scheduling) takes the marked kernels one at a time: it splits
+   the marked blocks into their own PrimFunc (TVM's ``SplitLayoutRewritePreproc``, run on
+   that kernel alone: the kernel now takes the packed buffer) and evaluates that PrimFunc on
+   the constant (``FoldConstant``): the module holds the packed weight, and no packing
+   kernel runs per inference. Each prepacked port is returned (and recorded in the kernel's
+   ``aicf.abi`` as its layout) so the report can name it.
 
 Sound: the split moves the block unchanged, reading the same constant and writing the
-buffer the kernel then reads, so each kernel computes the same values. A module where
-the split cannot apply is left as it was (the kernel packs per call, as before).
+buffer the kernel then reads, so each kernel computes the same values. The split replaces
+the parameter by its packed form, so a block is split only when it is the parameter's only
+reader (an epilogue that also reads the weight, ``x @ W + W``, keeps the packing in the
+kernel). A kernel TVM refuses to split, or whose packing does not fold to a constant, is
+left as it was (it packs per call) and named in the returned refusals; the other kernels
+are still prepacked.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import logging
 from dataclasses import dataclass
 
 import tvm
-from tvm import relax, tirx
+import tvm_ffi
+from tvm import relax, s_tir, tirx
 
 from aicf_tvm.emit import LAYOUT_FREE_ATTR as LAYOUT_FREE
 from aicf_tvm.emit import PREPACK_ANNOTATION as PREPROC
@@ -45,8 +51,16 @@ def _call_tir_sites(func: relax.Function) -> list[tuple[str, list]]:
     return out
 
 
+def _is_ours_to_schedule(func: tirx.PrimFunc) -> bool:
+    """An Emit kernel not yet scheduled: our default rules will schedule it (a tuned record
+    already did, and is not rewritten)."""
+    attrs = func.attrs
+    return attrs is not None and "aicf.emit" in attrs and not attrs.get("tirx.is_scheduled", False)
+
+
 def mark_layout_free(mod: tvm.IRModule, func_name: str = "main") -> tvm.IRModule:
-    """Set ``layout_free_buffers`` on each PrimFunc: the inputs every call passes a constant."""
+    """Set ``layout_free_buffers`` on each Emit PrimFunc still to be scheduled: the inputs
+    every call passes a constant."""
     if func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
         return mod
     free: dict[str, set[int]] = {}
@@ -55,7 +69,7 @@ def mark_layout_free(mod: tvm.IRModule, func_name: str = "main") -> tvm.IRModule
         free[name] = free[name] & constants if name in free else constants
     for name, indices in free.items():
         func = mod[name]
-        if isinstance(func, tirx.PrimFunc) and indices:
+        if isinstance(func, tirx.PrimFunc) and indices and _is_ours_to_schedule(func):
             mod[name] = func.with_attr(LAYOUT_FREE, [tirx.IntImm("int64", i) for i in sorted(indices)])
     return mod
 
@@ -74,6 +88,17 @@ class Prepacked:
                 "at compile time")
 
 
+@dataclass(frozen=True)
+class PrepackRefused:
+    """A kernel with a marked packing that still packs per call, and why."""
+
+    kernel: str
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.kernel}: packs its constant operand per call ({self.reason})"
+
+
 def _dims(shape: tuple[int, ...]) -> str:
     return "x".join(str(d) for d in shape)
 
@@ -86,43 +111,115 @@ def _strip_marks(mod: tvm.IRModule) -> tvm.IRModule:
     return mod
 
 
-def _preproc_blocks(func: tirx.PrimFunc) -> tuple[tvm.s_tir.Schedule, list]:
-    """A schedule of ``func`` and its root-level blocks marked as layout rewrites."""
-    sch = tvm.s_tir.Schedule(func)
-    root = sch.get_sblock("root")
-    return sch, [b for b in sch.get_child_blocks(root) if PREPROC in sch.get(b).annotations]
+def _is_marked(block: s_tir.SBlock) -> bool:
+    return PREPROC in block.annotations
 
 
-def prepack_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[Prepacked]]:
-    """Split the marked layout rewrites out of their kernels and fold them on the constants."""
-    marked = {gv.name_hint: func for gv, func in mod.functions_items()
-              if isinstance(func, tirx.PrimFunc) and func.attrs is not None and LAYOUT_FREE in func.attrs
-              and _preproc_blocks(func)[1]}
-    if not marked:
-        return _strip_marks(mod), []
-    try:
-        split = relax.transform.SplitLayoutRewritePreproc()(mod)
-    except Exception as err:  # noqa: BLE001 - TVM's checks on the block structure: keep per-call packing
-        _LOG.warning("weights not prepacked (%s); the kernels pack them per call", str(err).splitlines()[0])
-        return _strip_marks(_unmark(mod, marked)), []
-    folded = relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(split))
+def preproc_blocks(func: tirx.PrimFunc) -> list[s_tir.SBlock]:
+    """The blocks of ``func`` marked as layout rewrites, wherever they sit (any body shape:
+    a kernel TVM built itself need not have a root block)."""
+    found: list[s_tir.SBlock] = []
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda b: found.append(b) if _is_marked(b) else None)])
+    return found
+
+
+def shared_sources(func: tirx.PrimFunc) -> list[tvm.ir.Expr]:
+    """Sources of marked blocks that something outside the marked blocks also loads.
+
+    Splitting a marked block replaces its source parameter by the packed buffer, so any
+    other read of the source would dangle (``x @ W + W``: the epilogue reads W).
+    """
+    sources = [b.reads[0].source for b in preproc_blocks(func) if len(b.reads) == 1]
+    shared: list[tvm.ir.Expr] = []
+
+    def on_block(block: s_tir.SBlock):
+        return tvm_ffi.WalkResult.SKIP if _is_marked(block) else None
+
+    def on_load(load: tvm.ir.TensorLoad) -> None:
+        for s in sources:
+            if load.source.same_as(s) and not any(s.same_as(x) for x in shared):
+                shared.append(s)
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, on_block), (tvm.ir.TensorLoad, on_load)], order="pre")
+    return shared
+
+
+def _unmark(func: tirx.PrimFunc, keep=lambda block: False) -> tirx.PrimFunc:
+    """``func`` without the preproc annotation on every marked block but those ``keep``
+    accepts (those blocks pack per call)."""
+    sch = s_tir.Schedule(func)
+    for block in preproc_blocks(func):
+        if not keep(block):
+            sch.unannotate(sch.get_sblock(block.name_hint), PREPROC)
+    return sch.mod["main"]  # a Schedule keeps the function's attrs
+
+
+def _split(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> tuple[tvm.IRModule, list[Prepacked]]:
+    """``mod`` (not changed) with ``gv``'s marked blocks split out and folded on the constants.
+
+    TVM's split visits every PrimFunc of its module and refuses the whole module for one
+    it cannot read, so it sees the Relax functions and ``gv`` only.
+    """
+    original = mod[gv]
+    sub = tvm.IRModule({**{g: f for g, f in mod.functions_items() if isinstance(f, relax.Function)}, gv: original})
+    split = relax.transform.SplitLayoutRewritePreproc()(sub)
+    added = {g.name_hint for g in split.get_global_vars()} - {g.name_hint for g in sub.get_global_vars()}
+    new = f"{gv.name_hint}_prepacked"
+    if new not in added:
+        raise ValueError("TVM's SplitLayoutRewritePreproc did not split it")
+    taken = added & {g.name_hint for g in mod.get_global_vars()}
+    if taken:
+        raise ValueError(f"the module already has functions named {sorted(taken)}")
+    out = mod.clone()
+    for g, f in split.functions_items():
+        if isinstance(f, relax.Function) or g.name_hint in added:
+            out[g] = f
+    out = relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(out))
+    prepack = f"{gv.name_hint}_weight_prepack"
+    if any(n == prepack for _, f in out.functions_items() if isinstance(f, relax.Function)
+           for n, _ in _call_tir_sites(f)):
+        raise ValueError("its packing did not fold to a constant")
+    func = out[new]
     packed = []
-    for name, original in marked.items():
-        new = f"{name}_prepacked"
-        if new not in [gv.name_hint for gv in folded.get_global_vars()]:
-            continue
-        func = folded[new]
-        for i, (old_p, new_p) in enumerate(zip(original.params, func.params)):
-            before = tuple(int(d) for d in old_p.ty.shape)
-            after = tuple(int(d) for d in new_p.ty.shape)
-            if before != after:
-                packed.append(Prepacked(new, i, before, after))
-                func = _with_layout(func, i, after)
-        folded[new] = func
-    leftover = [n for n, _ in _call_tir_sites(folded["main"]) if n.endswith("_weight_prepack")]
-    if leftover:  # a prepack that did not fold (its input was not constant after all)
-        _LOG.warning("prepack kernels %s run per call: their inputs are not constants", leftover)
-    return _strip_marks(folded), packed
+    for i, (old_p, new_p) in enumerate(zip(original.params, func.params)):
+        before = tuple(int(d) for d in old_p.ty.shape)
+        after = tuple(int(d) for d in new_p.ty.shape)
+        if before != after:
+            packed.append(Prepacked(new, i, before, after))
+            func = _with_layout(func, i, after)
+    out[new] = func
+    return out, packed
+
+
+def prepack_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[Prepacked], list[PrepackRefused]]:
+    """Split the marked layout rewrites out of their kernels and fold them on the constants,
+    one kernel at a time; a kernel that cannot be prepacked keeps packing per call."""
+    packed: list[Prepacked] = []
+    refused: list[PrepackRefused] = []
+    names = sorted(gv.name_hint for gv, f in mod.functions_items()
+                   if isinstance(f, tirx.PrimFunc) and f.attrs is not None and LAYOUT_FREE in f.attrs)
+    for name in names:
+        gv = mod.get_global_var(name)
+        try:
+            if not preproc_blocks(mod[gv]):
+                continue
+            shared = shared_sources(mod[gv])
+            if shared:
+                mod[gv] = _unmark(mod[gv], keep=lambda b: not any(b.reads[0].source.same_as(s) for s in shared))
+                refused.append(PrepackRefused(name, "the kernel also reads the unpacked weight"))
+                if not preproc_blocks(mod[gv]):
+                    continue
+            mod, done = _split(mod, gv)
+            packed.extend(done)
+        except Exception as err:  # noqa: BLE001 - TVM's checks on the block structure: keep per-call packing
+            reason = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+            _LOG.warning("weights of %s not prepacked (%s); the kernel packs them per call", name, reason)
+            refused.append(PrepackRefused(name, reason))
+            try:
+                mod[gv] = _unmark(mod[gv])
+            except Exception:  # noqa: BLE001 - a left-over mark only names a block: same values
+                pass
+    return _strip_marks(mod), packed, refused
 
 
 def _with_layout(func: tirx.PrimFunc, index: int, shape: tuple[int, ...]) -> tirx.PrimFunc:
@@ -137,14 +234,4 @@ def _with_layout(func: tirx.PrimFunc, index: int, shape: tuple[int, ...]) -> tir
     return func.with_attr("aicf.abi", entries)
 
 
-def _unmark(mod: tvm.IRModule, marked: dict) -> tvm.IRModule:
-    """Remove the preproc annotations (the kernels keep packing per call)."""
-    for name, func in marked.items():
-        sch, blocks = _preproc_blocks(func)
-        for block in blocks:
-            sch.unannotate(block, PREPROC)
-        mod[name] = sch.mod["main"]  # a Schedule keeps the function's attrs
-    return mod
-
-
-__all__ = ["Prepacked", "mark_layout_free", "prepack_weights"]
+__all__ = ["PrepackRefused", "Prepacked", "mark_layout_free", "prepack_weights", "preproc_blocks", "shared_sources"]

@@ -26,11 +26,14 @@ NORM = "norm"  # layer_norm, rms_norm, batch_norm, group_norm
 SOFTMAX = "softmax"
 CREATION = "creation"  # no tensor input (zeros, arange, full)
 SCAN = "scan"  # sort, top-k, cumulative sums: the target's own kernel, never fused
+# TOPI writes the kernel as te.extern / ir_builder code (scatter, median's argsort), not a
+# te.compute: FuseTIR cannot merge it with its neighbours, so it is never fused
+EXTERN = "extern"
 OPAQUE = "opaque"
 
 CATEGORIES = (
     ELEMENTWISE, BROADCAST, INJECTIVE, VIEW, REDUCTION, MATMUL, CONV, POOL, NORM, SOFTMAX,
-    CREATION, SCAN, OPAQUE,
+    CREATION, SCAN, EXTERN, OPAQUE,
 )
 
 # transfer(call, input shape facts, output dims) -> output strides or None (unknown)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from . import views
 from .registry import (
-    BROADCAST, CONV, CREATION, ELEMENTWISE, INJECTIVE, MATMUL, NORM, POOL, REDUCTION, SCAN, SOFTMAX,
-    VIEW, register,
+    BROADCAST, CONV, CREATION, ELEMENTWISE, EXTERN, INJECTIVE, MATMUL, NORM, POOL, REDUCTION, SCAN,
+    SOFTMAX, VIEW, register,
 )
 
 _UNARY = """abs acos acosh asin asinh atan atanh ceil cos cosh erf exp floor log negative
@@ -22,12 +22,11 @@ equal not_equal greater greater_equal less less_equal logical_and logical_or log
 bitwise_and bitwise_or bitwise_xor left_shift right_shift log_add_exp where nn.prelu
 ewise_fma""".split()
 
-_REDUCE = """sum mean max min prod variance std argmax argmin median""".split()
+_REDUCE = """sum mean max min prod variance std argmax argmin""".split()
 
 _INJECTIVE = """concat split take tile repeat flip nn.pad layout_transform gather_elements
-gather_nd scatter_elements scatter_nd stack one_hot tril triu image.resize2d
-nn.pixel_shuffle collapse_sum_to collapse_sum_like einsum outer index_tensor sort argsort
-topk""".split()
+gather_nd stack one_hot tril triu image.resize2d nn.pixel_shuffle collapse_sum_to
+collapse_sum_like index_tensor""".split()
 
 _CREATION = "zeros ones full arange eye zeros_like ones_like full_like eye_like".split()
 
@@ -50,6 +49,9 @@ for _name in ("einsum", "outer"):
 # lowered by TVM's sort/scan dispatch (an extern sort on some targets): never in a group
 for _name in ("sort", "argsort", "topk", "cumsum", "cumprod"):
     register(f"relax.{_name}", SCAN)
+# TOPI's kernels for these are te.extern / ir_builder code: each is its own kernel
+for _name in ("scatter_elements", "scatter_nd", "median"):
+    register(f"relax.{_name}", EXTERN)
 
 for _name in _CREATION:
     register(f"relax.{_name}", CREATION)

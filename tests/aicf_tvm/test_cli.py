@@ -122,6 +122,28 @@ def test_run_prints_outputs_and_writes_npy(small_so, tmp_path, capsys):
     assert np.load(tmp_path / "output.npy").shape == (1, 16, 64)
 
 
+def test_run_writes_each_output_of_a_nested_tuple_under_its_name(tmp_path, capsys):
+    """main returns ((exp(x), relu(x)), sum(x)): one file per output spec, in spec order."""
+    import aicf_tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            pair = relax.Tuple([bb.emit(relax.op.exp(x)), bb.emit(relax.op.nn.relu(x))])
+            out = bb.emit_output(relax.Tuple([pair, bb.emit(relax.op.sum(x, axis=1))]))
+        bb.emit_func_output(out)
+    lib = aicf_tvm.compile(bb.get()).export(tmp_path / "nested.so")
+    xv = np.random.default_rng(6).standard_normal((4, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", xv)
+    assert main(["run", str(lib), "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / "out")]) == 0
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == [
+        "output.0.0", "output.0.1", "output.1"]
+    for name, want in (("output.0.0", np.exp(xv)), ("output.0.1", np.maximum(xv, 0)), ("output.1", xv.sum(1))):
+        np.testing.assert_allclose(np.load(tmp_path / "out" / f"{name}.npy"), want, rtol=1e-5, atol=1e-6)
+
+
 # --- bad input: one line naming the culprit, exit code 1 ---------------------------------------
 
 def test_missing_model_file(capsys, tmp_path):

@@ -12,6 +12,7 @@ from tvm import relax
 
 import aicf_tvm
 from aicf_tvm import DeployError, InputError, deploy
+from aicf_tvm.compiled import flat_outputs
 from aicf_tvm.emit import Emit
 from aicf_tvm.models import BUILTIN_MODELS
 
@@ -132,3 +133,56 @@ def test_corrupt_library_is_caught_before_loading(exported, tmp_path, damage):
 def test_missing_file(tmp_path):
     with pytest.raises(DeployError, match=r"gone\.so: no such file"):
         aicf_tvm.load(tmp_path / "gone.so")
+
+
+def _small_model(params, body):
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *params))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _in_memory_and_loaded(mod, tmp_path):
+    compiled = aicf_tvm.compile(mod)
+    return [compiled, aicf_tvm.load(compiled.export(tmp_path / "model.so"))]
+
+
+def _aligned_empty(shape: tuple, align: int = 64) -> np.ndarray:
+    """A zero-size float32 array at a 64-byte aligned address with the strides numpy gives
+    ``np.zeros((0, 4))`` (all 0): zero-copy would pass those strides to the kernel."""
+    base = np.empty(align * 2, np.uint8)
+    start = -base.ctypes.data % align
+    aligned = base[start:start + 4].view(np.float32)
+    return np.lib.stride_tricks.as_strided(aligned, shape, (0,) * len(shape))
+
+
+def test_zero_size_input_gives_zero_size_output(tmp_path):
+    n = tvm.tirx.Var("n", "int64")
+    bias = np.random.default_rng(3).standard_normal(4).astype(np.float32)
+    mod = _small_model([relax.Var("x", relax.TensorType((n, 4), "float32"))],
+                       lambda bb, x: relax.op.nn.relu(relax.op.add(x, relax.const(bias))))
+    x = _aligned_empty((0, 4))
+    assert x.ctypes.data % 64 == 0 and x.flags.c_contiguous and x.size == 0
+    for model in _in_memory_and_loaded(mod, tmp_path):
+        out = model(x)
+        assert out.shape == (0, 4) and out.dtype == np.float32
+        v = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
+        np.testing.assert_allclose(model(v), np.maximum(v + bias, 0), rtol=1e-6)
+
+
+def test_nested_tuple_output_comes_back_nested_and_named_in_order(tmp_path):
+    """main returns ((exp(x), relu(x)), sum(x, axis=1)): lists nested the same way, and
+    ``flat_outputs`` lines them up with the output specs (output.0.0, output.0.1, output.1)."""
+    mod = _small_model([relax.Var("x", relax.TensorType((4, 8), "float32"))], lambda bb, x: relax.Tuple([
+        relax.Tuple([bb.emit(relax.op.exp(x)), bb.emit(relax.op.nn.relu(x))]), bb.emit(relax.op.sum(x, axis=1))]))
+    x = np.random.default_rng(5).standard_normal((4, 8)).astype(np.float32)
+    want = [np.exp(x), np.maximum(x, 0), x.sum(axis=1)]
+    for model in _in_memory_and_loaded(mod, tmp_path):
+        (a, b), c = model(x)
+        for got, ref in zip((a, b, c), want):
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+        assert [s.name for s in model.outputs] == ["output.0.0", "output.0.1", "output.1"]
+        flat = flat_outputs(model(x))
+        assert [(list(s.shape), s.dtype) for s in model.outputs] == [(list(f.shape), str(f.dtype)) for f in flat]

@@ -1,18 +1,21 @@
-"""The kind registry covers every op of the light ONNX models and built-in models."""
+"""The kind registry covers every op of the light ONNX models and built-in models, and\nputs every op whose kernel FuseTIR cannot merge in a category that is never fused."""
 
 from __future__ import annotations
 
 import pytest
 import tvm
-from tvm import relax
+import tvm_ffi
+from tvm import relax, s_tir
 
 from aicf_tvm import emit_of, verify_contracts
 from aicf_tvm.explainer import emit_calls, lift_and_propagate
 from aicf_tvm.frontends import from_onnx
-from aicf_tvm.kinds import OPAQUE_RULE, rule_for
+from aicf_tvm.kinds import OPAQUE_RULE, registered_ops, rule_for
+from aicf_tvm.kinds.registry import EXTERN, INJECTIVE, REDUCTION, SCAN
 from aicf_tvm.lattice import Effect
 from aicf_tvm.models import BUILTIN_MODELS
 from relax_passes import LiftEmits
+from relax_passes.fuse_emits import _ANCHORS, _CHAINABLE
 
 from ..conftest import LIGHT_MODELS, light_model_path
 
@@ -62,3 +65,78 @@ def test_single_function_per_identical_emit():
     mod = lift_and_propagate(BUILTIN_MODELS["encoder_layer_small"]())
     funcs = [gv for gv, f in mod.functions_items() if isinstance(f, relax.Function) and emit_of(f)]
     assert len(funcs) < len(emit_calls(mod))  # the four q/k/v/o projections share functions
+
+
+def _var(shape, dtype="float32", name="x"):
+    return relax.Var(name, relax.TensorType(shape, dtype))
+
+
+_X, _U = _var((4, 6)), _var((4, 6), name="u")
+_IDX = _var((4, 6), "int64", "idx")
+# one call per op whose TOPI kernel indexes by data, reduces, sorts or scatters: the ops
+# whose lowering may be te.extern / ir_builder code rather than a te.compute
+_SAMPLES = {
+    "concat": lambda: relax.op.concat([_X, _U], axis=0),
+    "split": lambda: relax.op.split(_X, 2, axis=1),
+    "take": lambda: relax.op.take(_X, _var((3,), "int64", "t"), axis=0),
+    "tile": lambda: relax.op.tile(_X, [2, 1]),
+    "repeat": lambda: relax.op.repeat(_X, 2, axis=0),
+    "flip": lambda: relax.op.flip(_X, axis=0),
+    "nn.pad": lambda: relax.op.nn.pad(_X, [1, 1, 1, 1]),
+    "layout_transform": lambda: relax.op.layout_transform(_X, index_map=lambda a, b: (b, a)),
+    "gather_elements": lambda: relax.op.gather_elements(_X, _IDX, axis=0),
+    "gather_nd": lambda: relax.op.gather_nd(_X, _var((2, 2), "int64", "nd")),
+    "scatter_elements": lambda: relax.op.scatter_elements(_X, _IDX, _U, axis=0),
+    "scatter_nd": lambda: relax.op.scatter_nd(_X, _var((2, 1), "int64", "nd"), _var((2, 6), name="upd")),
+    "stack": lambda: relax.op.stack([_X, _U], axis=0),
+    "one_hot": lambda: relax.op.one_hot(_var((4,), "int64", "i"), 1.0, 0.0, 5, -1),
+    "tril": lambda: relax.op.tril(_X),
+    "triu": lambda: relax.op.triu(_X),
+    "image.resize2d": lambda: relax.op.image.resize2d(_var((1, 2, 4, 4)), (8, 8)),
+    "collapse_sum_to": lambda: relax.op.collapse_sum_to(_X, relax.ShapeExpr([1, 6])),
+    "collapse_sum_like": lambda: relax.op.collapse_sum_like(_X, _var((1, 6), name="like")),
+    "index_tensor": lambda: relax.op.index_tensor(_X, relax.Tuple([_var((3,), "int64", "i")])),
+    **{name: (lambda name=name: getattr(relax.op, name)(_X, axis=1))
+       for name in ("sum", "mean", "max", "min", "prod", "variance", "std", "argmax", "argmin", "median",
+                    "cumsum", "cumprod", "sort", "argsort")},
+    "topk": lambda: relax.op.topk(_X, k=2, axis=1),
+}
+# TVM 0.27's legalization of pixel_shuffle calls topi.nn.pixel_shuffle, which it lacks
+_NOT_LEGALIZED = {"relax.nn.pixel_shuffle"}
+
+
+def _extern_blocks(func: tvm.tirx.PrimFunc) -> list[str]:
+    """Blocks TOPI's te.extern / ir_builder code leaves: no iteration variables and no
+    declared reads or writes (an opaque body FuseTIR cannot merge), other than the root."""
+    found: list[str] = []
+
+    def on_block(block) -> None:
+        if block.name_hint != "root" and not (block.iter_vars or block.reads or block.writes):
+            found.append(block.name_hint)
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, on_block)])
+    return found
+
+
+def test_every_indexing_reducing_or_sorting_op_has_a_lowering_sample():
+    categories = {INJECTIVE, REDUCTION, SCAN, EXTERN}
+    registered = {op for op, rule in registered_ops().items() if rule.category in categories}
+    assert registered - _NOT_LEGALIZED == {f"relax.{name}" for name in _SAMPLES}
+
+
+@pytest.mark.parametrize("name", sorted(_SAMPLES))
+def test_op_whose_kernel_is_extern_code_is_never_fused(name):
+    """FuseTIR merges te.compute kernels only; an extern-built one (scatter's ir_builder,
+    median's argsort) in a fused group fails the build (``Inconsistent buffers``)."""
+    call = _SAMPLES[name]()
+    bb = relax.BlockBuilder()
+    with bb.function("main", sorted(relax.analysis.free_vars(call), key=lambda v: v.name)):
+        with bb.dataflow():
+            out = bb.emit_output(call)
+        bb.emit_func_output(out)
+    with tvm.target.Target({"kind": "llvm"}):
+        mod = tvm.transform.Sequential([relax.backend.DispatchSortScan(), relax.transform.LegalizeOps()])(bb.get())
+    extern = [b for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) for b in _extern_blocks(f)]
+    category = rule_for(f"relax.{name}").category
+    assert not (extern and category in _CHAINABLE | _ANCHORS), (
+        f"{name}: its kernel is extern code (blocks {extern}) but category {category!r} lets it join a fused group")

@@ -1,6 +1,7 @@
 """Ops outside the fused library compile and agree with numpy: creation ops with no
 tensor input (a causal mask from arange), scans and sorts (TVM's sort/scan dispatch, never
-fused with their neighbours), and unsupported PyTorch ops get our own error."""
+fused with their neighbours), scatters and median (TOPI extern code, never fused), and
+unsupported PyTorch ops get our own error."""
 
 from __future__ import annotations
 
@@ -70,6 +71,54 @@ def test_sorts_compile_and_match_numpy(op):
     want = {"sort": np.maximum(np.sort(xv, -1), 0), "argsort": np.argsort(xv, -1).astype("int32"),
             "topk": -np.sort(-xv, -1)[:, :3] + 1}[op]
     np.testing.assert_allclose(compiled(xv), want)
+
+
+def _scatter_model(op):
+    """exp(x) scattered with -u at indices that an elementwise Emit maps from negative to
+    positive (as the ONNX frontend does for ScatterND), then relu: TOPI's scatter is
+    ir_builder code, so its neighbours are separate kernels."""
+    x = relax.Var("x", relax.TensorType((8, 6), "float32"))
+    shape = (3, 6) if op == "scatter_elements" else (3, 1)
+    idx = relax.Var("idx", relax.TensorType(shape, "int64"))
+    u = relax.Var("u", relax.TensorType((3, 6), "float32"))
+
+    def body(bb, x, idx, u):
+        wrapped = relax.op.where(relax.op.less(idx, relax.const(0, "int64")),
+                                 relax.op.add(idx, relax.const(8, "int64")), idx)
+        scatter = (relax.op.scatter_elements(relax.op.exp(x), wrapped, relax.op.negative(u), axis=0)
+                   if op == "scatter_elements" else
+                   relax.op.scatter_nd(relax.op.exp(x), wrapped, relax.op.negative(u)))
+        return relax.op.nn.relu(scatter)
+
+    return _build([x, idx, u], body)
+
+
+@pytest.mark.parametrize("op", ["scatter_elements", "scatter_nd"])
+def test_scatter_with_elementwise_neighbours_matches_numpy(op):
+    compiled = aicf_tvm.compile(_scatter_model(op), target=TARGET)
+    assert op in [k.kind for k in compiled.kernels]
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((8, 6)).astype("float32")
+    u = rng.standard_normal((3, 6)).astype("float32")
+    rows = np.stack([rng.permutation(8)[:3] for _ in range(6)], axis=1)  # distinct rows per column
+    idx = np.where(rng.random(rows.shape) < 0.5, rows - 8, rows)  # some negative, same rows
+    want = np.exp(x)
+    if op == "scatter_elements":
+        np.put_along_axis(want, rows, -u, axis=0)
+    else:
+        idx, rows = idx[:, :1], rows[:, :1]
+        want[rows[:, 0]] = -u
+    np.testing.assert_allclose(compiled(x, idx, u), np.maximum(want, 0), rtol=1e-6, atol=1e-6)
+
+
+def test_median_between_elementwise_ops_matches_numpy():
+    """median sorts with TOPI's extern argsort: its own kernel."""
+    x = relax.Var("x", relax.TensorType((5, 7), "float32"))
+    compiled = aicf_tvm.compile(_build([x], lambda bb, v: relax.op.exp(relax.op.median(relax.op.exp(v)))),
+                                target=TARGET)
+    assert "median" in [k.kind for k in compiled.kernels]
+    xv = np.random.default_rng(8).standard_normal((5, 7)).astype("float32")
+    np.testing.assert_allclose(compiled(xv), np.exp(np.median(np.exp(xv))), rtol=1e-6)
 
 
 def test_unsupported_torch_op_names_the_op():
