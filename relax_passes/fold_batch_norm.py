@@ -45,7 +45,7 @@ _CONVS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
 
 def _is_plain(layout: str, ndim: int) -> bool:
     """One upper-case letter per dimension: no blocked (``NCHW8c``) dimension."""
-    return len(layout) == ndim and layout.isalpha() and layout.isupper() and len(set(layout)) == ndim
+    return len(layout) == len(set(layout)) == ndim and layout.isalpha() and layout.isupper()
 
 
 def _is_float(dtype: Any) -> bool:
@@ -61,7 +61,9 @@ def folded_weights(conv: relax.Call, bn: relax.Call) -> tuple[np.ndarray, np.nda
     kernel_layout = str(ca.kernel_layout)
     if bool(a.training) or not (_is_plain(out_layout, ndim) and _is_plain(kernel_layout, ndim)):
         return None
-    if "C" not in out_layout or "O" not in kernel_layout or int(a.axis) % ndim != out_layout.index("C"):
+    if "C" not in out_layout or "O" not in kernel_layout:
+        return None
+    if int(a.axis) % ndim != out_layout.index("C"):
         return None
     weight = conv.args[1].value.numpy()
     out_dtype = str(conv.ty.dtype)
@@ -105,7 +107,8 @@ def decompose(bn: relax.Call) -> relax.Expr:
     a = bn.attrs
     ndim, dtype = data.ty.ndim, str(data.ty.dtype)
     if ndim < 0:
-        raise UnsupportedModelError(f"batch_norm on {data} of unknown rank: give the input a known rank")
+        raise UnsupportedModelError(
+            f"batch_norm on {data} of unknown rank: give the input a known rank")
     axis = int(a.axis) % ndim
     others = [i for i in range(ndim) if i != axis]
 

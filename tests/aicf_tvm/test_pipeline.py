@@ -63,18 +63,21 @@ def test_float16_onnx_conv_batch_norm_folds_and_matches_onnxruntime():
     rng = np.random.default_rng(12)
     c = 4
     values = {"w": rng.standard_normal((c, 3, 3, 3)), "g": rng.standard_normal(c),
-              "b": rng.standard_normal(c), "m": rng.standard_normal(c), "v": rng.uniform(0.5, 2.0, c)}
+              "b": rng.standard_normal(c), "m": rng.standard_normal(c),
+              "v": rng.uniform(0.5, 2.0, c)}
     inits = [numpy_helper.from_array(a.astype("float16"), n) for n, a in values.items()]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["y"], epsilon=1e-3),
              helper.make_node("Relu", ["y"], ["out"])]
     graph = helper.make_graph(
-        nodes, "conv_bn_f16", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 3, 8, 8])],
+        nodes, "conv_bn_f16",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 3, 8, 8])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT16, [1, c, 8, 8])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
     onnx.checker.check_model(model)
     x = rng.standard_normal((1, 3, 8, 8)).astype("float16")
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"x": x})[0]
     compiled = _compile(model)
     assert [k.kind for k in compiled.kernels] == ["fused_conv2d_bias_act"]  # folded: one kernel
     got = compiled(x)

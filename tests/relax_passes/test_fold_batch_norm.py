@@ -15,12 +15,13 @@ from relax_passes.fold_batch_norm import FoldBatchNorm
 from ..conftest import run_vm
 
 CHANNELS = 4
-_KERNEL_SHAPES = {"OIHW": (CHANNELS, 3, 3, 3), "HWIO": (3, 3, 3, CHANNELS), "OHWI": (CHANNELS, 3, 3, 3)}
+_KERNEL_SHAPES = {"OIHW": (CHANNELS, 3, 3, 3), "HWIO": (3, 3, 3, CHANNELS),
+                  "OHWI": (CHANNELS, 3, 3, 3)}
 
 
-def conv_bn(rng: np.random.Generator, *, center: bool = True, scale: bool = True, training: bool = False,
-            data_layout: str = "NCHW", kernel_layout: str = "OIHW", axis: int = 1,
-            dtype: str = "float32", weight_scale: float = 1.0, gamma_scale: float = 1.0,
+def conv_bn(rng: np.random.Generator, *, center: bool = True, scale: bool = True,
+            training: bool = False, data_layout: str = "NCHW", kernel_layout: str = "OIHW",
+            axis: int = 1, dtype: str = "float32", weight_scale: float = 1.0, gamma_scale: float = 1.0,
             consts: dict | None = None) -> tuple[tvm.IRModule, tuple]:
     """``batch_norm(conv2d(x, W), gamma, beta, mean, var)[0]`` with distinct random
     constants (also stored into ``consts`` when given)."""
@@ -37,8 +38,9 @@ def conv_bn(rng: np.random.Generator, *, center: bool = True, scale: bool = True
         with bb.dataflow():
             c = bb.emit(relax.op.nn.conv2d(x, relax.const(weight), data_layout=data_layout,
                                            kernel_layout=kernel_layout))
-            bn = bb.emit(relax.op.nn.batch_norm(c, *[relax.const(v) for v in (gamma, beta, mean, var)],
-                                                axis=axis, center=center, scale=scale, training=training))
+            stats = [relax.const(v) for v in (gamma, beta, mean, var)]
+            bn = bb.emit(relax.op.nn.batch_norm(c, *stats, axis=axis, center=center, scale=scale,
+                                                training=training))
             out = bb.emit_output(bn[0])
         bb.emit_func_output(out)
     return bb.get(), x_shape
@@ -49,7 +51,8 @@ def op_names(mod: tvm.IRModule) -> list[str]:
             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
 
 
-@pytest.mark.parametrize("center,scale", [(True, True), (False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("center,scale",
+                         [(True, True), (False, False), (True, False), (False, True)])
 def test_fold_honours_center_and_scale(center, scale):
     """gamma scales only when ``scale``, beta shifts only when ``center`` (the constants are
     far from 1 and 0, so folding either in regardless would show)."""
@@ -69,6 +72,27 @@ def test_nhwc_conv_folds_along_its_channel_axis(kernel_layout):
     assert op_names(got) == ["relax.nn.conv2d", "relax.add"]
     x = rng.standard_normal(x_shape).astype("float32")
     np.testing.assert_allclose(run_vm(got, x)[0], run_vm(mod, x)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_conv1d_folds_too():
+    rng = np.random.default_rng(9)
+    weight, gamma, beta, mean = (rng.standard_normal(s).astype("float32")
+                                 for s in ((5, 2, 3), (5,), (5,), (5,)))
+    var = rng.uniform(0.5, 2.0, 5).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 2, 9), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            c = bb.emit(relax.op.nn.conv1d(x, relax.const(weight)))
+            bn = bb.emit(relax.op.nn.batch_norm(c, *[relax.const(v) for v in (gamma, beta, mean, var)],
+                                                axis=1, training=False))
+            out = bb.emit_output(bn[0])
+        bb.emit_func_output(out)
+    mod = bb.get()
+    got = FoldBatchNorm()(mod)
+    assert op_names(got) == ["relax.nn.conv1d", "relax.add"]
+    xv = rng.standard_normal((1, 2, 9)).astype("float32")
+    np.testing.assert_allclose(run_vm(got, xv)[0], run_vm(mod, xv)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_no_fold_when_the_axis_is_not_the_conv_channel():
@@ -118,16 +142,17 @@ def test_no_fold_when_the_folded_weight_would_overflow():
     np.testing.assert_allclose(run_vm(got, x)[0], want, rtol=1e-2, atol=np.abs(want).max() * 1e-2)
 
 
-def batch_norm_only(rng: np.random.Generator, training: bool, dtype: str = "float32") -> tuple[tvm.IRModule, dict]:
+def batch_norm_only(rng: np.random.Generator, training: bool) -> tuple[tvm.IRModule, dict]:
     """All three outputs of ``batch_norm(x, ...)`` on [2, 3, 4, 5], axis 1."""
-    stats = {k: rng.standard_normal(3).astype(dtype) for k in ("gamma", "beta", "mean")}
-    stats["var"] = rng.uniform(0.5, 2.0, 3).astype(dtype)
+    stats = {k: rng.standard_normal(3).astype("float32") for k in ("gamma", "beta", "mean")}
+    stats["var"] = rng.uniform(0.5, 2.0, 3).astype("float32")
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((2, 3, 4, 5), dtype))
+    x = relax.Var("x", relax.TensorType((2, 3, 4, 5), "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            bn = bb.emit(relax.op.nn.batch_norm(x, *[relax.const(stats[k]) for k in ("gamma", "beta", "mean", "var")],
-                                                axis=1, epsilon=1e-3, momentum=0.25, training=training))
+            consts = [relax.const(stats[k]) for k in ("gamma", "beta", "mean", "var")]
+            bn = bb.emit(relax.op.nn.batch_norm(x, *consts, axis=1, epsilon=1e-3, momentum=0.25,
+                                                training=training))
             out = bb.emit_output(relax.Tuple([bn[0], bn[1], bn[2]]))
         bb.emit_func_output(out)
     return bb.get(), stats
@@ -141,7 +166,8 @@ def test_training_mode_normalizes_by_the_batch_statistics():
     x = rng.standard_normal((2, 3, 4, 5)).astype("float32")
     mean, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
     c = (1, 3, 1, 1)
-    want = [(x - mean.reshape(c)) / np.sqrt(var.reshape(c) + 1e-3) * s["gamma"].reshape(c) + s["beta"].reshape(c),
+    norm = (x - mean.reshape(c)) / np.sqrt(var.reshape(c) + 1e-3)
+    want = [norm * s["gamma"].reshape(c) + s["beta"].reshape(c),
             0.75 * s["mean"] + 0.25 * mean, 0.75 * s["var"] + 0.25 * var]
     got = FoldBatchNorm()(mod)
     assert "relax.nn.batch_norm" not in op_names(got)
