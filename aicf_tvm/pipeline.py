@@ -25,13 +25,16 @@ MAX_ROUNDS = 4
 
 
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
-    """Fold what is computable at compile time (weights, batch-norm into conv weights) and
-    move reshapes below the elementwise ops they feed (``relax_passes.SinkReshapes``)."""
+    """Fold what is computable at compile time (weights; batch-norm into conv weights where
+    exact, ``relax_passes.FoldBatchNorm``, which decomposes every other batch-norm by its
+    own ``training`` flag before TVM's inference decomposition could misread it) and move
+    reshapes below the pointwise ops they feed (``relax_passes.SinkReshapes``)."""
+    from relax_passes.fold_batch_norm import FoldBatchNorm
     from relax_passes.sink_reshapes import SinkReshapes
 
     seq = [
         relax.transform.FoldConstant(),
-        relax.transform.FoldBatchnormToConv2D(),
+        FoldBatchNorm(),
         relax.transform.FoldConstant(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),

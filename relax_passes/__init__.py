@@ -1,10 +1,11 @@
 """Our Relax passes, one per module, usable in any TVM pipeline.
 
-SinkReshapes (op level) -> LiftEmits -> PropagateContracts ->
+FoldBatchNorm, SinkReshapes (op level) -> LiftEmits -> PropagateContracts ->
 (EliminateEmits, MaterializeEmits, FuseEmits)* -> LowerEmits -> (after scheduling) prepack_weights
 """
 
 from .eliminate_emits import EliminateEmits
+from .fold_batch_norm import FoldBatchNorm
 from .fuse_emits import FuseEmits
 from .lift_emits import LiftEmits
 from .lower_emits import LowerEmits
@@ -12,5 +13,5 @@ from .materialize_emits import MaterializeEmits
 from .propagate_contracts import PropagateContracts, analyze
 from .sink_reshapes import SinkReshapes
 
-__all__ = ["EliminateEmits", "MaterializeEmits", "FuseEmits", "LiftEmits", "LowerEmits", "PropagateContracts", "SinkReshapes",
+__all__ = ["EliminateEmits", "FoldBatchNorm", "MaterializeEmits", "FuseEmits", "LiftEmits", "LowerEmits", "PropagateContracts", "SinkReshapes",
            "analyze"]

@@ -3,12 +3,14 @@
 Frontends flatten a ``Linear`` on a 3-D input to 2-D for the matmul and reshape the
 result back before the activation (``matmul -> add(bias) -> reshape -> relu``), so the
 reshape separates the GEMM from its epilogue and no candidate sees
-``relu(add(matmul))``. When the reshape's only use is an elementwise op whose other
-operands are scalars, the op is applied first and the reshape after it:
+``relu(add(matmul))``. When the reshape's only use is a pointwise op
+(``aicf_tvm.kinds.describe.is_pointwise``: an elementwise or broadcast kind with no
+attribute naming an axis or layout, so not ``prelu(axis=1)``) whose other operands are
+scalars, the op is applied first and the reshape after it:
 ``relu(reshape(x, s))`` becomes ``reshape(relu(x), s)``; repeated until no reshape moves.
 
-Sound: an elementwise op computes each output element from the input element at the same
-index, and a reshape keeps the row-major order of the elements, so both orders give the
+Sound: a pointwise op computes each output element from the input element at the same
+index alone, and a reshape keeps the row-major order of the elements, so both orders give the
 same values in the same order; a scalar operand (rank 0, or one element of a rank no
 larger than the reshaped input) broadcasts the same way in both shapes. Runs on op-level
 Relax, before LiftEmits.
@@ -21,7 +23,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE, rule_for
+from aicf_tvm.kinds.describe import is_pointwise
 
 _RESHAPE = "relax.reshape"
 
@@ -53,9 +55,7 @@ def _use_counts(func: relax.Function) -> dict:
 
 def _sinkable(value: Any, reshapes: dict, counts: dict) -> Any:
     """The reshape binding ``value`` (an op call) may be swapped with, or None."""
-    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
-        return None
-    if rule_for(value.op.name).category not in (ELEMENTWISE, BROADCAST) or value.op.name == "relax.nn.dropout":
+    if not is_pointwise(value):
         return None
     tensors = [a for a in value.args if _is_tensor(a) and not isinstance(a, tvm.ir.Constant)]
     if len(tensors) != 1 or tensors[0] not in reshapes or counts.get(tensors[0], 0) != 1:

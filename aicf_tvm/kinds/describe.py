@@ -20,7 +20,7 @@ from ..emit import Emit, Interface, Port
 from ..lattice import (
     AccumDtype, Determinism, Effect, MathTag, NumericFact, Rounding, ShapeFact,
 )
-from .registry import OPAQUE_RULE, KindRule, rule_for
+from .registry import BROADCAST, ELEMENTWISE, OPAQUE_RULE, KindRule, rule_for
 
 READ, WRITE, READWRITE = Effect("Read"), Effect("Write"), Effect("ReadWrite")
 
@@ -98,17 +98,42 @@ def plain_value(value: Any) -> Any:
     return str(value).replace(" ", "")
 
 
+def attr_names(attrs: Any) -> list[str]:
+    """The fields an op's Attrs object declares (set or not)."""
+    if isinstance(attrs, tvm.ir.DictAttrs):
+        return [str(k) for k in attrs.keys()]
+    info = getattr(type(attrs), "__tvm_ffi_type_info__", None) if attrs is not None else None
+    return [f.name for f in info.fields] if info is not None else []
+
+
 def attrs_dict(attrs: Any) -> dict[str, Any]:
-    if attrs is None:
-        return {}
-    info = getattr(type(attrs), "__tvm_ffi_type_info__", None)
-    fields = [f.name for f in info.fields] if info is not None else []
     out = {}
-    for name in fields:
+    for name in attr_names(attrs):
         v = plain_value(getattr(attrs, name))
         if v is not None:
             out[name] = v
     return out
+
+
+def _names_a_dimension(attr: str) -> bool:
+    return attr.endswith(("axis", "axes")) or "layout" in attr
+
+
+def is_pointwise(call: Any) -> bool:
+    """Whether ``call`` computes each output element from the input element at the same
+    index alone, whatever shape the input has: what lets a rewrite apply the op to the
+    input in another shape (before a reshape) and get the same values.
+
+    Proven only for an elementwise or broadcast kind that returns one tensor (not
+    dropout's pair) and carries no attribute naming an axis or a layout: such an
+    attribute ties the op to its input's shape (``prelu(x, alpha, axis=1)`` applies
+    ``alpha`` along dimension 1, which a reshape moves or removes).
+    """
+    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+        return False
+    if rule_for(call.op.name).category not in (ELEMENTWISE, BROADCAST) or not is_tensor(call):
+        return False
+    return not any(_names_a_dimension(a) for a in attr_names(call.attrs))
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tvm
 import tvm_ffi
@@ -140,3 +141,21 @@ def test_op_whose_kernel_is_extern_code_is_never_fused(name):
     category = rule_for(f"relax.{name}").category
     assert not (extern and category in _CHAINABLE | _ANCHORS), (
         f"{name}: its kernel is extern code (blocks {extern}) but category {category!r} lets it join a fused group")
+
+
+def test_pointwise_excludes_ops_tied_to_their_input_shape():
+    """prelu is registered broadcast but applies its slope along ``axis``; dropout returns
+    a pair; softmax and layer_norm reduce along axes. Only the others may cross a reshape."""
+    from aicf_tvm.kinds.describe import is_pointwise
+
+    x = relax.Var("x", relax.TensorType((2, 3, 4), "float32"))
+    c = relax.const(0.5, "float32")
+    vec = relax.const(np.ones(4, "float32"))
+    pointwise = [relax.op.nn.relu(x), relax.op.add(x, c), relax.op.astype(x, "float16"),
+                 relax.op.nn.leakyrelu(x, 0.1), relax.op.clip(x, 0.0, 1.0)]
+    tied = [relax.op.nn.prelu(x, relax.const(np.ones(3, "float32")), axis=1),
+            relax.op.nn.dropout(x, 0.5), relax.op.nn.softmax(x, axis=1),
+            relax.op.nn.layer_norm(x, vec, vec, axes=[-1])]
+    bb = relax.BlockBuilder()
+    assert [is_pointwise(bb.normalize(e)) for e in pointwise] == [True] * len(pointwise)
+    assert [is_pointwise(bb.normalize(e)) for e in tied] == [False] * len(tied)

@@ -105,6 +105,58 @@ def test_no_move_when_a_fact_is_missing():
         assert tvm_ffi.structural_equal(SinkReshapes()(mod)["main"], mod["main"])
 
 
+@I.ir_module
+class ReshapeThenPrelu:
+    """prelu's slope runs along axis 1 of the reshaped value: applied to ``x`` (rank 1)
+    the axis would not exist."""
+
+    @R.function
+    def main(x: R.Tensor((6,), "float32")):
+        with R.dataflow():
+            r = R.reshape(x, R.shape([2, 3]))
+            y = R.nn.prelu(r, R.const(np.full((1,), 0.25, "float32")), axis=1)
+            R.output(y)
+        return y
+
+
+@I.ir_module
+class ReshapeThenSoftmax:
+    @R.function
+    def main(x: R.Tensor((2, 12), "float32")):
+        with R.dataflow():
+            r = R.reshape(x, R.shape([2, 3, 4]))
+            y = R.nn.softmax(r, axis=1)
+            R.output(y)
+        return y
+
+
+@I.ir_module
+class ReshapeThenLayerNorm:
+    @R.function
+    def main(x: R.Tensor((2, 12), "float32")):
+        with R.dataflow():
+            r = R.reshape(x, R.shape([2, 3, 4]))
+            y = R.nn.layer_norm(r, R.const(np.full((4,), 2.0, "float32")),
+                                R.const(np.full((4,), 0.5, "float32")), axes=[-1])
+            R.output(y)
+        return y
+
+
+def test_an_op_with_an_axis_attribute_stays_below_the_reshape():
+    """An op whose attrs name an axis is tied to its input's shape: prelu (registered
+    broadcast), softmax and layer_norm all keep the reshape in front of them."""
+    for mod in (ReshapeThenPrelu, ReshapeThenSoftmax, ReshapeThenLayerNorm):
+        got = SinkReshapes()(mod)
+        tvm.ir.assert_structural_equal(got["main"], mod["main"])
+
+
+def test_prelu_after_a_reshape_computes_what_numpy_does():
+    x = np.random.default_rng(3).standard_normal(6).astype("float32")
+    want = np.where(x > 0, x, 0.25 * x).reshape(2, 3)
+    got = run_vm(SinkReshapes()(ReshapeThenPrelu), x)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_linear_on_3d_input_fuses_its_activation():
     """torch's Linear on [B, S, H] flattens for the matmul and reshapes back before the
     activation; after the move the activation is the GEMM's epilogue: one kernel per Linear."""
