@@ -25,11 +25,13 @@ MAX_ROUNDS = 4
 
 
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
-    """Fold what is computable at compile time (weights, batch-norm into conv weights) and
-    move reshapes below the elementwise ops they feed (``relax_passes.SinkReshapes``)."""
+    """Simplify symbolic shapes under their bounds (``relax_passes.BoundShapes``), fold what
+    is computable at compile time (weights, batch-norm into conv weights) and move reshapes below the elementwise ops they feed (``relax_passes.SinkReshapes``)."""
+    from relax_passes.bound_shapes import BoundShapes
     from relax_passes.sink_reshapes import SinkReshapes
 
     seq = [
+        BoundShapes(),
         relax.transform.FoldConstant(),
         relax.transform.FoldBatchnormToConv2D(),
         relax.transform.FoldConstant(),
