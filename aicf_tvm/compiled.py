@@ -110,6 +110,17 @@ def specs_of(func: relax.Function) -> tuple[list[TensorSpec], list[TensorSpec]]:
     return inputs, outputs
 
 
+def dim_bounds_of(func: relax.Function) -> dict[str, list]:
+    """``{symbolic dim: [lower or None, upper or None]}`` from ``tir_var_*_bound`` attrs."""
+    attrs = func.attrs or {}
+    out: dict[str, list] = {}
+    for slot, key in enumerate(("tir_var_lower_bound", "tir_var_upper_bound")):
+        if key in attrs:
+            for name, value in dict(attrs[key]).items():
+                out.setdefault(str(name), [None, None])[slot] = int(value)
+    return out
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One PrimFunc called per inference: its name, Emit kind and schedule source."""
@@ -148,7 +159,7 @@ class CompiledModel:
                  optimized: tvm.IRModule | None = None, inputs: Sequence[TensorSpec] | None = None,
                  outputs: Sequence[TensorSpec] | None = None, kernels: Sequence[Kernel] | None = None,
                  device: Any = None, metadata: Mapping[str, Any] | None = None,
-                 path: str | None = None) -> None:
+                 path: str | None = None, dim_bounds: Mapping[str, Sequence] | None = None) -> None:
         self.executable = executable
         self.target = target
         self.report = report if report is not None else FusionReport()
@@ -156,6 +167,8 @@ class CompiledModel:
         self.lowered = lowered
         if main is not None:
             inputs, outputs = specs_of(main)
+            dim_bounds = dim_bounds_of(main)
+        self.dim_bounds = {str(k): list(v) for k, v in (dim_bounds or {}).items()}
         self.inputs = list(inputs or [])
         self.outputs = list(outputs or [])
         self.kernels = list(kernels) if kernels is not None else (kernels_of(lowered) if lowered else [])
@@ -198,6 +211,10 @@ class CompiledModel:
                 if first[0] != got:
                     raise InputError(f"input {spec.name}: dim {want} = {got}, but input {first[1]} "
                                      f"has {want} = {first[0]}")
+                low, high = self.dim_bounds.get(want, (None, None))
+                if (low is not None and got < low) or (high is not None and got > high):
+                    raise InputError(f"input {spec.name}: dim {want} = {got} is outside its bounds "
+                                     f"[{'' if low is None else low}, {'' if high is None else high}]")
 
     def arrange(self, args: Sequence[Any], named: Mapping[str, Any]) -> list[np.ndarray]:
         """Positional then named inputs, in the order of ``inputs``; names are checked."""

@@ -59,6 +59,7 @@ def metadata_of(model: Any) -> dict:
         "target": plain(model.target.export()),
         "target_description": describe(model.target),
         "inputs": [s.to_json() for s in model.inputs],
+        "dim_bounds": model.dim_bounds,
         "outputs": [s.to_json() for s in model.outputs],
         "kernels": [{"name": k.name, "kind": k.kind, "schedule": k.schedule} for k in model.kernels],
         "emits": emits,
@@ -221,6 +222,7 @@ def load(path: str | os.PathLike, device: Any = None):
         return CompiledModel(
             lib, target, report=report, device=dev, metadata=meta, path=name,
             inputs=[TensorSpec.from_json(s) for s in meta["inputs"]],
+            dim_bounds=meta.get("dim_bounds", {}),
             outputs=[TensorSpec.from_json(s) for s in meta["outputs"]],
             kernels=[Kernel(k["name"], k["kind"], k["schedule"]) for k in meta["kernels"]],
         )

@@ -16,10 +16,15 @@ import tvm
 from tvm import relax
 
 from .errors import UnsupportedModelError
+from .symbolic import rename_dims, torch_dim_names
 
 
 def _normalize(mod: tvm.IRModule) -> tvm.IRModule:
-    seq = tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()])
+    from relax_passes.bound_shapes import BoundShapes
+
+    # bounds first: a shape left unknown by inference cannot be folded or legalized
+    seq = tvm.transform.Sequential([BoundShapes(), relax.transform.FoldConstant(),
+                                    relax.transform.DeadCodeElimination()])
     return seq(mod)
 
 
@@ -80,8 +85,13 @@ def _check_ops(model: Any, name: str) -> None:
             )
 
 
-def from_torch(module: Any, example_args: Sequence[Any]) -> tvm.IRModule:
-    """Import a ``torch.nn.Module`` through ``torch.export`` (needs the ``torch`` extra)."""
+def from_torch(module: Any, example_args: Sequence[Any], dynamic_shapes: Any = None) -> tvm.IRModule:
+    """Import a ``torch.nn.Module`` through ``torch.export`` (needs the ``torch`` extra).
+
+    ``dynamic_shapes`` is ``torch.export``'s argument, one entry per example argument, e.g.
+    ``({1: torch.export.Dim("seq", max=512)},)``: those dims stay symbolic in the module and
+    their bounds become the function's ``tir_var_upper_bound`` (checked at every call).
+    """
     try:
         import torch
     except ImportError as err:
@@ -91,7 +101,7 @@ def from_torch(module: Any, example_args: Sequence[Any]) -> tvm.IRModule:
     module = module.eval()
     with torch.no_grad():
         try:
-            ep = torch.export.export(module, tuple(example_args))
+            ep = torch.export.export(module, tuple(example_args), dynamic_shapes=dynamic_shapes)
         except Exception as err:  # noqa: BLE001 - torch.export's many error types
             raise UnsupportedModelError(f"torch.export could not capture {type(module).__name__}: "
                                         f"{_first_line(err)}") from err
@@ -105,7 +115,7 @@ def from_torch(module: Any, example_args: Sequence[Any]) -> tvm.IRModule:
                                             "not supported by TVM's PyTorch frontend") from err
             raise UnsupportedModelError(f"TVM's PyTorch frontend could not import {type(module).__name__}: "
                                         f"{text}") from err
-    return _normalize(mod)
+    return _normalize(rename_dims(mod, torch_dim_names(ep, dynamic_shapes)))
 
 
 def _first_line(err: BaseException) -> str:

@@ -29,7 +29,7 @@ from aicf_tvm.errors import ContractContradiction
 from aicf_tvm.kinds.describe import describe_call, is_tensor, output_types, split_call
 from aicf_tvm.kinds.registry import VIEW, rule_for
 from aicf_tvm.kinds.transfer import fresh_shape, transfer, value_facts
-from aicf_tvm.lattice import Alias, Alignment, NumericFact
+from aicf_tvm.lattice import Alias, Alignment, NumericFact, ShapeFact
 
 MUST, NO, MAY, UNKNOWN = (Alias(v) for v in ("MustAlias", "NoAlias", "MayAlias", "Unknown"))
 
@@ -97,6 +97,19 @@ def _param_fact(i: int, param: relax.Var) -> ValueFact:
     return ValueFact(facts, frozenset({("param", i)}))
 
 
+def _cast_fact(src: Any, ty: Any) -> Any:
+    """A ``match_cast``: the same storage, with the dims the cast checks at run time. A
+    row-major source stays row-major over the new dims; other strides are not restated, so
+    they become unknown."""
+    if not isinstance(src, ValueFact) or not isinstance(ty, relax.TensorType):
+        return src
+    cast = fresh_shape(ty)
+    if not src.facts.shape.is_contiguous():
+        cast = ShapeFact.shape(cast.dims) if cast.dims is not None else cast
+    facts = src.facts
+    return ValueFact(value_facts(cast, facts.numeric, facts.abi.alignment), src.roots)
+
+
 def _item_fact(var: relax.Var, src: ValueFact, index: int, fresh: frozenset) -> ValueFact:
     """An item of a tuple known only as a whole: an item of a caller's tuple is itself a
     caller input (Unknown alias with the others, not a fresh buffer)."""
@@ -161,6 +174,8 @@ class _Analysis:
     def visit(self, binding: Any) -> Any:
         value, var = binding.value, binding.var
         fresh = frozenset({("value", var)})
+        if isinstance(binding, relax.MatchCast) and isinstance(value, relax.Var):
+            return _cast_fact(self.table.values[value], var.ty)
         if isinstance(value, relax.Var):
             return self.table.values[value]
         if isinstance(value, relax.TupleGetItem):
