@@ -16,6 +16,7 @@ from aicf_tvm.report import FusionReport
 from relax_passes import EliminateEmits, LiftEmits, MaterializeEmits, PropagateContracts
 
 from ..conftest import run_vm
+from .helpers import assert_same_values, special_floats
 
 
 def eliminate(mod):
@@ -152,19 +153,6 @@ def _signed_zero_reference(x):
     with np.errstate(all="ignore"):
         z = np.float32(0.0)
         return [1 / (x + z), 1 / (z + x), 1 / (x - -z), 1 / (x + -z), 1 / (x - z), x * z, x + np.float32("nan")]
-
-
-def assert_same_values(got, want):
-    """Equal values, NaN where NaN, and the same sign on every zero and infinity."""
-    np.testing.assert_array_equal(got, want)
-    number = ~np.isnan(want)
-    np.testing.assert_array_equal(np.signbit(got[number]), np.signbit(want[number]))
-
-
-def special_floats(rng, n):
-    """±0, ±inf and NaN, then distinct random values: ``n`` float32 values."""
-    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan], "float32")
-    return np.concatenate([special, rng.standard_normal(n - special.size).astype("float32")])
 
 
 def test_only_ieee_identities_are_eliminated():
