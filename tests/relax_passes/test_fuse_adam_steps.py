@@ -75,11 +75,13 @@ def _two_steps(lr_p: float, lr_q: float):
                  vq: R.Tensor((8,), "float32"), b1: R.Tensor((), "float32"), b2: R.Tensor((), "float32")):
             with R.dataflow():
                 m1 = R.add(R.multiply(R.const(0.9, "float32"), m), R.multiply(R.const(0.1, "float32"), g))
-                v1 = R.add(R.multiply(R.const(0.999, "float32"), v), R.multiply(R.const(0.001, "float32"), R.multiply(g, g)))
+                v1 = R.add(R.multiply(R.const(0.999, "float32"), v),
+                           R.multiply(R.const(0.001, "float32"), R.multiply(g, g)))
                 p1 = R.subtract(p, R.multiply(R.const(lr_p, "float32"), R.divide(
                     R.divide(m1, b1), R.add(R.sqrt(R.divide(v1, b2)), R.const(1e-8, "float32")))))
                 m2 = R.add(R.multiply(R.const(0.9, "float32"), mq), R.multiply(R.const(0.1, "float32"), g))
-                v2 = R.add(R.multiply(R.const(0.999, "float32"), vq), R.multiply(R.const(0.001, "float32"), R.multiply(g, g)))
+                v2 = R.add(R.multiply(R.const(0.999, "float32"), vq),
+                           R.multiply(R.const(0.001, "float32"), R.multiply(g, g)))
                 q1 = R.subtract(q, R.multiply(R.const(lr_q, "float32"), R.divide(
                     R.divide(m2, b1), R.add(R.sqrt(R.divide(v2, b2)), R.const(1e-8, "float32")))))
                 R.output(p1, m1, v1, q1, m2, v2)

@@ -189,6 +189,7 @@ def test_zero_scalars_never_fold_or_abort(tmp_path):
     got = np.load(outputs)
     z, one = np.float32(0.0), np.float32(1.0)
     with np.errstate(all="ignore"):
-        want = [one / (x * z), one / (z * x), z / x, one / (x + z), one / (x - -z), (x + np.float32(2)) * np.float32(0.5)]
+        want = [one / (x * z), one / (z * x), z / x, one / (x + z), one / (x - -z),
+                (x + np.float32(2)) * np.float32(0.5)]
     for k, w in enumerate(want):
         assert_same_values(got[f"arr_{k}"], w)
