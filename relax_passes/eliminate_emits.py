@@ -114,7 +114,6 @@ class _Rules:
             return None, "", [Failure(f"{var.name}.x.shape", src, want)]
         return None, "", []
 
-
     def _view_input(self, expr: Any) -> Optional[Any]:
         """The input of the view (Emit or plain op) that produces ``expr``, else None."""
         n = self.producer(expr)
@@ -161,12 +160,13 @@ class _Rules:
             start = self._starts_at(operand, var)
             if start is not None and all(a.ty.ndim <= start.ty.ndim for m, _ in chain for a in m.value.args
                                          if isinstance(a, tvm.ir.Constant)):
+                rebuilt = self._rebuilt(chain, start, var)
                 names = ", ".join(m.emit.kind for m, _ in chain)
-                return (self._rebuilt(chain, start, var),
-                        f"view chain back to {type_shape(var.ty).show()} cancels across {names}", [])
+                why = f"view chain back to {type_shape(var.ty).show()} cancels across {names}"
+                return (rebuilt, why, []) if rebuilt is not None else None
         return None
 
-    def _rebuilt(self, chain: list[tuple[Node, int]], start: Any, var: Any) -> list[relax.VarBinding]:
+    def _rebuilt(self, chain: list[tuple[Node, int]], start: Any, var: Any) -> Optional[list[relax.VarBinding]]:
         """The chain's Emits applied to ``start`` instead, each lifted at its new shape."""
         out, value = [], start
         for j, (n, k) in enumerate(chain):
@@ -175,6 +175,8 @@ class _Rules:
             call = self.bb.normalize(relax.Call(n.body.op, [sub.get(a, a) for a in n.body.args], n.body.attrs,
                                                 n.body.ty_args))
             built = build_emit_function(call)
+            if built is None:
+                return None
             gv = self.bb.add_func(built[0], n.callee.name_hint)
             new = var if j == len(chain) - 1 else relax.DataflowVar(f"{n.var.name}_{j}", call.ty)
             out.append(relax.VarBinding(new, self.bb.normalize(relax.Call(gv, list(built[1])))))
