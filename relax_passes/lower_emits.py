@@ -39,11 +39,12 @@ _SCALAR_OK = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "
               "relax.maximum", "relax.minimum"}
 # TVM folds an immediate operand when it builds and simplifies TIR (arith's TryConstFold),
 # for floats as for integers: x * 0 -> 0, 0 / x -> 0, x + 0 -> x, x - 0 -> x, which IEEE
-# does not allow (inf * 0 is NaN, -0.0 + 0.0 is +0.0); x / 0 raises, and when a schedule's
-# compute_inline raises so the schedule is left half-rewritten and the next primitive
-# aborts the process. max/min fold only two immediates. So a zero becomes an immediate only
-# where every use is a max/min, and two immediates never meet in one op (that fold runs in
-# double precision and raises when the result leaves the dtype's range).
+# does not allow (inf * 0 is NaN, -0.0 + 0.0 is +0.0), and x / 0 raises (inside a
+# schedule's compute_inline that leaves the schedule half-rewritten, and the next
+# primitive aborts the process: 1 / (x * 0.0) did). max/min fold only two immediates. So
+# a zero becomes an immediate only where every use is a max/min, and two immediates never
+# meet in one op (that fold runs in double precision and raises when the result leaves
+# the dtype's range).
 _ZERO_OK = {"relax.maximum", "relax.minimum"}
 
 
@@ -93,13 +94,13 @@ def scalar_picks(func: relax.Function, args: list[Any]) -> list[tuple[int, relax
     an immediate without exposing it to one of TVM's unsound folds."""
     found = {}
     for i, (p, a) in enumerate(zip(func.params, args)):
-        imm = scalar_immediate(a)
-        uses = _arithmetic_uses(func, p) if imm is not None else []
+        found_imm = scalar_immediate(a)
+        uses = _arithmetic_uses(func, p) if found_imm is not None else []
         if not uses:
             continue
-        if imm[0].value == 0 and any(v.op.name not in _ZERO_OK for v in uses):
-            continue
-        found[i] = (p, imm, uses)
+        if found_imm[0].value == 0 and any(v.op.name not in _ZERO_OK for v in uses):
+            continue  # -0.0 too
+        found[i] = (p, found_imm, uses)
     together = {i for i, (_, _, uses) in found.items() for v in uses
                 if sum(any(a.same_as(q) for a in v.args) for q, _, _ in found.values()) > 1}
     return [(i, p, imm, key) for i, (p, (imm, key), _) in found.items() if i not in together]

@@ -10,7 +10,7 @@ inside the primitive.  A primitive that raises there leaves the schedule half-re
 and the next primitive on it aborts the process with an uncatchable C++ ``terminate``
 (dlight's ``try_inline`` swallows the first error and tries the next block).
 
-Our CPU rules never inline across such a block (``stored_constant``).  dlight's GPU rules
+Our CPU rules never inline across such a block (``inlines_a_constant``).  dlight's GPU rules
 inline what they can, so they get the function with each such immediate written as
 ``reinterpret(dtype, bits)`` (``opaque_constant_stores``): the same value bit for bit,
 which TVM's folder does not look into and NVCC folds exactly.  (LLVM code generation

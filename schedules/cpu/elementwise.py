@@ -5,8 +5,9 @@ Accepts a PrimFunc when ``NormalizePrimFunc`` succeeds and every block is spatia
 ('S' iterators).  Producers are inlined into consumers (``compute_inline`` /
 ``reverse_compute_inline``; TensorIR refuses an illegal inline with a ``ScheduleError``,
 so what stays is left materialized; any other error ends the rule, since it may leave
-the schedule half-rewritten).  Each remaining block gets its loops fused into one, split into a parallel
-outer loop and a vectorized inner loop of one SIMD register.  The inner loop never crosses
+the schedule half-rewritten; a block storing an immediate is never inlined across, see
+``schedules.constants``).  Each remaining block gets its loops fused into one, split
+into a parallel outer loop and a vectorized inner loop of one SIMD register.  The inner loop never crosses
 a row of the output unless the row length is a multiple of the vector, so the vector
 indices stay affine.  Rejected (None): any reduction block, a non-LLVM target, or a
 function TensorIR cannot normalize.
@@ -16,8 +17,7 @@ import math
 
 import tvm_ffi
 from tvm import ir, s_tir, tirx
-from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.analysis import SBlockInfo
+from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 from tvm.target.codegen import llvm_get_vector_width
