@@ -48,10 +48,34 @@ def is_free_view(src: ShapeFact, dst_dims: tuple) -> bool:
     return src.is_contiguous() and src.is_static() and dst_dims is not None
 
 
+# x op c == x bit for bit for every x (signed zeros, infinities and NaN included) when c,
+# on the side given, is this value. x + 0.0 is not an identity: -0.0 + 0.0 = +0.0, so
+# 1 / (x + 0.0) turns -inf into +inf; x + (-0.0) is. Likewise x - 0.0 is and x - (-0.0)
+# is not. For integers both zeros are the same 0. Deliberately absent: x * 0 (inf * 0 is
+# NaN, -1 * 0 is -0.0), 0 / x, x - x (inf - inf is NaN), max(x, x) / min(x, x) (our Emits
+# never see them as such), x ** 1 (left to the backend).
+RIGHT_NEUTRAL = {"add": -0.0, "subtract": 0.0, "multiply": 1.0, "divide": 1.0}
+LEFT_NEUTRAL = {"add": -0.0, "multiply": 1.0}
+
+
 def is_constant_fill(value: Any, fill: float) -> bool:
-    """A Relax constant whose every element equals ``fill``."""
+    """A Relax constant whose every element is ``fill`` exactly: for floats by value and
+    sign bit (-0.0 is not 0.0), so a NaN constant matches nothing."""
     data = getattr(value, "value", None)
     if data is None or not hasattr(data, "numpy"):
         return False
     arr = data.numpy()
-    return arr.size > 0 and bool(np.all(arr == fill))
+    if arr.size == 0 or arr.dtype.kind not in "fiu":
+        return False  # bool, bfloat16 and other types without a numpy arithmetic: never
+    want = np.array(fill).astype(arr.dtype)
+    same = arr == want
+    if arr.dtype.kind == "f":
+        same &= np.signbit(arr) == np.signbit(want)
+    return bool(np.all(same))
+
+
+def is_neutral_operand(kind: str, value: Any, right: bool) -> bool:
+    """Whether ``value`` on the given side of binary Emit ``kind`` leaves the other
+    operand unchanged for every value it may take (IEEE signed zeros and NaN included)."""
+    fill = (RIGHT_NEUTRAL if right else LEFT_NEUTRAL).get(kind)
+    return fill is not None and is_constant_fill(value, fill)

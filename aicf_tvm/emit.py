@@ -7,6 +7,7 @@ module round-trips through TVMScript and JSON unchanged (DESIGN §2).
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -80,6 +81,17 @@ def freeze(value: Any) -> AttrValue:
     raise EncodingError(f"attr value {value!r} of type {type(value).__name__} is not encodable")
 
 
+def exact_key(value: AttrValue) -> Any:
+    """A hashable key of a frozen attr value under which floats are equal only bit for bit,
+    as under TVM's structural equality: -0.0 is not 0.0 (``1 / x`` tells them apart) and
+    a NaN equals the same NaN (Python's ``==`` says neither)."""
+    if isinstance(value, float):
+        return (float, struct.pack("<d", value))
+    if isinstance(value, tuple):
+        return tuple(exact_key(v) for v in value)
+    return value
+
+
 def thaw(value: AttrValue) -> Any:
     """Inverse of ``freeze`` for encoding: tuples of pairs stay lists (dicts are explicit)."""
     if isinstance(value, tuple):
@@ -125,6 +137,20 @@ class Emit:
     @property
     def attr_dict(self) -> dict[str, AttrValue]:
         return dict(self.attrs)
+
+    @property
+    def attrs_key(self) -> Any:
+        """The attrs as a key that tells float values apart bit for bit (``exact_key``)."""
+        return exact_key(self.attrs)
+
+    def _identity(self) -> tuple:
+        return (self.kind, self.attrs_key, self.interface, self.contract, self.math, self.op, self.asserted)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Emit) and self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
 
     def with_contract(self, contract: EmitContract) -> "Emit":
         return Emit(self.kind, self.attrs, self.interface, contract, self.math, self.op, self.asserted)

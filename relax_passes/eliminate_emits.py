@@ -3,13 +3,20 @@
 Rules, each named in the report with the facts that justify it:
   * identity views: reshape/squeeze/expand_dims/flatten/broadcast_to to the same
     shape, identity permute_dims, astype to the same dtype, dropout (inference);
-  * ``x + 0``, ``x - 0``, ``x * 1``, ``x / 1`` with a constant that does not
-    broadcast x to a new shape;
+  * ``x + (-0.0)``, ``x - 0.0``, ``x * 1``, ``x / 1`` (and the commuted add/multiply)
+    with a constant that does not broadcast x to a new shape; the float constant must
+    match bit for bit (``x + 0.0`` stays: it turns -0.0 into +0.0; see
+    ``aicf_tvm.elimination.RIGHT_NEUTRAL``);
   * inverse permute_dims pairs cancel; a cast pair A -> B -> A only when B represents
     every value of A exactly (float16 -> float32 -> float16 goes, float32 -> float16
     -> float32 stays: it rounds);
   * a reshape/squeeze/expand_dims/flatten of a proven-contiguous tensor becomes a
     plain view (an op call the backend lowers to no kernel) instead of a copy Emit;
+  * a chain of such views that ends in the shape it started from is its start (they
+    keep the row-major order of the elements, so the values are the start's); also
+    across single-use elementwise Emits whose other operands are one-element
+    constants (``reshape(relu(reshape(x, s)), shape(x))`` is ``relu(x)``, the Emit
+    rebuilt at x's shape), which is what ``SinkReshapes`` leaves of a cancelling pair;
   * dead Emits whose every port effect is pure (never one that may write).
 A rule whose fact is missing leaves the Emit, and the report says which fact.
 Runs before FuseEmits in the pipeline's fixpoint; re-propagate afterwards.
@@ -23,18 +30,20 @@ import tvm
 from tvm import relax
 
 from aicf_tvm.elimination import (
-    compose_permutations, is_constant_fill, is_free_view, is_identity_permutation, represents_exactly,
+    compose_permutations, is_free_view, is_identity_permutation, is_neutral_operand, represents_exactly,
 )
 from aicf_tvm.emit_graph import EmitGraph, Node
 from aicf_tvm.kinds.describe import type_shape
+from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE
 from aicf_tvm.lattice import Failure, ShapeFact
 from aicf_tvm.report import Decision, FusionReport
 
 from .group_rewrite import drop_unused_emits, with_blocks
+from .lift_emits import build_emit_function
 from .propagate_contracts import FactTable, analyze
 
 _VIEWS = {"reshape", "squeeze", "expand_dims", "flatten", "batch_flatten"}
-_NEUTRAL = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "divide": 1.0}
+_VIEW_OPS = {"relax.reshape", "relax.squeeze", "relax.expand_dims", "relax.flatten"}
 
 
 def _shape(table: FactTable, expr: Any) -> ShapeFact:
@@ -48,15 +57,25 @@ def _same_type(a: Any, b: Any) -> bool:
         type_shape(a.ty).is_static()
 
 
+def is_view_call(node: Node) -> bool:
+    """A plain reshape-like op call (what an earlier sweep made of a view Emit)."""
+    v = node.value
+    return node.emit is None and isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name in _VIEW_OPS
+
+
 class _Rules:
-    def __init__(self, graph: EmitGraph, table: FactTable) -> None:
-        self.graph, self.table = graph, table
+    def __init__(self, graph: EmitGraph, table: FactTable, bb: relax.BlockBuilder) -> None:
+        self.graph, self.table, self.bb = graph, table, bb
 
     def producer(self, expr: Any) -> Optional[Node]:
         return self.graph.node_of(expr) if isinstance(expr, relax.Var) else None
 
     def decide(self, node: Node) -> tuple[Optional[Any], str, list[Failure]]:
-        """(replacement or None, rule/justification, failures of a rule that almost applied)."""
+        """(replacement or None, rule/justification, failures of a rule that almost applied).
+        A replacement is an expression, ``"view"``, or the list of bindings that replace
+        the node's (the last binds its var)."""
+        if is_view_call(node):
+            return self.view_chain(node) or (None, "", [])
         kind, body, var = node.emit.kind, node.body, node.var
         if body is None:
             return None, "", []
@@ -78,19 +97,96 @@ class _Rules:
                     if represents_exactly(a, b):
                         return src.value.args[0], f"cast pair {a}->{b}->{a}: {b} represents {a} exactly", []
                     return None, "", [Failure(f"{src.var.name}->{var.name}.exact", f"{a}->{b}", f"{b} ⊇ {a}")]
-        if kind in _NEUTRAL and len(node.value.args) == 2:
+        if len(node.value.args) == 2:
             a, c = node.value.args
-            if kind in ("add", "multiply") and is_constant_fill(a, _NEUTRAL[kind]):
+            if is_neutral_operand(kind, a, right=False):
                 a, c = c, a
-            if is_constant_fill(c, _NEUTRAL[kind]) and _same_type(a, var):
-                return a, f"x {kind} {_NEUTRAL[kind]:g}: the constant is neutral and broadcasts nothing", []
+            if is_neutral_operand(kind, c, right=True) and _same_type(a, var):
+                return a, f"x {kind} {_constant_text(c)}: the constant is neutral and broadcasts nothing", []
         if kind in _VIEWS and x is not None:
+            found = self.view_chain(node)
+            if found is not None:
+                return found
             src = _shape(self.table, x)
             if is_free_view(src, type_shape(var.ty).dims):
                 return "view", f"{kind} of {src.show()}: a view of the same storage", []
             want = ShapeFact.contiguous(src.dims) if src.dims is not None else ShapeFact.top()
             return None, "", [Failure(f"{var.name}.x.shape", src, want)]
         return None, "", []
+
+    def _view_input(self, expr: Any) -> Optional[Any]:
+        """The input of the view (Emit or plain op) that produces ``expr``, else None."""
+        n = self.producer(expr)
+        if n is None or not (is_view_call(n) or (n.emit is not None and n.emit.kind in _VIEWS and n.body is not None)):
+            return None
+        return n.value.args[0]
+
+    def _starts_at(self, expr: Any, var: Any) -> Optional[Any]:
+        """The value up the chain of views ending in ``expr`` that has ``var``'s static shape."""
+        src = self._view_input(expr)
+        while src is not None:
+            if type_shape(src.ty) == type_shape(var.ty) and type_shape(var.ty).is_static():
+                return src
+            src = self._view_input(src)
+        return None
+
+    def _commuting_operand(self, n: Node) -> Optional[int]:
+        """Index of ``n``'s one tensor operand when ``n`` is a single-use, pure elementwise
+        Emit of that operand and one-element constants that broadcast nothing (so it
+        commutes with a reshape of the operand), else None."""
+        if n.emit is None or n.body is None or n.category not in (ELEMENTWISE, BROADCAST) or not _is_pure(n) \
+                or len(n.consumers) != 1 or n.escapes or not isinstance(n.var.ty, relax.TensorType):
+            return None
+        operands = [i for i, a in enumerate(n.value.args) if not isinstance(a, tvm.ir.Constant)]
+        if len(operands) != 1 or type_shape(n.value.args[operands[0]].ty) != type_shape(n.var.ty):
+            return None
+        rank = n.var.ty.ndim
+        for a in n.value.args:
+            if isinstance(a, tvm.ir.Constant) and (a.value.numpy().size != 1 or a.ty.ndim > rank):
+                return None
+        return operands[0]
+
+    def view_chain(self, node: Node) -> Optional[tuple[Any, str, list]]:
+        """A view chain, possibly through commuting elementwise Emits, that returns to the
+        shape it started from: its start (rebuilt through those Emits)."""
+        x, var = node.value.args[0], node.var
+        start = self._starts_at(x, var) if isinstance(var.ty, relax.TensorType) else None
+        if start is not None and str(start.ty.dtype) == str(var.ty.dtype):
+            return start, f"view chain back to {type_shape(var.ty).show()} cancels", []
+        chain, operand = [], x
+        while (n := self.producer(operand)) is not None and (k := self._commuting_operand(n)) is not None:
+            chain.insert(0, (n, k))
+            operand = n.value.args[k]
+            start = self._starts_at(operand, var)
+            if start is not None and all(a.ty.ndim <= start.ty.ndim for m, _ in chain for a in m.value.args
+                                         if isinstance(a, tvm.ir.Constant)):
+                rebuilt = self._rebuilt(chain, start, var)
+                names = ", ".join(m.emit.kind for m, _ in chain)
+                why = f"view chain back to {type_shape(var.ty).show()} cancels across {names}"
+                return (rebuilt, why, []) if rebuilt is not None else None
+        return None
+
+    def _rebuilt(self, chain: list[tuple[Node, int]], start: Any, var: Any) -> Optional[list[relax.VarBinding]]:
+        """The chain's Emits applied to ``start`` instead, each lifted at its new shape."""
+        out, value = [], start
+        for j, (n, k) in enumerate(chain):
+            func = self.graph.mod[n.callee]
+            sub = dict(zip(func.params, n.value.args)) | {func.params[k]: value}
+            call = self.bb.normalize(relax.Call(n.body.op, [sub.get(a, a) for a in n.body.args], n.body.attrs,
+                                                n.body.ty_args))
+            built = build_emit_function(call)
+            if built is None:
+                return None
+            gv = self.bb.add_func(built[0], n.callee.name_hint)
+            new = var if j == len(chain) - 1 else relax.DataflowVar(f"{n.var.name}_{j}", call.ty)
+            out.append(relax.VarBinding(new, self.bb.normalize(relax.Call(gv, list(built[1])))))
+            value = new
+        return out
+
+
+def _constant_text(c: Any) -> str:
+    flat = c.value.numpy().reshape(-1)
+    return repr(flat[0].item()) if flat.size == 1 else f"{flat[0].item()!r} (all {flat.size})"
 
 
 def _axes(call: Any) -> Optional[list[int]]:
@@ -107,16 +203,18 @@ def _is_pure(node: Node) -> bool:
     return all(not provides.port(p).effect.writes for p in inputs)
 
 
-def eliminate_block(graph: EmitGraph, table: FactTable, report: FusionReport) -> Optional[relax.DataflowBlock]:
-    rules = _Rules(graph, table)
+def eliminate_block(bb: relax.BlockBuilder, graph: EmitGraph, table: FactTable,
+                    report: FusionReport) -> Optional[relax.DataflowBlock]:
+    rules = _Rules(graph, table, bb)
     bindings, changed = [], False
     for node in graph.nodes:
         b = graph.block.bindings[node.index]
-        if node.emit is None:
+        if node.emit is None and not is_view_call(node):
             bindings.append(b)
             continue
+        kind = node.emit.kind if node.emit is not None else node.value.op.name.removeprefix("relax.")
         if not node.consumers and not node.escapes:
-            if _is_pure(node):
+            if node.emit is None or _is_pure(node):
                 report.add(Decision("eliminate:dead", (node.var.name,), True, note="unused and effect-free"))
                 changed = True
                 continue
@@ -124,12 +222,15 @@ def eliminate_block(graph: EmitGraph, table: FactTable, report: FusionReport) ->
         replacement, why, failures = rules.decide(node)
         if replacement is None:
             if failures:
-                report.add(Decision(f"eliminate:{node.emit.kind}", (node.var.name,), False, tuple(failures)))
+                report.add(Decision(f"eliminate:{kind}", (node.var.name,), False, tuple(failures)))
             bindings.append(b)
             continue
         changed = True
-        report.add(Decision(f"eliminate:{node.emit.kind}", (node.var.name,), True, note=why))
-        if replacement == "view":
+        report.add(Decision(f"eliminate:{kind}", (node.var.name,), True, note=why))
+        if isinstance(replacement, list):
+            bindings.extend(replacement)
+            continue
+        if isinstance(replacement, str) and replacement == "view":
             replacement = relax.Call(node.body.op, [node.value.args[0], *node.body.args[1:]], node.body.attrs,
                                      node.body.ty_args)
         bindings.append(relax.VarBinding(b.var, replacement))
@@ -157,16 +258,16 @@ class EliminateEmits:
     def _sweep(self, mod: tvm.IRModule) -> tvm.IRModule:
         table = analyze(mod, self.func_name)
         func = mod[self.func_name]
+        bb = relax.BlockBuilder(mod)
         blocks, changed, cache = [], False, {}
         for block in func.body.blocks:
             new = None
             if isinstance(block, relax.DataflowBlock):
-                new = eliminate_block(EmitGraph(mod, block, cache), table, self.report)
+                new = eliminate_block(bb, EmitGraph(mod, block, cache), table, self.report)
             changed |= new is not None
             blocks.append(new or block)
         if not changed:
             return mod
-        bb = relax.BlockBuilder(mod)
         with_blocks(bb, mod, self.func_name, blocks)
         out = relax.transform.CanonicalizeBindings()(bb.get())
         return drop_unused_emits(out)

@@ -203,7 +203,7 @@ def plan_block(graph: EmitGraph, facts: AliasFacts, rest: relax.Expr) -> tuple[D
     steps = [n.index for n in graph.nodes if n.emit is not None and n.emit.kind == "adam_step"]
     group = _Group(graph, steps)
     names = tuple(_name(graph.nodes[i].value.args[0]) for i in steps)
-    attrs = {graph.nodes[i].emit.attrs for i in steps}
+    attrs = {graph.nodes[i].emit.attrs_key for i in steps}  # lr 0.0 and -0.0 differ
     note = "steps differ in lr, betas, eps or weight decay" if len(attrs) > 1 else ""
     note = note or group.structural_note(facts, _later_uses(graph, group, rest))
     fails = group.alias_failures(facts) if not note else []

@@ -29,6 +29,7 @@ from tvm import relax
 from tvm.relax import dpl
 
 from aicf_tvm.contract import ContractFacts
+from aicf_tvm.emit import exact_key
 from aicf_tvm.lattice import NO_ALIAS
 from aicf_tvm.library.adam import (
     ADAM_PORTS,
@@ -176,7 +177,8 @@ class _BlockLifter:
         return bindings[val2pos[expr]].var if expr in val2pos else expr
 
     def _function(self, p_ty, s_ty, attrs, asserted: ContractFacts) -> relax.GlobalVar:
-        key = (tvm_ffi.structural_hash(p_ty), tvm_ffi.structural_hash(s_ty), tuple(sorted(attrs.items())), asserted)
+        attrs_key = exact_key(tuple(sorted(attrs.items())))  # lr 0.0 and -0.0 are two steps
+        key = (tvm_ffi.structural_hash(p_ty), tvm_ffi.structural_hash(s_ty), attrs_key, asserted)
         if key not in self.cache:
             emit = adam_step_emit(p_ty, s_ty, attrs, asserted)
             self.cache[key] = self.bb.add_func(adam_step_function(p_ty, s_ty, attrs, emit), "adam_step")

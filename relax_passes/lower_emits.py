@@ -5,7 +5,9 @@ Runs last among our passes, on a module whose Emits are final. Final-lowering AB
 
 * a rank-0 constant port that the Emit only uses as an operand of elementwise
   arithmetic is passed as a scalar immediate (bound into a specialized copy of the
-  Emit function), not as a buffer: the port's contract gets ``scalar_view``;
+  Emit function, one per Emit and constants bit for bit), not as a buffer: the port's
+  contract gets ``scalar_view``; never where TVM's constant folding of the immediate
+  would change the result or raise (``scalar_picks``);
 * ``LegalizeOps`` turns each Emit function's ops into TensorIR and ``FuseTIR`` merges
   it into one PrimFunc named after it; ``RewriteDataflowReshape`` turns reshape
   kernels into views, so the kernel list is what runs;
@@ -35,6 +37,15 @@ from .group_rewrite import drop_unused_emits, with_blocks
 
 _SCALAR_OK = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
               "relax.maximum", "relax.minimum"}
+# TVM folds an immediate operand when it builds and simplifies TIR (arith's TryConstFold),
+# for floats as for integers: x * 0 -> 0, 0 / x -> 0, x + 0 -> x, x - 0 -> x, which IEEE
+# does not allow (inf * 0 is NaN, -0.0 + 0.0 is +0.0), and x / 0 raises (inside a
+# schedule's compute_inline that leaves the schedule half-rewritten, and the next
+# primitive aborts the process: 1 / (x * 0.0) did). max/min fold only two immediates. So
+# a zero becomes an immediate only where every use is a max/min, and two immediates never
+# meet in one op (that fold runs in double precision and raises when the result leaves
+# the dtype's range).
+_ZERO_OK = {"relax.maximum", "relax.minimum"}
 
 
 def kernel_calls(func: relax.Function) -> list[str]:
@@ -48,33 +59,56 @@ def kernel_calls(func: relax.Function) -> list[str]:
     return out
 
 
-def _scalar_value(expr: Any) -> Any:
-    """A rank-0 float/int constant as a TIR immediate, else None."""
+def scalar_immediate(expr: Any) -> tuple[Any, tuple] | None:
+    """A rank-0 float/int constant as a TIR immediate, with the key that tells constants
+    apart bit for bit (dtype and bytes: -0.0 is not 0.0, a NaN is the same NaN), else None."""
     if not isinstance(expr, tvm.ir.Constant) or not isinstance(expr.ty, relax.TensorType) or expr.ty.ndim != 0:
         return None
     dtype = str(expr.ty.dtype)
-    value = expr.value.numpy().item()
+    data = expr.value.numpy()
+    key = (dtype, data.tobytes())
     if dtype.startswith("float"):
-        return tirx.FloatImm(dtype, float(value))
+        return tirx.FloatImm(dtype, float(data.item())), key
     if dtype.startswith(("int", "uint")):
-        return tirx.IntImm(dtype, int(value))
+        return tirx.IntImm(dtype, int(data.item())), key
     return None
 
 
-def _only_arithmetic_uses(func: relax.Function, param: relax.Var) -> bool:
-    uses = 0
-    for block in func.body.blocks:
-        for b in block.bindings:
-            v = b.value
-            if any(a.same_as(param) for a in getattr(v, "args", [])):
-                if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name in _SCALAR_OK):
-                    return False
-                uses += 1
-    return uses > 0
+def _arithmetic_uses(func: relax.Function, param: relax.Var) -> list[relax.Call]:
+    """The op calls that take ``param`` as a direct operand, when each is scalar-safe
+    arithmetic and the param appears nowhere else; else []."""
+    seen: list[int] = []
+    relax.analysis.post_order_visit(func.body, lambda e: seen.append(1) if e.same_as(param) else None)
+    uses = [b.value for block in func.body.blocks for b in block.bindings
+            if isinstance(b.value, relax.Call) and any(a.same_as(param) for a in b.value.args)]
+    direct = sum(1 for v in uses for a in v.args if a.same_as(param))
+    if not uses or direct != len(seen):
+        return []
+    if not all(isinstance(v.op, tvm.ir.Op) and v.op.name in _SCALAR_OK for v in uses):
+        return []
+    return uses
+
+
+def scalar_picks(func: relax.Function, args: list[Any]) -> list[tuple[int, relax.Var, Any, tuple]]:
+    """(index, param, immediate, key) of each rank-0 constant argument that can be bound as
+    an immediate without exposing it to one of TVM's unsound folds."""
+    found = {}
+    for i, (p, a) in enumerate(zip(func.params, args)):
+        found_imm = scalar_immediate(a)
+        uses = _arithmetic_uses(func, p) if found_imm is not None else []
+        if not uses:
+            continue
+        if found_imm[0].value == 0 and any(v.op.name not in _ZERO_OK for v in uses):
+            continue  # -0.0 too
+        found[i] = (p, found_imm, uses)
+    together = {i for i, (_, _, uses) in found.items() for v in uses
+                if sum(any(a.same_as(q) for a in v.args) for q, _, _ in found.values()) > 1}
+    return [(i, p, imm, key) for i, (p, (imm, key), _) in found.items() if i not in together]
 
 
 def bind_scalar_ports(mod: tvm.IRModule) -> tvm.IRModule:
-    """Specialize Emit functions so rank-0 constant ports become scalar immediates."""
+    """Specialize Emit functions so rank-0 constant ports become scalar immediates; calls
+    with the same constants, bit for bit, share one specialization."""
     bb = relax.BlockBuilder(mod)
     main = mod["main"]
     specialized: dict[tuple, relax.GlobalVar] = {}
@@ -85,29 +119,23 @@ def bind_scalar_ports(mod: tvm.IRModule) -> tvm.IRModule:
             v = b.value
             func = mod[v.op] if isinstance(v, relax.Call) and isinstance(v.op, relax.GlobalVar) else None
             emit = emit_of(func) if isinstance(func, relax.Function) else None
-            picks = []
-            if emit is not None:
-                for i, (p, a) in enumerate(zip(func.params, v.args)):
-                    imm = _scalar_value(a)
-                    if imm is not None and _only_arithmetic_uses(func, p):
-                        picks.append((i, p, imm))
+            picks = scalar_picks(func, list(v.args)) if emit is not None else []
             if not picks:
                 bindings.append(b)
                 continue
-            key = (v.op.name_hint, tuple((i, str(imm.ty), imm.value) for i, _, imm in picks))
+            key = (v.op.name_hint, tuple((i, k) for i, _, _, k in picks))
             if key not in specialized:
-                bound = func.bind_params({p: relax.prim_value(imm) for _, p, imm in picks})
-                ports = [emit.interface.inputs[i].name for i, _, _ in picks]
+                bound = func.bind_params({p: relax.prim_value(imm) for _, p, imm, _ in picks})
+                ports = [emit.interface.inputs[i].name for i, _, _, _ in picks]
                 provides = emit.contract.provides
                 for port in ports:
                     f = provides.port(port)
                     abi = type(f.abi)(f.abi.alignment, Flag.of(True), f.abi.contiguous)
                     provides = provides.with_port(port, PortFacts(f.effect, f.shape, f.numeric, abi))
                 new_emit = emit.with_contract(EmitContract(emit.contract.requires, provides))
-                attrs = {"aicf.scalar_ports": ports}
-                bound = bound.with_attr(EMIT_ATTR, new_emit.to_attr()).with_attr("aicf.scalar_ports", attrs["aicf.scalar_ports"])
+                bound = bound.with_attr(EMIT_ATTR, new_emit.to_attr()).with_attr("aicf.scalar_ports", ports)
                 specialized[key] = bb.add_func(bb.normalize(bound), f"{v.op.name_hint}_scalar")
-            keep = [a for i, a in enumerate(v.args) if i not in {i for i, _, _ in picks}]
+            keep = [a for i, a in enumerate(v.args) if i not in {i for i, _, _, _ in picks}]
             bindings.append(relax.VarBinding(b.var, bb.normalize(relax.Call(specialized[key], keep))))
             changed = True
         blocks.append(type(block)(bindings) if isinstance(block, relax.DataflowBlock) else block)

@@ -7,7 +7,10 @@ every PrimFunc not yet scheduled (attr ``tirx.is_scheduled``) the first schedule
 ``FuseTIR`` and before the backend's dataflow lowering, like ``dlight.ApplyDefaultSchedule``;
 unlike it, it takes the target as an argument (falling back to ``Target.current()``, so it
 also works inside ``with target:``), and a rule that raises is skipped: a broken rule
-costs speed, never the build.  Imports only TVM and the standard library.
+costs speed, never the build.  No rule inlines a block that stores an immediate into
+another (``schedules.constants``): TVM would fold it, unsoundly for IEEE or by raising
+inside the primitive, which can abort the process.  Imports only TVM and the standard
+library.
 """
 
 import logging

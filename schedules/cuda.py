@@ -9,13 +9,17 @@ which launches one kernel per remaining block: valid, not fast.
 
 A dlight rule can return a schedule that leaves a block outside any thread binding (the
 build then fails with "did you forget to bind?"), so each rule is wrapped: such a schedule
-counts as "not applicable" and the next rule is tried.
+counts as "not applicable" and the next rule is tried.  The wrapper also hands the rule
+the function with its constant stores opaque to TVM's folder (``schedules.constants``):
+dlight inlines them, which could fold an immediate unsoundly or abort the process.
 """
 
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
+
+from .constants import opaque_constant_stores
 
 
 def unbound_blocks(sch: s_tir.Schedule) -> list[str]:
@@ -51,7 +55,7 @@ class RequireThreadBinding(ScheduleRule):
         return self.rule.is_target_available(target)
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        sch = self.rule.apply(func, target, tunable)
+        sch = self.rule.apply(opaque_constant_stores(func), target, tunable)
         if isinstance(sch, list):
             sch = sch[0] if sch else None
         if sch is None or unbound_blocks(sch):

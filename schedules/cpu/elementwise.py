@@ -3,9 +3,11 @@ copies, concat, strided_slice, take, pad.
 
 Accepts a PrimFunc when ``NormalizePrimFunc`` succeeds and every block is spatial only
 ('S' iterators).  Producers are inlined into consumers (``compute_inline`` /
-``reverse_compute_inline``; TensorIR refuses an illegal inline, so what stays is left
-materialized).  Each remaining block gets its loops fused into one, split into a parallel
-outer loop and a vectorized inner loop of one SIMD register.  The inner loop never crosses
+``reverse_compute_inline``; TensorIR refuses an illegal inline with a ``ScheduleError``,
+so what stays is left materialized; any other error ends the rule, since it may leave
+the schedule half-rewritten; a block storing an immediate is never inlined across, see
+``schedules.constants``).  Each remaining block gets its loops fused into one, split
+into a parallel outer loop and a vectorized inner loop of one SIMD register.  The inner loop never crosses
 a row of the output unless the row length is a multiple of the vector, so the vector
 indices stay affine.  Rejected (None): any reduction block, a non-LLVM target, or a
 function TensorIR cannot normalize.
@@ -15,11 +17,12 @@ import math
 
 import tvm_ffi
 from tvm import ir, s_tir, tirx
-from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import ScheduleRule, try_inline
+from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
+from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 from tvm.target.codegen import llvm_get_vector_width
 
+from ..constants import inlines_a_constant
 from .fallback import (
     MIN_PARALLEL_WORK,
     LoopRV,
@@ -117,6 +120,33 @@ def schedule_injective_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -
     try_parallel(sch, sch.fuse(*outer) if len(outer) > 1 else outer[0])
 
 
+def inline_blocks(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:
+    """Inline what TensorIR allows (producers first, then consumers); the blocks left.
+
+    dlight's ``try_inline``, except that a block storing an immediate is never inlined
+    across, and only a refusal (``ScheduleError``, schedule unchanged) moves on to the
+    next block: dlight catches everything, and a primitive that raised anything else may
+    have left the schedule half-rewritten, after which the next primitive can abort the
+    process.
+    """
+
+    def first_inlined(reverse: bool) -> int | None:
+        primitive = sch.reverse_compute_inline if reverse else sch.compute_inline
+        for i, info in enumerate(blocks):
+            if inlines_a_constant(sch, info.block_rv, reverse):
+                continue  # TVM would fold the immediate (schedules.constants)
+            try:
+                primitive(info.block_rv)
+            except s_tir.ScheduleError:
+                continue
+            return i
+        return None
+
+    while (i := first_inlined(False)) is not None or (i := first_inlined(True)) is not None:
+        blocks.pop(i)
+    return blocks
+
+
 class Elementwise(ScheduleRule):
     """Inline, fuse, parallelize and vectorize PrimFuncs made only of spatial blocks."""
 
@@ -134,6 +164,6 @@ class Elementwise(ScheduleRule):
         # inlining a block with an init aborts the process inside TVM: not ours to schedule.
         if any(bool(info.is_reduction()) for info in infos):
             return None
-        for info in try_inline(sch, infos):
+        for info in inline_blocks(sch, infos):
             schedule_injective_block(sch, info.block_rv, vector_lanes(target, sch, info.block_rv))
         return sch

@@ -3,7 +3,8 @@
 Finding the one reduction block, inlining the injective blocks around it, and the plain
 parallel + vectorised schedule for copy/elementwise blocks left standing (pads, im2col
 pads, epilogues that cannot be fused). Inlining goes through ``compute_inline``, which
-checks its own preconditions; a refusal just leaves the block as a separate pass.
+checks its own preconditions; a refusal just leaves the block as a separate pass, and so
+does a block that stores an immediate (``schedules.constants``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target, codegen
+
+from ..constants import inlines_a_constant
 
 # TVM's names (relax.transform.SplitLayoutRewritePreproc reads the annotation); this
 # package imports only TVM, so they are spelled here as in aicf_tvm.emit
@@ -60,6 +63,8 @@ def _inline_first(sch: s_tir.Schedule, blocks: list[SBlockRV], skip_outputs: boo
     for block in blocks:
         if skip_outputs and not sch.get_consumers(block):
             continue  # an output block: the chain ends here
+        if inlines_a_constant(sch, block, reverse=False):
+            continue  # TVM would fold the immediate (schedules.constants)
         try:
             sch.compute_inline(block)
             return True

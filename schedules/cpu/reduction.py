@@ -29,6 +29,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
+from ..constants import inlines_a_constant
 from .elementwise import (
     MIN_VECTOR_EXTENT,
     calls_scalar_math,
@@ -122,7 +123,8 @@ def inline_producers(sch: s_tir.Schedule) -> None:
     while changed:
         changed = False
         for info in normalize_prim_func(sch) or []:
-            if not info.is_injective() or feeds_a_vector_reduction(sch, info.block_rv):
+            if not info.is_injective() or feeds_a_vector_reduction(sch, info.block_rv) \
+                    or inlines_a_constant(sch, info.block_rv, reverse=False):
                 continue
             consumers = sch.get_consumers(info.block_rv)
             if not is_cheap_copy(sch.get(info.block_rv)) and not (

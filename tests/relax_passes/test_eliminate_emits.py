@@ -11,11 +11,12 @@ from tvm.script import relax as R
 
 import aicf_tvm
 from aicf_tvm import emit_of, verify_contracts
-from aicf_tvm.elimination import compose_permutations, represents_exactly
+from aicf_tvm.elimination import compose_permutations, is_neutral_operand, represents_exactly
 from aicf_tvm.report import FusionReport
 from relax_passes import EliminateEmits, LiftEmits, MaterializeEmits, PropagateContracts
 
 from ..conftest import run_vm
+from .helpers import assert_same_values, special_floats
 
 
 def eliminate(mod):
@@ -51,7 +52,7 @@ class IdentityOps:
             a = R.reshape(x, (4, 8))
             b = R.permute_dims(a, [0, 1])
             c = R.astype(b, "float32")
-            d = R.add(c, R.const(np.zeros((8,), "float32")))
+            d = R.add(c, R.const(-np.zeros((8,), "float32")))  # x + (-0.0) == x, -0.0 included
             e = R.multiply(d, R.const(1.0, "float32"))
             f = R.nn.relu(e)
             R.output(f)
@@ -78,7 +79,7 @@ class IdentityOpsExpected:
 
 
 class TestIdentities:
-    """Same-shape reshape, identity permutation, same-dtype cast, x+0 and x*1 all go:
+    """Same-shape reshape, identity permutation, same-dtype cast, x+(-0.0) and x*1 all go:
     each returns its input unchanged."""
 
     def test_structure(self):
@@ -112,6 +113,65 @@ class AddBroadcastingZero:
 def test_neutral_constant_that_broadcasts_is_kept():
     after, report = eliminate(AddBroadcastingZero)
     assert kinds(after) == ["add"] and not report.accepted
+
+
+def test_neutral_operands_are_matched_bit_for_bit():
+    """x + (-0.0) and x - 0.0 keep every x; x + 0.0 turns -0.0 into +0.0, x - (-0.0) too;
+    a NaN constant is neutral for nothing; for integers both zeros are 0."""
+    f32 = lambda v: R.const(np.float32(v))  # noqa: E731
+    assert is_neutral_operand("add", f32(-0.0), right=True) and is_neutral_operand("add", f32(-0.0), right=False)
+    assert not is_neutral_operand("add", f32(0.0), right=True) and not is_neutral_operand("add", f32(0.0), right=False)
+    assert is_neutral_operand("subtract", f32(0.0), right=True)
+    assert not is_neutral_operand("subtract", f32(-0.0), right=True)
+    assert not is_neutral_operand("subtract", f32(0.0), right=False)  # 0 - x is not x
+    assert is_neutral_operand("multiply", f32(1.0), right=False) and is_neutral_operand("divide", f32(1.0), True)
+    assert not is_neutral_operand("divide", f32(1.0), right=False)
+    assert not is_neutral_operand("multiply", f32(0.0), right=True)
+    assert not any(is_neutral_operand(k, f32("nan"), side) for k in ("add", "subtract", "multiply", "divide")
+                   for side in (True, False))
+    assert is_neutral_operand("add", R.const(np.int32(0)), right=True)
+    assert not is_neutral_operand("add", R.const(np.array([-0.0, 0.0], "float32")), right=True)
+
+
+@I.ir_module
+class SignedZeroAdds:
+    @R.function
+    def main(x: R.Tensor((16,), "float32")):
+        with R.dataflow():
+            one = R.const(1.0, "float32")
+            a = R.divide(one, R.add(x, R.const(0.0, "float32")))  # stays: 1/(-0.0 + 0.0) = +inf
+            b = R.divide(one, R.add(R.const(np.zeros(16, "float32")), x))  # stays
+            c = R.divide(one, R.subtract(x, R.const(-0.0, "float32")))  # stays
+            d = R.divide(one, R.add(x, R.const(-0.0, "float32")))  # goes
+            e = R.divide(one, R.subtract(x, R.const(0.0, "float32")))  # goes
+            f = R.multiply(x, R.const(0.0, "float32"))  # never an identity (inf * 0 = NaN)
+            g = R.add(x, R.const(np.float32("nan")))
+            R.output(a, b, c, d, e, f, g)
+        return (a, b, c, d, e, f, g)
+
+
+def _signed_zero_reference(x):
+    with np.errstate(all="ignore"):
+        z = np.float32(0.0)
+        return [1 / (x + z), 1 / (z + x), 1 / (x - -z), 1 / (x + -z), 1 / (x - z), x * z, x + np.float32("nan")]
+
+
+def test_only_ieee_identities_are_eliminated():
+    """Only x + (-0.0) and x - 0.0 go; the results keep the sign of every zero (numpy)."""
+    after, report = eliminate(SignedZeroAdds)
+    notes = sorted(d.note.split(":")[0] for d in report.accepted
+                   if d.candidate in ("eliminate:add", "eliminate:subtract"))
+    assert notes == ["x add -0.0", "x subtract 0.0"]
+    x = special_floats(np.random.default_rng(0), 16)
+    for got, want in zip(run_vm(after, x), _signed_zero_reference(x)):
+        assert_same_values(got, want)
+
+
+def test_compiled_signed_zero_adds_match_numpy():
+    compiled = aicf_tvm.compile(SignedZeroAdds, target={"kind": "llvm", "num-cores": 2})
+    x = special_floats(np.random.default_rng(1), 16)
+    for got, want in zip(compiled(x), _signed_zero_reference(x)):
+        assert_same_values(got, want)
 
 
 @I.ir_module
@@ -185,6 +245,56 @@ def test_reshape_of_contiguous_becomes_view_but_not_of_transposed():
     refused = [str(d) for d in report.refused]
     assert any("b.x.shape: [8x4] strides(1,8) ⋢ [8x4] contiguous" in r for r in refused)
     same_numbers(ReshapeViews, after, (4, 8))
+
+
+@I.ir_module
+class ViewChainBack:
+    @R.function
+    def main(x: R.Tensor((4, 6), "float32")):
+        with R.dataflow():
+            a = R.reshape(x, (2, 2, 6))
+            b = R.permute_dims(a, [0, 2, 1])
+            c = R.permute_dims(b, [0, 2, 1])
+            d = R.reshape(c, (4, 6))
+            e = R.nn.relu(d)
+            R.output(e)
+        return e
+
+
+@I.ir_module
+class ViewChainsThatMove:
+    @R.function
+    def main(x: R.Tensor((4, 6), "float32"), y: R.Tensor((2, 2, 6), "float32")):
+        with R.dataflow():
+            a = R.reshape(x, (2, 2, 6))
+            p = R.reshape(R.permute_dims(a, [0, 2, 1]), (4, 6))  # a real transpose: stays
+            q = R.reshape(R.add(a, y), (4, 6))  # y is not a scalar: the add does not commute
+            r = R.reshape(R.multiply(R.exp(a), R.const(2.0, "float32")), (3, 8))  # a new shape
+            s = R.flatten(R.reshape(R.multiply(R.exp(a), R.const(np.full((1,), 3, "float32"))), (4, 6)))
+            R.output(p, q, r, s)
+        return (p, q, r, s)
+
+
+def test_view_chain_back_to_its_start_runs_one_kernel():
+    """reshape -> permute -> inverse permute -> reshape -> relu is relu(x): one kernel, no
+    copy at the output (SinkReshapes leaves reshape(relu(reshape(x))), which cancels too)."""
+    compiled = aicf_tvm.compile(ViewChainBack, target={"kind": "llvm", "num-cores": 2})
+    assert [k.kind for k in compiled.kernels] == ["relu"]
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    np.testing.assert_array_equal(compiled(x), np.maximum(x, 0))
+
+
+def test_view_chains_cancel_only_back_to_their_start():
+    after, report = eliminate(ViewChainsThatMove)
+    notes = [d.note for d in report.accepted if "view chain" in d.note]
+    assert len(notes) == 1 and "across exp, multiply" in notes[0]  # only the reshape inside s
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 6)).astype("float32"), rng.standard_normal((2, 2, 6)).astype("float32")
+    a = x.reshape(2, 2, 6)
+    want = [a.transpose(0, 2, 1).reshape(4, 6), (a + y).reshape(4, 6), (np.exp(a) * 2).reshape(3, 8),
+            (np.exp(x) * 3).reshape(24)]
+    for got, w in zip(run_vm(after, x, y), want):
+        np.testing.assert_allclose(got, w, rtol=1e-6)
 
 
 @I.ir_module

@@ -64,6 +64,42 @@ def _step(weights: str = "p", grad: str = "g"):
     return Mod
 
 
+def _two_steps(lr_p: float, lr_q: float):
+    """Two one-parameter steps that differ only in their learning rate."""
+
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(p: R.Tensor((8,), "float32"), q: R.Tensor((8,), "float32"), g: R.Tensor((8,), "float32"),
+                 m: R.Tensor((8,), "float32"), v: R.Tensor((8,), "float32"), mq: R.Tensor((8,), "float32"),
+                 vq: R.Tensor((8,), "float32"), b1: R.Tensor((), "float32"), b2: R.Tensor((), "float32")):
+            with R.dataflow():
+                m1 = R.add(R.multiply(R.const(0.9, "float32"), m), R.multiply(R.const(0.1, "float32"), g))
+                v1 = R.add(R.multiply(R.const(0.999, "float32"), v),
+                           R.multiply(R.const(0.001, "float32"), R.multiply(g, g)))
+                p1 = R.subtract(p, R.multiply(R.const(lr_p, "float32"), R.divide(
+                    R.divide(m1, b1), R.add(R.sqrt(R.divide(v1, b2)), R.const(1e-8, "float32")))))
+                m2 = R.add(R.multiply(R.const(0.9, "float32"), mq), R.multiply(R.const(0.1, "float32"), g))
+                v2 = R.add(R.multiply(R.const(0.999, "float32"), vq),
+                           R.multiply(R.const(0.001, "float32"), R.multiply(g, g)))
+                q1 = R.subtract(q, R.multiply(R.const(lr_q, "float32"), R.divide(
+                    R.divide(m2, b1), R.add(R.sqrt(R.divide(v2, b2)), R.const(1e-8, "float32")))))
+                R.output(p1, m1, v1, q1, m2, v2)
+            return (p1, m1, v1, q1, m2, v2)
+
+    return Mod
+
+
+def test_steps_whose_lr_differ_in_the_sign_of_zero_are_not_one_kernel():
+    """lr 0.0 and -0.0 are different steps (p - (-0.0) * s turns p = -0.0 into +0.0):
+    the kernel takes one step's constants, so the group is refused, as for 0.01 vs 0.02."""
+    _, same = _fuse(_two_steps(0.01, 0.01))
+    assert same.accepted and not same.refused
+    for lr_q in (0.02, -0.0):
+        _, report = _fuse(_two_steps(0.0, lr_q))
+        assert not report.accepted and "steps differ in lr" in report.refused[0].note
+
+
 def test_fuses_every_step_into_one_inplace_kernel():
     """Three parameters, caller asserts distinct inputs: one call_tir_inplace updating
     P, M, V of each (inputs 0, 2, 3 of every group of six), and no adam_step left."""

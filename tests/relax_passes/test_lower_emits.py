@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
+from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import aicf_tvm
 from aicf_tvm import Emit
 from aicf_tvm.models import BUILTIN_MODELS
+from relax_passes import LiftEmits, PropagateContracts
+from relax_passes.lower_emits import bind_scalar_ports
 
 from ..conftest import run_vm
+from .helpers import assert_same_values, special_floats
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TARGET = {"kind": "llvm", "num-cores": 2}
 
@@ -83,3 +94,102 @@ def test_boundary_copies_only_inputs_that_break_the_abi():
     strided = np.asarray(rng.standard_normal((32, 16)), dtype="float32").T
     np.testing.assert_allclose(compiled(strided), want_of(strided), rtol=1e-6)
     assert compiled.boundary_copies == ["x"]
+
+
+@I.ir_module
+class ScalarMaxima:
+    @R.function
+    def main(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")):
+        with R.dataflow():
+            a = R.maximum(x, R.const(0.0, "float32"))
+            b = R.maximum(y, R.const(-0.0, "float32"))
+            c = R.maximum(x, R.const(np.float32("nan")))
+            d = R.maximum(y, R.const(np.float32("nan")))
+            R.output(a, b, c, d)
+        return (a, b, c, d)
+
+
+def test_scalar_specializations_are_keyed_bit_for_bit():
+    """max(y, -0.0) is not max(x, 0.0) (0.0 == -0.0 in Python); two calls with the same NaN
+    share one specialization (NaN != NaN in Python)."""
+    bound = bind_scalar_ports(PropagateContracts()(LiftEmits()(ScalarMaxima)))
+    scalars = [f for _, f in bound.functions_items()
+               if isinstance(f, relax.Function) and f.attrs is not None and "aicf.scalar_ports" in f.attrs]
+    assert len(scalars) == 3
+    rng = np.random.default_rng(0)
+    x, y = special_floats(rng, 16), special_floats(rng, 16)[::-1].copy()
+    for got, want in zip(run_vm(bound, x, y), run_vm(ScalarMaxima, x, y)):
+        assert_same_values(got, want)
+
+
+@I.ir_module
+class SignedMaxReciprocals:
+    @R.function
+    def main(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")):
+        with R.dataflow():
+            one = R.const(1.0, "float32")
+            a = R.divide(one, R.maximum(x, R.const(0.0, "float32")))
+            b = R.divide(one, R.maximum(y, R.const(-0.0, "float32")))  # the same Emit as a's
+            R.output(a, b)
+        return (a, b)
+
+
+def test_signed_zero_scalars_compile_to_their_own_kernels():
+    compiled = aicf_tvm.compile(SignedMaxReciprocals, target=TARGET)
+    rng = np.random.default_rng(1)
+    x = np.concatenate([[-0.0, 0.0, -1.0, 1.0], rng.standard_normal(12)]).astype("float32")
+    y = np.concatenate([[-0.0, 0.0, -1.0, 1.0], rng.standard_normal(12)]).astype("float32")
+    for got, want in zip(compiled(x, y), run_vm(SignedMaxReciprocals, x, y)):
+        assert_same_values(got, want)
+
+
+ZERO_SCALARS = """
+import sys
+import numpy as np
+from tvm.script import ir as I
+from tvm.script import relax as R
+import aicf_tvm
+
+
+@I.ir_module
+class ZeroScalars:
+    @R.function
+    def main(x: R.Tensor((16,), "float32")):
+        with R.dataflow():
+            zero, one = R.const(0.0, "float32"), R.const(1.0, "float32")
+            a = R.divide(one, R.multiply(x, zero))  # x * 0.0 is not 0: inf * 0 is NaN
+            b = R.divide(one, R.multiply(zero, x))
+            c = R.divide(zero, x)  # 0 / 0 is NaN
+            d = R.divide(one, R.add(x, zero))  # -0.0 + 0.0 is +0.0
+            e = R.divide(one, R.subtract(x, R.const(-0.0, "float32")))
+            f = R.multiply(R.add(x, R.const(2.0, "float32")), R.const(0.5, "float32"))
+            R.output(a, b, c, d, e, f)
+        return (a, b, c, d, e, f)
+
+
+compiled = aicf_tvm.compile(ZeroScalars, target={"kind": "llvm", "num-cores": 2})
+scripts = "".join(compiled.lowered[k.name].script() for k in compiled.kernels)
+assert "T.float32(2.0)" in scripts and "T.float32(0.5)" in scripts, "non-zero scalars stay immediates"
+x = np.load(sys.argv[1])
+np.savez(sys.argv[2], *compiled(x))
+"""
+
+
+def test_zero_scalars_never_fold_or_abort(tmp_path):
+    """1 / (x * 0.0) used to abort the process inside TVM (a schedule inlined the folded
+    0.0 into 1 / _): compiled in a subprocess, every result matches numpy on ±0, ±inf, NaN."""
+    script, inputs, outputs = tmp_path / "zero_scalars.py", tmp_path / "x.npy", tmp_path / "out.npz"
+    script.write_text(ZERO_SCALARS)
+    x = special_floats(np.random.default_rng(2), 16)
+    np.save(inputs, x)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(script), str(inputs), str(outputs)], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = np.load(outputs)
+    z, one = np.float32(0.0), np.float32(1.0)
+    with np.errstate(all="ignore"):
+        want = [one / (x * z), one / (z * x), z / x, one / (x + z), one / (x - -z),
+                (x + np.float32(2)) * np.float32(0.5)]
+    for k, w in enumerate(want):
+        assert_same_values(got[f"arr_{k}"], w)
