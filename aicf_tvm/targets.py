@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import tvm
@@ -75,8 +76,9 @@ def _check_spec(spec: dict, given: Any) -> None:
                               "(use 'llvm' for this machine's CPU)")
 
 
-def describe(target: tvm.target.Target) -> str:
-    attrs = target.export()
+def describe(target: tvm.target.Target | Mapping[str, Any]) -> str:
+    """``kind mcpu=... num-cores=...`` of a Target or its exported dict."""
+    attrs = dict(target) if isinstance(target, Mapping) else target.export()
     bits = [attrs.get("kind", "?")]
     for key in ("mcpu", "arch", "num-cores"):
         if attrs.get(key):
