@@ -232,6 +232,9 @@ def check_target(meta: dict, name: str) -> dict:
     if kind == "llvm":
         _check_cpu(meta, spec, name)
     elif kind == "cuda":
+        host = spec.get("host")
+        if isinstance(host, dict) and host.get("kind") == "llvm":  # its host code runs on this CPU
+            _check_cpu(meta, host, name)
         if not _cuda_available():
             raise DeployError(f"{name}: compiled for cuda ({what}) but this host has no CUDA device; "
                               f"recompile with --target llvm")

@@ -89,10 +89,17 @@ class OptimizerStep:
         self.executable, self.target, self.report, self.lowered = executable, target, report, lowered
         self.donate = donate
         self.threads = thread_count(threads, {"num-cores": target.attrs.get("num-cores")})
-        use_threads(self.threads)
         self.device = tvm.cpu() if target.kind.name == "llvm" else tvm.device(target.kind.name)
-        self.vm = relax.VirtualMachine(executable, self.device)
-        self._main = self.vm["main"]
+        self._vm = None
+
+    @property
+    def vm(self) -> relax.VirtualMachine:
+        """The VM (made on first use: a CUDA step compiles on a host without a GPU), with the
+        calling thread's TVM pool sized to ``threads``."""
+        use_threads(self.threads)
+        if self._vm is None:
+            self._vm = relax.VirtualMachine(self.executable, self.device)
+        return self._vm
 
     @property
     def kernels(self) -> list[str]:
@@ -117,8 +124,7 @@ class OptimizerStep:
             for i, a in enumerate(args):
                 _flatten(a, f"arg{i}", named)
             check_distinct(named)
-        use_threads(self.threads)  # TVM's pool is per calling thread
-        return self._main(*args)
+        return self.vm["main"](*args)
 
 
 @dataclass(frozen=True)

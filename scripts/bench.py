@@ -202,7 +202,8 @@ def main() -> None:
                 run()
                 times[name][peer].append(time.perf_counter() - start)
         print(f"round {rnd + 1}/{ARGS.rounds} done", flush=True)
-    report = {"target": describe(TARGET), "threads": THREADS, "budget": ARGS.budget, "rounds": ARGS.rounds, "models": {}}
+    report = {"target": describe(TARGET), "threads": THREADS, "budget": ARGS.budget, "rounds": ARGS.rounds,
+              "models": {}}
     for name, entry in entries.items():
         ms = {p: float(np.median(t)) * 1e3 for p, t in times[name].items()}
         base = ms.get("ort")
