@@ -45,7 +45,6 @@ _DL_CPU, _DL_CUDA = 1, 2  # DLPack device type codes
 def metadata_of(model: Any) -> dict:
     """The JSON-able description of a compiled model that ``export`` embeds."""
     from . import __version__
-    from .emit import plain
     from .explainer import emit_calls, emit_table
     from .targets import describe
 
@@ -63,8 +62,8 @@ def metadata_of(model: Any) -> dict:
         "format_version": FORMAT_VERSION,
         "aicf_version": __version__,
         "tvm_version": tvm.__version__,
-        "target": plain(model.target.export()),
-        "target_description": describe(model.target),
+        "target": model.target_spec,
+        "target_description": describe(model.target_spec),
         "build_host": {"mcpu": host.get("mcpu"), "isa_flags": sorted(isa_flags())},
         "inputs": [s.to_json() for s in model.inputs],
         "outputs": [s.to_json() for s in model.outputs],
