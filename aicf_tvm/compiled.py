@@ -94,19 +94,6 @@ def specs_of(func: relax.Function) -> tuple[list[TensorSpec], list[TensorSpec]]:
     return inputs, outputs
 
 
-def _spec_of(target: Any) -> dict:
-    """A target as its exported, JSON-able dict."""
-    if isinstance(target, Mapping):
-        return dict(target)
-    from .emit import plain
-
-    return plain(target.export())
-
-
-def is_gpu(spec: Mapping[str, Any]) -> bool:
-    return spec.get("kind") == "cuda" or "gpu" in (spec.get("keys") or ())
-
-
 @dataclass(frozen=True)
 class Kernel:
     """One PrimFunc called per inference: its name, Emit kind and schedule source."""
@@ -131,6 +118,19 @@ def kernels_of(mod: tvm.IRModule) -> list[Kernel]:
     return out
 
 
+def _spec_of(target: Any) -> dict:
+    """A target as its exported, JSON-able dict."""
+    if isinstance(target, Mapping):
+        return dict(target)
+    from .emit import plain
+
+    return plain(target.export())
+
+
+def is_gpu(spec: Mapping[str, Any]) -> bool:
+    return spec.get("kind") == "cuda" or "gpu" in (spec.get("keys") or ())
+
+
 class CompiledModel:
     """A compiled module: call it with numpy arrays, get numpy arrays back.
 
@@ -143,12 +143,12 @@ class CompiledModel:
     """
 
     def __init__(self, executable: Any, target: tvm.target.Target | Mapping[str, Any],
-                 main: relax.Function | None = None, *,
+                 main: relax.Function | None = None, *, threads: int | None = None,
                  report: FusionReport | None = None, lowered: tvm.IRModule | None = None,
                  optimized: tvm.IRModule | None = None, inputs: Sequence[TensorSpec] | None = None,
                  outputs: Sequence[TensorSpec] | None = None, kernels: Sequence[Kernel] | None = None,
                  device: Any = None, metadata: Mapping[str, Any] | None = None,
-                 path: str | None = None, threads: int | None = None) -> None:
+                 path: str | None = None) -> None:
         self.executable = executable
         self._target = None if isinstance(target, Mapping) else target
         self.target_spec = _spec_of(target)

@@ -132,16 +132,3 @@ def test_corrupt_library_is_caught_before_loading(exported, tmp_path, damage):
 def test_missing_file(tmp_path):
     with pytest.raises(DeployError, match=r"gone\.so: no such file"):
         aicf_tvm.load(tmp_path / "gone.so")
-
-
-def test_cuda_host_code_is_generic_and_checked_on_load():
-    """A CUDA build's host code targets this triple without its mcpu, so that it runs on any
-    CPU of the GPU host; a host part for another architecture is refused before dlopen."""
-    from aicf_tvm.targets import resolve_target
-
-    host = resolve_target("cuda").host.export()
-    assert host["kind"] == "llvm" and "mcpu" not in host
-    meta = {"target": {"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}},
-            "target_description": "cuda arch=sm_90"}
-    with pytest.raises(DeployError, match=r"m\.so: compiled for aarch64 .*, this host is x86_64"):
-        deploy.check_target(meta, "m.so")
