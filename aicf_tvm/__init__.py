@@ -1,15 +1,15 @@
 """AICF on TVM: the Emit IR model (contract lattices, Emits in Relax) and its API.
 
-The core (lattices, contracts, Emit, kinds, library, verify) loads eagerly; the
-driver (compile, frontends, deploy, CLI) loads lazily on first use so that
-``import relax_passes`` and ``import schedules`` never pull the driver in.
+The core values (lattices, contracts, Emit, errors: plain Python) load eagerly; what
+needs TVM (verify, compile, frontends, deploy, CLI) loads on first use, so that
+``import relax_passes`` and ``import schedules`` never pull the driver in, and
+``aicf_tvm.load`` works where TVM has only its runtime library (no Relax, no compiler).
 """
 
 from .contract import (
     ADAM_STEP_CONTRACT, RELU_CONTRACT, ContractFacts, EmitContract, Entailment, PortFacts, entails,
 )
 from .emit import EMIT_ATTR, Emit, Interface, Port, emit_of
-from .verify import contract_problems, verify_contracts
 from .errors import (
     AicfError, AliasContradiction, ContractContradiction, ContractViolation, DeployError,
     EncodingError, InputError, TargetError, TuningError, UnsupportedModelError,
@@ -23,14 +23,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ADAM_STEP_CONTRACT", "RELU_CONTRACT", "ContractFacts", "EmitContract", "Entailment", "PortFacts",
-    "entails", "EMIT_ATTR", "Emit", "Interface", "Port", "emit_of", "contract_problems",
-    "verify_contracts", "AicfError", "AliasContradiction", "ContractContradiction",
+    "entails", "EMIT_ATTR", "Emit", "Interface", "Port", "emit_of", "AicfError", "AliasContradiction", "ContractContradiction",
     "ContractViolation", "DeployError", "EncodingError", "InputError", "TargetError", "TuningError",
     "UnsupportedModelError", "ABIFact", "AccumDtype", "Alias", "Alignment", "Determinism", "Effect",
     "Flag", "MathTag", "NumericFact", "Rounding", "ShapeFact",
 ]
 
 _LAZY = {
+    "contract_problems": ".verify",
+    "verify_contracts": ".verify",
     "compile": ".pipeline",
     "compile_optimizer_step": ".optimizer",
     "CompiledModel": ".compiled",

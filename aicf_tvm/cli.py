@@ -82,13 +82,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     mod = BUILTIN_MODELS[args.model]()
     _status(f"aicf: compiling {args.model} with AICF for {describe(target)} ...")
     start = time.perf_counter()
-    ours = aicf_compile(mod, target)
+    ours = aicf_compile(mod, target, threads=args.threads)
     t_ours = time.perf_counter() - start
     _status("aicf: building the reference with TVM's default pipeline ...")
     start = time.perf_counter()
     ref_ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
     t_ref = time.perf_counter() - start
-    ref = CompiledModel(ref_ex, target, mod["main"])
+    ref = CompiledModel(ref_ex, target, mod["main"], threads=args.threads)
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(s.shape).astype(s.dtype) for s in ours.inputs]
     got, want = _as_list(ours(*inputs)), _as_list(ref(*inputs))
@@ -99,7 +99,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     lat_ours = ours.benchmark(*inputs, number=1, repeat=args.repeat)
     lat_ref = ref.benchmark(*inputs, number=1, repeat=args.repeat)
     print(f"model    {args.model} ({_sig(ours.inputs)} -> {_sig(ours.outputs)})")
-    print(f"target   {describe(target)}")
+    print(f"target   {describe(target)}, {ours.threads} threads")
     print(f"check    outputs match TVM's default build: max |diff| {diff:.2e} "
           f"(rtol {args.rtol:g}, atol {args.atol:g})")
     print(f"compile  AICF {t_ours:.1f} s, TVM default {t_ref:.1f} s")
@@ -159,7 +159,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .deploy import load
 
     named = _read_inputs(args.input or [])
-    model = load(args.library, device=args.device)
+    model = load(args.library, device=args.device, threads=args.threads)
     outs = _as_list(model(**named))
     out_dir = Path(args.output) if args.output else None
     if out_dir is not None:
@@ -204,8 +204,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             raise
         raise TuningError("aicf tune: this installation has no aicf_tvm.tuning module") from err
     from .targets import resolve_target
+    from .threads import thread_count
 
     target = resolve_target(args.target)
+    # MetaSchedule measures in worker processes, whose TVM pools read only the environment:
+    # they must run with the threads the tuned model will run with.
+    os.environ["TVM_NUM_THREADS"] = str(thread_count(args.threads, target.export()))
     result = tune(args.models, target=target, trials=args.trials, work_dir=args.work_dir,
                   runner_timeout=args.runner_timeout, rpc=args.rpc, key=args.key, workers=args.workers)
     if result is not None:
@@ -224,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show full tracebacks on error")
+    common.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                        help="CPU threads TVM runs with (default: TVM_NUM_THREADS, else every CPU "
+                             "this process may use, at most the target's num-cores)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("demo", parents=[common], help="compile a built-in model, check it against TVM, time both")
@@ -279,6 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        from .threads import thread_count, use_threads
+
+        use_threads(thread_count(args.threads))  # what TVM runs on this thread (constant folding too)
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         print("aicf: interrupted", file=sys.stderr)

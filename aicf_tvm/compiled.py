@@ -1,18 +1,28 @@
-"""CompiledModel: run a compiled module on numpy arrays; inspect its kernels and report."""
+"""CompiledModel: run a compiled module on numpy arrays; inspect its kernels and report.
+
+Only TVM's runtime is imported here (``tvm.runtime``, the VM, no Relax): a model loaded by
+``aicf_tvm.load`` runs where only ``libtvm_runtime`` exists. The Relax helpers
+(``specs_of``, ``kernels_of``) import the compiler side when a freshly compiled model
+calls them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm.runtime.vm import VirtualMachine
 
-from .errors import InputError
+from .errors import DeployError, InputError
 from .report import FusionReport
+from .threads import thread_count, use_threads
+
+if TYPE_CHECKING:
+    from tvm import relax
 
 
 # Every kernel buffer assumes TVM's allocation alignment (LowerEmits records it per port
@@ -92,6 +102,8 @@ class TensorSpec:
 
 
 def _specs_of_type(name: str, ty: Any) -> list[TensorSpec]:
+    from tvm import relax
+
     from .kinds.describe import dim_value
 
     if isinstance(ty, relax.TensorType):
@@ -145,6 +157,19 @@ def kernels_of(mod: tvm.IRModule) -> list[Kernel]:
     return out
 
 
+def _spec_of(target: Any) -> dict:
+    """A target as its exported, JSON-able dict."""
+    if isinstance(target, Mapping):
+        return dict(target)
+    from .emit import plain
+
+    return plain(target.export())
+
+
+def is_gpu(spec: Mapping[str, Any]) -> bool:
+    return spec.get("kind") == "cuda" or "gpu" in (spec.get("keys") or ())
+
+
 class CompiledModel:
     """A compiled module: call it with numpy arrays, get numpy arrays back.
 
@@ -152,16 +177,21 @@ class CompiledModel:
     a tuple returns a list (a nested tuple, nested lists; ``flat_outputs`` lines them up
     with ``outputs``). A model returned by ``aicf_tvm.load`` has no Relax modules
     (``optimized``/``lowered`` are None) but keeps the metadata it was exported with.
+    ``target`` is a ``tvm.target.Target`` or its exported dict (``target_spec``, what a
+    runtime-only process has). It runs with ``threads`` CPU threads (see
+    ``aicf_tvm.threads.thread_count`` for the default).
     """
 
-    def __init__(self, executable: Any, target: tvm.target.Target, main: relax.Function | None = None, *,
+    def __init__(self, executable: Any, target: tvm.target.Target | Mapping[str, Any],
+                 main: relax.Function | None = None, *, threads: int | None = None,
                  report: FusionReport | None = None, lowered: tvm.IRModule | None = None,
                  optimized: tvm.IRModule | None = None, inputs: Sequence[TensorSpec] | None = None,
                  outputs: Sequence[TensorSpec] | None = None, kernels: Sequence[Kernel] | None = None,
                  device: Any = None, metadata: Mapping[str, Any] | None = None,
                  path: str | None = None, dim_bounds: Mapping[str, Sequence] | None = None) -> None:
         self.executable = executable
-        self.target = target
+        self._target = None if isinstance(target, Mapping) else target
+        self.target_spec = _spec_of(target)
         self.report = report if report is not None else FusionReport()
         self.optimized = optimized
         self.lowered = lowered
@@ -172,17 +202,31 @@ class CompiledModel:
         self.inputs = list(inputs or [])
         self.outputs = list(outputs or [])
         self.kernels = list(kernels) if kernels is not None else (kernels_of(lowered) if lowered else [])
-        self.device = device if device is not None else (tvm.cuda() if "gpu" in target.keys else tvm.cpu())
+        self.device = device if device is not None else (tvm.cuda() if is_gpu(self.target_spec) else tvm.cpu())
         self.metadata = dict(metadata) if metadata is not None else None
         self.path = path  # the library it was loaded from, if any
+        self.threads = thread_count(threads, self.target_spec)
         self._vm = None
+
+    @property
+    def target(self) -> tvm.target.Target:
+        """The ``tvm.target.Target`` (built from ``target_spec`` on first use: that needs
+        TVM's compiler library, which a runtime-only process lacks)."""
+        if self._target is None:
+            if getattr(tvm.base, "_RUNTIME_ONLY", False):
+                raise DeployError(f"{self.path or 'model'}: a tvm.target.Target needs TVM's compiler "
+                                  f"library; use target_spec in a runtime-only process")
+            spec = dict(self.target_spec)
+            host = spec.pop("host", None)
+            self._target = tvm.target.Target(spec, host=tvm.target.Target(host) if host else None)
+        return self._target
 
     def __repr__(self) -> str:
         from .targets import describe
 
         sig = ", ".join(f"{s.name}: {s.dtype}{list(s.shape)}" for s in self.inputs)
         where = f" from {self.path}" if self.path else ""
-        return f"<CompiledModel ({sig}) on {describe(self.target)}, {len(self.kernels)} kernels{where}>"
+        return f"<CompiledModel ({sig}) on {describe(self.target_spec)}, {len(self.kernels)} kernels{where}>"
 
     def export(self, path: str | Path) -> Path:
         """Write a shared library that carries this model's metadata (see ``aicf_tvm.load``)."""
@@ -191,9 +235,12 @@ class CompiledModel:
         return export(self, path)
 
     @property
-    def vm(self) -> relax.VirtualMachine:
+    def vm(self) -> VirtualMachine:
+        """The VM, with the calling thread's TVM pool sized to ``threads`` (the pool is
+        per thread: every thread that runs the model goes through here)."""
+        use_threads(self.threads)
         if self._vm is None:
-            self._vm = relax.VirtualMachine(self.executable, self.device)
+            self._vm = VirtualMachine(self.executable, self.device)
         return self._vm
 
     def check_inputs(self, args: Sequence[np.ndarray]) -> None:

@@ -10,7 +10,11 @@ caught before the file is handed to ``dlopen``.
 
 ``load`` reads that frame without loading the library, checks that this host can run
 the target, then loads it with ``tvm.runtime.load_module``. Every problem is a
-``DeployError`` that names the file.
+``DeployError`` that names the file. ``load`` and everything it calls import only TVM's
+runtime: it works where ``libtvm_compiler`` is absent (``TVM_USE_RUNTIME_LIB=1``). There
+LLVM cannot name the host CPU, so the CPU check compares the build host's instruction-set
+flags (recorded by ``export`` when the model was compiled for the build host's CPU) with
+this host's.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -39,7 +45,6 @@ _DL_CPU, _DL_CUDA = 1, 2  # DLPack device type codes
 def metadata_of(model: Any) -> dict:
     """The JSON-able description of a compiled model that ``export`` embeds."""
     from . import __version__
-    from .emit import plain
     from .explainer import emit_calls, emit_table
     from .targets import describe
 
@@ -51,13 +56,15 @@ def metadata_of(model: Any) -> dict:
     elif model.metadata:
         emits, table = model.metadata.get("emits", []), model.metadata.get("emit_table", "")
     report = model.report
+    host = _host_target()
     return {
         "magic": "aicf-tvm",
         "format_version": FORMAT_VERSION,
         "aicf_version": __version__,
         "tvm_version": tvm.__version__,
-        "target": plain(model.target.export()),
-        "target_description": describe(model.target),
+        "target": model.target_spec,
+        "target_description": describe(model.target_spec),
+        "build_host": {"mcpu": host.get("mcpu"), "isa_flags": sorted(isa_flags())},
         "inputs": [s.to_json() for s in model.inputs],
         "dim_bounds": model.dim_bounds,
         "outputs": [s.to_json() for s in model.outputs],
@@ -152,43 +159,92 @@ def read_metadata(path: str | os.PathLike) -> dict:
 
 
 def _host_target() -> dict:
-    return tvm.target.Target.from_device(tvm.cpu()).export()
+    """This host's CPU as LLVM names it, or {} where the LLVM backend is not loaded."""
+    if getattr(tvm.base, "_RUNTIME_ONLY", False):
+        return {}
+    return dict(tvm.target.Target.from_device(tvm.cpu()).export())
 
 
-def check_target(meta: dict, name: str) -> tvm.target.Target:
-    """The module's target, if this host can run it; else ``DeployError`` saying why."""
+# The /proc/cpuinfo flags that name instruction-set extensions (x86); every aarch64
+# "Features" entry is one.
+_X86_ISA = re.compile(r"(sse\S*|ssse3|pni|avx\S*|amx\S*|fma4?|f16c|bmi\d|abm|popcnt|movbe|aes|vaes|"
+                      r"pclmulqdq|vpclmulqdq|gfni|sha_ni|adx)")
+
+
+def isa_flags(cpuinfo: str | None = None) -> set[str]:
+    """This CPU's instruction-set extensions as Linux lists them (empty where unknown)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return {f for f in value.split() if _X86_ISA.fullmatch(f)}
+        if key.strip() == "Features":
+            return set(value.split())
+    return set()
+
+
+def _check_cpu(meta: dict, spec: dict, name: str) -> None:
+    what = meta.get("target_description", "llvm")
+    arch = str(spec.get("mtriple", "")).split("-")[0]
+    host = _host_target()
+    host_arch = str(host.get("mtriple", "")).split("-")[0] or platform.machine()
+    if arch and host_arch and arch != host_arch:
+        raise DeployError(f"{name}: compiled for {arch} ({what}), this host is {host_arch}; "
+                          f"recompile it here with --target llvm")
+    mcpu, host_mcpu = spec.get("mcpu"), host.get("mcpu")
+    if mcpu and host_mcpu and mcpu != host_mcpu:
+        raise DeployError(f"{name}: compiled for CPU {mcpu} ({what}), this host is {host_mcpu}; "
+                          f"its code may use instructions this CPU lacks: recompile it here "
+                          f"with --target llvm")
+    built_on = meta.get("build_host") or {}
+    if host_mcpu is None and mcpu and mcpu == built_on.get("mcpu"):
+        missing = sorted(set(built_on.get("isa_flags", ())) - isa_flags())
+        if missing:
+            raise DeployError(f"{name}: compiled for CPU {mcpu} ({what}), whose instructions "
+                              f"{', '.join(missing)} this CPU lacks: recompile it for this host")
+
+
+def _cuda_available() -> bool:
+    """Whether a CUDA device is usable; a runtime-only TVM does not load its CUDA runtime
+    (``libtvm_runtime_cuda``) at import, so it is loaded here."""
+    if getattr(tvm.base, "_RUNTIME_ONLY", False) and "tvm_runtime_cuda" not in tvm.base._LOADED_LIBS:
+        from tvm_ffi.libinfo import load_lib_ctypes
+
+        runtime_dir = Path(tvm.base._LOADED_LIBS["tvm_runtime"]._name).resolve().parent
+        try:
+            tvm.base._LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
+                "tvm", "tvm_runtime_cuda", "RTLD_LOCAL", extra_lib_paths=[runtime_dir])
+        except (OSError, RuntimeError):
+            return False
+    return bool(tvm.cuda(0).exist)
+
+
+def check_target(meta: dict, name: str) -> dict:
+    """The module's target (its exported dict), if this host can run it; else
+    ``DeployError`` saying why."""
     spec = dict(meta.get("target") or {})
     kind = spec.get("kind", "?")
     what = meta.get("target_description", kind)
     if kind == "llvm":
-        host = _host_target()
-        arch = str(spec.get("mtriple", "")).split("-")[0]
-        host_arch = str(host.get("mtriple", "")).split("-")[0]
-        if arch and host_arch and arch != host_arch:
-            raise DeployError(f"{name}: compiled for {arch} ({what}), this host is {host_arch}; "
-                              f"recompile it here with --target llvm")
-        mcpu, host_mcpu = spec.get("mcpu"), host.get("mcpu")
-        if mcpu and host_mcpu and mcpu != host_mcpu:
-            raise DeployError(f"{name}: compiled for CPU {mcpu} ({what}), this host is {host_mcpu}; "
-                              f"its code may use instructions this CPU lacks: recompile it here "
-                              f"with --target llvm")
+        _check_cpu(meta, spec, name)
     elif kind == "cuda":
-        if not tvm.cuda(0).exist:
+        host = spec.get("host")
+        if isinstance(host, dict) and host.get("kind") == "llvm":  # its host code runs on this CPU
+            _check_cpu(meta, host, name)
+        if not _cuda_available():
             raise DeployError(f"{name}: compiled for cuda ({what}) but this host has no CUDA device; "
                               f"recompile with --target llvm")
     else:
         raise DeployError(f"{name}: compiled for target kind {kind!r}, which load() does not run")
-    host_spec = spec.pop("host", None)
-    try:
-        if host_spec is not None:
-            return tvm.target.Target(spec, host=tvm.target.Target(host_spec))
-        return tvm.target.Target(spec)
-    except Exception as err:
-        raise DeployError(f"{name}: unusable target {spec!r} in its metadata ({err})") from err
+    return spec
 
 
-def _device_for(target: tvm.target.Target, device: Any, name: str) -> Any:
-    is_cuda = target.kind.name == "cuda"
+def _device_for(spec: dict, device: Any, name: str) -> Any:
+    is_cuda = spec.get("kind") == "cuda"
     if device is None:
         return tvm.cuda(0) if is_cuda else tvm.cpu(0)
     try:
@@ -196,12 +252,13 @@ def _device_for(target: tvm.target.Target, device: Any, name: str) -> Any:
     except Exception as err:
         raise DeployError(f"{name}: unknown device {device!r} ({err})") from err
     if dev.dlpack_device_type() != (_DL_CUDA if is_cuda else _DL_CPU):
-        raise DeployError(f"{name}: compiled for {target.kind.name}, cannot run on device {dev}")
+        raise DeployError(f"{name}: compiled for {spec.get('kind')}, cannot run on device {dev}")
     return dev
 
 
-def load(path: str | os.PathLike, device: Any = None):
-    """A callable ``CompiledModel`` from a library written by ``export``."""
+def load(path: str | os.PathLike, device: Any = None, threads: int | None = None):
+    """A callable ``CompiledModel`` from a library written by ``export``, run with
+    ``threads`` CPU threads (default: see ``aicf_tvm.threads.thread_count``)."""
     from .compiled import CompiledModel, Kernel, TensorSpec
     from .report import Decision, FusionReport
 
@@ -220,7 +277,7 @@ def load(path: str | os.PathLike, device: Any = None):
                                         tuple(d["failures"]), d["note"], int(d["benefit"]))
                                for d in meta["fusion"]["decisions"]])
         return CompiledModel(
-            lib, target, report=report, device=dev, metadata=meta, path=name,
+            lib, target, report=report, device=dev, metadata=meta, path=name, threads=threads,
             inputs=[TensorSpec.from_json(s) for s in meta["inputs"]],
             dim_bounds=meta.get("dim_bounds", {}),
             outputs=[TensorSpec.from_json(s) for s in meta["outputs"]],

@@ -27,6 +27,7 @@ from .errors import InputError, UnsupportedModelError
 from .library.adam import DISTINCT_INPUTS_ATTR
 from .report import FusionReport
 from .targets import resolve_target
+from .threads import thread_count, use_threads
 
 
 def adam_function(shapes: Sequence[Sequence[int]], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
@@ -84,12 +85,21 @@ class OptimizerStep:
     """
 
     def __init__(self, executable: Any, target: Any, report: FusionReport, lowered: tvm.IRModule,
-                 donate: bool) -> None:
+                 donate: bool, threads: int | None = None) -> None:
         self.executable, self.target, self.report, self.lowered = executable, target, report, lowered
         self.donate = donate
+        self.threads = thread_count(threads, {"num-cores": target.attrs.get("num-cores")})
         self.device = tvm.cpu() if target.kind.name == "llvm" else tvm.device(target.kind.name)
-        self.vm = relax.VirtualMachine(executable, self.device)
-        self._main = self.vm["main"]
+        self._vm = None
+
+    @property
+    def vm(self) -> relax.VirtualMachine:
+        """The VM (made on first use: a CUDA step compiles on a host without a GPU), with the
+        calling thread's TVM pool sized to ``threads``."""
+        use_threads(self.threads)
+        if self._vm is None:
+            self._vm = relax.VirtualMachine(self.executable, self.device)
+        return self._vm
 
     @property
     def kernels(self) -> list[str]:
@@ -114,7 +124,7 @@ class OptimizerStep:
             for i, a in enumerate(args):
                 _flatten(a, f"arg{i}", named)
             check_distinct(named)
-        return self._main(*args)
+        return self.vm["main"](*args)
 
 
 @dataclass(frozen=True)
@@ -150,7 +160,8 @@ def profile_call(vm: relax.VirtualMachine, func_name: str, *args: Any) -> CallPr
     return CallProfile(tuple(kernels), storage[0])
 
 
-def compile_optimizer_step(func: Any, target: Any = "llvm", *, donate: bool = True) -> OptimizerStep:
+def compile_optimizer_step(func: Any, target: Any = "llvm", *, donate: bool = True,
+                           threads: int | None = None) -> OptimizerStep:
     """Compile an optimizer step (a Relax function or a module with ``main``) to run in place.
 
     ``donate=False`` makes no assertion: caller inputs are then Unknown alias, the fusion
@@ -175,7 +186,7 @@ def compile_optimizer_step(func: Any, target: Any = "llvm", *, donate: bool = Tr
     mod = optimize(LiftAdamSteps()(mod), report)
     mod = FuseAdamSteps(report=report)(mod)
     lowered = lower(mod, tgt)
-    return OptimizerStep(build(lowered, tgt), tgt, report, lowered, donate)
+    return OptimizerStep(build(lowered, tgt), tgt, report, lowered, donate, threads)
 
 
 __all__ = ["CallProfile", "OptimizerStep", "adam_function", "adam_state", "check_distinct", "compile_optimizer_step", "profile_call"]

@@ -108,12 +108,16 @@ def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
         return tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes))
 
 
-def compile(mod: Any, target: Any = "llvm", database: Any = None, *, candidates: Sequence[Any] | None = None):  # noqa: A001
-    """Compile a Relax IRModule (or anything ``load_model`` accepts) to a ``CompiledModel``."""
+def compile(mod: Any, target: Any = "llvm", database: Any = None, *, candidates: Sequence[Any] | None = None,  # noqa: A001
+            threads: int | None = None):
+    """Compile a Relax IRModule (or anything ``load_model`` accepts) to a ``CompiledModel``
+    that runs with ``threads`` CPU threads (default: ``aicf_tvm.threads.thread_count``)."""
     from .compiled import CompiledModel
     from .frontends import load_model
+    from .threads import thread_count
 
     tgt = resolve_target(target)
+    thread_count(threads)  # a bad count fails now, not after the build
     mod = load_model(mod) if not isinstance(mod, tvm.IRModule) else mod
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise UnsupportedModelError("the module has no 'main' function")
@@ -123,4 +127,5 @@ def compile(mod: Any, target: Any = "llvm", database: Any = None, *, candidates:
     optimized = mod
     lowered = lower(mod, tgt, database, report)
     ex = build(lowered, tgt)
-    return CompiledModel(ex, tgt, source["main"], report=report, lowered=lowered, optimized=optimized)
+    return CompiledModel(ex, tgt, source["main"], report=report, lowered=lowered, optimized=optimized,
+                         threads=threads)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import tvm
@@ -23,6 +24,14 @@ def host_cpu_target(num_cores: int | None = None) -> tvm.target.Target:
     return tvm.target.Target({**keep, "num-cores": int(cores or 1)})
 
 
+def cuda_host_target() -> tvm.target.Target:
+    """The host side of a CUDA build: this machine's triple without its mcpu. That code
+    (the VM's glue, shape functions) is not worth tuning, and generic x86-64 code runs on
+    whatever CPU the GPU host has."""
+    triple = tvm.target.Target.from_device(tvm.cpu()).export().get("mtriple")
+    return tvm.target.Target({"kind": "llvm", **({"mtriple": triple} if triple else {})})
+
+
 def resolve_target(target: Any) -> tvm.target.Target:
     """A ``tvm.target.Target`` from a Target, a dict, a JSON string, ``"llvm"`` or ``"cuda"``."""
     if isinstance(target, tvm.target.Target):
@@ -33,7 +42,7 @@ def resolve_target(target: Any) -> tvm.target.Target:
         if text == "llvm":
             return host_cpu_target()
         if text == "cuda":
-            return tvm.target.Target({"kind": "cuda", "arch": DEFAULT_CUDA_ARCH}, host=host_cpu_target())
+            return tvm.target.Target({"kind": "cuda", "arch": DEFAULT_CUDA_ARCH}, host=cuda_host_target())
         if text.startswith("{"):
             try:
                 spec = json.loads(text)
@@ -52,7 +61,7 @@ def resolve_target(target: Any) -> tvm.target.Target:
                                                         "opt-level", "tag", "keys") and v not in ("", None)}
     try:
         if spec.get("kind") == "cuda":
-            return tvm.target.Target(spec, host=host_cpu_target())
+            return tvm.target.Target(spec, host=cuda_host_target())
         return tvm.target.Target(spec)
     except Exception as err:  # noqa: BLE001 - TVM raises ValueError/TVMError alike
         raise TargetError(f"unknown target {target!r}: {err}") from err
@@ -75,8 +84,9 @@ def _check_spec(spec: dict, given: Any) -> None:
                               "(use 'llvm' for this machine's CPU)")
 
 
-def describe(target: tvm.target.Target) -> str:
-    attrs = target.export()
+def describe(target: tvm.target.Target | Mapping[str, Any]) -> str:
+    """``kind mcpu=... num-cores=...`` of a Target or its exported dict."""
+    attrs = dict(target) if isinstance(target, Mapping) else target.export()
     bits = [attrs.get("kind", "?")]
     for key in ("mcpu", "arch", "num-cores"):
         if attrs.get(key):

@@ -5,7 +5,7 @@ Usage::
     python scripts/bench.py [--budget B] [--models squeezenet resnet50 ...]
                             [--rounds 3] [--json bench.json] [--work-dir bench_tuning]
 
-Peers per model: ONNX Runtime (CPU EP, 2 threads), TVM's default pipeline untuned
+Peers per model: ONNX Runtime (CPU EP, as many threads as ours), TVM's default pipeline untuned
 (``relax.get_default_pipeline``), TVM's ``static_shape_tuning_pipeline`` with B trials,
 ours untuned (``aicf_tvm.compile``) and ours tuned with the same B trials
 (``aicf_tvm.tune`` then ``compile(database=...)``).  ``--budget 0`` (default) skips the
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import tempfile
 import time
@@ -40,7 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 LIGHT = ("squeezenet", "shufflenet", "resnet50", "inception_v1", "densenet121")
 BUILTIN = ("encoder_layer", "decoder_block")
 PEERS = ("ort", "tvm", "tvm_tuned", "ours", "ours_tuned")
-THREADS = 2
 
 
 def parse_args() -> argparse.Namespace:
@@ -54,15 +52,18 @@ def parse_args() -> argparse.Namespace:
 
 
 ARGS = parse_args()
-os.environ.setdefault("TVM_NUM_THREADS", str(THREADS))  # before TVM's thread pool starts
 
 import tvm
 from tvm import relax
 
 import aicf_tvm
 from aicf_tvm.targets import describe, resolve_target
+from aicf_tvm.threads import thread_count, use_threads
 
 TARGET = resolve_target("llvm")
+# What ours runs with (TVM_NUM_THREADS, else every usable CPU); TVM's own peers run on this
+# thread's pool, sized the same here, and ONNX Runtime gets as many.
+THREADS = use_threads(thread_count(None, TARGET.export()))
 Runner = Callable[[], list[np.ndarray]]
 
 
@@ -186,7 +187,7 @@ def geomean(values: list[float]) -> float | None:
 
 def main() -> None:
     work_root = Path(ARGS.work_dir or tempfile.mkdtemp(prefix="aicf_bench_"))
-    print(f"target: {describe(TARGET)}; budget B={ARGS.budget}; rounds={ARGS.rounds}", flush=True)
+    print(f"target: {describe(TARGET)}, {THREADS} threads; budget B={ARGS.budget}; rounds={ARGS.rounds}", flush=True)
     if ARGS.budget:
         raise_builder_timeout(300.0)
     entries = {}
@@ -201,7 +202,8 @@ def main() -> None:
                 run()
                 times[name][peer].append(time.perf_counter() - start)
         print(f"round {rnd + 1}/{ARGS.rounds} done", flush=True)
-    report = {"target": describe(TARGET), "budget": ARGS.budget, "rounds": ARGS.rounds, "models": {}}
+    report = {"target": describe(TARGET), "threads": THREADS, "budget": ARGS.budget, "rounds": ARGS.rounds,
+              "models": {}}
     for name, entry in entries.items():
         ms = {p: float(np.median(t)) * 1e3 for p, t in times[name].items()}
         base = ms.get("ort")

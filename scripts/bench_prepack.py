@@ -9,7 +9,6 @@ the outputs agree and prints the median times and their ratio (< 1: pre-packing 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 import aicf_tvm  # noqa: E402
 import relax_passes.prepack_weights as prepack  # noqa: E402

@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 import tvm  # noqa: E402
 from tvm import tirx  # noqa: E402
 
 import aicf_tvm  # noqa: E402
+from aicf_tvm.threads import use_threads  # noqa: E402
 from relax_passes.lower_emits import kernel_calls  # noqa: E402
 
 
@@ -56,6 +55,7 @@ def main() -> None:
     calls = collections.Counter(kernel_calls(compiled.lowered["main"]))
     kinds = {k.name: (k.kind, k.schedule) for k in compiled.kernels}
     device = tvm.cpu()
+    use_threads(compiled.threads)  # the kernels alone, with the threads the model runs with
     rows = []
     for name, count in calls.items():
         func = compiled.lowered[name].with_attr("global_symbol", "kernel")

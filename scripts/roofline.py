@@ -1,11 +1,12 @@
 """GFLOP/s of our fused GEMM (matmul + bias + relu, CPU ``Gemm`` rule) against numpy.
 
-Usage: ``python scripts/roofline.py [--sizes 512 1024 2048] [--threads 2]``
+Usage: ``python scripts/roofline.py [--sizes 512 1024 2048] [--threads N]``
 
 Both run in this process, interleaved, each timed as the best of several repeats, so a
 neighbour stealing a core hurts both alike; the ratio is the number to watch (goal >= 0.75
 from 512^3 up). ``OPENBLAS_CORETYPE`` / ``OPENBLAS_L2_SIZE`` are removed before numpy is
-imported: set to another CPU's values they make OpenBLAS pick slow kernels.
+imported: set to another CPU's values they make OpenBLAS pick slow kernels. Both get
+``--threads`` threads (default: every CPU this process may use).
 """
 
 from __future__ import annotations
@@ -21,23 +22,23 @@ from pathlib import Path
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048])
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--repeats", type=int, default=10)
     return parser.parse_args()
 
 
-# Settled before numpy (OpenBLAS) and TVM's thread pool read the environment.
+# Settled before numpy (OpenBLAS) reads the environment; TVM's pool is sized in main().
 ARGS = parse_args()
 for _name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
     os.environ.pop(_name, None)
 os.environ["OPENBLAS_NUM_THREADS"] = str(ARGS.threads)
-os.environ["TVM_NUM_THREADS"] = str(ARGS.threads)
 
 import numpy as np
 import tvm
 from tvm import relax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from aicf_tvm.threads import use_threads
 from schedules.cpu.gemm import Gemm
 
 
@@ -84,7 +85,8 @@ def best_seconds(run, repeats: int) -> float:
 def main() -> None:
     args = ARGS
     target = host_target(args.threads)
-    print(f"target: {target}")
+    use_threads(args.threads)
+    print(f"target: {target}, {args.threads} threads")
     rng = np.random.default_rng(0)
     for n in args.sizes:
         sch = Gemm().apply(fused_gemm(n), target, False)
