@@ -204,14 +204,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             raise
         raise TuningError("aicf tune: this installation has no aicf_tvm.tuning module") from err
     from .targets import resolve_target
-    from .threads import thread_count
 
     target = resolve_target(args.target)
-    # MetaSchedule measures in worker processes, whose TVM pools read only the environment:
-    # they must run with the threads the tuned model will run with.
-    os.environ["TVM_NUM_THREADS"] = str(thread_count(args.threads, target.export()))
     result = tune(args.models, target=target, trials=args.trials, work_dir=args.work_dir,
-                  runner_timeout=args.runner_timeout, rpc=args.rpc, key=args.key, workers=args.workers)
+                  runner_timeout=args.runner_timeout, rpc=args.rpc, key=args.key, workers=args.workers,
+                  threads=args.threads)
     if result is not None:
         print(result)
     return 0

@@ -101,7 +101,7 @@ def _save_choices(work_dir: Path, target: tvm.target.Target, choices: dict) -> N
 def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "aicf_tuning", *,
          trials_per_task: int | None = None, builder_timeout: float = 300, runner_timeout: float = 60,
          progress: bool = True, rpc: str | None = None, key: str | None = None,
-         workers: int | None = None) -> TuneResult:
+         workers: int | None = None, threads: int | None = None) -> TuneResult:
     """Tune the Emit kernels of ``models`` (one or a list of what ``load_model`` takes).
 
     ``trials`` caps the candidates measured in this run; each task gets ``trials_per_task``
@@ -112,8 +112,41 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
     server registered now); ``target`` must then describe the servers' device.  Raises
     ``TuningError`` for a corrupt database (left untouched), when no candidate of a task
     built, for a ``runner_timeout`` that is not a positive number, and when the tracker is
-    unreachable or has no server under ``key``.
+    unreachable or has no server under ``key``.  Candidates are measured with the threads
+    the tuned model will run with (``threads``, else as ``compile`` chooses).
     """
+    from .threads import thread_count
+
+    _check_seconds("runner_timeout", runner_timeout)
+    tgt = resolve_target(target)
+    with _worker_threads(thread_count(threads, tgt.export())):
+        return _tune(specs_or(models), tgt, trials, work_dir, trials_per_task, builder_timeout,
+                     runner_timeout, progress, rpc, key, workers)
+
+
+@contextlib.contextmanager
+def _worker_threads(count: int):
+    """MetaSchedule measures in worker processes, whose TVM pools read only the environment:
+    they run with the threads the tuned model will run with, for this call only."""
+    previous = os.environ.get("TVM_NUM_THREADS")
+    os.environ["TVM_NUM_THREADS"] = str(count)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TVM_NUM_THREADS", None)
+        else:
+            os.environ["TVM_NUM_THREADS"] = previous
+
+
+def specs_or(models: Any) -> list:
+    """One model or a list of them, as a list."""
+    return list(models) if isinstance(models, (list, tuple)) else [models]
+
+
+def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: int | None,
+          builder_timeout: float, runner_timeout: float, progress: bool, rpc: str | None,
+          key: str | None, workers: int | None) -> TuneResult:
     from tqdm.auto import tqdm
 
     from schedules import tune as st
@@ -121,10 +154,7 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
 
     from .frontends import load_model
 
-    _check_seconds("runner_timeout", runner_timeout)
-    tgt = resolve_target(target)
     tracker, workers, where = _remote(rpc, key, workers, runner_timeout)
-    specs: Sequence[Any] = list(models) if isinstance(models, (list, tuple)) else [models]
     if not specs:
         raise TuningError("tune: no model given")
     names = [_model_name(s, i) for i, s in enumerate(specs)]
