@@ -1,4 +1,4 @@
-"""Predicates of elimination (DESIGN §5): when the facts prove an Emit is a no-op.
+"""Predicates of elimination (docs/design.md §5): when the facts prove an Emit is a no-op.
 
 Small pure functions over Emits and lattice facts, tested on their own; the
 ``EliminateEmits`` pass applies them.

@@ -2,7 +2,7 @@
 
 An Emit lives in Relax as a private ``Primitive`` function whose attr ``aicf.emit``
 holds ``Emit.to_attr()``: only str/int/float/bool and lists/dicts of them, so the
-module round-trips through TVMScript and JSON unchanged (DESIGN §2).
+module round-trips through TVMScript and JSON unchanged (docs/design.md §2).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """compile_optimizer_step: an optimizer step that updates P, M and V in their own buffers.
 
-The caller-facing contract of an in-place step (DESIGN §3 effects): the compiled
+The caller-facing contract of an in-place step (docs/design.md §3 effects): the compiled
 function **takes ownership of** (is donated) every tensor it is passed: P, M and V are
 overwritten with their new values, and the returned tuples hold those same buffers.
 So the caller must pass each input as its own buffer. The step asserts it to the

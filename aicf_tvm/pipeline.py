@@ -1,4 +1,4 @@
-"""compile: a Relax module to a runnable, reportable CompiledModel (DESIGN §1 flow).
+"""compile: a Relax module to a runnable, reportable CompiledModel (docs/design.md §1 flow).
 
 normalize -> LiftEmits -> PropagateContracts -> (EliminateEmits, FuseEmits,
 MaterializeEmits, PropagateContracts)* to a bounded fixpoint -> LowerEmits ->

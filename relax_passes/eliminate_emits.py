@@ -1,4 +1,4 @@
-"""EliminateEmits: remove Emits the facts prove to be no-ops (N -> 0, DESIGN §5).
+"""EliminateEmits: remove Emits the facts prove to be no-ops (N -> 0, docs/design.md §5).
 
 Rules, each named in the report with the facts that justify it:
   * identity views: reshape/squeeze/expand_dims/flatten/broadcast_to to the same

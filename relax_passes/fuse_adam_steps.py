@@ -5,7 +5,7 @@ PrimFunc can run them all, and it writes P, M and V into their own buffers
 (``call_tir_inplace``): no copy of any of them is allocated. Legal only when
 
 * every written port (P, M, V of every step) is NoAlias with every other port of the
-  group (DESIGN §3 Alias): the same value or the same caller input is MustAlias, two
+  group (docs/design.md §3 Alias): the same value or the same caller input is MustAlias, two
   different caller inputs are Unknown unless the function asserts
   ``aicf.distinct_inputs`` (then refined to NoAlias, ``Alias.refine``), a view shares
   storage (MayAlias), fresh buffers are NoAlias; an Emit's ``asserted`` facts refine too;

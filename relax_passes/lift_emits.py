@@ -2,7 +2,7 @@
 
 Each binding ``y = R.op(x, ...)`` becomes ``y = emit_<kind>(x, ...)`` where
 ``emit_<kind>`` is a private Relax function marked ``Primitive`` whose ``aicf.emit``
-attr holds the Emit (kind, attrs, interface, contract template; DESIGN §2). Tensor
+attr holds the Emit (kind, attrs, interface, contract template; docs/design.md §2). Tensor
 arguments (tuples of tensors flattened) become the Emit's ports; shapes, axes and other
 non-tensor arguments stay inside it. Identical Emits share one function.
 

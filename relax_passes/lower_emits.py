@@ -1,7 +1,7 @@
 """LowerEmits: every Emit function becomes one PrimFunc called with ``call_tir``.
 
 Runs last among our passes, on a module whose Emits are final. Final-lowering ABI
-(DESIGN §7), then TVM's own passes:
+(docs/design.md §7), then TVM's own passes:
 
 * a rank-0 constant port that the Emit only uses as an operand of elementwise
   arithmetic is passed as a scalar immediate (bound into a specialized copy of the

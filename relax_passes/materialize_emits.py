@@ -1,5 +1,5 @@
 """MaterializeEmits: insert the Emits that make a refused candidate legal, and do at
-compile time the work that needs only constants (DESIGN §6).
+compile time the work that needs only constants (docs/design.md §6).
 
 1. Insert. A library candidate refused only because boundary inputs' shape/stride
    facts do not entail its requirement gets, on each such input, the Emit that makes it

@@ -1,5 +1,5 @@
 """Pre-packed weights: the layout transform of a constant operand runs at compile time
-(DESIGN §6, materialization on constants).
+(docs/design.md §6, materialization on constants).
 
 The CPU GEMM rule copies B into the packed layout ``[S, N/nr, K, nr]`` inside the kernel,
 on every call. When B is a constant (a weight), that copy is the same work each time:

@@ -1,4 +1,4 @@
-"""Measuring tuning candidates on remote machines through TVM's RPC tracker (DESIGN §7).
+"""Measuring tuning candidates on remote machines through TVM's RPC tracker (docs/design.md §7).
 
 TVM ships the distributed engine: a tracker (``python -m tvm.exec.rpc_tracker``) that
 hands out sessions on the servers registered with it under a key (``python -m

@@ -1,4 +1,4 @@
-"""MetaSchedule tuning of Emit PrimFuncs, one task per contract signature (DESIGN §7).
+"""MetaSchedule tuning of Emit PrimFuncs, one task per contract signature (docs/design.md §7).
 
 ``extract_tasks`` turns lowered modules (after ``LowerEmits``, before any schedule) into
 tasks: one per distinct ``select.workload_of`` workload, which is keyed by the Emit's
@@ -21,7 +21,7 @@ A candidate that crashes the runner's worker process (a segfault) or runs past
 and starts a fresh one for the next candidate.
 The build function skips ``import tvm.s_tir.tensor_intrin`` on LLVM targets: that import
 alone takes 25-50 s per build worker here, longer than MetaSchedule's default builder
-timeout (DESIGN §9).  ``Tools(..., tracker=...)`` measures on the servers of a TVM RPC
+timeout (docs/design.md §9).  ``Tools(..., tracker=...)`` measures on the servers of a TVM RPC
 tracker instead of this machine (``schedules.remote``).  Imports only TVM, the standard
 library and this package.
 """

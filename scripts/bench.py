@@ -136,7 +136,7 @@ def ours_runner(mod: tvm.IRModule, args: list[np.ndarray], budget: int, work_dir
 
 
 def raise_builder_timeout(seconds: float) -> None:
-    """Give TVM's own tuning the builder timeout ours gets (DESIGN §9: 30 s fails here)."""
+    """Give TVM's own tuning the builder timeout ours gets (docs/design.md §9: 30 s fails here)."""
     from tvm.s_tir.meta_schedule.builder import LocalBuilder
 
     kwdefaults = dict(LocalBuilder.__init__.__kwdefaults__ or {})

@@ -1,4 +1,4 @@
-"""Each top-level package imports on its own, and the layering holds (DESIGN §8)."""
+"""Each top-level package imports on its own, and the layering holds (docs/design.md §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stride transfer rules of view Emits (DESIGN §3 C).
+"""Stride transfer rules of view Emits (docs/design.md §3 C).
 
 Each maps the input's stride facts to the output's, returning ``None`` when a needed
 input stride is unknown, so the rules are monotone: a stronger input fact never

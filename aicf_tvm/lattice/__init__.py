@@ -1,4 +1,4 @@
-"""The five contract lattices of DESIGN §3, one convention: ``a ⊑ b`` = a is stronger."""
+"""The five contract lattices of docs/design.md §3, one convention: ``a ⊑ b`` = a is stronger."""
 
 from .abi import ABIFact, Alignment
 from .base import Failure, FinitePoset, ProductLattice, explain_leq

@@ -1,4 +1,4 @@
-"""ABI facts of a tensor port, used only by final lowering (DESIGN §3 E, §7)."""
+"""ABI facts of a tensor port, used only by final lowering (docs/design.md §3 E, §7)."""
 
 from __future__ import annotations
 

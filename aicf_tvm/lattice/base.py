@@ -1,6 +1,6 @@
 """Shared machinery of the contract lattices.
 
-Convention (DESIGN §3): ``a ⊑ b`` reads "a guarantees at least what b guarantees";
+Convention (docs/design.md §3): ``a ⊑ b`` reads "a guarantees at least what b guarantees";
 ``⊤`` is no guarantee, ``⊥`` a contradiction; ``join`` is the common guarantee,
 ``meet`` the conjunction of requirements. ``F ⊢ R`` iff ``F ⊑ R`` in every component.
 """

@@ -1,4 +1,4 @@
-"""Numeric semantics of an Emit output (DESIGN §3 D).
+"""Numeric semantics of an Emit output (docs/design.md §3 D).
 
 Four independent components, each a lattice; a fused kernel must not weaken any
 of them unless a user policy (``fast_math``) allows it for that region.

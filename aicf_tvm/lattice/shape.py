@@ -1,4 +1,4 @@
-"""Shape/stride facts of a tensor (DESIGN §3 C).
+"""Shape/stride facts of a tensor (docs/design.md §3 C).
 
 ``Unknown ⊒ Rank(r) ⊒ Shape(dims) ⊒ Strided(dims, strides)``. A dim or stride is an
 ``int``, a symbolic expression (``str``, e.g. ``"n"`` or ``"768*n"``) or ``None``

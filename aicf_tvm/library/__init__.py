@@ -1,4 +1,4 @@
-"""The Emit library: fused Emit candidates with Requires / Build / Derive (DESIGN §4).
+"""The Emit library: fused Emit candidates with Requires / Build / Derive (docs/design.md §4).
 
 Library candidates are tried by benefit; ``fused_elementwise`` and
 ``fused_reduce_epilogue`` are the generic groups FuseEmits forms around what is left.

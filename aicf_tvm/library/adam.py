@@ -3,7 +3,7 @@
 ``adam_step`` reads the gradient G and the two bias-correction terms ``1 - β1^t`` and
 ``1 - β2^t`` (rank-0 tensors: they change every step) and updates the parameter P and
 the moments M, V. Its contract says so with effects (P, M, V = ReadWrite, G = Read;
-DESIGN §3): the Emit may overwrite P, M and V, and whoever runs it must not read their
+docs/design.md §3): the Emit may overwrite P, M and V, and whoever runs it must not read their
 old values afterwards. ``fused_adam_step`` is the multi-tensor kernel: one PrimFunc
 that updates every P, M, V in its own buffer (``call_tir_inplace``), legal only when
 the written buffers are pairwise NoAlias with every other port.

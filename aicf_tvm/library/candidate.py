@@ -1,4 +1,4 @@
-"""A library candidate E*: pattern, Requires, Build options and Derive (DESIGN §4).
+"""A library candidate E*: pattern, Requires, Build options and Derive (docs/design.md §4).
 
 Patterns are ``relax.dpl`` patterns over the op-level view of the Emit DAG (each
 single-op Emit call seen as the op call it wraps). A pattern's variants are tried in

@@ -1,4 +1,4 @@
-"""One reusable law suite for every lattice (DESIGN §3).
+"""One reusable law suite for every lattice (docs/design.md §3).
 
 Subclass ``LatticeLaws`` and set ``values`` to a hypothesis strategy of elements;
 set ``has_bottom = False`` for lattices without a finite ⊥.
