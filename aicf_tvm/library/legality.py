@@ -1,4 +1,4 @@
-"""Legality of S -> E* on the lattice facts (docs/design.md §4, step 3).
+"""Legality of S -> E* on the lattice facts (docs/design.md §4).
 
 ``judge`` checks, in order: no opaque member and no effectful Emit in S's span that
 touches S's values (effects); ``F ⊢ Requires(E*)`` on the boundary facts; and
