@@ -1,5 +1,6 @@
 """CUDA correctness on a GPU: ``aicf_tvm.compile(target="cuda")`` outputs against an
-independent float64 numpy reference, TVM's unoptimized LLVM build and PyTorch eager.
+independent float64 numpy reference, TVM's unoptimized LLVM build, PyTorch eager and ONNX
+Runtime, each on two different inputs whose reference outputs are checked to differ first.
 
 Skipped where TVM sees no CUDA device (every CI machine); ``scripts/device_check.sh``
 runs it on a GPU host.
@@ -15,7 +16,8 @@ from tvm import relax
 import aicf_tvm
 from aicf_tvm.models import SMALL_SIZES, decoder_block, encoder_layer
 from tests.aicf_tvm.test_models import numpy_decoder, numpy_encoder
-from tests.conftest import light_model_path, random_inputs, run_vm
+from tests.conftest import random_inputs, run_vm
+from tests.helpers import assert_input_sensitive, assert_matches_reference, light_model, ort_function
 
 pytestmark = pytest.mark.skipif(not tvm.cuda(0).exist, reason="no CUDA device")
 
@@ -24,17 +26,18 @@ CUDA = {"kind": "cuda", "arch": "sm_90"}
 RTOL, ATOL = 2e-3, 2e-3
 
 
-def activation(shape: tuple[int, ...], seed: int = 1) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+def activations(shape: tuple[int, ...]) -> list[list[np.ndarray]]:
+    """Two different single-input sets (the models' weights come from seed 0)."""
+    return [[np.random.default_rng(seed).standard_normal(shape).astype(np.float32)] for seed in (1, 2)]
 
 
 @pytest.mark.parametrize("sizes", [SMALL_SIZES["encoder_layer"], {}], ids=["small", "bert_base"])
 def test_encoder_layer_matches_numpy(sizes):
     mod, weights = encoder_layer(**sizes, return_params=True)
     heads = sizes.get("heads", 12)
-    x = activation(tuple(int(d) for d in mod["main"].params[0].ty.shape.values))
-    out = aicf_tvm.compile(mod, target=CUDA)(x)
-    np.testing.assert_allclose(out, numpy_encoder(x, weights, heads), rtol=RTOL, atol=ATOL)
+    inputs = activations(tuple(int(d) for d in mod["main"].params[0].ty.shape.values))
+    assert_matches_reference(aicf_tvm.compile(mod, target=CUDA), lambda x: numpy_encoder(x, weights, heads),
+                             inputs, rtol=RTOL, atol=ATOL)
 
 
 def test_encoder_layer_small_matches_pytorch_eager():
@@ -45,17 +48,17 @@ def test_encoder_layer_small_matches_pytorch_eager():
 
     sizes = SMALL_SIZES["encoder_layer"]
     mod, weights = encoder_layer(**sizes, return_params=True)
-    x = activation((1, sizes["seq"], sizes["hidden"]))
-    expected = torch_encoder_layer(weights, sizes["heads"])(torch.from_numpy(x).cuda()).cpu().numpy()
-    np.testing.assert_allclose(aicf_tvm.compile(mod, target=CUDA)(x), expected, rtol=RTOL, atol=ATOL)
+    layer = torch_encoder_layer(weights, sizes["heads"])
+    assert_matches_reference(aicf_tvm.compile(mod, target=CUDA),
+                             lambda x: layer(torch.from_numpy(x).cuda()).cpu().numpy(),
+                             activations((1, sizes["seq"], sizes["hidden"])), rtol=RTOL, atol=ATOL)
 
 
 def test_decoder_block_small_matches_numpy():
     sizes = SMALL_SIZES["decoder_block"]
     mod, weights = decoder_block(**sizes, return_params=True)
-    x = activation((1, sizes["seq"], sizes["hidden"]))
-    out = aicf_tvm.compile(mod, target=CUDA)(x)
-    np.testing.assert_allclose(out, numpy_decoder(x, weights, sizes["heads"]), rtol=RTOL, atol=ATOL)
+    assert_matches_reference(aicf_tvm.compile(mod, target=CUDA), lambda x: numpy_decoder(x, weights, sizes["heads"]),
+                             activations((1, sizes["seq"], sizes["hidden"])), rtol=RTOL, atol=ATOL)
 
 
 def small_cnn() -> tvm.IRModule:
@@ -82,21 +85,21 @@ def small_cnn() -> tvm.IRModule:
 
 
 def test_conv_model_matches_tvm_llvm_build():
-    mod = small_cnn()
-    inputs = random_inputs(mod)
-    (expected,) = run_vm(mod, *inputs)
-    np.testing.assert_allclose(aicf_tvm.compile(mod, target=CUDA)(*inputs), expected, rtol=RTOL, atol=1e-5)
+    mod = small_cnn()  # weights from seed 0, inputs from seeds 1 and 2
+    inputs = [random_inputs(mod, seed=s) for s in (1, 2)]
+    assert_matches_reference(aicf_tvm.compile(mod, target=CUDA), lambda *args: run_vm(mod, *args)[0],
+                             inputs, rtol=RTOL, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["squeezenet", "resnet50"])
 def test_light_onnx_model_matches_onnxruntime(name):
-    ort = pytest.importorskip("onnxruntime")
-    path = light_model_path(name)
-    mod = aicf_tvm.from_onnx(path)
-    inputs = random_inputs(mod)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    feeds = {p.name: a for p, a in zip(mod["main"].params, inputs)}
-    (expected,) = session.run(None, feeds)
-    out = aicf_tvm.compile(mod, target=CUDA)(*inputs)
-    scale = float(np.abs(expected).max()) or 1.0
-    np.testing.assert_allclose(out.reshape(expected.shape), expected, rtol=RTOL, atol=ATOL * scale)
+    pytest.importorskip("onnxruntime")
+    model = light_model(name)
+    mod, reference = aicf_tvm.from_onnx(model), ort_function(model)
+    inputs = [random_inputs(mod, seed=s) for s in (1, 2)]
+    wants = [reference(*args) for args in inputs]
+    atol = ATOL * max(float(np.abs(w).max()) for w in wants)
+    assert_input_sensitive(wants[0], wants[1], rtol=RTOL, atol=atol)
+    compiled = aicf_tvm.compile(mod, target=CUDA)
+    for args, want in zip(inputs, wants):
+        np.testing.assert_allclose(compiled(*args).reshape(want.shape), want, rtol=RTOL, atol=atol)
