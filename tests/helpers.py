@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -57,7 +58,7 @@ def assert_matches_reference(ours: Callable[..., np.ndarray], reference: Callabl
                                    err_msg=f"input set {k}")
 
 
-def ort_session(model: onnx.ModelProto | str | bytes) -> "onnxruntime.InferenceSession":  # noqa: F821
+def ort_session(model: onnx.ModelProto | str | bytes) -> Any:
     """An ONNX Runtime CPU session on 2 threads, quiet about the light models' old IR."""
     import onnxruntime as ort
 
@@ -79,7 +80,7 @@ def ort_function(model: onnx.ModelProto | str | bytes) -> Callable[..., np.ndarr
     return run
 
 
-def torch_function(module: "torch.nn.Module") -> Callable[..., np.ndarray]:  # noqa: F821
+def torch_function(module: Any) -> Callable[..., np.ndarray]:
     """``f(*numpy inputs) -> numpy output`` of a PyTorch module in eager mode."""
     import torch
 

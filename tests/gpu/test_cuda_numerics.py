@@ -17,7 +17,12 @@ import aicf_tvm
 from aicf_tvm.models import SMALL_SIZES, decoder_block, encoder_layer
 from tests.aicf_tvm.test_models import numpy_decoder, numpy_encoder
 from tests.conftest import random_inputs, run_vm
-from tests.helpers import assert_input_sensitive, assert_matches_reference, light_model, ort_function
+from tests.helpers import (
+    assert_input_sensitive,
+    assert_matches_reference,
+    light_model,
+    ort_function,
+)
 
 pytestmark = pytest.mark.skipif(not tvm.cuda(0).exist, reason="no CUDA device")
 
