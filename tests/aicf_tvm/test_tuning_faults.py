@@ -68,7 +68,7 @@ def runs_correctly(work_dir: Path) -> bool:
 @pytest.fixture
 def watchdog():
     """Abort the test process, with every thread's traceback, if tuning hangs for good."""
-    faulthandler.dump_traceback_later(300, exit=True, file=sys.__stderr__)
+    faulthandler.dump_traceback_later(900, exit=True, file=sys.__stderr__)  # minutes under load
     yield
     faulthandler.cancel_dump_traceback_later()
 

@@ -3,7 +3,9 @@ stopped here, measure the candidates that ``aicf_tvm.tune(rpc=..., key=...)`` bu
 
 Each test really runs MetaSchedule (one 64x128x96 GEMM, 4 trials); the servers' logs
 show which server timed which candidate (TVM's server logs ``load_module`` once per
-measured module).  Set ``AICF_SKIP_RPC=1`` where local sockets are unavailable.
+measured module). Where the order of events matters, the servers are put in known states
+(``rpc_server.py``: held at a gate, holding a measurement) instead of racing them.
+Set ``AICF_SKIP_RPC=1`` where local sockets are unavailable.
 """
 
 from __future__ import annotations
