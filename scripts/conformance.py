@@ -20,8 +20,14 @@ and then built twice: by ``aicf_tvm.compile`` and by ``tvm.compile`` with
 * ``error``       the import worked but the pipeline raised, crashed or timed out
 
 Cases run in a worker process (a fatal abort inside TVM is an ``error`` for that case,
-not the end of the run). ``--write-lock`` writes the names of the cases ours passes to
-``tests/data/conformance_pass.json`` (read by ``tests/test_conformance_lock.py``).
+not the end of the run).
+
+``--write-lock`` records the cases ours passes in ``tests/data/conformance_pass.json``
+(``{"onnx": version, "cases": [...]}``, read by ``tests/test_conformance_lock.py``, which
+pins their number). The lock only grows: cases outside the run stay locked, and a locked
+case that the run does not pass (or that the installed wheel no longer has) is named and
+the lock left unchanged, unless ``--allow-drop`` says the loss is meant. Under another
+onnx version than the lock's, only a full run (every suite, no filter) may write it.
 """
 
 from __future__ import annotations
@@ -236,6 +242,55 @@ def run_all(cases: list[str], timeout: int, log=print) -> list[dict]:
     return [results[c] for c in cases]
 
 
+def read_lock(path: Path = LOCK) -> dict:
+    """``{"onnx": version or None, "cases": [...]}``; an absent lock is empty."""
+    if not path.exists():
+        return {"onnx": None, "cases": []}
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("cases"), list) or "onnx" not in data:
+        raise SystemExit(f"{path}: not a conformance lock (expected {{\"onnx\": ..., \"cases\": [...]}})")
+    return data
+
+
+def updated_lock(lock: dict, results: list[dict], available: list[str], onnx_version: str,
+                 full_run: bool) -> tuple[dict, list[str]]:
+    """(the new lock, one line per locked case it would drop). Cases the run did not cover
+    stay locked; passing cases are added."""
+    if lock["onnx"] not in (None, onnx_version) and not full_run:
+        raise SystemExit(f"the lock was written with onnx {lock['onnx']}, onnx {onnx_version} is installed: "
+                         "only a full run (no --suite, no --filter) may rewrite it")
+    verdicts = {r["case"]: r for r in results}
+    present = set(available)
+    drops = []
+    for case in lock["cases"]:
+        if case not in present:
+            drops.append(f"{case}: not in the test data of onnx {onnx_version}")
+        elif case in verdicts and verdicts[case]["ours"] != "pass":
+            r = verdicts[case]
+            drops.append(f"{case}: ours={r['ours']} {r.get('ours_reason') or r.get('reason') or ''}".rstrip())
+    kept = {c for c in lock["cases"] if c in present and (c not in verdicts or verdicts[c]["ours"] == "pass")}
+    passing = {r["case"] for r in results if r["ours"] == "pass"}
+    return {"onnx": onnx_version, "cases": sorted(kept | passing)}, drops
+
+
+def write_lock(results: list[dict], full_run: bool, allow_drop: bool, path: Path = LOCK) -> bool:
+    """Update the lock from ``results``; False (lock unchanged) when it would drop a case
+    that ``allow_drop`` does not allow."""
+    import onnx
+
+    new, drops = updated_lock(read_lock(path), results, list_cases(), onnx.__version__, full_run)
+    for line in drops:
+        print(f"lock: drops {line}", file=sys.stderr)
+    if drops and not allow_drop:
+        print(f"lock: {len(drops)} locked case(s) would drop; {path} left unchanged "
+              "(--allow-drop writes it anyway)", file=sys.stderr)
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(new, indent=1) + "\n")
+    print(f"lock: {len(new['cases'])} cases (onnx {new['onnx']}) in {path}")
+    return True
+
+
 def _line(r: dict) -> str:
     why = r.get("reason") or r.get("ours_reason") or r.get("tvm_reason") or ""
     return f"{r['case']:<60} ours={r['ours']:<12} tvm={r['tvm']:<12} {why[:120]}"
@@ -261,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--filter", default="")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per pipeline per case")
     ap.add_argument("--json", type=Path, help="write every verdict here")
-    ap.add_argument("--write-lock", action="store_true", help=f"write the cases ours passes to {LOCK}")
+    ap.add_argument("--write-lock", action="store_true", help=f"add the cases ours passes to {LOCK}")
+    ap.add_argument("--allow-drop", action="store_true",
+                    help="with --write-lock: write the lock even if locked cases no longer pass")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("cases", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -275,9 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(results)} cases in {time.monotonic() - start:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
-    if args.write_lock:
-        LOCK.parent.mkdir(parents=True, exist_ok=True)
-        LOCK.write_text(json.dumps(sorted(r["case"] for r in results if r["ours"] == "pass"), indent=1) + "\n")
+    if args.write_lock and not write_lock(results, full_run=not args.suite and not args.filter,
+                                          allow_drop=args.allow_drop):
+        return 1
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: light ONNX models from the onnx wheel, a VM runner, a host target."""
+"""Shared fixtures: light ONNX models from the onnx wheel, a VM runner, a host target, and
+``rand``, one generator of distinct operands per test (``tests/helpers.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
+
+from .helpers import Operands
 
 LIGHT_DIR = Path(__import__("onnx").__file__).parent / "backend" / "test" / "data" / "light"
 LIGHT_MODELS = sorted(p.stem.removeprefix("light_") for p in LIGHT_DIR.glob("light_*.onnx"))
@@ -46,3 +49,9 @@ def random_inputs(mod: tvm.IRModule, seed: int = 0) -> list[np.ndarray]:
 @pytest.fixture(scope="session")
 def light_models() -> dict[str, Path]:
     return {name: light_model_path(name) for name in LIGHT_MODELS}
+
+
+@pytest.fixture
+def rand() -> Operands:
+    """``rand(*shape)``: standard-normal float32 operands, each call new values."""
+    return Operands(0)

@@ -22,11 +22,13 @@ numerics = st.builds(NumericFact, math_tags, enum_values(AccumDtype), enum_value
 alignments = st.sampled_from([1, 4, 16, 64, 4096]).map(Alignment)
 abis = st.builds(ABIFact, alignments, enum_values(Flag), enum_values(Flag))
 
-_dim = st.one_of(st.none(), st.sampled_from([1, 2, 3, 768]), st.sampled_from(["n", "m"]))
+extents = st.one_of(  # a dim or a stride: unknown, static or symbolic
+    st.none(), st.sampled_from([1, 2, 3, 768]), st.sampled_from(["n", "m"]))
 
 
 @st.composite
 def shapes(draw):
+    """Any shape fact: top, bottom, rank only, dims, or dims with strides (rank 0 to 2)."""
     kind = draw(st.sampled_from(["top", "bottom", "rank", "dims", "strided"]))
     if kind == "top":
         return ShapeFact.top()
@@ -35,10 +37,10 @@ def shapes(draw):
     r = draw(st.integers(0, 2))
     if kind == "rank":
         return ShapeFact.rank(r)
-    dims = tuple(draw(_dim) for _ in range(r))
+    dims = tuple(draw(extents) for _ in range(r))
     if kind == "dims":
         return ShapeFact(dims)
-    return ShapeFact(dims, tuple(draw(_dim) for _ in range(r)))
+    return ShapeFact(dims, tuple(draw(extents) for _ in range(r)))
 
 
 ports = st.builds(PortFacts, effects, shapes(), numerics, abis)

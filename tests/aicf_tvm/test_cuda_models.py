@@ -1,4 +1,5 @@
-"""Every built-in model and the light SqueezeNet and ResNet-50 compile for CUDA (sm_90)
+"""Every built-in model and four light ONNX models (with the random weights of
+``tests.helpers.light_model``, as the numeric tests use) compile for CUDA (sm_90)
 through ``aicf_tvm.compile``: every PrimFunc gets a thread-bound GPU schedule and the built
 executable carries a CUDA module with one ``__global__`` kernel or more.
 
@@ -15,7 +16,7 @@ import pytest
 
 import aicf_tvm
 from aicf_tvm.models import BUILTIN_MODELS
-from tests.conftest import light_model_path
+from tests.helpers import light_model
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 
@@ -46,6 +47,6 @@ def test_builtin_model_compiles_for_cuda(name: str):
 
 @pytest.mark.parametrize("name", ["bvlc_alexnet", "resnet50", "squeezenet", "zfnet512"])
 def test_light_onnx_model_compiles_for_cuda(name: str):
-    compiled = aicf_tvm.compile(aicf_tvm.from_onnx(light_model_path(name)), target=CUDA)
+    compiled = aicf_tvm.compile(aicf_tvm.from_onnx(light_model(name)), target=CUDA)
     assert_cuda_build(compiled)
     assert compiled.report.accepted  # our fusion ran: the kernels are fused Emits, not TVM's

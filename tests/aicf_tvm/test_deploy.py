@@ -16,6 +16,8 @@ from aicf_tvm.compiled import flat_outputs
 from aicf_tvm.emit import Emit
 from aicf_tvm.models import BUILTIN_MODELS
 
+from ..helpers import assert_input_sensitive
+
 
 @pytest.fixture(scope="module")
 def compiled():
@@ -34,8 +36,11 @@ def x() -> np.ndarray:
 
 def test_round_trip_runs_like_the_in_memory_model(compiled, exported, x):
     loaded = aicf_tvm.load(exported)
-    np.testing.assert_array_equal(loaded(x), compiled(x))
-    np.testing.assert_array_equal(loaded(x=x), compiled(x))
+    other = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+    assert_input_sensitive(compiled(x), compiled(other), rtol=0, atol=0, what="the compiled model")
+    for a in (x, other):
+        np.testing.assert_array_equal(loaded(a), compiled(a))
+        np.testing.assert_array_equal(loaded(x=a), compiled(a))
 
 
 def test_loaded_model_keeps_specs_kernels_report_and_emits(compiled, exported):

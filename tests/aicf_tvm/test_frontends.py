@@ -12,6 +12,7 @@ import aicf_tvm
 from aicf_tvm import UnsupportedModelError
 from aicf_tvm.frontends import load_model
 
+from ..helpers import assert_matches_reference, ort_function, torch_function
 from .test_cli import unsupported_op_model
 
 
@@ -30,13 +31,13 @@ def small_onnx_mlp() -> onnx.ModelProto:
 
 
 def test_from_onnx_matches_onnxruntime():
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     model = small_onnx_mlp()
     compiled = aicf_tvm.compile(aicf_tvm.from_onnx(model))
     assert [s.name for s in compiled.inputs] == ["x"]
-    x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_allclose(compiled(x), want, rtol=1e-4, atol=1e-5)
+    rng = np.random.default_rng(1)
+    inputs = [[rng.standard_normal((2, 8)).astype(np.float32)] for _ in range(2)]
+    assert_matches_reference(compiled, ort_function(model), inputs, rtol=1e-4, atol=1e-5)
 
 
 def test_from_torch_matches_torch():
@@ -55,9 +56,8 @@ def test_from_torch_matches_torch():
     module = Block().eval()
     x = torch.randn(4, 16)
     compiled = aicf_tvm.compile(aicf_tvm.from_torch(module, (x,)))
-    with torch.no_grad():
-        want = module(x).numpy()
-    np.testing.assert_allclose(compiled(x.numpy()), want, rtol=1e-4, atol=1e-5)
+    inputs = [[x.numpy()], [torch.randn(4, 16).numpy()]]
+    assert_matches_reference(compiled, torch_function(module), inputs, rtol=1e-4, atol=1e-5)
 
 
 def test_missing_file_names_it(tmp_path):

@@ -1,8 +1,10 @@
-"""The built-in models build on llvm and compute what an independent numpy version does."""
+"""The built-in models build on llvm and compute what an independent numpy version does
+(on two different inputs, whose reference outputs are checked to differ first)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -18,20 +20,28 @@ from aicf_tvm.models import (
     resolve_model,
 )
 
+from ..helpers import assert_matches_reference, ort_function
+
 TARGET = tvm.target.Target({"kind": "llvm"})
 ENC = SMALL_SIZES["encoder_layer"]
 DEC = SMALL_SIZES["decoder_block"]
 _erf = np.vectorize(math.erf)
 
 
-def run_on_vm(mod: tvm.IRModule, *inputs: np.ndarray) -> np.ndarray:
+def vm_function(mod: tvm.IRModule) -> Callable[..., np.ndarray]:
+    """``mod`` built once by TVM's default pipeline, as ``f(*inputs) -> output``."""
     ex = tvm.compile(mod, TARGET, relax_pipeline=relax.get_default_pipeline(TARGET))
     vm = relax.VirtualMachine(ex, tvm.cpu())
-    return vm["main"](*(tvm.runtime.tensor(a) for a in inputs)).numpy()
+    return lambda *inputs: vm["main"](*(tvm.runtime.tensor(a) for a in inputs)).numpy()
 
 
 def activation(seq: int, hidden: int, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((1, seq, hidden)).astype(np.float32)
+
+
+def activations(seq: int, hidden: int) -> list[np.ndarray]:
+    """Two different inputs (the weights come from seed 0)."""
+    return [activation(seq, hidden, seed) for seed in (1, 2)]
 
 
 # Independent float64 reference: written from the textbook formulas, not from the IR.
@@ -88,42 +98,34 @@ def numpy_decoder(x, w, heads):
 
 def test_encoder_layer_matches_numpy():
     mod, weights = encoder_layer(**ENC, return_params=True)
-    x = activation(ENC["seq"], ENC["hidden"])
-    np.testing.assert_allclose(
-        run_on_vm(mod, x), numpy_encoder(x, weights, ENC["heads"]), rtol=1e-4, atol=1e-5
-    )
+    assert_matches_reference(vm_function(mod), lambda x: numpy_encoder(x, weights, ENC["heads"]),
+                             [[x] for x in activations(ENC["seq"], ENC["hidden"])], rtol=1e-4, atol=1e-5)
 
 
 def test_encoder_layer_adds_optional_mask_to_scores():
     mod, weights = encoder_layer(**ENC, attention_mask=True, return_params=True)
     seq = ENC["seq"]
-    x = activation(seq, ENC["hidden"])
     # Mask out the last quarter of the keys, as a padding mask would.
     mask = np.zeros((1, 1, seq, seq), dtype=np.float32)
     mask[..., 3 * seq // 4 :] = -1e4
     assert [p.name for p in mod["main"].params] == ["x", "mask"]
-    np.testing.assert_allclose(
-        run_on_vm(mod, x, mask), numpy_encoder(x, weights, ENC["heads"], mask), rtol=1e-4, atol=1e-5
-    )
+    assert_matches_reference(vm_function(mod), lambda x, m: numpy_encoder(x, weights, ENC["heads"], m),
+                             [[x, mask] for x in activations(seq, ENC["hidden"])], rtol=1e-4, atol=1e-5)
 
 
 def test_decoder_block_matches_numpy():
     mod, weights = decoder_block(**DEC, return_params=True)
-    x = activation(DEC["seq"], DEC["hidden"])
-    np.testing.assert_allclose(
-        run_on_vm(mod, x), numpy_decoder(x, weights, DEC["heads"]), rtol=1e-4, atol=1e-5
-    )
+    assert_matches_reference(vm_function(mod), lambda x: numpy_decoder(x, weights, DEC["heads"]),
+                             [[x] for x in activations(DEC["seq"], DEC["hidden"])], rtol=1e-4, atol=1e-5)
 
 
 def test_decoder_block_is_causal():
     """Changing the last token must leave every earlier position's output unchanged."""
-    mod = decoder_block(**DEC)
-    ex = tvm.compile(mod, TARGET, relax_pipeline=relax.get_default_pipeline(TARGET))
-    vm = relax.VirtualMachine(ex, tvm.cpu())
+    run = vm_function(decoder_block(**DEC))
     x = activation(DEC["seq"], DEC["hidden"])
     x_changed = x.copy()
     x_changed[:, -1] += 1.0
-    before, after = (vm["main"](tvm.runtime.tensor(a)).numpy() for a in (x, x_changed))
+    before, after = run(x), run(x_changed)
     np.testing.assert_array_equal(before[:, :-1], after[:, :-1])
     assert not np.allclose(before[:, -1], after[:, -1])
 
@@ -174,27 +176,21 @@ def test_unknown_model_name_lists_known_ones():
 
 @pytest.mark.parametrize("name", ["encoder_layer_small", "decoder_block_small"])
 def test_onnx_twin_matches_tvm_build(name):
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from aicf_tvm.models_onnx import to_onnx
 
     sizes = resolve_model(name)[1]
-    x = activation(sizes["seq"], sizes["hidden"])
-    session = ort.InferenceSession(to_onnx(name), providers=["CPUExecutionProvider"])
-    (ort_out,) = session.run(None, {"x": x})
-    np.testing.assert_allclose(ort_out, run_on_vm(BUILTIN_MODELS[name](), x), rtol=1e-4, atol=1e-5)
+    assert_matches_reference(ort_function(to_onnx(name)), vm_function(BUILTIN_MODELS[name]()),
+                             [[x] for x in activations(sizes["seq"], sizes["hidden"])], rtol=1e-4, atol=1e-5)
 
 
 def test_onnx_twin_of_masked_encoder_takes_the_mask():
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from aicf_tvm.models_onnx import to_onnx
 
     seq = ENC["seq"]
-    x = activation(seq, ENC["hidden"])
     mask = np.zeros((1, 1, seq, seq), dtype=np.float32)
     mask[..., -2:] = -1e4
-    session = ort.InferenceSession(
-        to_onnx("encoder_layer_small", attention_mask=True), providers=["CPUExecutionProvider"]
-    )
-    (ort_out,) = session.run(None, {"x": x, "mask": mask})
-    tvm_out = run_on_vm(encoder_layer(**ENC, attention_mask=True), x, mask)
-    np.testing.assert_allclose(ort_out, tvm_out, rtol=1e-4, atol=1e-5)
+    assert_matches_reference(ort_function(to_onnx("encoder_layer_small", attention_mask=True)),
+                             vm_function(encoder_layer(**ENC, attention_mask=True)),
+                             [[x, mask] for x in activations(seq, ENC["hidden"])], rtol=1e-4, atol=1e-5)

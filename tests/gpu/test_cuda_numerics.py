@@ -1,5 +1,5 @@
 """CUDA correctness of the ONNX light models on a GPU: ``aicf_tvm.compile(target="cuda")``
-outputs against ONNX Runtime, on a host with the whole stack (compiler included).
+outputs against ONNX Runtime (random weights), on a host with the whole stack.
 
 Skipped where TVM sees no CUDA device (every CI machine). The built-in encoder layer and
 decoder block, a convnet and the Adam step are checked on a GPU host that has only TVM's
@@ -13,7 +13,8 @@ import pytest
 import tvm
 
 import aicf_tvm
-from tests.conftest import light_model_path, random_inputs
+from tests.conftest import random_inputs
+from tests.helpers import assert_input_sensitive, light_model, ort_function
 
 pytestmark = pytest.mark.skipif(not tvm.cuda(0).exist, reason="no CUDA device")
 
@@ -24,13 +25,13 @@ RTOL, ATOL = 2e-3, 2e-3
 
 @pytest.mark.parametrize("name", ["squeezenet", "resnet50"])
 def test_light_onnx_model_matches_onnxruntime(name):
-    ort = pytest.importorskip("onnxruntime")
-    path = light_model_path(name)
-    mod = aicf_tvm.from_onnx(path)
-    inputs = random_inputs(mod)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    feeds = {p.name: a for p, a in zip(mod["main"].params, inputs)}
-    (expected,) = session.run(None, feeds)
-    out = aicf_tvm.compile(mod, target=CUDA)(*inputs)
-    scale = float(np.abs(expected).max()) or 1.0
-    np.testing.assert_allclose(out.reshape(expected.shape), expected, rtol=RTOL, atol=ATOL * scale)
+    pytest.importorskip("onnxruntime")
+    model = light_model(name)
+    mod, reference = aicf_tvm.from_onnx(model), ort_function(model)
+    inputs = [random_inputs(mod, seed=s) for s in (1, 2)]
+    wants = [reference(*args) for args in inputs]
+    atol = ATOL * max(float(np.abs(w).max()) for w in wants)
+    assert_input_sensitive(wants[0], wants[1], rtol=RTOL, atol=atol)
+    compiled = aicf_tvm.compile(mod, target=CUDA)
+    for args, want in zip(inputs, wants):
+        np.testing.assert_allclose(compiled(*args).reshape(want.shape), want, rtol=RTOL, atol=atol)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 import tvm
-from hypothesis import given, settings
+from hypothesis import event, example, given, settings
+from hypothesis import strategies as st
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -19,7 +20,7 @@ from aicf_tvm.kinds import views
 from aicf_tvm.lattice import ABIFact, Alias, Alignment, MathTag, ShapeFact
 from relax_passes import LiftEmits, PropagateContracts, analyze
 
-from ..aicf_tvm.strategies import shapes
+from ..aicf_tvm.strategies import extents
 
 
 @I.ir_module
@@ -155,13 +156,31 @@ class _Call:
         self.args = attrs.get("args", ())
 
 
+# An unknown input stride (None) is taken for an inserted axis and given a row-major stride.
+_EXPAND_DIMS_BUG = ("views.expand_dims fills an unknown input stride as if it were an inserted axis: "
+                    "[2, 3] strides (?, 1) -> [1, 2, 3] strides (6, 3, 1), contiguous, which it may not be")
 _VIEW_CASES = [
     (views.permute_dims, _Call(axes=[1, 0]), (3, 2)),
     (views.reshape, _Call(), (6,)),
     (views.squeeze, _Call(axis=None), (2, 3)),
-    (views.expand_dims, _Call(axis=[0]), (1, 2, 3)),
+    pytest.param(views.expand_dims, _Call(axis=[0]), (1, 2, 3),
+                 marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=_EXPAND_DIMS_BUG)),
     (views.broadcast_to, _Call(), (4, 2, 3)),
 ]
+
+
+@st.composite
+def _stronger_and_weaker(draw) -> tuple[ShapeFact, ShapeFact]:
+    """Two facts about the [2, 3] input the rules are given, the first ⊑ the second: the
+    weaker has its extents known or not and any strides; the stronger makes some of its
+    unknown extents known (as 2 and 3: facts hold of the one tensor) and unknown strides
+    known. Valid by construction, unlike ``a.meet(b)`` of independent draws (95% ⊥, of
+    another rank, or not of a [2, 3] tensor)."""
+    weaker = ShapeFact(draw(st.sampled_from([(2, 3), (None, None)])), draw(st.none() | st.tuples(extents, extents)))
+    dims = tuple(d if d is not None else draw(st.sampled_from([None, true]))
+                 for d, true in zip(weaker.dims, (2, 3)))
+    strides = tuple(s if s is not None else draw(extents) for s in weaker.strides or (None, None))
+    return ShapeFact(dims, strides), weaker
 
 
 @pytest.mark.parametrize("rule,call,out_dims", _VIEW_CASES)
@@ -169,15 +188,16 @@ def test_view_stride_rules_are_monotone(rule, call, out_dims):
     """A stronger input fact never gives a weaker output stride fact."""
 
     @settings(max_examples=80, deadline=None)
-    @given(shapes(), shapes())
-    def check(a, b):
-        lo, hi = a.meet(b), a
-        if lo.is_bottom or hi.dims is None or lo.dims is None or len(lo.dims) != 2:
-            return
-        if hi.dims != (2, 3) and hi.dims != (None, None):
-            return
+    @given(_stronger_and_weaker())
+    @example((ShapeFact((None, None), (1, 1)), ShapeFact((None, None), (None, 1))))  # see _EXPAND_DIMS_BUG
+    def check(pair):
+        lo, hi = pair
+        assert not lo.is_bottom and lo.leq(hi)  # the strategy's promise, not the property
+        event(f"input {hi.show()}, refined {'to ' + lo.show() if lo != hi else 'not at all'}"[:60])
+
         def out(f):
             return ShapeFact(out_dims, rule(call, [f], out_dims))
+
         assert out(lo).leq(out(hi))
 
     check()

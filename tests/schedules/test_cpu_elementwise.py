@@ -60,11 +60,7 @@ def check_rule(rule, mod: tvm.IRModule, inputs: list[np.ndarray], expected: np.n
     return "\n".join(f.script() for f in prim_funcs(mod).values())
 
 
-def rand(*shape: int) -> np.ndarray:
-    return np.random.default_rng(0).standard_normal(shape).astype("float32")
-
-
-def test_elementwise_chain_is_one_parallel_vector_loop():
+def test_elementwise_chain_is_one_parallel_vector_loop(rand):
     x, y = rand(8, 64, 32), rand(8, 64, 32)
     mod = relax_module(
         [x.shape, y.shape],
@@ -75,20 +71,20 @@ def test_elementwise_chain_is_one_parallel_vector_loop():
     assert "T.parallel" in script and "T.vectorized" in script
 
 
-def test_broadcast_bias_add():
+def test_broadcast_bias_add(rand):
     x, b = rand(4, 16, 8, 8), rand(1, 16, 1, 1)
     mod = relax_module([x.shape, b.shape], relax.op.add)
     check_rule(Elementwise(), mod, [x, b], x + b)
 
 
-def test_odd_row_length_vectorizes_within_rows():
+def test_odd_row_length_vectorizes_within_rows(rand):
     x = rand(64, 100)
     mod = relax_module([x.shape], lambda a: relax.op.nn.relu(relax.op.multiply(a, a)))
     script = check_rule(Elementwise(), mod, [x], np.maximum(x * x, 0))
     assert "T.vectorized" in script
 
 
-def test_transcendental_blocks_stay_scalar_but_parallel():
+def test_transcendental_blocks_stay_scalar_but_parallel(rand):
     """LLVM turns a vector exp into one libm call per lane: no vector loop for it."""
     x = rand(64, 128)
     mod = relax_module([x.shape], lambda a: relax.op.sigmoid(a))
@@ -96,13 +92,13 @@ def test_transcendental_blocks_stay_scalar_but_parallel():
     assert "T.vectorized" not in script and "T.parallel" in script
 
 
-def test_transpose():
+def test_transpose(rand):
     x = rand(4, 32, 64)
     mod = relax_module([x.shape], lambda a: relax.op.permute_dims(a, [0, 2, 1]))
     check_rule(Elementwise(), mod, [x], x.transpose(0, 2, 1))
 
 
-def test_reshape_copy():
+def test_reshape_copy(rand):
     x = rand(4, 32, 64)
     mod = relax_module(
         [x.shape], lambda a: relax.op.reshape(relax.op.permute_dims(a, [1, 0, 2]), (32, 256))
@@ -110,13 +106,13 @@ def test_reshape_copy():
     check_rule(Elementwise(), mod, [x], x.transpose(1, 0, 2).reshape(32, 256))
 
 
-def test_concat():
+def test_concat(rand):
     x, y = rand(4, 16, 64), rand(4, 8, 64)
     mod = relax_module([x.shape, y.shape], lambda a, b: relax.op.concat([a, b], axis=1))
     check_rule(Elementwise(), mod, [x, y], np.concatenate([x, y], axis=1))
 
 
-def test_strided_slice():
+def test_strided_slice(rand):
     x = rand(8, 64, 32)
     mod = relax_module(
         [x.shape], lambda a: relax.op.strided_slice(a, axes=[1], begin=[1], end=[63], strides=[2])
@@ -124,16 +120,16 @@ def test_strided_slice():
     check_rule(Elementwise(), mod, [x], x[:, 1:63:2])
 
 
-def test_take_gather_rows():
+def test_take_gather_rows(rand):
     table = rand(50, 64)
-    idx = np.random.default_rng(0).integers(0, 50, size=(128,)).astype("int32")
+    idx = rand.rng.integers(0, 50, size=(128,)).astype("int32")
     mod = relax_module(
         [table.shape, idx.shape], lambda t, i: relax.op.take(t, i, axis=0), ["float32", "int32"]
     )
     check_rule(Elementwise(), mod, [table, idx], table[idx])
 
 
-def test_small_tensor_is_not_parallel():
+def test_small_tensor_is_not_parallel(rand):
     """Launching threads for 64 elements costs more than the work."""
     x = rand(4, 16)
     mod = relax_module([x.shape], lambda a: relax.op.exp(a))
@@ -150,7 +146,7 @@ def test_elementwise_rejects_reductions_and_gpu_targets():
     assert Elementwise().apply(func, Target({"kind": "cuda", "arch": "sm_90"}), False) is None
 
 
-def test_fallback_parallelizes_any_primfunc():
+def test_fallback_parallelizes_any_primfunc(rand):
     x = rand(64, 128)
     mod = relax_module([x.shape], lambda a: relax.op.nn.softmax(a))
     script = check_rule(Fallback(), mod, [x], np.exp(x) / np.exp(x).sum(-1, keepdims=True))
@@ -189,7 +185,7 @@ def test_fallback_parallelizes_opaque_rows_only_when_proved():
     tvm.ir.assert_structural_equal(unchanged.mod["main"], serial_scan)
 
 
-def test_fallback_result_matches_numpy_on_opaque_block():
+def test_fallback_result_matches_numpy_on_opaque_block(rand):
     sch = Fallback().apply(prefix_sum, TARGET, False)
     lib = tvm.compile(sch.mod, target=TARGET)
     a = rand(64, 128)

@@ -67,23 +67,19 @@ def check_rule(mod: tvm.IRModule, inputs: list[np.ndarray], expected: np.ndarray
     return "\n".join(f.script() for f in prim_funcs(mod).values())
 
 
-def rand(*shape: int) -> np.ndarray:
-    return np.random.default_rng(0).standard_normal(shape).astype("float32")
-
-
 def np_softmax(x: np.ndarray, axis: int) -> np.ndarray:
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
 
 
-def test_softmax_last_axis_is_row_parallel_and_vectorized():
+def test_softmax_last_axis_is_row_parallel_and_vectorized(rand):
     x = rand(2, 4, 8, 64)
     mod = relax_module([x.shape], lambda p: relax.op.nn.softmax(p, axis=-1))
     script = check_rule(mod, [x], np_softmax(x, -1))
     assert "T.parallel" in script and "T.vectorized" in script
 
 
-def test_softmax_inner_axis_uses_fewer_row_axes():
+def test_softmax_inner_axis_uses_fewer_row_axes(rand):
     """Rows (n, h, w) of the max block and (n, c, h) of the output disagree: fusing three
     row axes would recompute the max per channel, so the rule settles for n alone."""
     x = rand(2, 16, 8, 16)
@@ -91,7 +87,7 @@ def test_softmax_inner_axis_uses_fewer_row_axes():
     check_rule(mod, [x], np_softmax(x, 1))
 
 
-def test_layer_norm():
+def test_layer_norm(rand):
     x, g, b = rand(4, 16, 64), rand(64), rand(64)
     mod = relax_module(
         [x.shape, g.shape, b.shape], lambda p, q, r: relax.op.nn.layer_norm(p, q, r, axes=[-1])
@@ -102,14 +98,14 @@ def test_layer_norm():
     assert "T.parallel" in script
 
 
-def test_rms_norm():
+def test_rms_norm(rand):
     x, g = rand(4, 16, 64), rand(64)
     mod = relax_module([x.shape, g.shape], lambda p, q: relax.op.nn.rms_norm(p, q, axes=[-1]))
     expected = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g
     check_rule(mod, [x, g], expected)
 
 
-def test_strided_max_pool_keeps_windows_scalar():
+def test_strided_max_pool_keeps_windows_scalar(rand):
     """Stride 2 would make the width vector a gather: the rule leaves it scalar."""
     x = rand(2, 8, 16, 32)
     mod = relax_module(
@@ -120,7 +116,7 @@ def test_strided_max_pool_keeps_windows_scalar():
     assert "T.vectorized" not in script
 
 
-def test_unit_stride_max_pool_vectorizes_output_width():
+def test_unit_stride_max_pool_vectorizes_output_width(rand):
     """The window loops move outside the output-width loop, which becomes a vector."""
     x = rand(1, 4, 8, 16)
     mod = relax_module(
@@ -133,19 +129,19 @@ def test_unit_stride_max_pool_vectorizes_output_width():
     assert "T.vectorized" in script
 
 
-def test_global_avg_pool():
+def test_global_avg_pool(rand):
     x = rand(2, 32, 7, 7)
     mod = relax_module([x.shape], lambda p: relax.op.nn.adaptive_avg_pool2d(p, (1, 1)))
     check_rule(mod, [x], x.mean(axis=(2, 3), keepdims=True))
 
 
-def test_mean_over_inner_axes():
+def test_mean_over_inner_axes(rand):
     x = rand(2, 8, 8, 16)
     mod = relax_module([x.shape], lambda p: relax.op.mean(p, axis=[2, 3]))
     check_rule(mod, [x], x.mean(axis=(2, 3)))
 
 
-def test_sum_over_middle_axis_vectorizes_contiguous_axis():
+def test_sum_over_middle_axis_vectorizes_contiguous_axis(rand):
     x = rand(2, 8, 4, 32)
     mod = relax_module([x.shape], lambda p: relax.op.sum(p, axis=[1]))
     script = check_rule(mod, [x], x.sum(axis=1))
@@ -172,7 +168,7 @@ ATTENTION = is_op("relax.matmul")(
 )
 
 
-def test_fused_attention_is_one_primfunc_with_two_matmuls():
+def test_fused_attention_is_one_primfunc_with_two_matmuls(rand):
     q, k, v, m = rand(1, 2, 32, 16), rand(1, 2, 32, 16), rand(1, 2, 32, 16), rand(1, 2, 32, 32)
     mod = relax_module([q.shape, k.shape, v.shape, m.shape], attention, ATTENTION)
     funcs = prim_funcs(mod)
@@ -190,7 +186,7 @@ def test_fused_attention_is_one_primfunc_with_two_matmuls():
     assert "T.vectorized" in script
 
 
-def test_attention_scores_read_a_transposed_key_copy_made_once():
+def test_attention_scores_read_a_transposed_key_copy_made_once(rand):
     """kᵀ is materialized once at the root (parallel, vectorized), not per row: the
     q·kᵀ reduction then vectorizes over the keys (a contiguous axis of the copy) with the
     head dimension outside, instead of a serial dot product per score."""
@@ -210,7 +206,7 @@ def test_attention_scores_read_a_transposed_key_copy_made_once():
     check_rule(mod, [q, k, v, m], expected)
 
 
-def test_attention_through_the_pass_inside_target_scope():
+def test_attention_through_the_pass_inside_target_scope(rand):
     q, k, v, m = rand(2, 2, 16, 8), rand(2, 2, 16, 8), rand(2, 2, 16, 8), rand(2, 2, 16, 16)
     mod = relax_module([q.shape, k.shape, v.shape, m.shape], attention, ATTENTION)
     with TARGET:
@@ -258,7 +254,7 @@ def test_is_cheap_copy_accepts_casts_only():
     assert "T_multiply" not in cheap
 
 
-def test_symbolic_batch_softmax_with_epilogue():
+def test_symbolic_batch_softmax_with_epilogue(rand):
     """Row count known only at run time: the no-recompute check is proved symbolically."""
     n = tirx.Var("n", "int64")
     x = relax.Var("x", R.Tensor((n, 64), "float32"))

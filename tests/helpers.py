@@ -1,0 +1,215 @@
+"""What every model test shares: models whose outputs depend on their inputs, operands that
+differ from one another, and the check that a comparison can see a wrong result at all.
+
+A comparison against a reference proves nothing when the reference gives the same output
+for every input (the onnx wheel's light models build every weight with ``ConstantOfShape``
+0.02: any two inputs give the same softmax), or when operands that should differ are the
+same array (``default_rng(0)`` re-seeded per operand gives q == k == v).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+# Ops a weight passes through unchanged on its way to the op that uses it.
+_PASS_THROUGH = {"Unsqueeze", "Reshape", "Identity", "Cast"}
+# Ops with f(c*x) = c*f(x) for c > 0: scaling the layer before them scales what they give.
+_HOMOGENEOUS = {"Relu", "Dropout", "Reshape", "Flatten", "MaxPool", "AveragePool", "GlobalAveragePool"}
+
+
+class Operands:
+    """Seeded random operands for one test: every call draws new values from one generator,
+    so two operands of the same shape differ (and a test's values do not depend on others)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, *shape: int, dtype: str = "float32") -> np.ndarray:
+        return self.rng.standard_normal(shape).astype(dtype)
+
+
+def assert_input_sensitive(first: np.ndarray, second: np.ndarray, *, rtol: float, atol: float,
+                           what: str = "the reference") -> None:
+    """Two different inputs must give outputs that the comparison's own tolerance tells
+    apart: otherwise a result that ignores its input would pass."""
+    first, second = np.asarray(first, np.float64), np.asarray(second, np.float64)
+    assert np.isfinite(first).all() and np.isfinite(second).all(), f"{what} gives non-finite outputs"
+    assert not np.allclose(first, second, rtol=rtol, atol=atol), (
+        f"{what} gives the same output for two different inputs (max |a-b| = "
+        f"{np.abs(first - second).max():.3g}, within rtol={rtol}, atol={atol}): "
+        "the comparison cannot see a wrong result")
+
+
+def assert_matches_reference(ours: Callable[..., np.ndarray], reference: Callable[..., np.ndarray],
+                             input_sets: Sequence[Sequence[np.ndarray]], *, rtol: float, atol: float) -> None:
+    """``ours`` equals ``reference`` on each input set, after checking that the reference's
+    outputs for the first two sets differ (so the comparison is not vacuous)."""
+    assert len(input_sets) >= 2, "need two different input sets"
+    wants = [np.asarray(reference(*args)) for args in input_sets]
+    assert_input_sensitive(wants[0], wants[1], rtol=rtol, atol=atol)
+    for k, (args, want) in enumerate(zip(input_sets, wants)):
+        np.testing.assert_allclose(np.asarray(ours(*args)), want, rtol=rtol, atol=atol,
+                                   err_msg=f"input set {k}")
+
+
+def ort_session(model: onnx.ModelProto | str | bytes) -> Any:
+    """An ONNX Runtime CPU session on 2 threads, quiet about the light models' old IR."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.log_severity_level = 2, 3
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def ort_function(model: onnx.ModelProto | str | bytes) -> Callable[..., np.ndarray]:
+    """``f(*inputs) -> first output`` of ``model`` on ONNX Runtime (inputs in graph order)."""
+    session = ort_session(model)
+    names = [i.name for i in session.get_inputs()]
+
+    def run(*args: np.ndarray) -> np.ndarray:
+        return session.run(None, dict(zip(names, args, strict=True)))[0]
+
+    return run
+
+
+def torch_function(module: Any) -> Callable[..., np.ndarray]:
+    """``f(*numpy inputs) -> numpy output`` of a PyTorch module in eager mode."""
+    import torch
+
+    def run(*args: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return module(*(torch.from_numpy(a) for a in args)).numpy()
+
+    return run
+
+
+def _uses(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
+    uses: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            uses[name].append((node, k))
+    return uses
+
+
+def _role(name: str, uses: dict) -> tuple[str, int]:
+    """(op type, input index) of the op that consumes weight ``name``, through reshapes."""
+    for _ in range(8):
+        consumers = uses.get(name, [])
+        if len(consumers) != 1:
+            break
+        node, k = consumers[0]
+        if node.op_type not in _PASS_THROUGH or k != 0:
+            return node.op_type, k
+        name = node.output[0]
+    return "", -1
+
+
+def _random_weight(rng: np.random.Generator, shape: tuple[int, ...], role: tuple[str, int]) -> np.ndarray:
+    """A value of the scale a trained network has in that position: He-initialized conv and
+    dense weights (``[out, in...]``, as every light model stores them) keep activations of
+    order one through ReLU layers; batch-norm variances and scales stay positive."""
+    op, k = role
+    size = int(np.prod(shape))
+    if op in ("Conv", "Gemm", "MatMul") and k == 1 and len(shape) > 1:
+        return rng.standard_normal(shape) * np.sqrt(2.0 / (size // shape[0]))
+    if (op == "BatchNormalization" and k in (1, 4)) or op == "Mul":  # scale, variance
+        return rng.uniform(0.5, 1.5, shape)
+    return rng.standard_normal(shape) * 0.1  # biases, means, shifts
+
+
+def with_random_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
+    """``model`` (changed in place and returned) with every float weight, whether an
+    initializer or a ``ConstantOfShape`` node, replaced by a seeded random initializer."""
+    rng = np.random.default_rng(seed)
+    graph = model.graph
+    uses = _uses(graph)
+    arrays = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    weights: dict[str, np.ndarray] = {}
+    for init in graph.initializer:
+        if init.data_type == onnx.TensorProto.FLOAT:
+            weights[init.name] = _random_weight(rng, arrays[init.name].shape, _role(init.name, uses))
+    kept_nodes = []
+    for node in graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        if node.op_type != "ConstantOfShape" or value is None or value.data_type != onnx.TensorProto.FLOAT:
+            kept_nodes.append(node)
+            continue
+        shape = tuple(int(d) for d in arrays[node.input[0]])
+        weights[node.output[0]] = _random_weight(rng, shape, _role(node.output[0], uses))
+    del graph.node[:]
+    graph.node.extend(kept_nodes)
+    still_used = {name for node in kept_nodes for name in node.input}
+    kept_inits = [i for i in graph.initializer if i.name not in weights and i.name in still_used]
+    kept_inputs = [i for i in graph.input if i.name not in arrays]  # IR 3 lists initializers as inputs
+    for field, kept in ((graph.initializer, kept_inits), (graph.input, kept_inputs)):
+        del field[:]
+        field.extend(kept)
+    graph.initializer.extend(numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items())
+    model.ir_version = max(model.ir_version, 4)  # initializers need not be inputs from IR 4 on
+    return model
+
+
+def _source(name: str, producers: dict[str, onnx.NodeProto]) -> str:
+    """The initializer a value comes from, through reshapes (``name`` itself if none)."""
+    while name in producers and producers[name].op_type in _PASS_THROUGH:
+        name = producers[name].input[0]
+    return name
+
+
+def _last_linear_layer(graph: onnx.GraphProto) -> tuple[str, onnx.NodeProto]:
+    """(logits, the Conv or Gemm that computes them up to positively homogeneous ops):
+    the logits are the Softmax's input, or the graph's output when there is no Softmax."""
+    producers = {out: node for node in graph.node for out in node.output}
+    softmax = [n for n in graph.node if n.op_type == "Softmax"]
+    logits = softmax[-1].input[0] if softmax else graph.output[0].name
+    name = logits
+    while producers[name].op_type in _HOMOGENEOUS:
+        name = producers[name].input[0]
+    layer = producers[name]
+    if layer.op_type not in ("Conv", "Gemm"):
+        raise ValueError(f"{graph.name}: logits come from {layer.op_type} {layer.name!r}, not a Conv or Gemm")
+    return logits, layer
+
+
+def calibrate_logits(model: onnx.ModelProto, rng: np.random.Generator, std: float = 2.0) -> onnx.ModelProto:
+    """Scale the last Conv/Gemm's weight and bias so the logits have standard deviation
+    ``std`` on a random input (ONNX Runtime measures them). Deep random networks give logits
+    far from that (resnet50: ~1e4, a one-hot softmax for every input; inception_v1: ~0.2,
+    a uniform one), and the ops between that layer and the logits (ReLU, pooling) are
+    positively homogeneous, so scaling it scales the logits exactly."""
+    graph = model.graph
+    logits, layer = _last_linear_layer(graph)
+    producers = {out: node for node in graph.node for out in node.output}
+    outputs = list(graph.output)
+    del graph.output[:]  # a probe of the logits alone (no copy: vgg19's weights are 0.5 GB)
+    graph.output.append(onnx.helper.make_tensor_value_info(logits, onnx.TensorProto.FLOAT, None))
+    try:
+        session = ort_session(model)
+    finally:
+        del graph.output[:]
+        graph.output.extend(outputs)
+    feeds = {i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
+             for i in session.get_inputs()}
+    (measured,) = session.run(None, feeds)
+    scale = std / float(np.std(measured))
+    inits = {i.name: i for i in graph.initializer}
+    for name in {_source(n, producers) for n in layer.input[1:3]}:
+        inits[name].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(inits[name]) * np.float32(scale), name))
+    return model
+
+
+def light_model(name: str, seed: int = 0) -> onnx.ModelProto:
+    """The onnx wheel's light model ``name`` with seeded random weights whose logits have
+    a standard deviation of 2: outputs that differ from input to input."""
+    from .conftest import light_model_path
+
+    model = with_random_weights(onnx.load(light_model_path(name)), seed)
+    return calibrate_logits(model, np.random.default_rng([seed, 1]))
