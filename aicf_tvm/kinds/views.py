@@ -46,9 +46,10 @@ def expand_dims(call, ins: list[ShapeFact], out_dims: tuple):
     nd = len(out_dims)
     new = {a % nd for a in _ints(call.attrs.axis)}
     it = iter(src.strides)
-    strides = [None if i in new else next(it) for i in range(nd)]
+    inserted = object()  # not None: None is an input stride that is not known
+    strides = [inserted if i in new else next(it) for i in range(nd)]
     for i in reversed(range(nd)):  # an inserted extent-1 axis takes the stride that keeps layout
-        if strides[i] is None:
+        if strides[i] is inserted:
             strides[i] = mul_dims(strides[i + 1], out_dims[i + 1]) if i + 1 < nd else 1
     return tuple(strides)
 
