@@ -2,8 +2,9 @@
 
 normalize -> LiftEmits -> PropagateContracts -> (EliminateEmits, FuseEmits,
 MaterializeEmits, PropagateContracts)* to a bounded fixpoint -> LowerEmits ->
-kernel selection (tuned record, else default rule, else fallback) -> the backend's
-own dataflow lowering -> ``tvm.compile``. ``verify_contracts`` runs after every step
+kernel selection (tuned record, else default rule, else fallback) -> VectorizeMath
+(float32 transcendental calls as vectorizable arithmetic) -> the backend's own dataflow
+lowering -> ``tvm.compile``. ``verify_contracts`` runs after every step
 under ``AICF_DEBUG=1``.
 """
 
@@ -79,6 +80,7 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target, database: Any = None,
     from relax_passes import LowerEmits
     from relax_passes.prepack_weights import mark_layout_free, prepack_weights
     from schedules import apply_default_schedules
+    from schedules.cpu.vector_math import VectorizeMath
     from schedules.select import apply_database
 
     with target:  # LowerEmits dispatches sort/scan ops for the target
@@ -87,6 +89,7 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target, database: Any = None,
             mod = apply_database(mod, target, database)
         mod = apply_default_schedules(target)(mark_layout_free(mod))
         mod, packed = prepack_weights(mod)
+        mod = VectorizeMath(target)(mod)  # exp/erf/tanh/... as SIMD arithmetic, not libm calls
     if report is not None:
         for p in packed:
             report.add(Decision("materialize:layout_transform", (p.kernel,), True, note=p.describe()))
