@@ -75,8 +75,12 @@ def _backend(target: tvm.target.Target):
 
 
 def lower(mod: tvm.IRModule, target: tvm.target.Target, database: Any = None,
-          report: FusionReport | None = None) -> tvm.IRModule:
-    """LowerEmits, kernel selection and scheduling; returns the module ready to build."""
+          report: FusionReport | None = None, *, vector_math: bool = True) -> tvm.IRModule:
+    """LowerEmits, kernel selection and scheduling; returns the module ready to build.
+
+    ``vector_math=False`` leaves transcendental calls to libm (to measure what
+    ``VectorizeMath`` gains; both keep the ``exact`` contract, docs/numerics.md).
+    """
     from relax_passes import LowerEmits
     from relax_passes.prepack_weights import mark_layout_free, prepack_weights
     from schedules import apply_default_schedules
@@ -89,7 +93,8 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target, database: Any = None,
             mod = apply_database(mod, target, database)
         mod = apply_default_schedules(target)(mark_layout_free(mod))
         mod, packed = prepack_weights(mod)
-        mod = VectorizeMath(target)(mod)  # exp/erf/tanh/... as SIMD arithmetic, not libm calls
+        if vector_math:  # exp/erf/tanh/... as SIMD arithmetic, not one libm call per lane
+            mod = VectorizeMath(target)(mod)
     if report is not None:
         for p in packed:
             report.add(Decision("materialize:layout_transform", (p.kernel,), True, note=p.describe()))
