@@ -144,6 +144,9 @@ def sweep(name: str, impls: list[str], stride: int, target: tvm.target.Target) -
         for impl, run in kernels.items():
             run(x_dev, y_dev)
             tallies[impl].add(x, y_dev.numpy()[: len(x)], ref)
+        if (start // span) % 64 == 63:
+            print(f"  {name}: {min(start + span, 1 << 32) / 2**32:.0%} of the bit patterns",
+                  file=sys.stderr, flush=True)
     return tallies
 
 
