@@ -11,31 +11,24 @@ casts), which the loop vectorizer turns into SIMD code like any other arithmetic
 Each expression works in float64 on the float32 argument (exact: every float32 is a
 float64) and rounds once to float32 at the end, so its error is half an ulp of float32
 from that final rounding plus the float64 approximation error (relative 5e-12 for
-exp/sigmoid/tanh/log, 7e-11 for erf).  Measured over all 2^32 float32 inputs against a
-float64 reference (``scripts/sweep_vector_math.py``, docs/numerics.md):
-
-=========  ============  ==============================  =====================
-function   this module   what it replaces (max ulp)      glibc 2.36 float32
-=========  ============  ==============================  =====================
-exp        0.5000 ulp    ``expf``                        0.5000 ulp
-erf        0.5000 ulp    ``erff``                        0.5000 ulp
-tanh       0.5000 ulp    TVM's two-``expf`` formula      0.5000 ulp
-sigmoid    0.5000 ulp    TVM's ``1 / (1 + expf(-x))``    --
-log        0.5000 ulp    ``logf``                        0.5000 ulp
-=========  ============  ==============================  =====================
-
-None is less accurate than the libm function (or TVM expansion) it replaces, so the
-rewrite keeps an Emit's ``exact`` math tag.  Special values follow C99 Annex F: NaN in,
+exp/sigmoid/tanh/log, 7e-11 for erf).  The maximum errors, measured over all 2^32 float32
+inputs against a float64 reference (``scripts/sweep_vector_math.py``), are ``ULP_BOUNDS``;
+docs/numerics.md sets them beside glibc 2.36's (expf 0.5016, erff 0.9330, tanhf 2.1684,
+logf 0.8138 ulp) and TVM's tanh and sigmoid formulas.  None is less accurate than the
+libm function (or TVM expansion) it replaces, so the rewrite keeps an Emit's ``exact``
+math tag.  Special values follow C99 Annex F: NaN in,
 NaN out; exp(-inf) = 0, exp(inf) = inf, overflow to inf and gradual underflow to
 subnormals; erf(±inf) = tanh(±inf) = ±1, erf(-0) = tanh(-0) = -0; sigmoid(-inf) = 0,
 sigmoid(inf) = 1; log(±0) = -inf, log(x < 0) = NaN, log(inf) = inf.  Arguments are
 clamped before any step that could overflow, so no intermediate makes a NaN.
 
-The rewrite is local to the PrimFuncs it is applied to (TVM's intrinsic lowering rules are
-left as they are).  The CPU schedule rules count on it: they vectorize loops whose only
-math calls are ones ``expands`` accepts (``elementwise.calls_scalar_math``), and
-``aicf_tvm.pipeline.lower`` runs ``VectorizeMath`` after scheduling.  It runs after
-scheduling, not before, so that inlining never copies one ``Let`` binding into two places.
+Where: every such call inside a vectorized loop; erf and tanh also in scalar code
+(``EVERYWHERE``), while exp, log and sigmoid outside vector loops stay libm calls, which
+are faster in scalar code.  The rewrite is local to the PrimFuncs it is applied to (TVM's intrinsic
+lowering rules are left as they are).  The CPU schedule rules count on it: they vectorize
+loops whose only math calls are ones ``expands`` accepts (``elementwise.calls_scalar_math``),
+and ``aicf_tvm.pipeline.lower`` (and the tuning build) runs ``VectorizeMath`` after
+scheduling.  After, not before: inlining would copy one ``Let`` binding into two places.
 """
 
 from __future__ import annotations
@@ -215,7 +208,8 @@ EXPANSIONS: dict[str, Callable[[tirx.PrimExpr], tirx.PrimExpr]] = {
 
 # Expanded in scalar code too: glibc's erff costs ~40 ns a call (the expansion ~15 ns even
 # unvectorized), and TVM's tanh formula loses all precision near 0 and the sign of -0.
-# exp, log and sigmoid stay libm calls outside vector loops, where libm is about 2x faster.
+# exp, log and sigmoid stay libm calls outside vector loops: in a serial loop LLVM cannot
+# vectorize (a float sum), their scalar expansion measured about 2x slower than libm.
 EVERYWHERE = frozenset({"tirx.erf", "tirx.tanh"})
 
 
