@@ -78,7 +78,8 @@ def unary_kernel(name: str, n: int, target: tvm.target.Target, vector_math: bool
 
 def timer(func: tirx.PrimFunc, target: tvm.target.Target, rng: np.random.Generator):
     """A callable returning one timing (seconds per call) of ``func`` on random arguments."""
-    lib = tvm.compile(tvm.IRModule({"kernel": func.with_attr("global_symbol", "kernel")}), target=target)
+    func = func.with_attr("global_symbol", "kernel")
+    lib = tvm.compile(tvm.IRModule({"kernel": func}), target=target)
     args = []
     for p in func.params:
         shape = [int(d) for d in p.ty.shape]
@@ -109,7 +110,8 @@ def main() -> None:
     for act in ("gelu", "gelu_tanh"):
         mod = ffn_module(act, rng)
         for vec in (False, True):
-            gemm[f"gemm+{act} {'vector' if vec else 'libm'}"] = timer(gemm_kernel(mod, target, vec), target, rng)
+            label = f"gemm+{act} {'vector' if vec else 'libm'}"
+            gemm[label] = timer(gemm_kernel(mod, target, vec), target, rng)
     times = interleaved(gemm, args.rounds)
     print(f"\n{'kernel':28s} {'ms':>8s} {'x gemm':>7s}")
     for name, secs in times.items():

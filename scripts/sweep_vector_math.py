@@ -113,7 +113,8 @@ class Tally:
     def add(self, x: np.ndarray, y: np.ndarray, ref: np.ndarray) -> None:
         with np.errstate(over="ignore", invalid="ignore"):
             ref32 = ref.astype(np.float32)
-        rounded = ((y == ref32) & (np.signbit(y) == np.signbit(ref32))) | (np.isnan(y) & np.isnan(ref32))
+        same_sign = np.signbit(y) == np.signbit(ref32)
+        rounded = ((y == ref32) & same_sign) | (np.isnan(y) & np.isnan(ref32))
         self.count += len(x)
         if rounded.any():
             self.worst = max(self.worst, 0.5)
@@ -138,7 +139,8 @@ def sweep(name: str, impls: list[str], stride: int, target: tvm.target.Target) -
     y_dev = tvm.runtime.tensor(np.zeros(CHUNK, np.float32))
     span = (CHUNK - len(SPECIALS)) * stride
     for start in range(0, 1 << 32, span):
-        bits = np.arange(start, min(start + span, 1 << 32), stride, dtype=np.uint64).astype(np.uint32)
+        stop = min(start + span, 1 << 32)
+        bits = np.arange(start, stop, stride, dtype=np.uint64).astype(np.uint32)
         x = np.concatenate([bits.view(np.float32), SPECIALS])
         with np.errstate(all="ignore"):
             ref = REFERENCE[name](x.astype(np.float64))
@@ -163,7 +165,8 @@ def main() -> None:
     print(f"{'function':8s} {'impl':7s} {'points':>11s} {'max ulp':>9s} {'at x':>16s} "
           f"{'not CR':>9s} {'NaN/sign bad':>12s}")
     for name in args.functions:
-        impls = [i for i in args.impls if (i != "glibc" or name in GLIBC) and (i != "tvm" or name in TVM_FORMULA)]
+        impls = [i for i in args.impls
+                 if (i != "glibc" or name in GLIBC) and (i != "tvm" or name in TVM_FORMULA)]
         started = time.time()
         for impl, t in sweep(name, impls, args.stride, target).items():
             print(f"{name:8s} {impl:7s} {t.count:11d} {t.worst:9.6f} {t.worst_x:16.9g} "

@@ -43,6 +43,7 @@ from tvm.tirx.op import fma
 from tvm.tirx.transform import prim_func_pass
 
 F32, F64 = "float32", "float64"
+Expr = tirx.PrimExpr
 
 # 1 / ln 2, and ln 2 split so that k * LN2_HI is exact for |k| < 2^21 (32 trailing zeros).
 LOG2E = 1.4426950408889634
@@ -77,69 +78,69 @@ def c64(value: float) -> tirx.FloatImm:
     return tirx.FloatImm(F64, value)
 
 
-def let(value: tirx.PrimExpr, body: Callable[[tirx.Var], tirx.PrimExpr], name: str) -> tirx.PrimExpr:
+def let(value: Expr, body: Callable[[tirx.Var], Expr], name: str) -> Expr:
     """``body(v)`` with ``v`` bound to ``value`` once (the expression is used several times)."""
     var = tirx.Var(name, value.ty)
     return tirx.Let(var, value, body(var))
 
 
-def horner(x: tirx.PrimExpr, coeffs: tuple[float, ...]) -> tirx.PrimExpr:
+def horner(x: Expr, coeffs: tuple[float, ...]) -> Expr:
     """sum(c_i x^i) by Horner's rule with fused multiply-adds."""
-    acc: tirx.PrimExpr = c64(coeffs[-1])
+    acc: Expr = c64(coeffs[-1])
     for c in reversed(coeffs[:-1]):
         acc = fma(acc, x, c64(c))
     return acc
 
 
-def clamp(x: tirx.PrimExpr, lo: float, hi: float) -> tirx.PrimExpr:
+def clamp(x: Expr, lo: float, hi: float) -> Expr:
     return tirx.Min(tirx.Max(x, c64(lo)), c64(hi))
 
 
-def pow2(k: tirx.PrimExpr) -> tirx.PrimExpr:
+def pow2(k: Expr) -> Expr:
     """2^k for an integral float64 ``k`` in the normal range, built from its exponent bits."""
     biased = tirx.Cast("int64", tirx.Cast("int32", k)) + tirx.IntImm("int64", 1023)
     return tirx.reinterpret(F64, tirx.shift_left(biased, tirx.IntImm("int64", 52)))
 
 
-def exp_parts(z: tirx.PrimExpr, body: Callable[[tirx.PrimExpr, tirx.PrimExpr], tirx.PrimExpr]) -> tirx.PrimExpr:
+def exp_parts(z: Expr, body: Callable[[Expr, Expr], Expr]) -> Expr:
     """``body(scale, em)`` with e^z = scale * (1 + em), scale = 2^k, |em| <= 0.42 (|z| <= 150).
 
     Cody-Waite reduction z = k ln2 + r, |r| <= ln2/2; ``em`` = expm1(r) to 5e-12 relative.
     """
-    def reduced(k: tirx.Var) -> tirx.PrimExpr:
+    def reduced(k: tirx.Var) -> Expr:
         r = fma(k, c64(-LN2_LO), fma(k, c64(-LN2_HI), z))
         return let(r, lambda r: body(pow2(k), fma(r * r, horner(r, EXP_Q), r)), "r")
 
     return let(tirx.floor(fma(z, c64(LOG2E), c64(0.5))), reduced, "k")
 
 
-def exp64(z: tirx.PrimExpr) -> tirx.PrimExpr:
+def exp64(z: Expr) -> Expr:
     """e^z in float64 for a float64 ``z`` (clamped to +-EXP_CLAMP: no overflow inside)."""
     return exp_parts(clamp(z, -EXP_CLAMP, EXP_CLAMP), lambda scale, em: scale * (c64(1.0) + em))
 
 
-def nan_through(x: tirx.PrimExpr, result: tirx.PrimExpr) -> tirx.PrimExpr:
+def nan_through(x: Expr, result: Expr) -> Expr:
     """``result``, or ``x`` itself when ``x`` is NaN (the clamps would hide it)."""
     return tirx.Select(tirx.isnan(x), x, result)
 
 
-def exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
+def exp(x: Expr) -> Expr:
     """float32 e^x: double-precision evaluation, one final rounding (max 0.5000 ulp)."""
     return let(x, lambda x: nan_through(x, tirx.Cast(F32, exp64(tirx.Cast(F64, x)))), "x")
 
 
-def sigmoid(x: tirx.PrimExpr) -> tirx.PrimExpr:
+def sigmoid(x: Expr) -> Expr:
     """float32 1 / (1 + e^-x) (max 0.5000 ulp); sigmoid(-inf) = 0, sigmoid(inf) = 1."""
-    def body(x: tirx.Var) -> tirx.PrimExpr:
+    def body(x: tirx.Var) -> Expr:
         return nan_through(x, tirx.Cast(F32, c64(1.0) / (c64(1.0) + exp64(-tirx.Cast(F64, x)))))
 
     return let(x, body, "x")
 
 
-def erf(x: tirx.PrimExpr) -> tirx.PrimExpr:
+def erf(x: Expr) -> Expr:
     """float32 erf(x) = x P(x^2) in double on |x| <= 4, ±1 beyond (max 0.5000 ulp)."""
-    def body(x: tirx.Var) -> tirx.PrimExpr:
-        def odd(a: tirx.Var) -> tirx.PrimExpr:
+    def body(x: tirx.Var) -> Expr:
+        def odd(a: tirx.Var) -> Expr:
             return tirx.Cast(F32, a * horner(a * a, ERF_P))
 
         return nan_through(x, let(clamp(tirx.Cast(F64, x), -ERF_CLAMP, ERF_CLAMP), odd, "a"))
@@ -147,16 +148,16 @@ def erf(x: tirx.PrimExpr) -> tirx.PrimExpr:
     return let(x, body, "x")
 
 
-def tanh(x: tirx.PrimExpr) -> tirx.PrimExpr:
+def tanh(x: Expr) -> Expr:
     """float32 tanh(x) = copysign(q / (q + 2), x), q = expm1(2|x|) (max 0.5000 ulp).
 
     expm1 keeps the relative accuracy for tiny |x|, where e^2x - 1 would cancel.
     """
-    def expm1_ratio(scale: tirx.PrimExpr, em: tirx.PrimExpr) -> tirx.PrimExpr:
+    def expm1_ratio(scale: Expr, em: Expr) -> Expr:
         q = fma(scale, em, scale - c64(1.0))  # 2^k (1 + em) - 1
         return let(q, lambda q: q / (q + c64(2.0)), "q")
 
-    def body(x: tirx.Var) -> tirx.PrimExpr:
+    def body(x: tirx.Var) -> Expr:
         xd = tirx.Cast(F64, x)
         two_a = c64(2.0) * tirx.Min(tirx.abs(xd), c64(TANH_CLAMP))
         return nan_through(x, tirx.Cast(F32, tirx.copysign(exp_parts(two_a, expm1_ratio), xd)))
@@ -164,23 +165,24 @@ def tanh(x: tirx.PrimExpr) -> tirx.PrimExpr:
     return let(x, body, "x")
 
 
-def log(x: tirx.PrimExpr) -> tirx.PrimExpr:
+def log(x: Expr) -> Expr:
     """float32 ln(x) from x = 2^e m, m in [sqrt(1/2), sqrt(2)) (max 0.5000 ulp).
 
     Subnormal float32 inputs are normal float64 numbers, so they need no rescaling.
     """
     mantissa, one_bits = tirx.IntImm("int64", (1 << 52) - 1), tirx.IntImm("int64", 1023 << 52)
 
-    def from_bits(bits: tirx.Var) -> tirx.PrimExpr:
-        e = tirx.Cast(F64, tirx.shift_right(bits, tirx.IntImm("int64", 52)) - tirx.IntImm("int64", 1023))
+    def from_bits(bits: tirx.Var) -> Expr:
+        biased = tirx.shift_right(bits, tirx.IntImm("int64", 52))
+        e = tirx.Cast(F64, biased - tirx.IntImm("int64", 1023))
         m = tirx.reinterpret(F64, tirx.bitwise_or(tirx.bitwise_and(bits, mantissa), one_bits))
 
-        def reduced(m: tirx.Var) -> tirx.PrimExpr:
+        def reduced(m: tirx.Var) -> Expr:
             big = m > c64(SQRT2)
             mm = tirx.Select(big, m * c64(0.5), m)
             ee = tirx.Select(big, e + c64(1.0), e)
 
-            def series(s: tirx.Var) -> tirx.PrimExpr:
+            def series(s: tirx.Var) -> Expr:
                 z = s * s
                 return fma(ee, c64(LN2), fma(s * z, horner(z, LOG_P), c64(2.0) * s))
 
@@ -188,11 +190,12 @@ def log(x: tirx.PrimExpr) -> tirx.PrimExpr:
 
         return let(m, reduced, "m")
 
-    def body(x: tirx.Var) -> tirx.PrimExpr:
+    def body(x: tirx.Var) -> Expr:
         y = tirx.Cast(F32, let(tirx.reinterpret("int64", tirx.Cast(F64, x)), from_bits, "bits"))
-        finite_positive = tirx.all(x > tirx.FloatImm(F32, 0.0), x < tirx.FloatImm(F32, float("inf")))
-        special = tirx.Select(tirx.EQ(x, tirx.FloatImm(F32, 0.0)), tirx.FloatImm(F32, float("-inf")),
-                              tirx.Select(x < tirx.FloatImm(F32, 0.0), tirx.FloatImm(F32, float("nan")), x))
+        zero, inf = tirx.FloatImm(F32, 0.0), tirx.FloatImm(F32, float("inf"))
+        finite_positive = tirx.all(x > zero, x < inf)
+        special = tirx.Select(tirx.EQ(x, zero), -inf,
+                              tirx.Select(x < zero, tirx.FloatImm(F32, float("nan")), x))
         return tirx.Select(finite_positive, y, special)
 
     return let(x, body, "x")
@@ -201,7 +204,7 @@ def log(x: tirx.PrimExpr) -> tirx.PrimExpr:
 # Maximum error over all 2^32 float32 inputs (scripts/sweep_vector_math.py, docs/numerics.md).
 ULP_BOUNDS = {"exp": 0.5001, "erf": 0.5011, "tanh": 0.5001, "sigmoid": 0.5001, "log": 0.5001}
 
-EXPANSIONS: dict[str, Callable[[tirx.PrimExpr], tirx.PrimExpr]] = {
+EXPANSIONS: dict[str, Callable[[Expr], Expr]] = {
     "tirx.exp": exp, "tirx.erf": erf, "tirx.tanh": tanh, "tirx.sigmoid": sigmoid, "tirx.log": log,
 }
 
@@ -221,8 +224,10 @@ def expands(call: ir.Call) -> bool:
 
 
 def _expand_calls(node: object, names: frozenset[str]) -> object:
-    def rewrite(call: ir.Call) -> tirx.PrimExpr:
-        return EXPANSIONS[call.op.name](call.args[0]) if expands(call) and call.op.name in names else call
+    def rewrite(call: ir.Call) -> Expr:
+        if expands(call) and call.op.name in names:
+            return EXPANSIONS[call.op.name](call.args[0])
+        return call
 
     return tvm_ffi.structural_map(node, (ir.Call, rewrite))
 
@@ -231,7 +236,9 @@ def vectorize_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with the calls ``expands`` accepts replaced by their TIR expansion: all of
     them inside vectorized loops, the ``EVERYWHERE`` ones in any loop."""
     def in_vector_loop(loop: tirx.For) -> tirx.For:
-        return _expand_calls(loop, frozenset(EXPANSIONS)) if loop.kind == tirx.ForKind.VECTORIZED else loop
+        if loop.kind == tirx.ForKind.VECTORIZED:
+            return _expand_calls(loop, frozenset(EXPANSIONS))
+        return loop
 
     return _expand_calls(tvm_ffi.structural_map(func, (tirx.For, in_vector_loop)), EVERYWHERE)
 
@@ -243,7 +250,7 @@ def VectorizeMath(target: Target | None = None) -> tvm.transform.Pass:  # noqa: 
     ``with target:``; other targets (CUDA has its own vector math) are left alone.
     """
 
-    def _apply(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tirx.PrimFunc:
+    def _apply(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx: object) -> tirx.PrimFunc:
         func_target = func.attrs.get("target") if func.attrs is not None else None
         func_target = func_target or target or Target.current(allow_none=True)
         if func_target is None or func_target.kind.name != "llvm":

@@ -83,7 +83,8 @@ def ulp_error(y: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
 def dense_sample(name: str, rng: np.random.Generator) -> np.ndarray:
     """~1e6 points: all float32 classes by random bit patterns, and the working range."""
-    bits = rng.integers(0, 1 << 32, size=1 << 19, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    bits = rng.integers(0, 1 << 32, size=1 << 19, dtype=np.uint64).astype(np.uint32)
+    bits = bits.view(np.float32)
     lo, hi = WORKING_RANGE[name]
     dense = rng.uniform(lo, hi, size=1 << 19).astype(np.float32)
     specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1.1754944e-38,
@@ -251,8 +252,10 @@ def test_each_call_gets_its_own_bindings_and_nested_calls_expand():
     """Three calls (one nested): three expansions, each binding fresh variables."""
     expanded = vectorize_math(_exp_twice)
     assert "T.exp" not in expanded.script()
+    tvm.ir.assert_structural_equal(vectorize_math(expanded), expanded)  # idempotent
     x = np.linspace(-3, 3, 16, dtype=np.float32)
     out = tvm.runtime.tensor(np.empty(16, np.float32))
-    tvm.compile(tvm.IRModule({"main": expanded}), target=TARGET).mod["main"](tvm.runtime.tensor(x), out)
+    built = tvm.compile(tvm.IRModule({"main": expanded}), target=TARGET)
+    built.mod["main"](tvm.runtime.tensor(x), out)
     xd = x.astype(np.float64)
     np.testing.assert_allclose(out.numpy(), np.exp(xd) + np.exp(np.exp(xd)), rtol=1e-6)
