@@ -38,12 +38,12 @@ from typing import Callable
 import tvm
 import tvm_ffi
 from tvm import ir, tirx
+from tvm.ir import Expr
 from tvm.target import Target
 from tvm.tirx.op import fma
 from tvm.tirx.transform import prim_func_pass
 
 F32, F64 = "float32", "float64"
-Expr = tirx.PrimExpr
 
 # 1 / ln 2, and ln 2 split so that k * LN2_HI is exact for |k| < 2^21 (32 trailing zeros).
 LOG2E = 1.4426950408889634
