@@ -13,8 +13,8 @@ float64) and rounds once to float32 at the end, so its error is half an ulp of f
 from that final rounding plus the float64 approximation error (relative 5e-12 for
 exp/sigmoid/tanh/log, 7e-11 for erf).  The maximum errors, measured over all 2^32 float32
 inputs against a float64 reference (``scripts/sweep_vector_math.py``), are ``ULP_BOUNDS``;
-docs/numerics.md sets them beside glibc 2.36's (expf 0.5016, erff 0.9330, tanhf 2.1684,
-logf 0.8138 ulp) and TVM's tanh and sigmoid formulas.  None is less accurate than the
+docs/numerics.md sets them beside glibc 2.36's (expf 0.5016, erff 0.9679, tanhf 2.1886,
+logf 0.8177 ulp) and TVM's tanh and sigmoid formulas.  None is less accurate than the
 libm function (or TVM expansion) it replaces, so the rewrite keeps an Emit's ``exact``
 math tag.  Special values follow C99 Annex F: NaN in,
 NaN out; exp(-inf) = 0, exp(inf) = inf, overflow to inf and gradual underflow to
@@ -202,7 +202,8 @@ def log(x: Expr) -> Expr:
 
 
 # Maximum error over all 2^32 float32 inputs (scripts/sweep_vector_math.py, docs/numerics.md).
-ULP_BOUNDS = {"exp": 0.5001, "erf": 0.5011, "tanh": 0.5001, "sigmoid": 0.5001, "log": 0.5001}
+# Measured: exp 0.500023, erf 0.500908, tanh 0.500076, sigmoid 0.500021, log 0.500000.
+ULP_BOUNDS = {"exp": 0.5001, "erf": 0.5010, "tanh": 0.5001, "sigmoid": 0.5001, "log": 0.5001}
 
 EXPANSIONS: dict[str, Callable[[Expr], Expr]] = {
     "tirx.exp": exp, "tirx.erf": erf, "tirx.tanh": tanh, "tirx.sigmoid": sigmoid, "tirx.log": log,
