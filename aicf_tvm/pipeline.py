@@ -2,8 +2,9 @@
 
 normalize -> LiftEmits -> PropagateContracts -> (EliminateEmits, FuseEmits,
 MaterializeEmits, PropagateContracts)* to a bounded fixpoint -> LowerEmits ->
-kernel selection (tuned record, else default rule, else fallback) -> the backend's
-own dataflow lowering -> ``tvm.compile``. ``verify_contracts`` runs after every step
+kernel selection (tuned record, else default rule, else fallback) -> VectorizeMath
+(float32 transcendental calls as vectorizable arithmetic) -> the backend's own dataflow
+lowering -> ``tvm.compile``. ``verify_contracts`` runs after every step
 under ``AICF_DEBUG=1``.
 """
 
@@ -80,11 +81,16 @@ def _backend(target: tvm.target.Target):
 
 
 def lower(mod: tvm.IRModule, target: tvm.target.Target, database: Any = None,
-          report: FusionReport | None = None) -> tvm.IRModule:
-    """LowerEmits, kernel selection and scheduling; returns the module ready to build."""
+          report: FusionReport | None = None, *, vector_math: bool = True) -> tvm.IRModule:
+    """LowerEmits, kernel selection and scheduling; returns the module ready to build.
+
+    ``vector_math=False`` leaves transcendental calls to libm (to measure what
+    ``VectorizeMath`` gains; both keep the ``exact`` contract, docs/numerics.md).
+    """
     from relax_passes import LowerEmits
     from relax_passes.prepack_weights import mark_layout_free, prepack_weights
     from schedules import apply_default_schedules
+    from schedules.cpu.vector_math import VectorizeMath
     from schedules.select import apply_database
 
     with target:  # LowerEmits dispatches sort/scan ops for the target
@@ -93,6 +99,8 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target, database: Any = None,
             mod = apply_database(mod, target, database)
         mod = apply_default_schedules(target)(mark_layout_free(mod))
         mod, packed, refused = prepack_weights(mod)
+        if vector_math:  # exp/erf/tanh/... as SIMD arithmetic, not one libm call per lane
+            mod = VectorizeMath(target)(mod)
     if report is not None:
         for p in packed:
             report.add(Decision("materialize:layout_transform", (p.kernel,), True, note=p.describe()))

@@ -1,7 +1,8 @@
 """Default TensorIR schedule rules for LLVM CPU targets (dlight style).
 
 Order of use: Gemm, Conv2d, Reduction, Elementwise, Fallback (each returns None for a
-PrimFunc it does not handle).
+PrimFunc it does not handle).  ``VectorizeMath`` runs after them: it turns the float32
+transcendental calls of vectorized loops into SIMD arithmetic (``vector_math``).
 """
 
 from .conv2d import Conv2d
@@ -9,5 +10,6 @@ from .elementwise import Elementwise
 from .fallback import Fallback
 from .gemm import Gemm
 from .reduction import Reduction
+from .vector_math import VectorizeMath
 
-__all__ = ["Conv2d", "Elementwise", "Fallback", "Gemm", "Reduction"]
+__all__ = ["Conv2d", "Elementwise", "Fallback", "Gemm", "Reduction", "VectorizeMath"]

@@ -1,0 +1,261 @@
+"""Vectorizable float32 exp, erf, tanh, sigmoid and log for LLVM CPU targets.
+
+TVM lowers ``tirx.exp``/``tirx.log`` (and ``sigmoid``/``tanh``, which it expands into
+exp) to ``llvm.exp``/``llvm.log`` and ``tirx.erf`` to a call of ``erff``.  The TVM build
+links no vector math library, so LLVM's x86 backend splits every vector of them into one
+libm call per lane: a GEMM with a GELU epilogue spent more time in ``erff`` than in the
+GEMM.  ``VectorizeMath`` replaces each scalar float32 call of these functions in a
+PrimFunc by a branch-free TIR expression (arithmetic, ``fma``, ``floor``, ``select``, bit
+casts), which the loop vectorizer turns into SIMD code like any other arithmetic.
+
+Each expression works in float64 on the float32 argument (exact: every float32 is a
+float64) and rounds once to float32 at the end, so its error is half an ulp of float32
+from that final rounding plus the float64 approximation error (relative 5e-12 for
+exp/sigmoid/tanh/log, 7e-11 for erf).  The maximum errors, measured over all 2^32 float32
+inputs against a float64 reference (``scripts/sweep_vector_math.py``), are ``ULP_BOUNDS``;
+docs/numerics.md sets them beside glibc 2.36's (expf 0.5016, erff 0.9679, tanhf 2.1886,
+logf 0.8177 ulp) and TVM's tanh and sigmoid formulas.  None is less accurate than the
+libm function (or TVM expansion) it replaces, so the rewrite keeps an Emit's ``exact``
+math tag.  Special values follow C99 Annex F: NaN in,
+NaN out; exp(-inf) = 0, exp(inf) = inf, overflow to inf and gradual underflow to
+subnormals; erf(±inf) = tanh(±inf) = ±1, erf(-0) = tanh(-0) = -0; sigmoid(-inf) = 0,
+sigmoid(inf) = 1; log(±0) = -inf, log(x < 0) = NaN, log(inf) = inf.  Arguments are
+clamped before any step that could overflow, so no intermediate makes a NaN.
+
+Where: every such call inside a vectorized loop; erf and tanh also in scalar code
+(``EVERYWHERE``), while exp, log and sigmoid outside vector loops stay libm calls, which
+are faster in scalar code.  The rewrite is local to the PrimFuncs it is applied to (TVM's intrinsic
+lowering rules are left as they are).  The CPU schedule rules count on it: they vectorize
+loops whose only math calls are ones ``expands`` accepts (``elementwise.calls_scalar_math``),
+and ``aicf_tvm.pipeline.lower`` (and the tuning build) runs ``VectorizeMath`` after
+scheduling.  After, not before: inlining would copy one ``Let`` binding into two places.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import tvm
+import tvm_ffi
+from tvm import ir, tirx
+from tvm.ir import Expr
+from tvm.target import Target
+from tvm.tirx.op import fma
+from tvm.tirx.transform import prim_func_pass
+
+F32, F64 = "float32", "float64"
+
+# 1 / ln 2, and ln 2 split so that k * LN2_HI is exact for |k| < 2^21 (32 trailing zeros).
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+LN2_HI = 0.6931467056274414
+LN2_LO = 4.7493250390316726e-07
+SQRT2 = 1.4142135623730951
+
+# Coefficients, lowest degree first, from ``scripts/fit_vector_math.py`` (near-minimax).
+# exp(r) = 1 + r + r^2 Q(r), expm1(r) = r + r^2 Q(r) on |r| <= ln2/2: relative error 5.2e-12.
+EXP_Q = (0.5000000000104896, 0.16666666753872486, 0.0416666659549899, 0.008333289142324122,
+         0.0013888985088819211, 0.00019904845734111312, 2.4796383061155893e-05)
+# erf(x) = x P(x^2) on |x| <= 4: relative error 6.5e-11.
+ERF_P = (1.128379167034157, -0.3761263862448047, 0.11283789511938189, -0.026866102927444218,
+         0.00522386343820459, -0.0008547133492989014, 0.00012046914650125414,
+         -1.488328675971629e-05, 1.6303989478233933e-06, -1.59155361894306e-07,
+         1.380776464153986e-08, -1.0532854930715416e-09, 6.939154115851697e-11,
+         -3.856058631748523e-12, 1.7565476298567984e-13, -6.335631960934116e-15,
+         1.7290674734738658e-16, -3.3381422400254946e-18, 4.0473723047900083e-20,
+         -2.3110757114299784e-22)
+# log(m) = 2s + s z P(z), s = (m-1)/(m+1), z = s^2 <= 0.0295: relative error 3.0e-14.
+LOG_P = (0.6666666667589931, 0.3999999558433356, 0.2857211352307913, 0.22175991280607155,
+         0.19587195034744337)
+
+# Beyond these |x| the float32 result is the limit (erf(x) and tanh(x) round to ±1).
+ERF_CLAMP = 4.0  # erfc(4) = 1.5e-8 < 2^-25
+TANH_CLAMP = 10.0  # 1 - tanh(10) = 4.1e-9 < 2^-25
+EXP_CLAMP = 150.0  # exp(150) overflows float32, exp(-150) underflows it; 2^k stays a normal double
+
+
+def c64(value: float) -> tirx.FloatImm:
+    return tirx.FloatImm(F64, value)
+
+
+def let(value: Expr, body: Callable[[tirx.Var], Expr], name: str) -> Expr:
+    """``body(v)`` with ``v`` bound to ``value`` once (the expression is used several times)."""
+    var = tirx.Var(name, value.ty)
+    return tirx.Let(var, value, body(var))
+
+
+def horner(x: Expr, coeffs: tuple[float, ...]) -> Expr:
+    """sum(c_i x^i) by Horner's rule with fused multiply-adds."""
+    acc: Expr = c64(coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        acc = fma(acc, x, c64(c))
+    return acc
+
+
+def clamp(x: Expr, lo: float, hi: float) -> Expr:
+    return tirx.Min(tirx.Max(x, c64(lo)), c64(hi))
+
+
+def pow2(k: Expr) -> Expr:
+    """2^k for an integral float64 ``k`` in the normal range, built from its exponent bits."""
+    biased = tirx.Cast("int64", tirx.Cast("int32", k)) + tirx.IntImm("int64", 1023)
+    return tirx.reinterpret(F64, tirx.shift_left(biased, tirx.IntImm("int64", 52)))
+
+
+def exp_parts(z: Expr, body: Callable[[Expr, Expr], Expr]) -> Expr:
+    """``body(scale, em)`` with e^z = scale * (1 + em), scale = 2^k, |em| <= 0.42 (|z| <= 150).
+
+    Cody-Waite reduction z = k ln2 + r, |r| <= ln2/2; ``em`` = expm1(r) to 5e-12 relative.
+    """
+    def reduced(k: tirx.Var) -> Expr:
+        r = fma(k, c64(-LN2_LO), fma(k, c64(-LN2_HI), z))
+        return let(r, lambda r: body(pow2(k), fma(r * r, horner(r, EXP_Q), r)), "r")
+
+    return let(tirx.floor(fma(z, c64(LOG2E), c64(0.5))), reduced, "k")
+
+
+def exp64(z: Expr) -> Expr:
+    """e^z in float64 for a float64 ``z`` (clamped to +-EXP_CLAMP: no overflow inside)."""
+    return exp_parts(clamp(z, -EXP_CLAMP, EXP_CLAMP), lambda scale, em: scale * (c64(1.0) + em))
+
+
+def nan_through(x: Expr, result: Expr) -> Expr:
+    """``result``, or ``x`` itself when ``x`` is NaN (the clamps would hide it)."""
+    return tirx.Select(tirx.isnan(x), x, result)
+
+
+def exp(x: Expr) -> Expr:
+    """float32 e^x: double-precision evaluation, one final rounding."""
+    return let(x, lambda x: nan_through(x, tirx.Cast(F32, exp64(tirx.Cast(F64, x)))), "x")
+
+
+def sigmoid(x: Expr) -> Expr:
+    """float32 1 / (1 + e^-x); sigmoid(-inf) = 0, sigmoid(inf) = 1, sigmoid(-100) a subnormal."""
+    def body(x: tirx.Var) -> Expr:
+        return nan_through(x, tirx.Cast(F32, c64(1.0) / (c64(1.0) + exp64(-tirx.Cast(F64, x)))))
+
+    return let(x, body, "x")
+
+
+def erf(x: Expr) -> Expr:
+    """float32 erf(x) = x P(x^2) in double on |x| <= 4, ±1 beyond."""
+    def body(x: tirx.Var) -> Expr:
+        def odd(a: tirx.Var) -> Expr:
+            return tirx.Cast(F32, a * horner(a * a, ERF_P))
+
+        return nan_through(x, let(clamp(tirx.Cast(F64, x), -ERF_CLAMP, ERF_CLAMP), odd, "a"))
+
+    return let(x, body, "x")
+
+
+def tanh(x: Expr) -> Expr:
+    """float32 tanh(x) = copysign(q / (q + 2), x), q = expm1(2|x|).
+
+    expm1 keeps the relative accuracy for tiny |x|, where e^2x - 1 would cancel.
+    """
+    def expm1_ratio(scale: Expr, em: Expr) -> Expr:
+        q = fma(scale, em, scale - c64(1.0))  # 2^k (1 + em) - 1
+        return let(q, lambda q: q / (q + c64(2.0)), "q")
+
+    def body(x: tirx.Var) -> Expr:
+        xd = tirx.Cast(F64, x)
+        two_a = c64(2.0) * tirx.Min(tirx.abs(xd), c64(TANH_CLAMP))
+        return nan_through(x, tirx.Cast(F32, tirx.copysign(exp_parts(two_a, expm1_ratio), xd)))
+
+    return let(x, body, "x")
+
+
+def log(x: Expr) -> Expr:
+    """float32 ln(x) from x = 2^e m, m in [sqrt(1/2), sqrt(2)).
+
+    Subnormal float32 inputs are normal float64 numbers, so they need no rescaling.
+    """
+    mantissa, one_bits = tirx.IntImm("int64", (1 << 52) - 1), tirx.IntImm("int64", 1023 << 52)
+
+    def from_bits(bits: tirx.Var) -> Expr:
+        biased = tirx.shift_right(bits, tirx.IntImm("int64", 52))
+        e = tirx.Cast(F64, biased - tirx.IntImm("int64", 1023))
+        m = tirx.reinterpret(F64, tirx.bitwise_or(tirx.bitwise_and(bits, mantissa), one_bits))
+
+        def reduced(m: tirx.Var) -> Expr:
+            big = m > c64(SQRT2)
+            mm = tirx.Select(big, m * c64(0.5), m)
+            ee = tirx.Select(big, e + c64(1.0), e)
+
+            def series(s: tirx.Var) -> Expr:
+                z = s * s
+                return fma(ee, c64(LN2), fma(s * z, horner(z, LOG_P), c64(2.0) * s))
+
+            return let((mm - c64(1.0)) / (mm + c64(1.0)), series, "s")
+
+        return let(m, reduced, "m")
+
+    def body(x: tirx.Var) -> Expr:
+        y = tirx.Cast(F32, let(tirx.reinterpret("int64", tirx.Cast(F64, x)), from_bits, "bits"))
+        zero, inf = tirx.FloatImm(F32, 0.0), tirx.FloatImm(F32, float("inf"))
+        finite_positive = tirx.all(x > zero, x < inf)
+        special = tirx.Select(tirx.EQ(x, zero), -inf,
+                              tirx.Select(x < zero, tirx.FloatImm(F32, float("nan")), x))
+        return tirx.Select(finite_positive, y, special)
+
+    return let(x, body, "x")
+
+
+# Maximum error over all 2^32 float32 inputs (scripts/sweep_vector_math.py, docs/numerics.md).
+# Measured: exp 0.500023, erf 0.500908, tanh 0.500076, sigmoid 0.500021, log 0.500000.
+ULP_BOUNDS = {"exp": 0.5001, "erf": 0.5010, "tanh": 0.5001, "sigmoid": 0.5001, "log": 0.5001}
+
+EXPANSIONS: dict[str, Callable[[Expr], Expr]] = {
+    "tirx.exp": exp, "tirx.erf": erf, "tirx.tanh": tanh, "tirx.sigmoid": sigmoid, "tirx.log": log,
+}
+
+
+# Expanded in scalar code too: glibc's erff costs ~40 ns a call (the expansion ~15 ns even
+# unvectorized), and TVM's tanh formula loses all precision near 0 and the sign of -0.
+# exp, log and sigmoid stay libm calls outside vector loops: in a serial loop LLVM cannot
+# vectorize (a float sum), their scalar expansion measured about 2x slower than libm.
+EVERYWHERE = frozenset({"tirx.erf", "tirx.tanh"})
+
+
+def expands(call: ir.Call) -> bool:
+    """Whether ``VectorizeMath`` replaces this call inside a vectorized loop (a scalar
+    float32 call of ``EXPANSIONS``)."""
+    return (isinstance(call.op, ir.Op) and call.op.name in EXPANSIONS and str(call.ty) == F32
+            and len(call.args) == 1)
+
+
+def _expand_calls(node: object, names: frozenset[str]) -> object:
+    def rewrite(call: ir.Call) -> Expr:
+        if expands(call) and call.op.name in names:
+            return EXPANSIONS[call.op.name](call.args[0])
+        return call
+
+    return tvm_ffi.structural_map(node, (ir.Call, rewrite))
+
+
+def vectorize_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with the calls ``expands`` accepts replaced by their TIR expansion: all of
+    them inside vectorized loops, the ``EVERYWHERE`` ones in any loop."""
+    def in_vector_loop(loop: tirx.For) -> tirx.For:
+        if loop.kind == tirx.ForKind.VECTORIZED:
+            return _expand_calls(loop, frozenset(EXPANSIONS))
+        return loop
+
+    return _expand_calls(tvm_ffi.structural_map(func, (tirx.For, in_vector_loop)), EVERYWHERE)
+
+
+def VectorizeMath(target: Target | None = None) -> tvm.transform.Pass:  # noqa: N802 - a pass
+    """PrimFunc pass applying ``vectorize_math`` to the PrimFuncs compiled for an LLVM target.
+
+    The target is the PrimFunc's ``target`` attr, else ``target``, else the enclosing
+    ``with target:``; other targets (CUDA has its own vector math) are left alone.
+    """
+
+    def _apply(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx: object) -> tirx.PrimFunc:
+        func_target = func.attrs.get("target") if func.attrs is not None else None
+        func_target = func_target or target or Target.current(allow_none=True)
+        if func_target is None or func_target.kind.name != "llvm":
+            return func
+        return vectorize_math(func)
+
+    return prim_func_pass(_apply, opt_level=0, name="VectorizeMath")
