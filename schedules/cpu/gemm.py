@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.sym.analyzer import Analyzer
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
@@ -38,25 +39,32 @@ from .gemm_blocks import (
     inline_producers,
     is_plain_load,
     last_index_is_iter,
-    loop_extent,
     mark_prepack,
     num_cores,
     schedule_injective,
+    splits_into_vectors,
     vector_lanes,
 )
-from .gemm_plan import GemmPlan, plan_gemm
+from .gemm_plan import SYMBOLIC_ROWS, GemmPlan, plan_gemm
 
 
-def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole) -> IterRole:
+def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole) -> IterRole | None:
     """The axis (I or J) to vectorise: the one whose tiles pad the problem least.
 
     N pads to a multiple of 16..64 and M only to one of ~6, so a 7-wide N wastes half the
-    vector lanes while the same axis as M wastes nothing; ``preferred`` wins ties.
+    vector lanes while the same axis as M wastes nothing; ``preferred`` wins ties.  A
+    symbolic axis is never N (its tail would predicate the vector loop): the static one is
+    chosen, and None when neither is static.
     """
-    batch, k = traits.extent(IterRole.S), traits.extent(IterRole.K)
-    i_ext, j_ext = traits.extent(IterRole.I), traits.extent(IterRole.J)
     if IterRole.I not in traits.block or IterRole.J not in traits.block:
-        return IterRole.I if IterRole.I in traits.block else IterRole.J
+        role = IterRole.I if IterRole.I in traits.block else IterRole.J
+        return role if traits.is_static(role) else None
+    static = [r for r in (IterRole.I, IterRole.J) if traits.is_static(r)]
+    if len(static) < 2:
+        return static[0] if static else None
+    batch = traits.extent(IterRole.S) if traits.is_static(IterRole.S) else 1
+    k = traits.extent(IterRole.K)
+    i_ext, j_ext = traits.extent(IterRole.I), traits.extent(IterRole.J)
 
     def padded_work(m: int, n: int) -> int:
         plan = plan_gemm(batch, m, n, k, lanes, cores=1)
@@ -87,7 +95,7 @@ def _operand_producers(
 def _schedule_pack(sch: s_tir.Schedule, block: SBlockRV, plan: GemmPlan) -> None:
     s, n, k = sch.get_loops(block)
     n_outer, n_inner = sch.split(n, [None, plan.nr])
-    if last_index_is_iter(sch, block, 2) and loop_extent(sch, k) % plan.lanes == 0:
+    if last_index_is_iter(sch, block, 2) and splits_into_vectors(sch, k, plan.lanes):
         # a transposing pack (B stored [N, K], e.g. a Linear weight): read K-contiguous
         # vectors and write them out strided, in lanes x nr blocks that stay in L1
         k_outer, k_inner = sch.split(k, [None, plan.lanes])
@@ -103,7 +111,7 @@ def _schedule_im2col(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
     """The im2col copy (loops already ``S, K, rows``): parallel over K, row loop innermost."""
     loops = sch.get_loops(block)
     inner = loops[-1]
-    if loop_extent(sch, inner) % lanes == 0:
+    if splits_into_vectors(sch, inner, lanes):
         sch.vectorize(sch.split(inner, [None, lanes])[1])
     sch.parallel(sch.fuse(*loops[: max(1, len(loops) - 2)]))
 
@@ -126,10 +134,11 @@ def schedule_gemm(
                 schedule_injective(sch, producer, lanes)
         else:
             inline_producers(sch, copy)
-    batch, m, n, k = (int(iv.dom.extent) for iv in sch.get(main).iter_vars)
+    batch, m, n, k = (_static_or_none(iv.dom.extent) for iv in sch.get(main).iter_vars)
+    m_expr = sch.get(main).iter_vars[1].dom.extent
     plan = plan_gemm(
-        batch,
-        m,
+        batch or 1,
+        m or SYMBOLIC_ROWS,
         n,
         k,
         lanes,
@@ -137,10 +146,17 @@ def schedule_gemm(
         registers=32 if lanes >= 16 else 16,
         b_contiguous_in_n=norm.b_im2col or last_index_is_iter(sch, b_copy, 1),
         b_im2col=norm.b_im2col,
+        m_symbolic=m is None,
     )
-    padded = (plan.m_padded, plan.n_padded, plan.k_padded)
-    if padded != (m, n, k):
-        sch.pad_einsum(main, [1, *padded])
+    if m is None:  # pad M to whole mr strips at run time; N and K as planned
+        m_pad = 1 if Analyzer().can_prove(tirx.floormod(m_expr, plan.mr) == 0) else plan.mr
+        needs_pad = m_pad > 1 or (plan.n_padded, plan.k_padded) != (n, k)
+        factors = [1, m_pad, plan.n_padded, plan.k_padded]
+    else:
+        needs_pad = (plan.m_padded, plan.n_padded, plan.k_padded) != (m, n, k)
+        factors = [1, plan.m_padded, plan.n_padded, plan.k_padded]
+    if needs_pad:
+        sch.pad_einsum(main, factors)
         # normalize_gemm keeps the read order: A is the left operand unless N is its axis
         a_pad, b_pad = _operand_producers(sch, main, 0 if vector_role == IterRole.J else 1)
         if not a_pad.same_as(a_copy) and not norm.a_im2col:
@@ -173,15 +189,20 @@ def schedule_gemm(
 
     epilogue = inline_consumers(sch, main)
     s, m_loop, n_loop, k_loop = sch.get_loops(main)
-    mo, mi, mr = sch.split(m_loop, [None, plan.mc // plan.mr, plan.mr])
+    if plan.mc == plan.mr:  # one strip per M block (always for a symbolic M): no mi loop
+        mo, mr = sch.split(m_loop, [None, plan.mr])
+        mi = []
+    else:
+        mo, mi, mr = sch.split(m_loop, [None, plan.mc // plan.mr, plan.mr])
+        mi = [mi]
     no, ni, nr = sch.split(n_loop, [None, plan.nc // plan.nr, plan.nr])
     ko, ki = sch.split(k_loop, [None, plan.kc])
     nv, nl = sch.split(nr, [None, lanes])
     if plan.parallel_m:
-        sch.reorder(s, no, mo, ko, ni, mi, ki, mr, nv, nl)
+        sch.reorder(s, no, mo, ko, ni, *mi, ki, mr, nv, nl)
         chunk = sch.fuse(s, no, mo)
     else:
-        sch.reorder(s, no, ko, mo, ni, mi, ki, mr, nv, nl)
+        sch.reorder(s, no, ko, mo, ni, *mi, ki, mr, nv, nl)
         chunk = sch.fuse(s, no)
     sch.parallel(chunk)
     sch.unroll(mr)
@@ -191,6 +212,10 @@ def schedule_gemm(
     sch.vectorize(sch.get_loops(init)[-1])
     _place_epilogue(sch, main, epilogue, chunk, lanes)
     return plan
+
+
+def _static_or_none(extent: tirx.Expr) -> int | None:
+    return int(extent.value) if isinstance(extent, tirx.IntImm) else None
 
 
 def reads_plainly(block: s_tir.SBlock, buffer: tirx.Buffer) -> bool:
@@ -218,7 +243,7 @@ def _place_epilogue(
         try:
             sch.reverse_compute_at(epilogue[0], chunk)
             inner = sch.get_loops(epilogue[0])[-1]
-            if loop_extent(sch, inner) % lanes == 0:
+            if splits_into_vectors(sch, inner, lanes):
                 sch.vectorize(sch.split(inner, [None, lanes])[1])
             return
         except s_tir.ScheduleError:
@@ -245,9 +270,11 @@ class Gemm(CPUScheduleRule):
         # on a tie, vectorise the output's innermost axis: the epilogue stores are vectors
         innermost = [r for r in traits.out if r in (IterRole.I, IterRole.J)][-1]
         vector_role = choose_vector_role(traits, vector_lanes(target), innermost)
+        if vector_role is None or not traits.is_static(IterRole.K):
+            return None  # symbolic N or K: the Reduction rule's row schedule handles them
         try:
             schedule_gemm(sch, main, traits, vector_role, target)
-        except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
+        except Exception:  # noqa: BLE001 - ScheduleError / InternalError: not our shape
             return None
         return sch
 

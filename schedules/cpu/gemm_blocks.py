@@ -13,6 +13,8 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target, codegen
 
+from .fallback import loop_extent
+
 # TVM's names (relax.transform.SplitLayoutRewritePreproc reads the annotation); this
 # package imports only TVM, so they are spelled here as in aicf_tvm.emit
 LAYOUT_FREE_ATTR = "layout_free_buffers"
@@ -96,8 +98,11 @@ def last_index_is_iter(sch: s_tir.Schedule, block: SBlockRV, iter_index: int) ->
     return stmt.body.value.indices[-1].same_as(stmt.iter_vars[iter_index].var)
 
 
-def loop_extent(sch: s_tir.Schedule, loop: LoopRV) -> int:
-    return int(sch.get(loop).extent)
+def splits_into_vectors(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> bool:
+    """Whether the loop's extent is a constant multiple of ``lanes`` (a symbolic one never is:
+    its tail would need a predicate on the vector axis)."""
+    extent = loop_extent(sch, loop)
+    return extent is not None and extent % lanes == 0
 
 
 def schedule_injective(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
@@ -106,7 +111,7 @@ def schedule_injective(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None
     if not loops:
         return
     inner = loops[-1]
-    if len(loops) > 1 and loop_extent(sch, inner) % lanes == 0:
+    if len(loops) > 1 and splits_into_vectors(sch, inner, lanes):
         _, vec = sch.split(inner, [None, lanes])
         sch.vectorize(vec)
         outer = loops[:-1]

@@ -16,6 +16,12 @@ with B packed as ``[S, N/nr, K, nr]``:
 The numbers were measured on the 2-core AVX-512 host (1024^3 single-threaded: mr=4..6,
 nr=64, kc=256 ran at 88-97% of OpenBLAS; kc=128 or nr=32 lost 10-20%). mr prefers a divisor
 of M in [max/2, max]: padding M costs a copy of A (for a conv, a second im2col pass).
+
+A symbolic M (``batch * seq`` rows) is planned from a representative row count: ``mr`` is
+the widest register tile (no divisor to prefer), M is padded to a multiple of ``mr`` at run
+time, and ``mc == mr``, so the M loop is exactly ``ceil(M / mr)`` strips and no block
+predicate reaches the micro-kernel (a predicate there keeps LLVM from holding the C tile in
+registers). N and K stay static: the vector axis is never predicated.
 """
 
 from __future__ import annotations
@@ -38,6 +44,10 @@ class GemmPlan:
     kc: int
     parallel_m: bool
     pack_b: bool
+
+
+# Rows assumed when choosing mr for a symbolic M: enough for the widest register tile.
+SYMBOLIC_ROWS = 64
 
 
 def _ceil_to(value: int, factor: int) -> int:
@@ -97,23 +107,26 @@ def plan_gemm(
     registers: int = 32,
     b_contiguous_in_n: bool = False,
     b_im2col: bool = False,
+    m_symbolic: bool = False,
 ) -> GemmPlan:
     """Tile sizes for ``C[batch, m, n] += A[batch, m, k] * B[batch, n, k]``.
 
     ``b_contiguous_in_n`` says B's source is stored with N innermost: then a small-M GEMM
     reads it in place instead of packing (packing costs as much as the math when M is tiny).
+    With ``m_symbolic``, ``m`` is a representative row count and ``m_padded`` is planned
+    for it only (the kernel pads the real M to a multiple of ``mr``).
     """
     nr = _choose_nr(n, lanes, registers)
-    mr = _choose_mr(m, nr, lanes, registers)
+    mr = _choose_mr(SYMBOLIC_ROWS if m_symbolic else m, nr, lanes, registers)
     m_padded, n_padded = _ceil_to(m, mr), _ceil_to(n, nr)
     k_padded, kc = _choose_kc(k)
-    mc = _largest_divisor_multiple(m_padded, mr, max(96, mr))
+    mc = mr if m_symbolic else _largest_divisor_multiple(m_padded, mr, max(96, mr))
     nc = _largest_divisor_multiple(n_padded, nr, 512)
     if batch * (n_padded // nc) < cores:
         nc = _largest_divisor_multiple(n_padded, nr, max(nr, n_padded // cores))
     parallel_m = batch * (n_padded // nc) < cores and m_padded // mc > 1
     # an im2col B is already stored [S, K, N]: packing it again would copy it twice
-    pack_b = not b_im2col and not (b_contiguous_in_n and m <= 2 * mr)
+    pack_b = not b_im2col and not (b_contiguous_in_n and not m_symbolic and m <= 2 * mr)
     return GemmPlan(
         mr=mr,
         nr=nr,
