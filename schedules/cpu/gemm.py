@@ -45,23 +45,21 @@ from .gemm_blocks import (
     splits_into_vectors,
     vector_lanes,
 )
-from .gemm_plan import SYMBOLIC_ROWS, GemmPlan, plan_gemm
+from .gemm_plan import GemmPlan, plan_gemm
 
 
-def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole) -> IterRole | None:
+def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole) -> IterRole:
     """The axis (I or J) to vectorise: the one whose tiles pad the problem least.
 
     N pads to a multiple of 16..64 and M only to one of ~6, so a 7-wide N wastes half the
     vector lanes while the same axis as M wastes nothing; ``preferred`` wins ties.  A
-    symbolic axis is never N (its tail would predicate the vector loop): the static one is
-    chosen, and None when neither is static.
+    symbolic axis is N only when both are (it is then padded to whole vectors).
     """
     if IterRole.I not in traits.block or IterRole.J not in traits.block:
-        role = IterRole.I if IterRole.I in traits.block else IterRole.J
-        return role if traits.is_static(role) else None
+        return IterRole.I if IterRole.I in traits.block else IterRole.J
     static = [r for r in (IterRole.I, IterRole.J) if traits.is_static(r)]
     if len(static) < 2:
-        return static[0] if static else None
+        return static[0] if static else preferred
     batch = traits.extent(IterRole.S) if traits.is_static(IterRole.S) else 1
     k = traits.extent(IterRole.K)
     i_ext, j_ext = traits.extent(IterRole.I), traits.extent(IterRole.J)
@@ -135,10 +133,9 @@ def schedule_gemm(
         else:
             inline_producers(sch, copy)
     batch, m, n, k = (_static_or_none(iv.dom.extent) for iv in sch.get(main).iter_vars)
-    m_expr = sch.get(main).iter_vars[1].dom.extent
     plan = plan_gemm(
-        batch or 1,
-        m or SYMBOLIC_ROWS,
+        batch,
+        m,
         n,
         k,
         lanes,
@@ -146,17 +143,14 @@ def schedule_gemm(
         registers=32 if lanes >= 16 else 16,
         b_contiguous_in_n=norm.b_im2col or last_index_is_iter(sch, b_copy, 1),
         b_im2col=norm.b_im2col,
-        m_symbolic=m is None,
     )
-    if m is None:  # pad M to whole mr strips at run time; N and K as planned
-        m_pad = 1 if Analyzer().can_prove(tirx.floormod(m_expr, plan.mr) == 0) else plan.mr
-        needs_pad = m_pad > 1 or (plan.n_padded, plan.k_padded) != (n, k)
-        factors = [1, m_pad, plan.n_padded, plan.k_padded]
-    else:
-        needs_pad = (plan.m_padded, plan.n_padded, plan.k_padded) != (m, n, k)
-        factors = [1, plan.m_padded, plan.n_padded, plan.k_padded]
-    if needs_pad:
-        sch.pad_einsum(main, factors)
+    extents = [iv.dom.extent for iv in sch.get(main).iter_vars[1:]]
+    factors = [
+        _pad_factor(extent, padded, tile)
+        for extent, padded, tile in zip(extents, (plan.m_padded, plan.n_padded, plan.k_padded), (plan.mr, plan.nr, 1))
+    ]
+    if any(f > 1 for f in factors):
+        sch.pad_einsum(main, [1, *factors])
         # normalize_gemm keeps the read order: A is the left operand unless N is its axis
         a_pad, b_pad = _operand_producers(sch, main, 0 if vector_role == IterRole.J else 1)
         if not a_pad.same_as(a_copy) and not norm.a_im2col:
@@ -189,29 +183,42 @@ def schedule_gemm(
 
     epilogue = inline_consumers(sch, main)
     s, m_loop, n_loop, k_loop = sch.get_loops(main)
-    if plan.mc == plan.mr:  # one strip per M block (always for a symbolic M): no mi loop
-        mo, mr = sch.split(m_loop, [None, plan.mr])
-        mi = []
-    else:
-        mo, mi, mr = sch.split(m_loop, [None, plan.mc // plan.mr, plan.mr])
-        mi = [mi]
-    no, ni, nr = sch.split(n_loop, [None, plan.nc // plan.nr, plan.nr])
-    ko, ki = sch.split(k_loop, [None, plan.kc])
+    # a block of one tile (always for a symbolic extent) gets no inner block loop: its
+    # split would leave a predicate in the micro-kernel
+    mo, *mi, mr = _split(sch, m_loop, plan.mc, plan.mr)
+    no, *ni, nr = _split(sch, n_loop, plan.nc, plan.nr)
+    *ko, ki = sch.split(k_loop, [None, plan.kc]) if plan.kc is not None else [k_loop]
     nv, nl = sch.split(nr, [None, lanes])
     if plan.parallel_m:
-        sch.reorder(s, no, mo, ko, ni, *mi, ki, mr, nv, nl)
+        sch.reorder(s, no, mo, *ko, *ni, *mi, ki, mr, nv, nl)
         chunk = sch.fuse(s, no, mo)
     else:
-        sch.reorder(s, no, ko, mo, ni, *mi, ki, mr, nv, nl)
+        sch.reorder(s, no, *ko, mo, *ni, *mi, ki, mr, nv, nl)
         chunk = sch.fuse(s, no)
     sch.parallel(chunk)
     sch.unroll(mr)
     sch.unroll(nv)
     sch.vectorize(nl)
-    init = sch.decompose_reduction(main, ko)
+    init = sch.decompose_reduction(main, sch.get_loops(main)[1])  # ko, or the loop under the chunk
     sch.vectorize(sch.get_loops(init)[-1])
     _place_epilogue(sch, main, epilogue, chunk, lanes)
     return plan
+
+
+def _split(sch: s_tir.Schedule, loop: LoopRV, block: int, tile: int) -> list[LoopRV]:
+    """``loop`` split into (outer, inner blocks, tile), the middle loop only when a block
+    holds more than one tile."""
+    if block == tile:
+        return list(sch.split(loop, [None, tile]))
+    return list(sch.split(loop, [None, block // tile, tile]))
+
+
+def _pad_factor(extent: tirx.Expr, padded: int | None, tile: int) -> int:
+    """The ``pad_einsum`` factor of one axis: its planned size when static, else its tile
+    unless the symbolic extent is proven a multiple of it (1: no padding)."""
+    if padded is not None:
+        return padded if padded != int(extent.value) else 1
+    return 1 if Analyzer().can_prove(tirx.floormod(extent, tile) == 0) else tile
 
 
 def _static_or_none(extent: tirx.Expr) -> int | None:
@@ -270,8 +277,6 @@ class Gemm(CPUScheduleRule):
         # on a tie, vectorise the output's innermost axis: the epilogue stores are vectors
         innermost = [r for r in traits.out if r in (IterRole.I, IterRole.J)][-1]
         vector_role = choose_vector_role(traits, vector_lanes(target), innermost)
-        if vector_role is None or not traits.is_static(IterRole.K):
-            return None  # symbolic N or K: the Reduction rule's row schedule handles them
         try:
             schedule_gemm(sch, main, traits, vector_role, target)
         except Exception:  # noqa: BLE001 - ScheduleError / InternalError: not our shape

@@ -169,12 +169,6 @@ def test_returns_none_without_a_multiply_accumulate(target):
     assert Gemm().apply(func, target, False) is None
 
 
-def test_returns_none_for_symbolic_shapes(target):
-    n = tvm.tirx.Var("n", "int64")
-    shapes = {"x": (n, 16), "w": (16, 32)}
-    func = fused_primfunc(lambda bb, x, w: relax.op.matmul(x, w), shapes)
-    assert Gemm().apply(func, target, False) is None
-
 
 def test_returns_none_for_a_gpu_target():
     shapes = {"x": (8, 16), "w": (16, 32)}
