@@ -31,6 +31,23 @@ def target() -> tvm.target.Target:
     return tvm.target.Target(config)
 
 
+def only_primfunc(build, inputs: dict[str, tuple]) -> tirx.PrimFunc:
+    """The one PrimFunc Relax's FuseOps makes of ``build(bb, *vars)``."""
+    params = [relax.Var(name, relax.TensorType(shape, F32)) for name, shape in inputs.items()]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb, *params))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    for transform in (relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                      relax.transform.FuseOps(), relax.transform.FuseTIR()):
+        mod = transform(mod)
+    funcs = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+    assert len(funcs) == 1, f"expected one PrimFunc, got {len(funcs)}"
+    return funcs[0]
+
+
 class Kernel:
     """A PrimFunc scheduled by the default rules and built once; called with named inputs."""
 
@@ -38,6 +55,7 @@ class Kernel:
         scheduled = schedule_func(func, target, default_rules(target))
         assert scheduled is not None
         self.rule = str(scheduled.attrs["aicf.schedule"])
+        self.script = scheduled.script()
         self.names = [str(p) for p in func.params][:-1]
         module = tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")})
         self.kernel = tvm.compile(module, target=target)["main"]
@@ -117,3 +135,70 @@ def test_attention_values_with_symbolic_reduction_length(target):
         p = rng.standard_normal((4, rows, rows), dtype=np.float32)
         v = rng.standard_normal((4, rows, 64), dtype=np.float32)
         kernel.check({"p": p, "v": v}, p @ v)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_softmax_over_symbolic_rows_and_length(target):
+    """Attention probabilities ``softmax(s[h, seq, seq])``: rows and reduction symbolic."""
+    seq = tirx.Var("seq", "int64")
+    func = only_primfunc(lambda bb, s: relax.op.nn.softmax(s, axis=-1), {"s": (4, seq, seq)})
+    kernel = Kernel(func, target)
+    assert kernel.rule == "Reduction"
+    rng = np.random.default_rng(4)
+    for rows in SIZES:
+        s = rng.standard_normal((4, rows, rows), dtype=np.float32)
+        kernel.check({"s": s}, _softmax(s))
+
+
+def test_layer_norm_over_symbolic_rows(target):
+    """``layer_norm(x[batch, seq, 48])``: two symbolic row axes, a static normalized axis."""
+    batch, seq = tirx.Var("batch", "int64"), tirx.Var("seq", "int64")
+
+    def build(bb, x, g, b):
+        return relax.op.nn.layer_norm(x, g, b, axes=[-1], epsilon=1e-5)
+
+    func = only_primfunc(build, {"x": (batch, seq, 48), "g": (48,), "b": (48,)})
+    kernel = Kernel(func, target)
+    assert kernel.rule == "Reduction"
+    rng = np.random.default_rng(5)
+    g, b = rng.standard_normal(48, dtype=np.float32), rng.standard_normal(48, dtype=np.float32)
+    for n, rows in [(1, 1), (2, 7), (1, 33), (3, 100)]:
+        x = rng.standard_normal((n, rows, 48), dtype=np.float32)
+        mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        kernel.check({"x": x, "g": g, "b": b}, (x - mean) / np.sqrt(var + 1e-5) * g + b)
+
+
+def test_elementwise_over_symbolic_rows_is_vectorized(target):
+    """``relu(x + y)`` on ``[seq, 40]``: the static row is the vector loop, rows run parallel."""
+    seq = tirx.Var("seq", "int64")
+    func = only_primfunc(
+        lambda bb, x, y: relax.op.nn.relu(bb.emit(relax.op.add(x, y))), {"x": (seq, 40), "y": (40,)}
+    )
+    kernel = Kernel(func, target)
+    assert kernel.rule == "Elementwise"
+    assert "T.vectorized" in kernel.script
+    rng = np.random.default_rng(6)
+    y = rng.standard_normal(40, dtype=np.float32)
+    for rows in SIZES:
+        x = rng.standard_normal((rows, 40), dtype=np.float32)
+        kernel.check({"x": x, "y": y}, np.maximum(x + y, 0))
+
+
+def test_head_split_transpose_with_symbolic_length(target):
+    """``x[seq, 4, 64] -> [4, seq, 64] * 0.125`` (attention heads, scaled)."""
+    seq = tirx.Var("seq", "int64")
+
+    def build(bb, x):
+        return relax.op.multiply(bb.emit(relax.op.permute_dims(x, [1, 0, 2])), relax.const(0.125, F32))
+
+    kernel = Kernel(only_primfunc(build, {"x": (seq, 4, 64)}), target)
+    assert kernel.rule == "Elementwise"
+    assert "T.vectorized" in kernel.script
+    rng = np.random.default_rng(7)
+    for rows in SIZES:
+        x = rng.standard_normal((rows, 4, 64), dtype=np.float32)
+        kernel.check({"x": x}, x.transpose(1, 0, 2) * np.float32(0.125))
