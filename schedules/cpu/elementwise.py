@@ -148,14 +148,17 @@ class Elementwise(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None or not infos or not all(info.is_injective() for info in infos):
+        try:
+            sch = s_tir.Schedule(func)
+            infos = normalize_prim_func(sch)
+            if infos is None or not infos or not all(info.is_injective() for info in infos):
+                return None
+            # A reduction whose reduce loops all have extent 1 looks injective to dlight, but
+            # inlining a block with an init aborts the process inside TVM: not ours to schedule.
+            if any(bool(info.is_reduction()) for info in infos):
+                return None
+            for info in try_inline(sch, infos):
+                schedule_injective_block(sch, info.block_rv, vector_lanes(target, sch, info.block_rv))
+        except Exception:  # noqa: BLE001 - ScheduleError / InternalError: leave it to the fallback
             return None
-        # A reduction whose reduce loops all have extent 1 looks injective to dlight, but
-        # inlining a block with an init aborts the process inside TVM: not ours to schedule.
-        if any(bool(info.is_reduction()) for info in infos):
-            return None
-        for info in try_inline(sch, infos):
-            schedule_injective_block(sch, info.block_rv, vector_lanes(target, sch, info.block_rv))
         return sch

@@ -1,10 +1,11 @@
 """CPU GEMM schedule rule: a packed, register-blocked BLIS kernel with the epilogue fused.
 
-Accepts a static-shape PrimFunc with exactly one reduction block of GEMM shape (see
+Accepts a PrimFunc with exactly one reduction block of GEMM shape (see
 ``gemm_analysis``): plain, batched (3-D/4-D) or transposed-operand matmul, with injective
 producers (``permute_dims`` of the weight) and consumers (bias add, relu/gelu/silu,
-residual add). Anything else -- a second reduction, symbolic extents, a reduction that is
-not a multiply-accumulate -- gets ``None`` so that the next rule handles it.
+residual add). Extents may be symbolic (``gemm_plan``: padded at run time to whole tiles).
+Anything else -- a second reduction, a reduction that is not a multiply-accumulate -- gets
+``None`` so that the next rule handles it.
 
 The schedule, after ``normalize_gemm`` has rewritten the block to
 ``C[S, M, N] += A[S, M, K] * B[S, N, K]`` (``reindex``; for a conv2d this is im2col):
@@ -265,8 +266,11 @@ class Gemm(CPUScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = s_tir.Schedule(func)
-        main = find_reduction_block(sch)
+        try:
+            sch = s_tir.Schedule(func)
+            main = find_reduction_block(sch)
+        except Exception:  # noqa: BLE001 - not a TensorIR function TensorIR can schedule
+            return None
         if main is None:
             return None
         traits = detect_gemm(sch.get(main))

@@ -202,3 +202,34 @@ def test_head_split_transpose_with_symbolic_length(target):
     for rows in SIZES:
         x = rng.standard_normal((rows, 4, 64), dtype=np.float32)
         kernel.check({"x": x}, x.transpose(1, 0, 2) * np.float32(0.125))
+
+
+def _conv3x3_relu(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Stride-1, pad-1 NCHW convolution followed by relu, written as a sum of shifted products."""
+    n, _, h, wd = x.shape
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((n, w.shape[0], h, wd), np.float32)
+    for r in range(3):
+        for q in range(3):
+            out += np.einsum("nchw,fc->nfhw", padded[:, :, r : r + h, q : q + wd], w[:, :, r, q])
+    return np.maximum(out, 0)
+
+
+@pytest.mark.parametrize("symbolic", ["batch", "spatial"])
+def test_conv2d_with_symbolic_batch_or_spatial_dims(target, symbolic):
+    """A 3x3 conv + relu with a symbolic batch (the GEMM's S axis) or a symbolic image size
+    (the im2col positions: N, padded to whole vectors)."""
+    batch = tirx.Var("batch", "int64") if symbolic == "batch" else 2
+    h, w_ = (tirx.Var("h", "int64"), tirx.Var("w", "int64")) if symbolic == "spatial" else (9, 11)
+
+    def build(bb, x, w):
+        return relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, w, padding=1)))
+
+    kernel = Kernel(only_primfunc(build, {"x": (batch, 5, h, w_), "w": (8, 5, 3, 3)}), target)
+    assert kernel.rule == "Conv2d"
+    rng = np.random.default_rng(8)
+    weight = rng.standard_normal((8, 5, 3, 3), dtype=np.float32)
+    shapes = [(1, 9, 11), (3, 9, 11)] if symbolic == "batch" else [(2, 1, 1), (2, 7, 33), (2, 10, 3)]
+    for n, rows, cols in shapes:
+        x = rng.standard_normal((n, 5, rows, cols), dtype=np.float32)
+        kernel.check({"x": x, "w": weight}, _conv3x3_relu(x, weight))
