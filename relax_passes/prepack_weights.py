@@ -182,11 +182,14 @@ def _split(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> tuple[tvm.IRModule, list[
     func = out[new]
     packed = []
     for i, (old_p, new_p) in enumerate(zip(original.params, func.params)):
+        # activations may have symbolic dims (``seq``, a fresh Var in the split function):
+        # only a packed weight changes shape, and a weight is a constant: its dims are numbers
+        if [str(d) for d in old_p.ty.shape] == [str(d) for d in new_p.ty.shape]:
+            continue
         before = tuple(int(d) for d in old_p.ty.shape)
         after = tuple(int(d) for d in new_p.ty.shape)
-        if before != after:
-            packed.append(Prepacked(new, i, before, after))
-            func = _with_layout(func, i, after)
+        packed.append(Prepacked(new, i, before, after))
+        func = _with_layout(func, i, after)
     out[new] = func
     return out, packed
 

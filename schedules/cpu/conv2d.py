@@ -1,6 +1,6 @@
 """CPU conv2d schedule rule: implicit GEMM (im2col packed in-kernel) on the GEMM kernel.
 
-Accepts a static-shape PrimFunc whose single reduction block is a convolution as TOPI
+Accepts a PrimFunc (batch and image size may be symbolic) whose single reduction block is a convolution as TOPI
 writes it (``out[n, f, y, x] += pad[n, c, y*s + r, x*s + q] * w[f, c, r, q]``; NCHW/OIHW,
 any stride and padding, dilation 1, depthwise and grouped), with injective producers (the
 padding block) and consumers (bias ``[1, C, 1, 1]``, relu, residual add). A grouped
@@ -81,13 +81,13 @@ class Conv2d(CPUScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = s_tir.Schedule(func)
-        main = find_reduction_block(sch)
-        if main is None or not looks_like_convolution(sch.get(main)):
-            return None
         try:
+            sch = s_tir.Schedule(func)
+            main = find_reduction_block(sch)
+            if main is None or not looks_like_convolution(sch.get(main)):
+                return None
             split_groups(sch, main)
-        except (RuntimeError, ValueError):  # ScheduleError: the block layout cannot change
+        except Exception:  # noqa: BLE001 - ScheduleError: the block layout cannot change
             return None
         main = find_reduction_block(sch)
         if main is None:
@@ -108,6 +108,6 @@ class Conv2d(CPUScheduleRule):
             role = channels
         try:
             schedule_gemm(sch, main, traits, role, target)
-        except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
+        except Exception:  # noqa: BLE001  # ScheduleError / InternalError: not our shape
             return None
         return sch

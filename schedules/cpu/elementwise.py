@@ -9,7 +9,8 @@ the schedule half-rewritten; a block storing an immediate is never inlined acros
 ``schedules.constants``).  Each remaining block gets its loops fused into one, split
 into a parallel outer loop and a vectorized inner loop of one SIMD register.  The inner loop never crosses
 a row of the output unless the row length is a multiple of the vector, so the vector
-indices stay affine.  Rejected (None): any reduction block, a non-LLVM target, or a
+indices stay affine.  With symbolic extents the loops are not fused into one: the static
+innermost loop is vectorized and the outer loops fused into the parallel loop.  Rejected (None): any reduction block, a non-LLVM target, or a
 function TensorIR cannot normalize.
 """
 
@@ -20,6 +21,7 @@ from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
+from tvm.sym.analyzer import Analyzer
 from tvm.target.codegen import llvm_get_vector_width
 
 from ..constants import inlines_a_constant
@@ -80,15 +82,31 @@ def largest_pow2_divisor(extent: int, limit: int) -> int:
     return lanes
 
 
+def provable_pow2_divisor(extent: tirx.Expr, limit: int) -> int:
+    """The largest power of two at most ``limit`` that provably divides a symbolic extent
+    (``seq * 256`` by 16: yes; ``seq``: only 1)."""
+    analyzer = Analyzer()
+    lanes = 1
+    while lanes * 2 <= limit and analyzer.can_prove(tirx.floormod(extent, lanes * 2) == 0):
+        lanes *= 2
+    return lanes
+
+
 def vectorize_innermost(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> LoopRV | None:
     """Vectorize ``loop`` (split to ``lanes`` first when longer); return the vector loop.
 
-    Splits only by a factor dividing the extent so no tail predicate blocks vectorization.
+    Splits only by a factor dividing the extent so no tail predicate blocks vectorization;
+    a symbolic extent is split only by a factor proven to divide it.
     """
     extent = loop_extent(sch, loop)
-    if extent is None or extent < MIN_VECTOR_EXTENT:
+    if extent is None:
+        factor = provable_pow2_divisor(sch.get(loop).extent, lanes)
+        if factor < MIN_VECTOR_EXTENT:
+            return None
+        vec = sch.split(loop, factors=[None, factor])[1]
+    elif extent < MIN_VECTOR_EXTENT:
         return None
-    if extent <= lanes:
+    elif extent <= lanes:
         vec = loop
     else:
         factor = largest_pow2_divisor(extent, lanes)
@@ -109,14 +127,18 @@ def schedule_injective_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -
         return
     extents = [loop_extent(sch, loop) for loop in loops]
     work = None if None in extents else math.prod(extents)
-    if len(loops) > 1 and extents[-1] is not None and extents[-1] % lanes == 0:
+    if len(loops) > 1 and work is not None and extents[-1] % lanes == 0:
         # Rows are whole vectors, so vectors of the fused loop never straddle two rows.
+        # Not with symbolic extents: the fused index would be split again by div/mod by
+        # symbolic values (``seq * 64``) that the simplifier cannot fold back.
         loops = [sch.fuse(*loops)]
     vec = None
     if not calls_scalar_math(sch.get(block)):
         vec = vectorize_innermost(sch, loops[-1], lanes)
     outer = sch.get_loops(block)
-    if vec is not None:
+    if vec is not None or (len(outer) > 1 and extents[-1] is None):
+        # a symbolic innermost loop stays serial and contiguous (LLVM may vectorize it):
+        # fused into the parallel loop it would cost a div/mod by ``seq`` per element
         outer = outer[:-1]
     if not outer or (work is not None and work < MIN_PARALLEL_WORK):
         return
@@ -159,14 +181,17 @@ class Elementwise(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None or not infos or not all(info.is_injective() for info in infos):
+        try:
+            sch = s_tir.Schedule(func)
+            infos = normalize_prim_func(sch)
+            if infos is None or not infos or not all(info.is_injective() for info in infos):
+                return None
+            # A reduction whose reduce loops all have extent 1 looks injective to dlight, but
+            # inlining a block with an init aborts the process inside TVM: not ours to schedule.
+            if any(bool(info.is_reduction()) for info in infos):
+                return None
+            for info in inline_blocks(sch, infos):
+                schedule_injective_block(sch, info.block_rv, vector_lanes(target, sch, info.block_rv))
+        except Exception:  # noqa: BLE001 - ScheduleError / InternalError: leave it to the fallback
             return None
-        # A reduction whose reduce loops all have extent 1 looks injective to dlight, but
-        # inlining a block with an init aborts the process inside TVM: not ours to schedule.
-        if any(bool(info.is_reduction()) for info in infos):
-            return None
-        for info in inline_blocks(sch, infos):
-            schedule_injective_block(sch, info.block_rv, vector_lanes(target, sch, info.block_rv))
         return sch

@@ -1,10 +1,11 @@
 """CPU GEMM schedule rule: a packed, register-blocked BLIS kernel with the epilogue fused.
 
-Accepts a static-shape PrimFunc with exactly one reduction block of GEMM shape (see
+Accepts a PrimFunc with exactly one reduction block of GEMM shape (see
 ``gemm_analysis``): plain, batched (3-D/4-D) or transposed-operand matmul, with injective
 producers (``permute_dims`` of the weight) and consumers (bias add, relu/gelu/silu,
-residual add). Anything else -- a second reduction, symbolic extents, a reduction that is
-not a multiply-accumulate -- gets ``None`` so that the next rule handles it.
+residual add). Extents may be symbolic (``gemm_plan``: padded at run time to whole tiles).
+Anything else -- a second reduction, a reduction that is not a multiply-accumulate -- gets
+``None`` so that the next rule handles it.
 
 The schedule, after ``normalize_gemm`` has rewritten the block to
 ``C[S, M, N] += A[S, M, K] * B[S, N, K]`` (``reindex``; for a conv2d this is im2col):
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.sym.analyzer import Analyzer
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
@@ -38,10 +40,10 @@ from .gemm_blocks import (
     inline_producers,
     is_plain_load,
     last_index_is_iter,
-    loop_extent,
     mark_prepack,
     num_cores,
     schedule_injective,
+    splits_into_vectors,
     vector_lanes,
 )
 from .gemm_plan import GemmPlan, plan_gemm
@@ -51,12 +53,17 @@ def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole) -> I
     """The axis (I or J) to vectorise: the one whose tiles pad the problem least.
 
     N pads to a multiple of 16..64 and M only to one of ~6, so a 7-wide N wastes half the
-    vector lanes while the same axis as M wastes nothing; ``preferred`` wins ties.
+    vector lanes while the same axis as M wastes nothing; ``preferred`` wins ties.  A
+    symbolic axis is N only when both are (it is then padded to whole vectors).
     """
-    batch, k = traits.extent(IterRole.S), traits.extent(IterRole.K)
-    i_ext, j_ext = traits.extent(IterRole.I), traits.extent(IterRole.J)
     if IterRole.I not in traits.block or IterRole.J not in traits.block:
         return IterRole.I if IterRole.I in traits.block else IterRole.J
+    static = [r for r in (IterRole.I, IterRole.J) if traits.is_static(r)]
+    if len(static) < 2:
+        return static[0] if static else preferred
+    batch = traits.extent(IterRole.S) if traits.is_static(IterRole.S) else 1
+    k = traits.extent(IterRole.K)
+    i_ext, j_ext = traits.extent(IterRole.I), traits.extent(IterRole.J)
 
     def padded_work(m: int, n: int) -> int:
         plan = plan_gemm(batch, m, n, k, lanes, cores=1)
@@ -87,7 +94,7 @@ def _operand_producers(
 def _schedule_pack(sch: s_tir.Schedule, block: SBlockRV, plan: GemmPlan) -> None:
     s, n, k = sch.get_loops(block)
     n_outer, n_inner = sch.split(n, [None, plan.nr])
-    if last_index_is_iter(sch, block, 2) and loop_extent(sch, k) % plan.lanes == 0:
+    if last_index_is_iter(sch, block, 2) and splits_into_vectors(sch, k, plan.lanes):
         # a transposing pack (B stored [N, K], e.g. a Linear weight): read K-contiguous
         # vectors and write them out strided, in lanes x nr blocks that stay in L1
         k_outer, k_inner = sch.split(k, [None, plan.lanes])
@@ -103,7 +110,7 @@ def _schedule_im2col(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
     """The im2col copy (loops already ``S, K, rows``): parallel over K, row loop innermost."""
     loops = sch.get_loops(block)
     inner = loops[-1]
-    if loop_extent(sch, inner) % lanes == 0:
+    if splits_into_vectors(sch, inner, lanes):
         sch.vectorize(sch.split(inner, [None, lanes])[1])
     sch.parallel(sch.fuse(*loops[: max(1, len(loops) - 2)]))
 
@@ -126,7 +133,7 @@ def schedule_gemm(
                 schedule_injective(sch, producer, lanes)
         else:
             inline_producers(sch, copy)
-    batch, m, n, k = (int(iv.dom.extent) for iv in sch.get(main).iter_vars)
+    batch, m, n, k = (_static_or_none(iv.dom.extent) for iv in sch.get(main).iter_vars)
     plan = plan_gemm(
         batch,
         m,
@@ -138,9 +145,13 @@ def schedule_gemm(
         b_contiguous_in_n=norm.b_im2col or last_index_is_iter(sch, b_copy, 1),
         b_im2col=norm.b_im2col,
     )
-    padded = (plan.m_padded, plan.n_padded, plan.k_padded)
-    if padded != (m, n, k):
-        sch.pad_einsum(main, [1, *padded])
+    extents = [iv.dom.extent for iv in sch.get(main).iter_vars[1:]]
+    factors = [
+        _pad_factor(extent, padded, tile)
+        for extent, padded, tile in zip(extents, (plan.m_padded, plan.n_padded, plan.k_padded), (plan.mr, plan.nr, 1))
+    ]
+    if any(f > 1 for f in factors):
+        sch.pad_einsum(main, [1, *factors])
         # normalize_gemm keeps the read order: A is the left operand unless N is its axis
         a_pad, b_pad = _operand_producers(sch, main, 0 if vector_role == IterRole.J else 1)
         if not a_pad.same_as(a_copy) and not norm.a_im2col:
@@ -173,24 +184,46 @@ def schedule_gemm(
 
     epilogue = inline_consumers(sch, main)
     s, m_loop, n_loop, k_loop = sch.get_loops(main)
-    mo, mi, mr = sch.split(m_loop, [None, plan.mc // plan.mr, plan.mr])
-    no, ni, nr = sch.split(n_loop, [None, plan.nc // plan.nr, plan.nr])
-    ko, ki = sch.split(k_loop, [None, plan.kc])
+    # a block of one tile (always for a symbolic extent) gets no inner block loop: its
+    # split would leave a predicate in the micro-kernel
+    mo, *mi, mr = _split(sch, m_loop, plan.mc, plan.mr)
+    no, *ni, nr = _split(sch, n_loop, plan.nc, plan.nr)
+    *ko, ki = sch.split(k_loop, [None, plan.kc]) if plan.kc is not None else [k_loop]
     nv, nl = sch.split(nr, [None, lanes])
     if plan.parallel_m:
-        sch.reorder(s, no, mo, ko, ni, mi, ki, mr, nv, nl)
+        sch.reorder(s, no, mo, *ko, *ni, *mi, ki, mr, nv, nl)
         chunk = sch.fuse(s, no, mo)
     else:
-        sch.reorder(s, no, ko, mo, ni, mi, ki, mr, nv, nl)
+        sch.reorder(s, no, *ko, mo, *ni, *mi, ki, mr, nv, nl)
         chunk = sch.fuse(s, no)
     sch.parallel(chunk)
     sch.unroll(mr)
     sch.unroll(nv)
     sch.vectorize(nl)
-    init = sch.decompose_reduction(main, ko)
+    init = sch.decompose_reduction(main, sch.get_loops(main)[1])  # ko, or the loop under the chunk
     sch.vectorize(sch.get_loops(init)[-1])
     _place_epilogue(sch, main, epilogue, chunk, lanes)
     return plan
+
+
+def _split(sch: s_tir.Schedule, loop: LoopRV, block: int, tile: int) -> list[LoopRV]:
+    """``loop`` split into (outer, inner blocks, tile), the middle loop only when a block
+    holds more than one tile."""
+    if block == tile:
+        return list(sch.split(loop, [None, tile]))
+    return list(sch.split(loop, [None, block // tile, tile]))
+
+
+def _pad_factor(extent: tirx.Expr, padded: int | None, tile: int) -> int:
+    """The ``pad_einsum`` factor of one axis: its planned size when static, else its tile
+    unless the symbolic extent is proven a multiple of it (1: no padding)."""
+    if padded is not None:
+        return padded if padded != int(extent.value) else 1
+    return 1 if Analyzer().can_prove(tirx.floormod(extent, tile) == 0) else tile
+
+
+def _static_or_none(extent: tirx.Expr) -> int | None:
+    return int(extent.value) if isinstance(extent, tirx.IntImm) else None
 
 
 def reads_plainly(block: s_tir.SBlock, buffer: tirx.Buffer) -> bool:
@@ -218,7 +251,7 @@ def _place_epilogue(
         try:
             sch.reverse_compute_at(epilogue[0], chunk)
             inner = sch.get_loops(epilogue[0])[-1]
-            if loop_extent(sch, inner) % lanes == 0:
+            if splits_into_vectors(sch, inner, lanes):
                 sch.vectorize(sch.split(inner, [None, lanes])[1])
             return
         except s_tir.ScheduleError:
@@ -233,8 +266,11 @@ class Gemm(CPUScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = s_tir.Schedule(func)
-        main = find_reduction_block(sch)
+        try:
+            sch = s_tir.Schedule(func)
+            main = find_reduction_block(sch)
+        except Exception:  # noqa: BLE001 - not a TensorIR function TensorIR can schedule
+            return None
         if main is None:
             return None
         traits = detect_gemm(sch.get(main))
@@ -247,7 +283,7 @@ class Gemm(CPUScheduleRule):
         vector_role = choose_vector_role(traits, vector_lanes(target), innermost)
         try:
             schedule_gemm(sch, main, traits, vector_role, target)
-        except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
+        except Exception:  # noqa: BLE001 - ScheduleError / InternalError: not our shape
             return None
         return sch
 

@@ -48,15 +48,19 @@ class GemmTraits:
     rhs: tuple[IterRole, ...]  # reads[1]'s iters
     out: tuple[IterRole, ...]  # the written buffer's iters
     block: tuple[IterRole, ...]
-    extents: tuple[int, ...]  # extents of the block iters
+    extents: tuple[int | tirx.Expr, ...]  # extents of the block iters (symbolic: PrimExpr)
 
-    def extent(self, role: IterRole) -> int:
+    def extent(self, role: IterRole) -> int | tirx.Expr:
         """Product of the extents of the iters with this role (1 when there is none)."""
         result = 1
         for r, e in zip(self.block, self.extents):
             if r == role:
-                result *= e
+                result = result * e
         return result
+
+    def is_static(self, role: IterRole) -> bool:
+        """Whether every iter of this role has a constant extent."""
+        return all(isinstance(e, int) for r, e in zip(self.block, self.extents) if r == role)
 
 
 def _strip_cast(expr: tirx.Expr) -> tirx.Expr:
@@ -131,7 +135,10 @@ def _region_vars(region, analyzer: Analyzer) -> set[tirx.Var] | None:
 
 
 def detect_gemm(block: s_tir.SBlock) -> GemmTraits | None:
-    """The GEMM roles of ``block``'s iters, or None when it is not a static-shape GEMM."""
+    """The GEMM roles of ``block``'s iters, or None when it is not a GEMM.
+
+    Extents may be symbolic (``batch * seq`` rows); the rule decides which roles may be.
+    """
     if len(block.reads) != 2 or len(block.writes) != 1 or not is_multiply_accumulate(block):
         return None
     analyzer = Analyzer()
@@ -146,13 +153,12 @@ def detect_gemm(block: s_tir.SBlock) -> GemmTraits | None:
     extents: list[int] = []
     for iv in block.iter_vars:
         var, extent = iv.var, iv.dom.extent
-        if not isinstance(extent, tirx.IntImm) or not isinstance(iv.dom.min, tirx.IntImm):
-            return None  # symbolic shapes are not handled
-        if iv.dom.min.value != 0:
+        if not isinstance(iv.dom.min, tirx.IntImm) or iv.dom.min.value != 0:
             return None
-        extents.append(extent.value)
+        static = isinstance(extent, tirx.IntImm)
+        extents.append(extent.value if static else extent)
         in_l, in_r, in_o = var in lhs_vars, var in rhs_vars, var in out_vars
-        if extent.value == 1:
+        if static and extent.value == 1:
             role = IterRole.T
         elif iv.iter_type == tirx.IterVar.DataPar and in_o:
             if in_l and in_r:
@@ -183,7 +189,7 @@ def detect_gemm(block: s_tir.SBlock) -> GemmTraits | None:
 
 
 def _fusion_map(
-    roles: tuple[IterRole, ...], extents: list[int], order: list[IterRole]
+    roles: tuple[IterRole, ...], extents: list[int | tirx.Expr], order: list[IterRole]
 ) -> tirx.IndexMap:
     """Index map fusing the iters of each role (row-major) into one axis per role in ``order``."""
     fused: dict[IterRole, tirx.Expr] = {}
@@ -193,7 +199,8 @@ def _fusion_map(
         inputs.append(var)
         if role == IterRole.T:
             continue
-        fused[role] = fused[role] * tirx.IntImm("int64", extent) + var if role in fused else var
+        size = tirx.IntImm("int64", extent) if isinstance(extent, int) else tirx.Cast("int64", extent)
+        fused[role] = fused[role] * size + var if role in fused else var
     return tirx.IndexMap(inputs, [fused.get(r, tirx.IntImm("int64", 0)) for r in order], None)
 
 
@@ -237,7 +244,7 @@ def normalize_gemm(
     stmt = sch.get(block)
     info = list(zip(stmt.iter_vars, traits.block, traits.extents))
 
-    def dims(region) -> tuple[tuple[IterRole, ...], list[int]]:
+    def dims(region) -> tuple[tuple[IterRole, ...], list[int | tirx.Expr]]:
         found = [next((r, e) for iv, r, e in info if iv.var.same_as(rng.min)) for rng in region]
         return tuple(r for r, _ in found), [e for _, e in found]
 

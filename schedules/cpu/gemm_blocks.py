@@ -15,6 +15,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target, codegen
 
 from ..constants import inlines_a_constant
+from .fallback import loop_extent
 
 # TVM's names (relax.transform.SplitLayoutRewritePreproc reads the annotation); this
 # package imports only TVM, so they are spelled here as in aicf_tvm.emit
@@ -101,8 +102,11 @@ def last_index_is_iter(sch: s_tir.Schedule, block: SBlockRV, iter_index: int) ->
     return stmt.body.value.indices[-1].same_as(stmt.iter_vars[iter_index].var)
 
 
-def loop_extent(sch: s_tir.Schedule, loop: LoopRV) -> int:
-    return int(sch.get(loop).extent)
+def splits_into_vectors(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> bool:
+    """Whether the loop's extent is a constant multiple of ``lanes`` (a symbolic one never is:
+    its tail would need a predicate on the vector axis)."""
+    extent = loop_extent(sch, loop)
+    return extent is not None and extent % lanes == 0
 
 
 def schedule_injective(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
@@ -111,7 +115,7 @@ def schedule_injective(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None
     if not loops:
         return
     inner = loops[-1]
-    if len(loops) > 1 and loop_extent(sch, inner) % lanes == 0:
+    if len(loops) > 1 and splits_into_vectors(sch, inner, lanes):
         _, vec = sch.split(inner, [None, lanes])
         sch.vectorize(vec)
         outer = loops[:-1]

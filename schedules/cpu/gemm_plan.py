@@ -16,6 +16,18 @@ with B packed as ``[S, N/nr, K, nr]``:
 The numbers were measured on the 2-core AVX-512 host (1024^3 single-threaded: mr=4..6,
 nr=64, kc=256 ran at 88-97% of OpenBLAS; kc=128 or nr=32 lost 10-20%). mr prefers a divisor
 of M in [max/2, max]: padding M costs a copy of A (for a conv, a second im2col pass).
+
+Symbolic extents (``batch * seq`` rows, an attention's key length) are padded at run time
+to whole tiles and blocked by exactly one tile, so every loop is ``ceil(extent / tile)``
+strips and no block predicate reaches the micro-kernel (a predicate there keeps LLVM from
+holding the C tile in registers and the vector loop from being one vector op):
+
+* M: ``mr`` is the widest register tile (no divisor to prefer), padded to a multiple of
+  ``mr``, ``mc == mr``;
+* N: ``nr`` is two vectors (a key length pads by at most 31 columns), ``nc == nr``,
+  and the M strips run in parallel;
+* K: not blocked and not padded (``kc`` is all of K: the K loop is the reduction itself,
+  and an attention's K is at most a few hundred).
 """
 
 from __future__ import annotations
@@ -25,19 +37,26 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class GemmPlan:
-    """Tiling of one GEMM; all padded extents are multiples of their tiles."""
+    """Tiling of one GEMM; all padded extents are multiples of their tiles.
+
+    A symbolic extent has no padded size (None); a symbolic K is not blocked (``kc`` None).
+    """
 
     mr: int
     nr: int
     lanes: int
-    m_padded: int
-    n_padded: int
-    k_padded: int
+    m_padded: int | None
+    n_padded: int | None
+    k_padded: int | None
     mc: int
     nc: int
-    kc: int
+    kc: int | None
     parallel_m: bool
     pack_b: bool
+
+
+# Rows assumed when choosing mr for a symbolic M: enough for the widest register tile.
+SYMBOLIC_ROWS = 64
 
 
 def _ceil_to(value: int, factor: int) -> int:
@@ -88,32 +107,41 @@ def _choose_kc(k: int) -> tuple[int, int]:
 
 
 def plan_gemm(
-    batch: int,
-    m: int,
-    n: int,
-    k: int,
+    batch: int | None,
+    m: int | None,
+    n: int | None,
+    k: int | None,
     lanes: int,
     cores: int,
     registers: int = 32,
     b_contiguous_in_n: bool = False,
     b_im2col: bool = False,
 ) -> GemmPlan:
-    """Tile sizes for ``C[batch, m, n] += A[batch, m, k] * B[batch, n, k]``.
+    """Tile sizes for ``C[batch, m, n] += A[batch, m, k] * B[batch, n, k]``; None is symbolic.
 
     ``b_contiguous_in_n`` says B's source is stored with N innermost: then a small-M GEMM
     reads it in place instead of packing (packing costs as much as the math when M is tiny).
+    A symbolic extent has no padded size here (the kernel pads it at run time).
     """
-    nr = _choose_nr(n, lanes, registers)
-    mr = _choose_mr(m, nr, lanes, registers)
-    m_padded, n_padded = _ceil_to(m, mr), _ceil_to(n, nr)
-    k_padded, kc = _choose_kc(k)
-    mc = _largest_divisor_multiple(m_padded, mr, max(96, mr))
-    nc = _largest_divisor_multiple(n_padded, nr, 512)
-    if batch * (n_padded // nc) < cores:
-        nc = _largest_divisor_multiple(n_padded, nr, max(nr, n_padded // cores))
-    parallel_m = batch * (n_padded // nc) < cores and m_padded // mc > 1
-    # an im2col B is already stored [S, K, N]: packing it again would copy it twice
-    pack_b = not b_im2col and not (b_contiguous_in_n and m <= 2 * mr)
+    nr = 2 * lanes if n is None else _choose_nr(n, lanes, registers)
+    mr = _choose_mr(SYMBOLIC_ROWS if m is None else m, nr, lanes, registers)
+    m_padded = None if m is None else _ceil_to(m, mr)
+    n_padded = None if n is None else _ceil_to(n, nr)
+    k_padded, kc = (None, None) if k is None else _choose_kc(k)
+    mc = mr if m_padded is None else _largest_divisor_multiple(m_padded, mr, max(96, mr))
+    if n_padded is None:
+        nc, parallel_m = nr, True
+    else:
+        nc = _largest_divisor_multiple(n_padded, nr, 512)
+        chunks = (batch or 1) * (n_padded // nc)
+        if chunks < cores:
+            nc = _largest_divisor_multiple(n_padded, nr, max(nr, n_padded // cores))
+        chunks = (batch or 1) * (n_padded // nc)
+        parallel_m = chunks < cores and (m_padded is None or m_padded // mc > 1)
+    # an im2col B is already stored [S, K, N]: packing it again would copy it twice; a
+    # B of exactly one N panel read in place is already in the packed layout
+    small_m = m is not None and m <= 2 * mr
+    pack_b = not b_im2col and not (b_contiguous_in_n and (small_m or n_padded == nr))
     return GemmPlan(
         mr=mr,
         nr=nr,

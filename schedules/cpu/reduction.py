@@ -228,14 +228,18 @@ class Reduction(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        probe = s_tir.Schedule(func)
-        infos = normalize_prim_func(probe)
-        if not infos or all(info.is_injective() for info in infos):
+        try:
+            probe = s_tir.Schedule(func)
+            infos = normalize_prim_func(probe)
+            if not infos or all(info.is_injective() for info in infos):
+                return None
+            candidates = self._row_candidates(probe)
+        except Exception:  # noqa: BLE001 - TensorIR refused the function: not ours
             return None
-        for rows in self._row_candidates(probe):
+        for rows in candidates:
             try:
                 sch = self._schedule(func, target, rows)
-            except s_tir.ScheduleError:
+            except Exception:  # noqa: BLE001 - ScheduleError / InternalError: try fewer rows
                 continue
             if sch is not None:
                 return sch

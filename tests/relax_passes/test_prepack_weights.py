@@ -141,3 +141,20 @@ def test_one_refused_kernel_leaves_the_others_prepacked():
     xn = rng.standard_normal((64, 48)).astype("float32")
     got = vm["main"](tvm.runtime.tensor(xn)).numpy()
     np.testing.assert_allclose(got, np.maximum(xn @ w, 0) + v, rtol=1e-5, atol=1e-5)
+
+
+def test_weight_of_a_gemm_with_symbolic_rows_is_prepacked():
+    """``x[seq, 96] @ W + b``: the activation's ``seq`` is a fresh Var in the split kernel;
+    only the constant W changes shape, so it is packed once and every length still matches."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((96, 80)).astype("float32")
+    b = rng.standard_normal(80).astype("float32")
+    seq = tvm.tirx.Var("seq", "int64")
+    x = relax.Var("x", relax.TensorType((seq, 96), "float32"))
+    mod = _main([x], lambda _, x: relax.op.add(relax.op.matmul(x, relax.const(w)), relax.const(b)))
+    compiled = aicf_tvm.compile(mod, target=TARGET)
+    (gemm,) = compiled.kernels
+    assert gemm.schedule == "Gemm" and _is_prepacked(compiled, gemm)
+    for rows in (1, 7, 33, 100):
+        xs = rng.standard_normal((rows, 96)).astype("float32")
+        np.testing.assert_allclose(compiled(xs), xs @ w + b, rtol=1e-4, atol=1e-3)

@@ -169,12 +169,6 @@ def test_returns_none_without_a_multiply_accumulate(target):
     assert Gemm().apply(func, target, False) is None
 
 
-def test_returns_none_for_symbolic_shapes(target):
-    n = tvm.tirx.Var("n", "int64")
-    shapes = {"x": (n, 16), "w": (16, 32)}
-    func = fused_primfunc(lambda bb, x, w: relax.op.matmul(x, w), shapes)
-    assert Gemm().apply(func, target, False) is None
-
 
 def test_returns_none_for_a_gpu_target():
     shapes = {"x": (8, 16), "w": (16, 32)}
@@ -205,3 +199,13 @@ def test_plan_tiles_divide_the_padded_problem(m, n, k):
     assert plan.k_padded % plan.kc == 0 and plan.nr % plan.lanes == 0
     # accumulators + B vectors + a broadcast fit the 32 AVX-512 registers
     assert plan.mr * plan.nr // plan.lanes + plan.nr // plan.lanes + 1 <= 32
+
+
+def test_plan_blocks_symbolic_extents_by_exactly_one_tile():
+    """A symbolic M or N gets no padded size and one tile per block (no predicate in the
+    micro-kernel); a symbolic K is not blocked."""
+    plan = plan_gemm(None, None, None, None, lanes=16, cores=2)
+    assert (plan.m_padded, plan.n_padded, plan.k_padded, plan.kc) == (None, None, None, None)
+    assert plan.mc == plan.mr and plan.nc == plan.nr == 32 and plan.parallel_m
+    static_n = plan_gemm(None, None, 1024, 256, lanes=16, cores=2)
+    assert static_n.mc == static_n.mr and static_n.n_padded == 1024 and static_n.kc == 256
