@@ -89,18 +89,31 @@ def _last_index_var(region) -> tirx.Var | None:
     return index if isinstance(index, tirx.Var) else None
 
 
+def _is_scaled_load(value: tirx.Expr) -> bool:
+    """A load, or a load times/over/plus/minus an immediate (the scaled kᵀ of attention)."""
+    if isinstance(value, (tirx.Mul, tirx.Div, tirx.Add, tirx.Sub)):
+        imm = (tirx.IntImm, tirx.FloatImm)
+        return (_is_load(value.a) and isinstance(value.b, imm)) or (_is_load(value.b) and isinstance(value.a, imm))
+    return _is_load(value)
+
+
 def feeds_a_vector_reduction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
-    """Whether ``block`` is a copy that moves its source's last axis (a transpose, e.g. the
-    kᵀ of attention) into a buffer whose single consumer, a reduction, reads it with a
-    spatial iter on the last axis.  Materialized, that operand gives the reduction a
-    contiguous axis to vectorize; inlined, the reduction would read the source with its
-    reduction iter innermost (a serial dot product per output)."""
+    """Whether ``block`` is a copy (possibly scaled by an immediate) that moves its
+    source's last axis (a transpose, e.g. the kᵀ of attention) into a buffer whose single
+    consumer, a reduction, reads it with a spatial iter on the last axis.  Materialized,
+    that operand gives the reduction a contiguous axis to vectorize; inlined, the
+    reduction would read the source with its reduction iter innermost (a serial dot
+    product per output)."""
     stmt = sch.get(block)
     consumers = sch.get_consumers(block)
-    if not is_cheap_copy(stmt) or len(consumers) != 1 or len(stmt.reads) != 1:
+    body = stmt.body
+    if not isinstance(body, tirx.BufferStore) or not _is_scaled_load(body.value):
         return False
-    written, read = _last_index_var(stmt.writes[0]), _last_index_var(stmt.reads[0])
-    if written is None or read is None or written.same_as(read):
+    if len(consumers) != 1 or len(stmt.reads) != 1 or not stmt.reads[0].region:
+        return False
+    written = _last_index_var(stmt.writes[0])
+    read = tirx.analysis.undefined_vars(stmt.reads[0].region[-1].min)
+    if written is None or any(written.same_as(v) for v in read):
         return False
     consumer = sch.get(consumers[0])
     spatial = {iv.var for iv in consumer.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
