@@ -334,9 +334,13 @@ def _config(m: Match) -> dict:
         out["activation"] = m.roles["act"].op.name.rsplit(".", 1)[-1]
     elif m.has("post_act"):
         out["activation"] = "relu"
-    for flag in ("bias", "residual", "mask", "scale", "gamma", "beta", "transpose_b", "transpose_k"):
+    for flag in ("bias", "residual", "mask", "scale", "gamma", "beta", "transpose_b"):
         if flag in m.roles or f"{flag}_add" in m.roles:
             out[f"has_{flag}"] = True
+    if m.has("scale_q") or m.has("scale_k"):  # attention's √scale on q and/or kᵀ
+        out["has_scale"] = True
+    if m.has("safe"):
+        out["safe_softmax"] = True
     if m.has("post_act"):
         out["post_activation"] = "relu"
     if m.has("norm"):
