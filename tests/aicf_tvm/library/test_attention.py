@@ -175,3 +175,50 @@ def test_guard_over_another_axis_is_not_taken_as_the_row_guard():
     got = compiled(*args)
     got = got.numpy() if hasattr(got, "numpy") else got
     np.testing.assert_allclose(got, run_vm(mod, *args)[0], rtol=1e-5, atol=1e-6)
+
+
+def _hf_models():
+    transformers = pytest.importorskip("transformers")
+    return {
+        "bert": lambda: transformers.BertModel(transformers.BertConfig(
+            num_hidden_layers=1, hidden_size=128, num_attention_heads=4, intermediate_size=256)),
+        "gpt2": lambda: transformers.GPT2Model(transformers.GPT2Config(n_layer=1, n_embd=128, n_head=4)),
+        "llama_gqa": lambda: transformers.LlamaModel(transformers.LlamaConfig(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=8,
+            num_key_value_heads=2, vocab_size=1000)),
+    }
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama_gqa"])
+def test_transformers_attention_is_one_kernel_and_matches_torch(name):
+    """A real HF layer through torch.export: one attention kernel, no head split/merge
+    kernels (LLaMA's rotary embedding still reads q/k split into heads), and the outputs
+    of PyTorch for a full, a padding and an all-zero attention mask."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = _hf_models()[name]().eval()
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids, mask):
+            return self.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+
+    wrapped = LastHidden().eval()
+    seq = 16
+    ids = torch.randint(0, 1000, (1, seq))
+    masks = [torch.ones(1, seq, dtype=torch.int64), torch.tensor([[1] * 11 + [0] * 5]),
+             torch.zeros(1, seq, dtype=torch.int64)]
+    with torch.no_grad():
+        compiled = aicf_tvm.compile(aicf_tvm.from_torch(wrapped, (ids, masks[0])), target=TARGET)
+        kinds = [k.kind for k in compiled.kernels]
+        assert kinds.count("fused_attention") == 1
+        if name != "llama_gqa":
+            assert "permute_dims" not in kinds
+        for mask in masks:
+            want = wrapped(ids, mask).numpy()
+            got = compiled(ids.numpy(), mask.numpy())
+            got = got.numpy() if hasattr(got, "numpy") else got
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
