@@ -202,6 +202,11 @@ def is_contiguous_spatial(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) ->
     return len(bound) == 1 and indexes_last_axis(realize.block, bound[0])
 
 
+# Vector accumulators a reduction block keeps in flight (e.g. 4 x 16 lanes of q·kᵀ per row):
+# one alone waits out the FMA latency on every step of the reduction.
+ACCUMULATORS = 4
+
+
 def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
     """Vectorize a reduction block's innermost spatial loop under its reduction loops."""
     loops = sch.get_loops(block)[1:]
@@ -214,16 +219,23 @@ def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -
         return
     last = spatial[-1]
     extent = loop_extent(sch, last)
+    chains: list[LoopRV] = []
     if extent > lanes:
         factor = largest_pow2_divisor(extent, lanes)
         if factor < MIN_VECTOR_EXTENT:
             return
         outer, last = sch.split(last, factors=[None, factor])
         spatial = [*spatial[:-1], outer, last]
-    sch.reorder(*spatial[:-1], *reduce, last)
+        count = largest_pow2_divisor(extent // factor, ACCUMULATORS)
+        if count > 1:  # independent vector accumulators hide the add latency
+            outer, inner = sch.split(outer, factors=[None, count])
+            spatial, chains = [*spatial[:-2], outer, last], [inner]
+    sch.reorder(*spatial[:-1], *reduce, *chains, last)
     # Vectorize before decomposing: the update block without init is no longer a
     # reduction block, and TensorIR would refuse to vectorize it.
     sch.vectorize(last)
+    for chain in chains:
+        sch.unroll(chain)
     init = sch.decompose_reduction(block, reduce[0])
     init_loop = sch.get_loops(init)[-1]
     if sch.get(init_loop).kind != tirx.ForKind.VECTORIZED:
