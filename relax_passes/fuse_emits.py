@@ -51,10 +51,28 @@ _CHAINABLE = {K.ELEMENTWISE, K.BROADCAST, K.INJECTIVE, K.VIEW}
 _ANCHORS = {K.REDUCTION, K.POOL, K.NORM, K.SOFTMAX, K.MATMUL, K.CONV}
 
 
+# Plain view bindings left in the block by EliminateEmits (a reshape of contiguous
+# storage): pure Relax ops a library match may take as members, so a pattern sees through
+# them (e.g. the head split of attention).
+STRUCTURAL_VIEWS = frozenset({"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.permute_dims",
+                              "relax.broadcast_to"})
+
+
+def is_structural_view(node: Any) -> bool:
+    """Whether ``node`` is a plain (non-Emit) view op binding of a tensor."""
+    v = node.value
+    return (node.emit is None and isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
+            and v.op.name in STRUCTURAL_VIEWS and isinstance(node.var.ty, relax.TensorType))
+
+
 def op_view(graph: EmitGraph) -> tuple[dict, dict]:
     """var -> op-level call (params replaced by the call's args); call id -> node."""
     var2val, call_node = {}, {}
     for node in graph.nodes:
+        if is_structural_view(node):
+            var2val[node.var] = node.value
+            call_node[node.value] = node.index
+            continue
         if node.body is None or node.is_opaque or not isinstance(node.var.ty, relax.TensorType):
             continue
         func = graph.mod[node.callee]
@@ -73,11 +91,14 @@ def op_view(graph: EmitGraph) -> tuple[dict, dict]:
     return var2val, call_node
 
 
-def _root_op(pattern: Any) -> Optional[str]:
-    if hasattr(pattern, "left"):  # an OrPattern: both sides share the root op here
-        return _root_op(pattern.left)
+def _root_ops(pattern: Any) -> Optional[frozenset]:
+    """The ops a match of ``pattern`` can be rooted at; None when any (a wildcard)."""
+    if hasattr(pattern, "left"):  # an OrPattern
+        left, right = _root_ops(pattern.left), _root_ops(pattern.right)
+        return None if left is None or right is None else left | right
     op = getattr(getattr(pattern, "op", None), "expr", None)
-    return getattr(op, "name", None)
+    name = getattr(op, "name", None)
+    return None if name is None else frozenset({name})
 
 
 def _bytes(var: Any) -> int:
@@ -110,7 +131,8 @@ class _Planner:
                 first_refusal = None
                 seen: set = set()
                 for pattern, roles in _variants(cand):
-                    if _root_op(pattern) not in (None, root.op.name):
+                    ops = _root_ops(pattern)
+                    if ops is not None and root.op.name not in ops:
                         continue
                     got = pattern.extract_matched_expr(root, var2val)
                     m = None if got is None else self._make_match(cand, node.index, roles, got, call_node)
@@ -130,7 +152,8 @@ class _Planner:
     def _make_match(self, cand: Candidate, root: int, roles: dict, got: dict, call_node: dict) -> Optional[Match]:
         members, matched, role_nodes = set(), {}, {}
         for pat, expr in got.items():
-            if not isinstance(pat, dpl.WildcardPattern) and expr in call_node:
+            # an OrPattern stands for the alternative it matched, which may be a wildcard
+            if not isinstance(pat, (dpl.WildcardPattern, dpl.OrPattern)) and expr in call_node:
                 members.add(call_node[expr])
         for role, pat in roles.items():
             expr = got.get(pat)
@@ -311,9 +334,13 @@ def _config(m: Match) -> dict:
         out["activation"] = m.roles["act"].op.name.rsplit(".", 1)[-1]
     elif m.has("post_act"):
         out["activation"] = "relu"
-    for flag in ("bias", "residual", "mask", "scale", "gamma", "beta", "transpose_b", "transpose_k"):
+    for flag in ("bias", "residual", "mask", "scale", "gamma", "beta", "transpose_b"):
         if flag in m.roles or f"{flag}_add" in m.roles:
             out[f"has_{flag}"] = True
+    if m.has("scale_q") or m.has("scale_k"):  # attention's √scale on q and/or kᵀ
+        out["has_scale"] = True
+    if m.has("safe"):
+        out["safe_softmax"] = True
     if m.has("post_act"):
         out["post_activation"] = "relu"
     if m.has("norm"):

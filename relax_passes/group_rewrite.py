@@ -40,6 +40,8 @@ def group_inputs(graph: EmitGraph, members: list[int]) -> list[Any]:
     out: list[Any] = []
     for i in members:
         for arg in graph.nodes[i].value.args:
+            if isinstance(arg, relax.ShapeExpr):  # a view op's target shape
+                continue
             if arg in inside or any(arg.same_as(o) for o in out):
                 continue
             out.append(arg)
@@ -103,6 +105,10 @@ def build_group_function(graph: EmitGraph, group: Group) -> tuple[relax.Function
             for i in group.members:
                 node = graph.nodes[i]
                 args = [_lookup(env, a) for a in node.value.args]
+                if node.callee is None:  # a plain Relax view op binding: re-emit it as is
+                    v = node.value
+                    env[node.var] = bb.emit(relax.Call(v.op, args, v.attrs, v.ty_args), name_hint=node.var.name)
+                    continue
                 env[node.var] = _inline(bb, graph.mod[node.callee], args, group.accumulation)
             results = [env[graph.nodes[i].var] for i in outputs]
             out = bb.emit_output(results[0] if len(results) == 1 else relax.Tuple(results))

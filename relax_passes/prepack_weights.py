@@ -202,6 +202,8 @@ def prepack_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[Prepacked], l
     names = sorted(gv.name_hint for gv, f in mod.functions_items()
                    if isinstance(f, tirx.PrimFunc) and f.attrs is not None and LAYOUT_FREE in f.attrs)
     for name in names:
+        if name not in {g.name_hint for g in mod.get_global_vars()}:
+            continue  # folded away (its inputs became constants) while an earlier kernel was split
         gv = mod.get_global_var(name)
         try:
             if not preproc_blocks(mod[gv]):

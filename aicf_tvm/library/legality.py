@@ -21,6 +21,8 @@ def effect_failures(graph: Any, members: list[int]) -> tuple[list[Failure], str]
     read, write = Effect("Read"), Effect("Write")
     for i in members:
         node = graph.nodes[i]
+        if node.emit is None:  # a plain Relax view op (FuseEmits admits only those): pure
+            continue
         provides = node.emit.contract.provides
         inputs = {p.name for p in node.emit.interface.inputs}
         for port in node.emit.interface.port_names():

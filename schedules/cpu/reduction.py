@@ -90,18 +90,31 @@ def _last_index_var(region) -> tirx.Var | None:
     return index if isinstance(index, tirx.Var) else None
 
 
+def _is_scaled_load(value: tirx.Expr) -> bool:
+    """A load, or a load times/over/plus/minus an immediate (the scaled kᵀ of attention)."""
+    if isinstance(value, (tirx.Mul, tirx.Div, tirx.Add, tirx.Sub)):
+        imm = (tirx.IntImm, tirx.FloatImm)
+        return (_is_load(value.a) and isinstance(value.b, imm)) or (_is_load(value.b) and isinstance(value.a, imm))
+    return _is_load(value)
+
+
 def feeds_a_vector_reduction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
-    """Whether ``block`` is a copy that moves its source's last axis (a transpose, e.g. the
-    kᵀ of attention) into a buffer whose single consumer, a reduction, reads it with a
-    spatial iter on the last axis.  Materialized, that operand gives the reduction a
-    contiguous axis to vectorize; inlined, the reduction would read the source with its
-    reduction iter innermost (a serial dot product per output)."""
+    """Whether ``block`` is a copy (possibly scaled by an immediate) that moves its
+    source's last axis (a transpose, e.g. the kᵀ of attention) into a buffer whose single
+    consumer, a reduction, reads it with a spatial iter on the last axis.  Materialized,
+    that operand gives the reduction a contiguous axis to vectorize; inlined, the
+    reduction would read the source with its reduction iter innermost (a serial dot
+    product per output)."""
     stmt = sch.get(block)
     consumers = sch.get_consumers(block)
-    if not is_cheap_copy(stmt) or len(consumers) != 1 or len(stmt.reads) != 1:
+    body = stmt.body
+    if not isinstance(body, tirx.BufferStore) or not _is_scaled_load(body.value):
         return False
-    written, read = _last_index_var(stmt.writes[0]), _last_index_var(stmt.reads[0])
-    if written is None or read is None or written.same_as(read):
+    if len(consumers) != 1 or len(stmt.reads) != 1 or not stmt.reads[0].region:
+        return False
+    written = _last_index_var(stmt.writes[0])
+    read = tirx.analysis.undefined_vars(stmt.reads[0].region[-1].min)
+    if written is None or any(written.same_as(v) for v in read):
         return False
     consumer = sch.get(consumers[0])
     spatial = {iv.var for iv in consumer.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
@@ -191,6 +204,11 @@ def is_contiguous_spatial(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) ->
     return len(bound) == 1 and indexes_last_axis(realize.block, bound[0])
 
 
+# Vector accumulators a reduction block keeps in flight (e.g. 4 x 16 lanes of q·kᵀ per row):
+# one alone waits out the FMA latency on every step of the reduction.
+ACCUMULATORS = 4
+
+
 def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
     """Vectorize a reduction block's innermost spatial loop under its reduction loops."""
     loops = sch.get_loops(block)[1:]
@@ -203,16 +221,23 @@ def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -
         return
     last = spatial[-1]
     extent = loop_extent(sch, last)
+    chains: list[LoopRV] = []
     if extent > lanes:
         factor = largest_pow2_divisor(extent, lanes)
         if factor < MIN_VECTOR_EXTENT:
             return
         outer, last = sch.split(last, factors=[None, factor])
         spatial = [*spatial[:-1], outer, last]
-    sch.reorder(*spatial[:-1], *reduce, last)
+        count = largest_pow2_divisor(extent // factor, ACCUMULATORS)
+        if count > 1:  # independent vector accumulators hide the add latency
+            outer, inner = sch.split(outer, factors=[None, count])
+            spatial, chains = [*spatial[:-2], outer, last], [inner]
+    sch.reorder(*spatial[:-1], *reduce, *chains, last)
     # Vectorize before decomposing: the update block without init is no longer a
     # reduction block, and TensorIR would refuse to vectorize it.
     sch.vectorize(last)
+    for chain in chains:
+        sch.unroll(chain)
     init = sch.decompose_reduction(block, reduce[0])
     init_loop = sch.get_loops(init)[-1]
     if sch.get(init_loop).kind != tirx.ForKind.VECTORIZED:

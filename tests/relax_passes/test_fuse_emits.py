@@ -138,7 +138,7 @@ class TestAttention:
         assert fused_kinds(after) == ["fused_attention"]
         emit = emit_of(after["fused_attention"])
         assert {"q", "k", "v", "mask", "scale"} == {p.name for p in emit.interface.inputs}
-        assert emit.attr_dict["has_mask"] and emit.attr_dict["has_transpose_k"]
+        assert emit.attr_dict["has_mask"] and emit.attr_dict["has_scale"]
 
     def test_numbers_match_numpy(self):
         after, _ = fuse(Attention)

@@ -206,6 +206,38 @@ def test_attention_scores_read_a_transposed_key_copy_made_once(rand):
     check_rule(mod, [q, k, v, m], expected)
 
 
+def scaled_key_attention(q, k, v, mask):
+    """SDPA's decomposition: √scale on q and on kᵀ, not on the scores."""
+    s = relax.const(0.5, "float32")
+    kt = relax.op.multiply(relax.op.permute_dims(k, [0, 1, 3, 2]), s)
+    scores = relax.op.add(relax.op.matmul(relax.op.multiply(q, s), kt), mask)
+    return relax.op.matmul(relax.op.nn.softmax(scores, axis=-1), v)
+
+
+SCALED_KEY_ATTENTION = is_op("relax.matmul")(
+    is_op("relax.nn.softmax")(is_op("relax.add")(
+        is_op("relax.matmul")(is_op("relax.multiply")(wildcard(), wildcard()),
+                              is_op("relax.multiply")(is_op("relax.permute_dims")(wildcard()), wildcard())),
+        wildcard())),
+    wildcard(),
+)
+
+
+def test_scores_reduction_keeps_several_vector_accumulators(rand):
+    """The q·(kᵀ·√s) reduction over 128 keys keeps 4 unrolled vector accumulators: one
+    alone waits out the add latency on every step of the head dimension."""
+    q, k, v, m = rand(1, 2, 32, 16), rand(1, 2, 128, 16), rand(1, 2, 128, 16), rand(1, 2, 32, 128)
+    mod = relax_module([q.shape, k.shape, v.shape, m.shape], scaled_key_attention, SCALED_KEY_ATTENTION)
+    [func] = prim_funcs(mod).values()
+    sch = Reduction().apply(func, TARGET, False)
+    assert sch is not None
+    script = sch.mod["main"].script()
+    update = script[script.index('sblock("matmul_update")') - 300: script.index('sblock("matmul_update")')]
+    assert "T.unroll(T.int64(4))" in update and "T.vectorized" in update
+    expected = np_softmax((q * 0.5) @ (k.transpose(0, 1, 3, 2) * 0.5) + m, -1) @ v
+    check_rule(mod, [q, k, v, m], expected)
+
+
 def test_attention_through_the_pass_inside_target_scope(rand):
     q, k, v, m = rand(2, 2, 16, 8), rand(2, 2, 16, 8), rand(2, 2, 16, 8), rand(2, 2, 16, 16)
     mod = relax_module([q.shape, k.shape, v.shape, m.shape], attention, ATTENTION)
