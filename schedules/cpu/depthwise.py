@@ -18,6 +18,9 @@ The loop nest, per (batch, channel, block of ``rows`` output rows) in parallel::
             acc[0:W] += in[y*s + r*d, q*d : q*d + W*s : s] * w[c, r, q]   # one broadcast
         out[y, 0:W] = epilogue(acc)      # bias/activation/residual, vectorised
 
+For a width stride s > 1 the input rows a task reads are first copied as
+``[row, x % s, x // s]`` (``deinterleave_input``), so the taps load contiguous vectors;
+when that copy cannot be laid out the rule schedules the plain strided reads instead.
 The output width W is one vector expression (LLVM splits it into registers: 112 floats
 are 7 AVX-512 registers), so no tail loop or predicate is needed for odd widths.
 """
@@ -25,6 +28,7 @@ are 7 AVX-512 registers), so no tail loop or predicate is needed for odd widths.
 from __future__ import annotations
 
 from tvm import s_tir, tirx
+from tvm.sym.pattern import detect_linear_equation
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
@@ -66,10 +70,42 @@ def rows_per_task(planes: int, height: int, cores: int) -> int:
     return 1
 
 
-def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
-    """Apply the direct schedule of the module docstring to ``main`` (raises if it cannot)."""
+def width_stride(sch: s_tir.Schedule, main: SBlockRV) -> int:
+    """The stride s of the input's width index ``x*s + q*d`` (1 when it is not linear)."""
+    stmt = sch.get(main)
+    x = stmt.iter_vars[3].var
+    for region in stmt.reads:
+        if len(region.region) == 4 and not isinstance(region.region[3].min, tirx.Var):
+            coeffs = detect_linear_equation(region.region[3].min, [x])
+            if len(coeffs) == 2 and isinstance(coeffs[0], tirx.IntImm):
+                return int(coeffs[0].value)
+    return 1
+
+
+def deinterleave_input(sch: s_tir.Schedule, main: SBlockRV, stride: int) -> SBlockRV:
+    """Copy the input into ``[.., row, x % s, x // s]``: a strided vector load is s
+    scalar loads per lane in LLVM's codegen, a row of this copy is one contiguous load."""
+    stmt = sch.get(main)
+    index = next(i for i, r in enumerate(stmt.reads) if not isinstance(r.region[3].min, tirx.Var))
+    copy = sch.cache_read(main, index, "global")
+    sch.transform_layout(
+        copy, ("write", 0), lambda n, c, h, w: (n, c, h, w % stride, w // stride), pad_value=0.0
+    )
+    return copy
+
+
+def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target, deinterleave: bool) -> None:
+    """Apply the direct schedule of the module docstring to ``main`` (raises if it cannot);
+    ``deinterleave``: read a strided input through ``deinterleave_input``."""
     lanes = vector_lanes(target)
-    producers = sch.get_producers(main)
+    stride = width_stride(sch, main)
+    if deinterleave and stride == 1:
+        raise ValueError("depthwise: a stride-1 input needs no deinterleaving")
+    if deinterleave:
+        copy = deinterleave_input(sch, main, stride)
+        producers = [copy, *sch.get_producers(copy)]  # consumers before their producers
+    else:
+        producers = sch.get_producers(main)
     consumers = inline_consumers(sch, main)
     if len(consumers) > 1:
         raise ValueError("depthwise: the output feeds more than one epilogue block")
@@ -101,12 +137,14 @@ class Depthwise(CPUScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = s_tir.Schedule(func)
-        try:
-            main = depthwise_block(sch)
-            if main is None:
-                return None
-            schedule_depthwise(sch, main, target)
-        except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
-            return None
-        return sch
+        for deinterleave in (True, False):
+            sch = s_tir.Schedule(func)
+            try:
+                main = depthwise_block(sch)
+                if main is None:
+                    return None
+                schedule_depthwise(sch, main, target, deinterleave)
+            except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
+                continue
+            return sch
+        return None

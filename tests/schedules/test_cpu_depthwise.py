@@ -130,3 +130,12 @@ def test_rows_per_task_splits_planes_only_when_channels_are_few():
     assert rows_per_task(planes=96, height=56, cores=2) == 56
     assert rows_per_task(planes=2, height=56, cores=2) == 14  # 2 planes x 4 blocks = 8 tasks
     assert rows_per_task(planes=1, height=7, cores=4) == 1
+
+
+def test_stride2_input_is_read_through_a_deinterleaved_copy(target):
+    """Stride 2 reads the input through a [.., row, x % 2, x // 2] copy (contiguous vector
+    loads), odd input width included; the result stays exact."""
+    func, arrays, expected = depthwise_case(**CASES["3x3-stride2-nopad-odd"])
+    sch = check_rule(Depthwise(), func, target, arrays, expected)
+    root = sch.get(sch.get_sblock("root"))
+    assert any(len(buf.shape) == 5 for buf in root.alloc_buffers), root.alloc_buffers
