@@ -48,9 +48,9 @@ def depthwise_block(sch: s_tir.Schedule) -> SBlockRV | None:
         return None
     stmt = sch.get(main)
     kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in stmt.iter_vars)
-    if kinds != "SSSSRRR" or int(stmt.iter_vars[4].dom.extent) != 1:
+    if kinds != "SSSSRRR" or not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
         return None
-    if not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
+    if int(stmt.iter_vars[4].dom.extent) != 1:  # more than one input channel per output
         return None
     if len(stmt.reads) != 2 or len(stmt.writes) != 1 or len(stmt.writes[0].region) != 4:
         return None
