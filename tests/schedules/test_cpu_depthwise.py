@@ -139,3 +139,13 @@ def test_stride2_input_is_read_through_a_deinterleaved_copy(target):
     sch = check_rule(Depthwise(), func, target, arrays, expected)
     root = sch.get(sch.get_sblock("root"))
     assert any(len(buf.shape) == 5 for buf in root.alloc_buffers), root.alloc_buffers
+
+
+def test_returns_none_for_a_symbolic_batch(target):
+    batch = tvm.tirx.Var("n", "int64")
+
+    def build(bb, x, w):
+        return relax.op.nn.conv2d(x, w, padding=1, groups=4)
+
+    func = fused_primfunc(build, {"x": (batch, 4, 9, 9), "w": (4, 1, 3, 3)})
+    assert Depthwise().apply(func, target, False) is None
