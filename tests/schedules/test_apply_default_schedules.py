@@ -105,7 +105,7 @@ def test_is_idempotent():
 def test_cpu_rule_order():
     names = [type(rule).__name__ for rule in default_rules(TARGET)]
     assert names[-3:] == ["Reduction", "Elementwise", "Fallback"]
-    expected_first = [n for n in ("Gemm", "Conv2d") if hasattr(cpu_rules, n)]
+    expected_first = [n for n in ("Gemm", "Depthwise", "Conv2d") if hasattr(cpu_rules, n)]
     assert names[: len(expected_first)] == expected_first
 
 
