@@ -213,3 +213,15 @@ def light_model(name: str, seed: int = 0) -> onnx.ModelProto:
 
     model = with_random_weights(onnx.load(light_model_path(name)), seed)
     return calibrate_logits(model, np.random.default_rng([seed, 1]))
+
+
+def relax_main(params: Sequence[Any], body: Callable[..., Any]) -> Any:
+    """An IRModule whose ``main(*params)`` returns ``body(bb, *params)`` from one dataflow block."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    with bb.function("main", list(params)):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *params))
+        bb.emit_func_output(out)
+    return bb.get()

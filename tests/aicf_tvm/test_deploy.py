@@ -16,7 +16,7 @@ from aicf_tvm.compiled import flat_outputs
 from aicf_tvm.emit import Emit
 from aicf_tvm.models import BUILTIN_MODELS
 
-from ..helpers import assert_input_sensitive
+from ..helpers import assert_input_sensitive, relax_main
 
 
 @pytest.fixture(scope="module")
@@ -140,15 +140,6 @@ def test_missing_file(tmp_path):
         aicf_tvm.load(tmp_path / "gone.so")
 
 
-def _small_model(params, body):
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *params))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def _in_memory_and_loaded(mod, tmp_path):
     compiled = aicf_tvm.compile(mod)
     return [compiled, aicf_tvm.load(compiled.export(tmp_path / "model.so"))]
@@ -166,7 +157,7 @@ def _aligned_empty(shape: tuple, align: int = 64) -> np.ndarray:
 def test_zero_size_input_gives_zero_size_output(tmp_path):
     n = tvm.tirx.Var("n", "int64")
     bias = np.random.default_rng(3).standard_normal(4).astype(np.float32)
-    mod = _small_model([relax.Var("x", relax.TensorType((n, 4), "float32"))],
+    mod = relax_main([relax.Var("x", relax.TensorType((n, 4), "float32"))],
                        lambda bb, x: relax.op.nn.relu(relax.op.add(x, relax.const(bias))))
     x = _aligned_empty((0, 4))
     assert x.ctypes.data % 64 == 0 and x.flags.c_contiguous and x.size == 0
@@ -180,7 +171,7 @@ def test_zero_size_input_gives_zero_size_output(tmp_path):
 def test_nested_tuple_output_comes_back_nested_and_named_in_order(tmp_path):
     """main returns ((exp(x), relu(x)), sum(x, axis=1)): lists nested the same way, and
     ``flat_outputs`` lines them up with the output specs (output.0.0, output.0.1, output.1)."""
-    mod = _small_model([relax.Var("x", relax.TensorType((4, 8), "float32"))], lambda bb, x: relax.Tuple([
+    mod = relax_main([relax.Var("x", relax.TensorType((4, 8), "float32"))], lambda bb, x: relax.Tuple([
         relax.Tuple([bb.emit(relax.op.exp(x)), bb.emit(relax.op.nn.relu(x))]), bb.emit(relax.op.sum(x, axis=1))]))
     x = np.random.default_rng(5).standard_normal((4, 8)).astype(np.float32)
     want = [np.exp(x), np.maximum(x, 0), x.sum(axis=1)]

@@ -11,17 +11,9 @@ from tvm import relax
 
 import aicf_tvm
 from aicf_tvm.errors import UnsupportedModelError
+from ..helpers import relax_main
 
 TARGET = {"kind": "llvm", "num-cores": 2}
-
-
-def _build(params, body):
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *params))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def test_causal_mask_from_arange_is_computed_at_compile_time():
@@ -34,7 +26,7 @@ def test_causal_mask_from_arange_is_computed_at_compile_time():
         masked = relax.op.where(allowed, scores, relax.const(float("-inf"), "float32"))
         return relax.op.nn.softmax(masked, axis=-1)
 
-    compiled = aicf_tvm.compile(_build([s], body), target=TARGET)
+    compiled = aicf_tvm.compile(relax_main([s], body), target=TARGET)
     assert not [k for k in compiled.kernels if k.kind == "arange"]
     x = np.random.default_rng(0).standard_normal((2, 9, 9)).astype("float32")
     masked = np.where(np.tril(np.ones((9, 9), bool)), x, -np.inf)
@@ -49,7 +41,7 @@ def test_scan_between_elementwise_ops_is_its_own_kernel():
         y = relax.op.cumsum(relax.op.nn.relu(v), axis=-1)
         return relax.op.multiply(y, relax.const(0.5, "float32"))
 
-    compiled = aicf_tvm.compile(_build([x], body), target=TARGET)
+    compiled = aicf_tvm.compile(relax_main([x], body), target=TARGET)
     xv = np.random.default_rng(1).standard_normal((3, 16)).astype("float32")
     np.testing.assert_allclose(compiled(xv), np.cumsum(np.maximum(xv, 0), -1) * 0.5, rtol=1e-5, atol=1e-6)
 
@@ -66,7 +58,7 @@ def test_sorts_compile_and_match_numpy(op):
         values = bb.emit(relax.op.topk(v, k=3, axis=-1, ret_type="values"))
         return relax.op.add(values, relax.const(1.0, "float32"))
 
-    compiled = aicf_tvm.compile(_build([x], body), target=TARGET)
+    compiled = aicf_tvm.compile(relax_main([x], body), target=TARGET)
     xv = np.random.default_rng(2).permutation(48).reshape(4, 12).astype("float32")  # no ties
     want = {"sort": np.maximum(np.sort(xv, -1), 0), "argsort": np.argsort(xv, -1).astype("int32"),
             "topk": -np.sort(-xv, -1)[:, :3] + 1}[op]
@@ -90,7 +82,7 @@ def _scatter_model(op):
                    relax.op.scatter_nd(relax.op.exp(x), wrapped, relax.op.negative(u)))
         return relax.op.nn.relu(scatter)
 
-    return _build([x, idx, u], body)
+    return relax_main([x, idx, u], body)
 
 
 @pytest.mark.parametrize("op", ["scatter_elements", "scatter_nd"])
@@ -114,7 +106,7 @@ def test_scatter_with_elementwise_neighbours_matches_numpy(op):
 def test_median_between_elementwise_ops_matches_numpy():
     """median sorts with TOPI's extern argsort: its own kernel."""
     x = relax.Var("x", relax.TensorType((5, 7), "float32"))
-    compiled = aicf_tvm.compile(_build([x], lambda bb, v: relax.op.exp(relax.op.median(relax.op.exp(v)))),
+    compiled = aicf_tvm.compile(relax_main([x], lambda bb, v: relax.op.exp(relax.op.median(relax.op.exp(v)))),
                                 target=TARGET)
     assert "median" in [k.kind for k in compiled.kernels]
     xv = np.random.default_rng(8).standard_normal((5, 7)).astype("float32")

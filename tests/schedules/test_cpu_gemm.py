@@ -21,6 +21,7 @@ from schedules.cpu.gemm import Gemm
 from schedules.cpu.gemm_analysis import IterRole, detect_gemm
 from schedules.cpu.gemm_blocks import find_reduction_block
 from schedules.cpu.gemm_plan import plan_gemm
+from ..helpers import relax_main
 
 F32 = "float32"
 
@@ -39,12 +40,7 @@ def fused_primfunc(
 ) -> tvm.tirx.PrimFunc:
     """The one PrimFunc holding the reduction that Relax makes of ``build(bb, *vars)``."""
     params = [relax.Var(name, relax.TensorType(shape, F32)) for name, shape in inputs.items()]
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build(bb, *params))
-        bb.emit_func_output(out)
-    mod = bb.get()
+    mod = relax_main(params, build)
     if pattern is not None:
         passes = [relax.transform.FuseOpsByPattern([("fused", pattern)])]
         passes += [relax.transform.LegalizeOps(), relax.transform.FuseTIR()]

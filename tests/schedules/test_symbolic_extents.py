@@ -19,6 +19,7 @@ from tvm.relax.dpl import is_op, wildcard
 from schedules import default_rules, schedule_func
 
 from .test_cpu_gemm import _gelu, fused_primfunc
+from ..helpers import relax_main
 
 F32 = "float32"
 SIZES = (1, 7, 33, 100)
@@ -34,12 +35,7 @@ def target() -> tvm.target.Target:
 def only_primfunc(build, inputs: dict[str, tuple]) -> tirx.PrimFunc:
     """The one PrimFunc Relax's FuseOps makes of ``build(bb, *vars)``."""
     params = [relax.Var(name, relax.TensorType(shape, F32)) for name, shape in inputs.items()]
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build(bb, *params))
-        bb.emit_func_output(out)
-    mod = bb.get()
+    mod = relax_main(params, build)
     for transform in (relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                       relax.transform.FuseOps(), relax.transform.FuseTIR()):
         mod = transform(mod)
