@@ -26,11 +26,15 @@ MAX_ROUNDS = 4
 
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     """Fold what is computable at compile time (weights, batch-norm into conv weights) and
-    move reshapes below the elementwise ops they feed (``relax_passes.SinkReshapes``)."""
+    move reshapes below the elementwise ops they feed (``relax_passes.SinkReshapes``), make
+    every gather read in bounds (``relax_passes.NormalizeIndices``: modules need not come
+    through our importers)."""
+    from relax_passes.normalize_indices import NormalizeIndices
     from relax_passes.sink_reshapes import SinkReshapes
 
     seq = [
         relax.transform.FoldConstant(),
+        NormalizeIndices(),
         relax.transform.FoldBatchnormToConv2D(),
         relax.transform.FoldConstant(),
         relax.transform.DecomposeOpsForInference(),
