@@ -91,7 +91,7 @@ def _configs() -> dict[str, tuple[str, Callable[[], Any]]]:
         "mobilenet-v2": ("image", lambda: T.MobileNetV2Model(T.MobileNetV2Config(
             image_size=IMAGE, depth_multiplier=0.35))),
         "efficientnet": ("image", lambda: T.EfficientNetModel(T.EfficientNetConfig(
-            image_size=IMAGE, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=128))),
+            image_size=IMAGE, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=320))),
     }
 
 
@@ -116,15 +116,22 @@ def _inputs(kind: str, masked: bool, model: Any, rng: np.random.Generator) -> di
 
 
 def _calibrate(model: Any, rng: np.random.Generator) -> None:
-    """Batch-norm running statistics from random batches (cumulative average)."""
+    """Batch-norm running statistics from random batches (cumulative average). The affine
+    parameters are redrawn first, scale in [0.5, 1.5]: some inits (EfficientNet's) draw
+    the scale ~ N(0, 0.02), and activations then vanish by 1e-4 per block until every
+    input gives the same (zero) output."""
     import torch
 
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     if not norms:
         return
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None
+    with torch.no_grad():
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None
+            if m.affine:
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0.0, 0.1)
     model.train()
     with torch.no_grad():
         for _ in range(4):
@@ -151,6 +158,36 @@ def wrap(model: Any, names: list[str]) -> Any:
             return out[0] if isinstance(out, tuple) else out.last_hidden_state
 
     return Wrapper().eval()
+
+
+def _register_export_fixes() -> None:
+    """Two ops the TorchScript ONNX exporter gets wrong in transformers' mask code (the
+    packed-sequence check ``(torch.diff(position_ids, prepend=...) != 1).cumsum(-1)``, run
+    when no mask is given): it has no ``aten::diff``, and it exports ``cumsum`` of a bool
+    tensor as a bool ``CumSum``, which ONNX does not allow (PyTorch sums in int64)."""
+    import torch
+    from torch.onnx import symbolic_helper as sh
+    from torch.onnx._internal.torchscript_exporter import symbolic_opset11
+
+    def const(g, v):
+        return g.op("Constant", value_t=torch.tensor([v]))
+
+    def diff(g, x, n, dim, prepend, append):
+        if sh._get_const(n, "i", "n") != 1:
+            raise RuntimeError("the sweep's aten::diff handles n=1 only")
+        d = sh._get_const(dim, "i", "dim")
+        x = g.op("Concat", *[v for v in (prepend, x, append) if not sh._is_none(v)], axis_i=d)
+        head = g.op("Slice", x, const(g, 1), const(g, 2**62), const(g, d))
+        return g.op("Sub", head, g.op("Slice", x, const(g, 0), const(g, -1), const(g, d)))
+
+    def cumsum(g, x, dim, dtype=None):
+        integral = x.type().scalarType() in ("Bool", "Byte", "Char", "Short", "Int")
+        if integral and (dtype is None or sh._is_none(dtype)):
+            x = g.op("Cast", x, to_i=7)  # TensorProto.INT64
+        return symbolic_opset11.cumsum(g, x, dim, dtype)
+
+    torch.onnx.register_custom_op_symbolic("aten::diff", diff, 17)
+    torch.onnx.register_custom_op_symbolic("aten::cumsum", cumsum, 17)
 
 
 def _rel_err(got: list[np.ndarray], want: list[np.ndarray]) -> float:
@@ -244,6 +281,7 @@ def run_row(row: str, path: str, with_tvm: bool) -> dict:
         import onnx
         import onnxruntime as ort
 
+        _register_export_fixes()
         with tempfile.TemporaryDirectory() as tmp:
             file = os.path.join(tmp, "model.onnx")
             with torch.no_grad():

@@ -27,13 +27,18 @@ from typing import Any
 
 import numpy as np
 
-# Deterministic ops, exact on their inputs, that shape computations are made of.
+# Deterministic ops, exact on their inputs (a float result is one correctly rounded
+# operation), that shape computations are made of.
 FOLDABLE = frozenset("""
 Abs Add And Cast CastLike Ceil Concat ConstantOfShape Div Equal Expand Flatten Floor Gather
 GatherElements Greater GreaterOrEqual Identity Less LessOrEqual Max Min Mod Mul Neg Not Or
-Range ReduceMax ReduceMin ReduceProd ReduceSum Reshape Slice Sqrt Squeeze Sub Tile Transpose
-Unsqueeze Where Xor
+Range ReduceMax ReduceMin Reshape Slice Sqrt Squeeze Sub Tile Transpose Unsqueeze Where Xor
+CumSum ReduceSum ReduceProd
 """.split())
+
+# Sums and products round once per step, in an order each runtime picks: folded only
+# on integers (and bools), where every order gives the same value.
+INTEGER_ONLY = frozenset({"CumSum", "ReduceSum", "ReduceProd"})
 
 # A folded value becomes an initializer: shape tensors are tiny; a bigger constant
 # expression is left to Relax's FoldConstant, which does not copy it into the protobuf.
@@ -112,7 +117,9 @@ def _evaluate(node: Any, inputs: dict[str, np.ndarray], opsets: dict[str, int]) 
 def _is_foldable(node: Any, known: dict[str, np.ndarray], outputs: set[str]) -> bool:
     if node.domain not in ("", "ai.onnx") or any(o in outputs for o in node.output):
         return False
-    return node.op_type in FOLDABLE and all(not name or name in known for name in node.input)
+    if node.op_type not in FOLDABLE or any(name and name not in known for name in node.input):
+        return False
+    return node.op_type not in INTEGER_ONLY or known[node.input[0]].dtype.kind in "biu"
 
 
 def _fold_once(graph: Any, opsets: dict[str, int]) -> bool:
