@@ -73,6 +73,13 @@ def _shape(expr: relax.Expr) -> list[Extent] | None:
     return list(ty.shape.values)
 
 
+def _product(shape: list[Extent]) -> Extent:
+    size: Extent = 1
+    for dim in shape:
+        size = size * dim
+    return tvm.sym.Analyzer().simplify(size) if not isinstance(size, int) else size
+
+
 @mutator
 class _IndexNormalizer(PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -130,7 +137,7 @@ def _take(self: _IndexNormalizer, call: relax.Call) -> relax.Expr:
     shape = _shape(data)
     if mode == "nan" or shape is None:
         return call
-    extent = shape[0] if axis is None else shape[int(axis)]
+    extent = shape[int(axis)] if axis is not None else _product(shape)  # no axis: the flattened data
     static = static_extents([extent])
     if isinstance(indices, tvm.ir.Constant) and static is not None:
         fixed = resolve_constant(indices.value.numpy(), static, mode, "take")

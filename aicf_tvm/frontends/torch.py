@@ -72,7 +72,12 @@ def _compute_dtype(node: Any) -> Any:
 
 def canonicalize_dtypes(graph: Any) -> int:
     """Insert the casts PyTorch's type promotion implies (see the module docstring) into an
-    FX graph; returns how many were inserted."""
+    FX graph; returns how many were inserted.
+
+    An op that computes in bool (``a == b`` of two masks, ``mask + mask``) computes in uint8
+    instead, the result cast back to bool: TVM's LLVM codegen has no bool add or compare,
+    and on 0/1 values uint8 arithmetic and order give the same bools.
+    """
     import torch
 
     inserted = 0
@@ -82,6 +87,9 @@ def canonicalize_dtypes(graph: Any) -> int:
         dtype = _compute_dtype(node)
         if dtype is None:
             continue
+        if dtype == torch.bool:
+            dtype = torch.uint8
+            inserted += _result_back_to_bool(graph, node)
         keep = _KEEP_ARGS.get(getattr(node.target, "__name__", ""), frozenset())
         for i, arg in enumerate(node.args):
             val = _val(arg)
@@ -93,6 +101,22 @@ def canonicalize_dtypes(graph: Any) -> int:
             node.update_arg(i, cast)
             inserted += 1
     return inserted
+
+
+def _result_back_to_bool(graph: Any, node: Any) -> int:
+    """Make ``node`` (bool-valued, computing in uint8 from now) feed its users through a cast
+    back to bool; comparisons give bool anyway. Returns the casts inserted."""
+    import torch
+
+    val = _val(node)
+    if val is None or getattr(node.target, "__name__", "") in _COMPARISONS:
+        return 0
+    with graph.inserting_after(node):
+        back = graph.call_function(torch.ops.aten._to_copy.default, (node,), {"dtype": torch.bool})
+    back.meta["val"] = val
+    node.meta["val"] = val.to(torch.uint8)
+    node.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
+    return 1
 
 
 def from_torch(module: Any, example_args: Sequence[Any]) -> tvm.IRModule:
