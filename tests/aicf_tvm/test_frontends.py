@@ -258,13 +258,11 @@ def test_named_dims_share_one_var_and_unnamed_dims_get_their_own():
 
 def test_dynamic_dims_run_at_any_size_like_onnxruntime():
     ort = pytest.importorskip("onnxruntime")
-    from .. conftest import run_vm
-
     rng = np.random.default_rng(9)
     feeds = {"a": rng.standard_normal((3, 4)).astype(np.float32), "b": rng.standard_normal((3, 4)).astype(np.float32),
              "c": rng.standard_normal((5, 4)).astype(np.float32)}
     want = ort.InferenceSession(DYNAMIC.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = run_vm(aicf_tvm.from_onnx(DYNAMIC), *feeds.values())
+    got = aicf_tvm.compile(aicf_tvm.from_onnx(DYNAMIC))(**feeds)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
 
