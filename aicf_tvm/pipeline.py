@@ -26,18 +26,22 @@ MAX_ROUNDS = 4
 
 
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
-    """Simplify symbolic shapes under their bounds (``relax_passes.BoundShapes``), fold what
-    is computable at compile time (weights; batch-norm into conv weights where exact,
-    ``relax_passes.FoldBatchNorm``, which decomposes every other batch-norm by its own
-    ``training`` flag before TVM's inference decomposition could misread it) and move
-    reshapes below the pointwise ops they feed (``relax_passes.SinkReshapes``)."""
+    """Simplify symbolic shapes under their bounds (``relax_passes.BoundShapes``), make every
+    gather read in bounds (``relax_passes.NormalizeIndices``: modules need not come through
+    our importers), fold what is computable at compile time (weights; batch-norm into conv
+    weights where exact, ``relax_passes.FoldBatchNorm``, which decomposes every other
+    batch-norm by its own ``training`` flag before TVM's inference decomposition could
+    misread it) and move reshapes below the pointwise ops they feed
+    (``relax_passes.SinkReshapes``)."""
     from relax_passes.bound_shapes import BoundShapes
     from relax_passes.fold_batch_norm import FoldBatchNorm
+    from relax_passes.normalize_indices import NormalizeIndices
     from relax_passes.sink_reshapes import SinkReshapes
 
     seq = [
         BoundShapes(),
         relax.transform.FoldConstant(),
+        NormalizeIndices(),
         FoldBatchNorm(),
         relax.transform.FoldConstant(),
         relax.transform.DecomposeOpsForInference(),

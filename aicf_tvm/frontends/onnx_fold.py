@@ -1,0 +1,180 @@
+"""Fold an ONNX graph's shape computations to constants before TVM's ONNX frontend sees it.
+
+Exporters compute pads, reshape targets and mask shapes at run time from ``Shape`` nodes
+(``Shape -> Gather -> Concat -> Pad``). TVM's ONNX frontend needs them constant: it
+stops on ``Pad`` with computed pads, on ``Reshape`` of a tensor whose shape it lost, on
+``ConstantOfShape`` of a computed shape. Once the input shapes are known (static, or
+pinned with ``shapes=``) those values are constants, so:
+
+1. ONNX's own shape inference (``infer_shapes(data_prop=True)``, which also propagates the
+   values of small shape tensors into the shapes downstream) gives static shapes;
+2. a ``Shape``/``Size`` of a statically shaped tensor becomes a constant, and so does any
+   node of ``FOLDABLE`` whose inputs are all constants, evaluated by ONNX's reference
+   evaluator (``onnx.reference``) at the model's opset;
+3. repeat until nothing folds (a folded reshape target gives its output a static shape,
+   whose ``Shape`` then folds), then drop what no one reads.
+
+Sound because every folded value is what the node computes for every run with these
+input shapes: shapes of static tensors, and ops that are deterministic and exact on their
+constant inputs (no float transcendental functions: ONNX Runtime and the reference
+evaluator need not round them alike). Named dynamic dims stay dynamic: a ``Shape`` of a
+tensor with a symbolic dim does not fold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# Deterministic ops, exact on their inputs (a float result is one correctly rounded
+# operation), that shape computations are made of.
+FOLDABLE = frozenset("""
+Abs Add And Cast CastLike Ceil Concat ConstantOfShape Div Equal Expand Flatten Floor Gather
+GatherElements Greater GreaterOrEqual Identity Less LessOrEqual Max Min Mod Mul Neg Not Or
+Range ReduceMax ReduceMin Reshape Slice Sqrt Squeeze Sub Tile Transpose Unsqueeze Where Xor
+CumSum ReduceSum ReduceProd
+""".split())
+
+# Sums and products round once per step, in an order each runtime picks: folded only
+# on integers (and bools), where every order gives the same value.
+INTEGER_ONLY = frozenset({"CumSum", "ReduceSum", "ReduceProd"})
+
+# A folded value becomes an initializer: shape tensors are tiny; a bigger constant
+# expression is left to Relax's FoldConstant, which does not copy it into the protobuf.
+MAX_FOLDED_ELEMENTS = 1 << 16
+
+MAX_ROUNDS = 8
+
+
+def fold_shapes(model: Any) -> Any:
+    """A copy of ``model`` with its shape subgraphs folded (see the module docstring)."""
+    import onnx
+
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    opsets = {o.domain or "": o.version for o in folded.opset_import}
+    for _ in range(MAX_ROUNDS):
+        folded = _infer(folded)
+        if not _fold_once(folded.graph, opsets):
+            break
+    _drop_dead(folded.graph)
+    return folded
+
+
+def _infer(model: Any) -> Any:
+    import onnx
+
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference refuses some models; fold without it
+        return model
+
+
+def _static_shapes(graph: Any) -> dict[str, list[int]]:
+    shapes: dict[str, list[int]] = {}
+    for info in [*graph.input, *graph.value_info, *graph.output]:
+        tensor = info.type.tensor_type
+        if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
+            shapes[info.name] = [d.dim_value for d in tensor.shape.dim]
+    for init in graph.initializer:
+        shapes[init.name] = list(init.dims)
+    return shapes
+
+
+def _constants(graph: Any, opsets: dict[str, int]) -> dict[str, np.ndarray]:
+    from onnx import numpy_helper
+
+    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            try:
+                values[node.output[0]] = _evaluate(node, {}, opsets)[0]
+            except Exception:  # noqa: BLE001 - e.g. a sparse constant: left as it is
+                pass
+    return values
+
+
+def _shape_value(node: Any, shapes: dict[str, list[int]]) -> np.ndarray | None:
+    """The value of a ``Shape``/``Size`` node whose input shape is static."""
+    dims = shapes.get(node.input[0])
+    if dims is None:
+        return None
+    if node.op_type == "Size":
+        return np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
+    attrs = {a.name: a.i for a in node.attribute}
+    start, end = attrs.get("start", 0), attrs.get("end", len(dims))
+    return np.array(dims[start:end] if "end" in attrs else dims[start:], dtype=np.int64)
+
+
+def _evaluate(node: Any, inputs: dict[str, np.ndarray], opsets: dict[str, int]) -> list[np.ndarray]:
+    from onnx.reference import ReferenceEvaluator
+
+    feeds = {name: inputs[name] for name in node.input if name}
+    return list(ReferenceEvaluator(node, opsets=opsets).run(None, feeds))
+
+
+def _is_foldable(node: Any, known: dict[str, np.ndarray], outputs: set[str]) -> bool:
+    if node.domain not in ("", "ai.onnx") or any(o in outputs for o in node.output):
+        return False
+    if node.op_type not in FOLDABLE or any(name and name not in known for name in node.input):
+        return False
+    return node.op_type not in INTEGER_ONLY or known[node.input[0]].dtype.kind in "biu"
+
+
+def _fold_once(graph: Any, opsets: dict[str, int]) -> bool:
+    """One pass in graph order; True when a node was replaced by initializers."""
+    from onnx import numpy_helper
+
+    known, shapes = _constants(graph, opsets), _static_shapes(graph)
+    outputs = {o.name for o in graph.output}
+    keep, changed = [], False
+    for node in graph.node:
+        values = None
+        if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") and node.output[0] not in outputs:
+            value = _shape_value(node, shapes)
+            values = None if value is None else [value]
+        elif _is_foldable(node, known, outputs):
+            try:
+                values = _evaluate(node, known, opsets)
+            except Exception:  # noqa: BLE001 - the evaluator refuses it: keep the node
+                values = None
+        if values is None or any(np.asarray(v).size > MAX_FOLDED_ELEMENTS for v in values):
+            keep.append(node)
+            continue
+        for name, value in zip(node.output, values):
+            if name:
+                value = np.asarray(value)
+                known[name] = value
+                graph.initializer.append(numpy_helper.from_array(value, name))
+        changed = True
+    del graph.node[:]
+    graph.node.extend(keep)
+    return changed
+
+
+def _used_names(graph: Any) -> set[str]:
+    """Every name a node reads, subgraph bodies (If/Loop branches) included."""
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(node.input)
+        for attr in node.attribute:
+            for sub in [attr.g, *attr.graphs] if attr.HasField("g") else attr.graphs:
+                used |= _used_names(sub)
+    return used
+
+
+def _drop_dead(graph: Any) -> None:
+    """Remove nodes and initializers no output depends on (walking back from outputs)."""
+    while True:
+        live = _used_names(graph) | {o.name for o in graph.output}
+        alive = [n for n in graph.node if any(o in live for o in n.output)]
+        if len(alive) == len(graph.node):
+            break
+        del graph.node[:]
+        graph.node.extend(alive)
+    # an initializer that is also a graph input stays: without it the input becomes required
+    live = _used_names(graph) | {o.name for o in graph.output} | {i.name for i in graph.input}
+    inits = [i for i in graph.initializer if i.name in live]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)

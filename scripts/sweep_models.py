@@ -1,0 +1,389 @@
+"""Real `transformers` architectures, small random configs, through PyTorch and through ONNX.
+
+    python scripts/sweep_models.py [--only NAME ...] [--paths torch onnx] [--jobs 1]
+                                   [--timeout 900] [--json sweep.json] [--no-tvm]
+
+Rows: each model (tiny: 2 layers, hidden 64-128, images 32 px), decoders both without and
+with an attention mask (``NAME+mask``: the last two positions padded), each on two paths:
+
+* ``torch``: ``aicf_tvm.from_torch`` against PyTorch eager;
+* ``onnx``: ``torch.onnx.export`` (TorchScript exporter, opset 17), then
+  ``aicf_tvm.from_onnx`` against ONNX Runtime.
+
+Beside ours, TVM alone on the same path: its own frontend
+(``relax.frontend.torch.from_exported_program`` / ``relax.frontend.onnx.from_onnx``) and
+its default pipeline (``relax.get_default_pipeline``: the CPU backend's dispatch + legalize
+stages, whose ``call_tir`` count is TVM's kernel count, then dataflow-lower + finalize).
+Weights are random (``torch.manual_seed``); batch-norm statistics are calibrated on random
+batches (train mode, cumulative averages) so no layer is input-independent, and every row
+checks that two different inputs give two different reference outputs. Rel err: max |got -
+want| / max |want| over both inputs; right means <= 1e-3. Every (model, path) runs in its
+own subprocess under ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TOLERANCE = 1e-3
+SEQ, VOCAB, IMAGE = 8, 100, 32
+TEXT = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            max_position_embeddings=64)
+DECODER = dict(TEXT, num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def _configs() -> dict[str, tuple[str, Callable[[], Any]]]:
+    """name -> (input kind, builder of the module): text, decoder, image, audio."""
+    import transformers as T
+
+    def whisper():
+        cfg = T.WhisperConfig(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                              decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16,
+                              max_source_positions=16, max_target_positions=16, pad_token_id=0,
+                              bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+        return T.WhisperModel(cfg).encoder
+
+    return {
+        "bert": ("text", lambda: T.BertModel(T.BertConfig(**TEXT))),
+        "distilbert": ("text", lambda: T.DistilBertModel(T.DistilBertConfig(
+            vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, hidden_dim=128, max_position_embeddings=64))),
+        "deberta-v2": ("text", lambda: T.DebertaV2Model(T.DebertaV2Config(
+            **TEXT, relative_attention=True, position_buckets=16, pos_att_type=["p2c", "c2p"]))),
+        "t5-encoder": ("text", lambda: T.T5EncoderModel(T.T5Config(
+            vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4))),
+        "gpt2": ("decoder", lambda: T.GPT2Model(T.GPT2Config(
+            vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2))),
+        "gpt-neox": ("decoder", lambda: T.GPTNeoXModel(T.GPTNeoXConfig(**DECODER))),
+        "opt": ("decoder", lambda: T.OPTModel(T.OPTConfig(
+            vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+            max_position_embeddings=64, word_embed_proj_dim=64, pad_token_id=0, bos_token_id=1, eos_token_id=2))),
+        "llama": ("decoder", lambda: T.LlamaModel(T.LlamaConfig(**DECODER))),
+        "mistral": ("decoder", lambda: T.MistralModel(T.MistralConfig(**DECODER))),
+        "qwen2": ("decoder", lambda: T.Qwen2Model(T.Qwen2Config(**DECODER))),
+        "gemma": ("decoder", lambda: T.GemmaModel(T.GemmaConfig(**dict(DECODER, num_key_value_heads=1), head_dim=16))),
+        "phi3": ("decoder", lambda: T.Phi3Model(T.Phi3Config(**DECODER))),
+        "falcon": ("decoder", lambda: T.FalconModel(T.FalconConfig(
+            vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
+            new_decoder_architecture=False, bos_token_id=1, eos_token_id=2))),
+        "whisper-encoder": ("audio", whisper),
+        "vit": ("image", lambda: T.ViTModel(T.ViTConfig(
+            image_size=IMAGE, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128))),
+        "swin": ("image", lambda: T.SwinModel(T.SwinConfig(
+            image_size=IMAGE, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4))),
+        "convnext": ("image", lambda: T.ConvNextModel(T.ConvNextConfig(num_stages=2, hidden_sizes=[16, 32], depths=[1, 1]))),
+        "resnet": ("image", lambda: T.ResNetModel(T.ResNetConfig(
+            embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic"))),
+        "mobilenet-v2": ("image", lambda: T.MobileNetV2Model(T.MobileNetV2Config(
+            image_size=IMAGE, depth_multiplier=0.35))),
+        "efficientnet": ("image", lambda: T.EfficientNetModel(T.EfficientNetConfig(
+            image_size=IMAGE, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=320))),
+    }
+
+
+def rows() -> list[str]:
+    return [name + suffix for name, (kind, _) in _configs().items()
+            for suffix in (("", "+mask") if kind == "decoder" else ("",))]
+
+
+# --- one row, in a worker process --------------------------------------------------------
+
+def _inputs(kind: str, masked: bool, model: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    if kind in ("text", "decoder"):
+        feeds = {"input_ids": rng.integers(3, VOCAB, (1, SEQ)).astype(np.int64)}
+        if masked:
+            feeds["attention_mask"] = np.array([[1] * (SEQ - 2) + [0, 0]], dtype=np.int64)
+        return feeds
+    if kind == "audio":
+        cfg = model.config
+        return {"input_features": rng.standard_normal((1, cfg.num_mel_bins, 2 * cfg.max_source_positions),
+                                                      dtype=np.float32)}
+    return {"pixel_values": rng.standard_normal((1, 3, IMAGE, IMAGE), dtype=np.float32)}
+
+
+def _calibrate(model: Any, rng: np.random.Generator) -> None:
+    """Batch-norm running statistics from random batches (cumulative average). The affine
+    parameters are redrawn first, scale in [0.5, 1.5]: some inits (EfficientNet's) draw
+    the scale ~ N(0, 0.02), and activations then vanish by 1e-4 per block until every
+    input gives the same (zero) output."""
+    import torch
+
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    with torch.no_grad():
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None
+            if m.affine:
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0.0, 0.1)
+    model.train()
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.from_numpy(rng.standard_normal((4, 3, IMAGE, IMAGE), dtype=np.float32)))
+    model.eval()
+
+
+def wrap(model: Any, names: list[str]) -> Any:
+    """A module ``forward(*inputs) -> last_hidden_state`` over a transformers model."""
+    import inspect
+
+    import torch
+
+    no_cache = "use_cache" in inspect.signature(model.forward).parameters
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):
+            kwargs = dict(zip(names, args), **({"use_cache": False} if no_cache else {}))
+            out = self.model(**kwargs)
+            return out[0] if isinstance(out, tuple) else out.last_hidden_state
+
+    return Wrapper().eval()
+
+
+def _register_export_fixes() -> None:
+    """Two ops the TorchScript ONNX exporter gets wrong in transformers' mask code (the
+    packed-sequence check ``(torch.diff(position_ids, prepend=...) != 1).cumsum(-1)``, run
+    when no mask is given): it has no ``aten::diff``, and it exports ``cumsum`` of a bool
+    tensor as a bool ``CumSum``, which ONNX does not allow (PyTorch sums in int64)."""
+    import torch
+    from torch.onnx import symbolic_helper as sh
+    from torch.onnx._internal.torchscript_exporter import symbolic_opset11
+
+    def const(g, v):
+        return g.op("Constant", value_t=torch.tensor([v]))
+
+    def diff(g, x, n, dim, prepend, append):
+        if sh._get_const(n, "i", "n") != 1:
+            raise RuntimeError("the sweep's aten::diff handles n=1 only")
+        d = sh._get_const(dim, "i", "dim")
+        x = g.op("Concat", *[v for v in (prepend, x, append) if not sh._is_none(v)], axis_i=d)
+        head = g.op("Slice", x, const(g, 1), const(g, 2**62), const(g, d))
+        return g.op("Sub", head, g.op("Slice", x, const(g, 0), const(g, -1), const(g, d)))
+
+    def cumsum(g, x, dim, dtype=None):
+        integral = x.type().scalarType() in ("Bool", "Byte", "Char", "Short", "Int")
+        if integral and (dtype is None or sh._is_none(dtype)):
+            x = g.op("Cast", x, to_i=7)  # TensorProto.INT64
+        return symbolic_opset11.cumsum(g, x, dim, dtype)
+
+    torch.onnx.register_custom_op_symbolic("aten::diff", diff, 17)
+    torch.onnx.register_custom_op_symbolic("aten::cumsum", cumsum, 17)
+
+
+def _rel_err(got: list[np.ndarray], want: list[np.ndarray]) -> float:
+    worst = 0.0
+    for g, w in zip(got, want):
+        g, w = np.asarray(g, dtype=np.float64), np.asarray(w, dtype=np.float64)
+        if g.shape != w.shape:
+            return float("inf")
+        err = np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-30)
+        worst = max(worst, float(err) if np.isfinite(err) else float("inf"))
+    return worst
+
+
+def _attempt(fn: Callable[[], tuple[list[np.ndarray], int]], want: list[np.ndarray]) -> dict:
+    start = time.time()
+    try:
+        got, kernels = fn()
+    except Exception as err:  # noqa: BLE001 - every failure is a row status
+        lines = [ln for ln in str(err).splitlines() if ln.strip()]
+        detail = next((ln for ln in lines if "Check failed" in ln or "Error" in ln), lines[0] if lines else "")
+        return {"status": "error", "reason": f"{type(err).__name__}: {detail.strip()[:240]}",
+                "trace": traceback.format_exc()[-2000:], "seconds": round(time.time() - start, 1)}
+    err = _rel_err(got, want)
+    return {"status": "ok" if err <= TOLERANCE else "WRONG", "rel_err": err, "kernels": kernels,
+            "seconds": round(time.time() - start, 1)}
+
+
+def _tvm_build(mod: Any, target: Any) -> tuple[Any, int]:
+    import tvm
+    from tvm import relax
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    from relax_passes.lower_emits import kernel_calls
+
+    with target:
+        mod = tvm.transform.Sequential([*cpu.library_dispatch_passes(target), *cpu.legalize_passes(target)])(mod)
+    kernels = len(kernel_calls(mod["main"]))
+    rest = tvm.transform.Sequential([*cpu.dataflow_lower_passes(target), *cpu.finalize_passes(target)])
+    with target:
+        ex = tvm.compile(mod, target=target, relax_pipeline=rest)
+    return relax.VirtualMachine(ex, tvm.cpu()), kernels
+
+
+def _run_vm(vm: Any, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    import tvm
+
+    outs = []
+    for f in feeds:
+        out = vm["main"](*[tvm.runtime.tensor(v) for v in f.values()])
+        outs.append((out[0] if not hasattr(out, "numpy") else out).numpy())
+    return outs
+
+
+def run_row(row: str, path: str, with_tvm: bool) -> dict:
+    import torch
+
+    import aicf_tvm
+    from aicf_tvm.targets import resolve_target
+
+    name, masked = row.removesuffix("+mask"), row.endswith("+mask")
+    kind, build = _configs()[name]
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = build().eval()
+    if kind == "image":
+        _calibrate(model, rng)
+    feeds = [_inputs(kind, masked, model, rng) for _ in range(2)]
+    names = list(feeds[0])
+    module = wrap(model, names)
+    args = [tuple(torch.from_numpy(v) for v in f.values()) for f in feeds]
+    result: dict = {"model": row, "path": path}
+    target = resolve_target("llvm")
+
+    if path == "torch":
+        with torch.no_grad():
+            want = [module(*a).numpy() for a in args]
+
+        def ours():
+            compiled = aicf_tvm.compile(aicf_tvm.from_torch(module, args[0]), target)
+            return [compiled(*f.values()) for f in feeds], len(compiled.kernels)
+
+        def theirs():
+            from tvm.relax.frontend.torch import from_exported_program
+
+            with torch.no_grad():
+                ep = torch.export.export(module, args[0])
+                mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+            vm, kernels = _tvm_build(mod, target)
+            return _run_vm(vm, feeds), kernels
+    else:
+        import onnx
+        import onnxruntime as ort
+
+        _register_export_fixes()
+        with tempfile.TemporaryDirectory() as tmp:
+            file = os.path.join(tmp, "model.onnx")
+            with torch.no_grad():
+                torch.onnx.export(module, args[0], file, dynamo=False, opset_version=17, input_names=names,
+                                  output_names=["out"])
+            proto = onnx.load(file)
+        sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        want = [sess.run(None, f)[0] for f in feeds]
+        onnx_inputs = [i.name for i in proto.graph.input]
+        feeds = [{k: f[k] for k in onnx_inputs} for f in feeds]  # the exporter drops unused inputs
+
+        def ours():
+            compiled = aicf_tvm.compile(aicf_tvm.from_onnx(proto), target)
+            return [compiled(**f) for f in feeds], len(compiled.kernels)
+
+        def theirs():
+            from tvm import relax
+
+            shapes = {k: list(v.shape) for k, v in feeds[0].items()}
+            vm, kernels = _tvm_build(relax.frontend.onnx.from_onnx(proto, shape_dict=shapes), target)
+            return _run_vm(vm, feeds), kernels
+
+    result["distinct"] = _rel_err([want[0]], [want[1]]) > TOLERANCE
+    result["ours"] = _attempt(ours, want)
+    if with_tvm:
+        result["tvm"] = _attempt(theirs, want)
+    return result
+
+
+# --- the sweep ---------------------------------------------------------------------------
+
+def _spawn(row: str, path: str, args: argparse.Namespace) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+        out = tmp.name
+    cmd = [sys.executable, __file__, "--worker", row, path, "--json", out] + ([] if args.tvm else ["--no-tvm"])
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    start = time.time()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+        if proc.returncode == 0:
+            return json.loads(Path(out).read_text())
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        crash = {"status": "error", "reason": f"worker died (exit {proc.returncode}): {tail[0][:200]}"}
+    except subprocess.TimeoutExpired:
+        crash = {"status": "timeout", "reason": f"over {args.timeout} s"}
+    finally:
+        Path(out).unlink(missing_ok=True)
+    return {"model": row, "path": path, "ours": crash, "tvm": crash, "seconds": round(time.time() - start, 1)}
+
+
+def _cell(res: dict | None) -> str:
+    if not res:
+        return "-"
+    if res["status"] in ("ok", "WRONG"):
+        return f"{res['status']} {res['rel_err']:.1e}"
+    return f"{res['status']}: {res.get('reason', '')[:60]}"
+
+
+def _kernels(res: dict | None) -> str:
+    return str(res["kernels"]) if res and "kernels" in res else "-"
+
+
+def print_table(results: list[dict]) -> None:
+    print(f"{'model':<18} {'path':<6} {'ours':<46} {'TVM':<46} {'kernels ours/TVM':>16}")
+    for r in results:
+        distinct = "" if r.get("distinct", True) else "  (two inputs gave the same output)"
+        print(f"{r['model']:<18} {r['path']:<6} {_cell(r['ours']):<46} {_cell(r.get('tvm')):<46} "
+              f"{_kernels(r['ours']) + '/' + _kernels(r.get('tvm')):>16}{distinct}")
+    right = sum(r["ours"]["status"] == "ok" and r.get("distinct", True) for r in results)
+    tvm_bad = sum(r.get("tvm", {}).get("status") not in (None, "ok") for r in results)
+    print(f"\nours right: {right}/{len(results)}; TVM alone fails (error or wrong): {tvm_bad}/{len(results)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", help="model names (a decoder name selects both its rows)")
+    parser.add_argument("--paths", nargs="+", default=["torch", "onnx"], choices=["torch", "onnx"])
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per (model, path)")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--no-tvm", dest="tvm", action="store_false", help="skip TVM's own frontend + pipeline")
+    parser.add_argument("--worker", nargs=2, metavar=("ROW", "PATH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        Path(args.json).write_text(json.dumps(run_row(*args.worker, with_tvm=args.tvm)))
+        return 0
+    selected = [r for r in rows() if not args.only or r.removesuffix("+mask") in args.only or r in args.only]
+    if not selected:
+        parser.error(f"--only matches no model; the models: {', '.join(sorted(_configs()))}")
+    work = [(row, path) for row in selected for path in args.paths]
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = []
+        for res in pool.map(lambda rp: _spawn(*rp, args), work):
+            results.append(res)
+            print(f"  {res['model']:<18} {res['path']:<6} ours {_cell(res['ours'])}  TVM {_cell(res.get('tvm'))}",
+                  file=sys.stderr, flush=True)
+    print_table(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

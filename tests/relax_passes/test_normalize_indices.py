@@ -1,0 +1,146 @@
+"""NormalizeIndices: every take/gather reads in bounds, negative indices count from the end.
+
+References are numpy's own indexing (``np.take``, ``np.take_along_axis``, advanced
+indexing), which defines negative indices as PyTorch and ONNX do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import aicf_tvm
+from aicf_tvm import UnsupportedModelError
+from relax_passes.normalize_indices import NormalizeIndices, resolve_constant
+
+from ..conftest import run_vm
+
+
+def test_resolve_constant_maps_negative_indices_from_the_end():
+    got = resolve_constant(np.array([-1, 0, -5, 4], dtype="int64"), [5], "fast", "take")
+    np.testing.assert_array_equal(got, [4, 0, 0, 4])
+    assert got.dtype == np.int64
+
+
+def test_resolve_constant_applies_clip_and_wrap_modes():
+    values = np.array([-7, 2, 9], dtype="int32")
+    np.testing.assert_array_equal(resolve_constant(values, [5], "clip", "take"), [0, 2, 4])
+    np.testing.assert_array_equal(resolve_constant(values, [5], "wrap", "take"), [3, 2, 4])
+
+
+def test_resolve_constant_wraps_each_coordinate_of_gather_nd():
+    got = resolve_constant(np.array([[-1, -1], [1, 2]], dtype="int64"), [4, 3], "fast", "gather_nd")
+    np.testing.assert_array_equal(got, [[3, 2], [1, 2]])
+
+
+def test_constant_index_out_of_range_is_refused():
+    with pytest.raises(UnsupportedModelError, match=r"take: constant index 5 is out of range for an axis of size 5"):
+        resolve_constant(np.array([0, 5]), [5], "fast", "take")
+
+
+@I.ir_module
+class TakeNegativeConstant:
+    @R.function
+    def main(x: R.Tensor((4, 6), "float32")):
+        with R.dataflow():
+            y = R.take(x, R.const(np.array([-2], "int64"), "int64"), axis=1, mode="fast")
+            R.output(y)
+        return y
+
+
+@I.ir_module
+class TakeFoldedConstant:
+    @R.function
+    def main(x: R.Tensor((4, 6), "float32")):
+        with R.dataflow():
+            y = R.take(x, R.const(np.array([4], "int64"), "int64"), axis=1, mode="fast")
+            R.output(y)
+        return y
+
+
+def test_negative_constant_index_is_folded_at_compile_time():
+    """Falcon's ``qkv[..., [-2], :]``: the index becomes n - 2 and the take stays fast."""
+    got = NormalizeIndices()(TakeNegativeConstant)
+    tvm.ir.assert_structural_equal(got, TakeFoldedConstant)
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    np.testing.assert_array_equal(run_vm(got, x)[0], x[:, [-2]])
+
+
+def test_in_range_constant_is_unchanged_and_the_pass_is_idempotent():
+    once = NormalizeIndices()(TakeFoldedConstant)
+    tvm.ir.assert_structural_equal(once, TakeFoldedConstant)
+    tvm.ir.assert_structural_equal(NormalizeIndices()(once), once)
+
+
+@I.ir_module
+class TakeDynamic:
+    @R.function
+    def main(x: R.Tensor((5, 3), "float32"), i: R.Tensor((4,), "int64")):
+        with R.dataflow():
+            y = R.take(x, i, axis=0)
+            z = R.take(x, i, axis=0, mode="nan")
+            R.output(y, z)
+        return y, z
+
+
+def test_dynamic_take_wraps_and_nan_mode_stays():
+    got = NormalizeIndices()(TakeDynamic)
+    modes = [str(b.value.attrs.mode) for b in got["main"].body.blocks[0].bindings if b.value.op.name == "relax.take"]
+    assert modes == ["wrap", "nan"]
+    rng = np.random.default_rng(1)
+    x, i = rng.standard_normal((5, 3)).astype("float32"), np.array([-1, 2, -5, 4])
+    np.testing.assert_array_equal(run_vm(got, x, i)[0], x[i])
+
+
+@I.ir_module
+class Gathers:
+    @R.function
+    def main(x: R.Tensor((5, 4), "float32"), e: R.Tensor((2, 4), "int64"), nd: R.Tensor((3, 2), "int64"),
+             r: R.Tensor((3,), "int64"), c: R.Tensor((3,), "int64")):
+        with R.dataflow():
+            ge = R.gather_elements(x, e, axis=0)
+            gn = R.gather_nd(x, nd)
+            it = R.index_tensor(x, (r, c))
+            R.output(ge, gn, it)
+        return ge, gn, it
+
+
+def test_gathers_with_negative_dynamic_indices_match_numpy():
+    got = NormalizeIndices()(Gathers)
+    tvm.ir.assert_structural_equal(NormalizeIndices()(got), got)  # wrapped indices are not wrapped again
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 4)).astype("float32")
+    e = rng.integers(-5, 5, (2, 4))
+    nd = np.stack([rng.integers(-5, 5, 3), rng.integers(-4, 4, 3)], axis=1)
+    r, c = rng.integers(-5, 5, 3), rng.integers(-4, 4, 3)
+    ge, gn, it = run_vm(got, x, e, nd, r, c)
+    np.testing.assert_array_equal(ge, np.take_along_axis(x, e, axis=0))
+    np.testing.assert_array_equal(gn, x[nd[:, 0], nd[:, 1]])
+    np.testing.assert_array_equal(it, x[r, c])
+
+
+def test_symbolic_extent_wraps_by_the_run_time_size():
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 3), "float32"))
+    e = relax.Var("e", relax.TensorType((2, 3), "int64"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, e]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.gather_elements(x, e, axis=0))
+        bb.emit_func_output(out)
+    got = NormalizeIndices()(bb.get())
+    rng = np.random.default_rng(3)
+    xs, es = rng.standard_normal((6, 3)).astype("float32"), rng.integers(-6, 6, (2, 3))
+    np.testing.assert_array_equal(run_vm(got, xs, es)[0], np.take_along_axis(xs, es, axis=0))
+
+
+def test_compile_normalizes_modules_from_any_source():
+    """``compile``'s normalize runs the pass: a fast take of negative indices built by hand."""
+    rng = np.random.default_rng(4)
+    x, i = rng.standard_normal((5, 3)).astype("float32"), np.array([-1, -3, 0, 2])
+    compiled = aicf_tvm.compile(TakeDynamic)
+    np.testing.assert_array_equal(compiled(x, i)[0], x[i])
