@@ -1,17 +1,19 @@
 """Our Relax passes, one per module, usable in any TVM pipeline.
 
-FoldBatchNorm, SinkReshapes (op level) -> LiftEmits -> PropagateContracts ->
+BoundShapes, NormalizeIndices, FoldBatchNorm, SinkReshapes (op level) -> LiftEmits -> PropagateContracts ->
 (EliminateEmits, MaterializeEmits, FuseEmits)* -> LowerEmits -> (after scheduling) prepack_weights
 """
 
+from .bound_shapes import BoundShapes
 from .eliminate_emits import EliminateEmits
 from .fold_batch_norm import FoldBatchNorm
 from .fuse_emits import FuseEmits
 from .lift_emits import LiftEmits
 from .lower_emits import LowerEmits
 from .materialize_emits import MaterializeEmits
+from .normalize_indices import NormalizeIndices
 from .propagate_contracts import PropagateContracts, analyze
 from .sink_reshapes import SinkReshapes
 
-__all__ = ["EliminateEmits", "FoldBatchNorm", "MaterializeEmits", "FuseEmits", "LiftEmits", "LowerEmits", "PropagateContracts", "SinkReshapes",
-           "analyze"]
+__all__ = ["BoundShapes", "EliminateEmits", "FoldBatchNorm", "FuseEmits", "LiftEmits", "LowerEmits",
+           "MaterializeEmits", "NormalizeIndices", "PropagateContracts", "SinkReshapes", "analyze"]
