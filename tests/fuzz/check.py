@@ -64,9 +64,9 @@ def flatten(out: Any) -> list[np.ndarray]:
 
 
 class Runner(Protocol):
-    def reference(self, mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]: ...
-
-    def ours(self, mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]: ...
+    def both(self, mod: tvm.IRModule, inputs: list[np.ndarray]) -> tuple[list, list]:
+        """(reference outputs, our outputs); ``ReferenceFailed`` when the reference fails
+        (whatever ours did), else ``FuzzFailure`` when ours does."""
 
 
 def run_reference(mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -99,12 +99,10 @@ def run_ours(mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
 class InProcess:
     """Both builds in this process (an abort inside TVM ends it: see ``worker.Worker``)."""
 
-    def reference(self, mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        return run_reference(mod, inputs)
-
-    def ours(self, mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def both(self, mod: tvm.IRModule, inputs: list[np.ndarray]) -> tuple[list, list]:
+        want = run_reference(mod, inputs)
         try:
-            return run_ours(mod, inputs)
+            return want, run_ours(mod, inputs)
         except Exception as err:  # noqa: BLE001 - every exception of ours is a finding
             raise FuzzFailure("error", f"{type(err).__name__}: {str(err).strip()[:2000]}") from err
 
@@ -176,7 +174,5 @@ def check_module(mod: tvm.IRModule, inputs: list[np.ndarray], dtypes: set[str],
                  numpy_out: list[np.ndarray] | None = None, runner: Runner | None = None) -> None:
     """Ours must match TVM's default build (and numpy, with a numpy-vs-float32 margin).
     Raises ``ReferenceFailed`` when TVM's own build fails, ``FuzzFailure`` when ours does."""
-    runner = runner or InProcess()
-    want = runner.reference(mod, inputs)
-    ours = runner.ours(mod, inputs)
+    want, ours = (runner or InProcess()).both(mod, inputs)
     compare(ours, want, numpy_out, tolerance(dtypes))

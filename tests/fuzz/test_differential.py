@@ -20,6 +20,8 @@ from .relax_build import build_module
 from .strategies import CI_CASES, case_id, draw_program
 from .worker import shared
 
+shared().start()  # the workers import TVM while pytest collects and runs the tests before these
+
 
 def check_program(prog: Program, runner: Runner) -> None:
     """Raises ``FuzzFailure`` when ours is wrong, ``ReferenceFailed`` when TVM's build fails."""

@@ -1,4 +1,4 @@
-"""A child process that builds and runs modules, so that an abort inside TVM is a failure
+"""Child processes that build and run modules, so that an abort inside TVM is a failure
 the fuzzer reports, not the end of the fuzzer.
 
 ``Worker`` keeps one child (``python -m tests.fuzz.worker``) and sends it requests over
@@ -7,7 +7,8 @@ arrays, and which build to run (``reference`` or ``ours``). The child answers wi
 flattened outputs or the exception it caught. When the child dies (abort, segfault) or
 does not answer in time, the request fails with ``FuzzFailure("crash" / "timeout")``
 (``ReferenceFailed`` for the reference build), naming the exit signal and the last lines
-the child wrote to stderr, and the next request starts a new child.
+the child wrote to stderr, and the next request starts a new child. ``Pair`` runs the
+reference in one worker and ours in another, at the same time.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Worker:
         self.timeout_s = timeout_s
         self.command = command or [sys.executable, "-m", "tests.fuzz.worker"]
         self._proc: subprocess.Popen | None = None
+        self._since = 0  # the log's size when the pending request was sent
         fd, name = tempfile.mkstemp(prefix="aicf_fuzz_worker_", suffix=".log")
         os.close(fd)
         self._log = Path(name)  # the child's stderr, appended to
@@ -64,36 +66,38 @@ class Worker:
             text = log.read().decode(errors="replace").strip().splitlines()
         return " | ".join(line.strip() for line in text[-lines:] if line.strip())
 
-    def _request(self, which: str, mod: tvm.IRModule, inputs: list[np.ndarray]) -> Any:
+    def start(self) -> None:
+        """Start a child unless one is alive (it imports TVM, ~5 s, while the caller goes on)."""
         if self._proc is None or self._proc.poll() is not None:
             self._proc = self._start()
-        proc = self._proc
-        since = self._log.stat().st_size
+
+    def send(self, which: str, mod: tvm.IRModule, inputs: list[np.ndarray]) -> None:
+        """Start one request (``receive`` collects it)."""
+        self.start()
+        self._since = self._log.stat().st_size
         try:
-            pickle.dump((which, tvm.ir.save_json(mod), inputs), proc.stdin)
-            proc.stdin.flush()
+            pickle.dump((which, tvm.ir.save_json(mod), inputs), self._proc.stdin)
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # the child died at start-up: receive reports it
+
+    def receive(self) -> tuple:
+        """("ok", outputs), ("error", message, ""), or ("crash" / "timeout", what, stderr tail)."""
+        proc, since = self._proc, self._since
+        try:
             ready, _, _ = select.select([proc.stdout], [], [], self.timeout_s)
             if not ready:
                 self.close()
                 return ("timeout", f"no answer in {self.timeout_s:.0f} s", self._stderr_tail(since))
             return pickle.load(proc.stdout)
-        except (EOFError, BrokenPipeError, pickle.UnpicklingError):
+        except (EOFError, pickle.UnpicklingError):
             code = proc.wait()
             self.close()
             return ("crash", _exit_reason(code), self._stderr_tail(since))
 
-    def reference(self, mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        reply = self._request("reference", mod, inputs)
-        if reply[0] != "ok":
-            raise ReferenceFailed(f"{reply[0]}: {reply[1]} {reply[2]}".strip())
-        return reply[1]
-
     def ours(self, mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        reply = self._request("ours", mod, inputs)
-        if reply[0] == "ok":
-            return reply[1]
-        kind, what, detail = reply
-        raise FuzzFailure(kind, f"{what}: {detail}" if detail else what)
+        self.send("ours", mod, inputs)
+        return _ours_result(self.receive())
 
     def close(self) -> None:
         if self._proc is not None:
@@ -110,14 +114,49 @@ class Worker:
         self._log.unlink(missing_ok=True)
 
 
-_SHARED: Worker | None = None
+def _reference_result(reply: tuple) -> list[np.ndarray]:
+    if reply[0] != "ok":
+        raise ReferenceFailed(f"{reply[0]}: {reply[1]} {reply[2]}".strip())
+    return reply[1]
 
 
-def shared() -> Worker:
-    """This process's worker (started on first use, stopped at exit)."""
+def _ours_result(reply: tuple) -> list[np.ndarray]:
+    if reply[0] == "ok":
+        return reply[1]
+    kind, what, detail = reply
+    raise FuzzFailure(kind, f"{what}: {detail}" if detail else what)
+
+
+class Pair:
+    """Two workers, so that the reference and ours build at the same time (and an abort in
+    either ends only its own child)."""
+
+    def __init__(self, timeout_s: float = TIMEOUT_S) -> None:
+        self.ref, self.mine = Worker(timeout_s), Worker(timeout_s)
+
+    def start(self) -> None:
+        self.ref.start()
+        self.mine.start()
+
+    def both(self, mod: tvm.IRModule, inputs: list[np.ndarray]) -> tuple[list, list]:
+        self.ref.send("reference", mod, inputs)
+        self.mine.send("ours", mod, inputs)
+        ref, ours = self.ref.receive(), self.mine.receive()
+        return _reference_result(ref), _ours_result(ours)
+
+    def discard(self) -> None:
+        self.ref.discard()
+        self.mine.discard()
+
+
+_SHARED: Pair | None = None
+
+
+def shared() -> Pair:
+    """This process's pair of workers (started on first use, stopped at exit)."""
     global _SHARED
     if _SHARED is None:
-        _SHARED = Worker()
+        _SHARED = Pair()
         atexit.register(_SHARED.discard)
     return _SHARED
 
