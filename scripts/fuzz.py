@@ -125,6 +125,7 @@ class Session:
                 if bug is not None:
                     if state["since"] is None:
                         self.known[bug.name] += 1
+                        print(f"seed {seed_value}: known {bug.name} {str(err).splitlines()[0][:200]}", flush=True)
                     return
                 if state["smallest"] is None or size_of(prog) < size_of(state["smallest"][0]):
                     state["smallest"] = (prog, err)

@@ -2,7 +2,7 @@
 
 ``special``: signed zeros, infinities and NaN in inputs and constants, through the
 identities a simplifier likes (``x + 0.0``, ``x - (-0.0)``, ``x * 0.0``, ``1 / x``,
-``max(x, -0.0)`` next to ``max(x, 0.0)``). ``batchnorm``: center/scale off, training on,
+``max(x, -0.0)`` next to ``max(x, 0.0)``, ``1 / (x * 0.0)``). ``batchnorm``: center/scale off, training on,
 axis != 1, float16, after a conv (the fold) or alone. ``indexing``: scatter/gather/take
 with the index forms the reference defines (negative indices where it reads them from the
 end: scatter_elements, take's wrap/clip). ``axis_reshape``: prelu, softmax, layer_norm,
@@ -39,9 +39,18 @@ def special(d: Draw, realistic: bool = False) -> Program:
         neg = b.step(op, x, const=const_spec(d, scalar, "float32", "negzero"), swap=d.coin())
         return b.build((pos, neg))
     y = x
+    if d.int(0, 2) == 0:  # one identity on the input itself: nothing downstream hides a zero's sign
+        op, fill = d.choice(IDENTITIES)
+        return b.build(b.step(op, x, const=const_spec(d, d.choice([[], [1], shape[-1:], shape]), "float32", fill),
+                              swap=d.coin()))
     for _ in range(d.int(1, 4)):
-        kind = d.choice(["identity", "identity", "reciprocal", "unary", "input", "sum"])
-        if kind == "identity":
+        kind = "zero_divisor" if d.int(0, 11) == 0 else d.choice(
+            ["identity", "identity", "identity", "reciprocal", "unary", "input", "sum"])
+        if kind == "zero_divisor":  # 1 / (x * 0.0): ±inf, or NaN, all folded at compile time
+            zero = b.step("multiply", y, const=const_spec(d, d.choice([[], [1]]), "float32",
+                                                          d.choice(["zero", "negzero"])))
+            y = b.step("reciprocal", zero) if d.coin() else b.step("div", y, zero)
+        elif kind == "identity":
             op, fill = d.choice(IDENTITIES)
             oshape = d.choice([[], [1], shape[-1:], shape])
             y = b.step(op, y, const=const_spec(d, oshape, "float32", fill), swap=d.coin())
@@ -70,9 +79,14 @@ def batchnorm(d: Draw, realistic: bool = False) -> Program:
     b = Builder("batchnorm")
     if layout in ("nchw", "nhwc") and d.coin():  # a conv before it: the fold
         cin = size(d, 1, 32) if realistic else d.int(1, 4)
-        x = b.input([nb, cin, *hw], dtype)
-        x = b.step("conv2d", x, const=const_spec(d, [c, cin, 3, 3], dtype), strides=[1, 1], padding=[1, 1], groups=1)
-        if layout == "nhwc":
+        conv = {"strides": [1, 1], "padding": [1, 1], "groups": 1}
+        if layout == "nchw":
+            x = b.step("conv2d", b.input([nb, cin, *hw], dtype), const=const_spec(d, [c, cin, 3, 3], dtype), **conv)
+        elif d.coin():  # an NHWC conv (HWIO weight)
+            x = b.step("conv2d", b.input([nb, *hw, cin], dtype), const=const_spec(d, [3, 3, cin, c], dtype),
+                       layout="NHWC", **conv)
+        else:
+            x = b.step("conv2d", b.input([nb, cin, *hw], dtype), const=const_spec(d, [c, cin, 3, 3], dtype), **conv)
             x = b.step("permute_dims", x, perm=[0, 2, 3, 1])
     else:
         shape = {"nchw": [nb, c, *hw], "nhwc": [nb, *hw, c], "nc": [nb, c], "nlc": [nb, hw[0], c]}[layout]
@@ -144,19 +158,20 @@ def axis_reshape(d: Draw, realistic: bool = False) -> Program:
     dtype = float_dtype(d)
     b = Builder("axis_reshape")
     x = b.input(shape, dtype)
-    new = list(shape)
+    new, unit = list(shape), None
     if d.coin():  # a unit dim inserted somewhere: the axis op may land on it
-        new.insert(d.int(0, len(new)), 1)
+        unit = d.choice([len(new)] + list(range(len(new) + 1)))  # often last: past the source's rank
+        new.insert(unit, 1)
     else:
         new = reshaped(d, tuple(shape))
     before = d.coin()  # reshape -> axis op, or axis op -> reshape -> elementwise
     cur, cur_shape = (b.step("reshape", x, shape=new), new) if before else (x, shape)
     rank = len(cur_shape)
-    axis = d.int(-rank, rank - 1)
     op = d.choice(["prelu", "prelu", "softmax", "layer_norm", "concat", "mean"])
+    axis = unit if op == "prelu" and before and unit is not None else d.int(-rank, rank - 1)
     if op == "prelu":
         alpha = [cur_shape[axis]]
-        if d.int(0, 3) == 0:
+        if unit is None and d.int(0, 3) == 0:  # a run-time slope (a constant one is a scalar on a unit dim)
             y = b.step("prelu", cur, b.input(alpha, dtype), axis=axis)
         else:
             y = b.step("prelu", cur, alpha=const_spec(d, alpha, dtype), axis=axis)

@@ -169,7 +169,12 @@ def _np_step(step: Step, v: list, n: int) -> Any:
         b = _operand(step, v)
         out = np.matmul(_f64(a), _f64(np.swapaxes(b, -1, -2) if p.get("transpose_rhs") else b))
     elif op == "conv2d":
-        out = conv2d(a, _operand(step, v), p["strides"], p["padding"], p["groups"])
+        w = _operand(step, v)
+        if p.get("layout") == "NHWC":  # NHWC x HWIO: the same conv on transposed operands
+            out = conv2d(a.transpose(0, 3, 1, 2), w.transpose(3, 2, 0, 1), p["strides"], p["padding"],
+                         p["groups"]).transpose(0, 2, 3, 1)
+        else:
+            out = conv2d(a, w, p["strides"], p["padding"], p["groups"])
     elif op == "prelu":
         alpha = _operand(step, v, "alpha")
         shape = [1] * a.ndim

@@ -88,7 +88,9 @@ def _linear(step: Step, a: Any, v: list, consts: _Consts) -> Any:
     p = step.params
     b = _operand(step, v, consts)
     if step.op == "conv2d":
-        return relax.op.nn.conv2d(a, b, strides=p["strides"], padding=p["padding"], groups=p["groups"])
+        nhwc = p.get("layout") == "NHWC"  # then the weight is HWIO
+        return relax.op.nn.conv2d(a, b, strides=p["strides"], padding=p["padding"], groups=p["groups"],
+                                  data_layout="NHWC" if nhwc else "NCHW", kernel_layout="HWIO" if nhwc else "OIHW")
     if p.get("transpose_rhs"):
         rank = len(p["rhs_shape"])
         b = relax.op.permute_dims(b, list(range(rank - 2)) + [rank - 1, rank - 2])

@@ -67,7 +67,7 @@ def test_known_bug_needs_both_the_construct_and_the_symptom() -> None:
     b = Builder("special")
     x = b.input([4], special=True)
     prog = b.build(b.step("add", x, const={"shape": [], "seed": 0, "fill": "zero", "dtype": "float32"}))
-    assert known_bug(prog, FuzzFailure("signed-zero", "")).name == "signed-zero-add"
+    assert known_bug(prog, FuzzFailure("signed-zero", "ours np.float32(-0.0), expected np.float32(0.0)")).name == "signed-zero-add"
     assert known_bug(prog, FuzzFailure("values", "")) is None  # a wrong value is not this bug
     other = Builder("special")
     y = other.input([4])
