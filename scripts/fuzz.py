@@ -82,7 +82,8 @@ def write_regression(prog: Program, err: FuzzFailure, found_by: str) -> Path | N
     crash = err.kind in ("crash", "timeout")  # run it in a worker, or the abort ends pytest
     path.write_text(TEMPLATE.format(
         name=name, summary=summary, found_by=found_by, source=literal, program=textwrap.indent(repr(prog), "    "),
-        inputs=inputs, dtypes=sorted(prog.dtypes()), worker_import="from tests.fuzz.worker import shared\n" if crash else "",
+        inputs=inputs, dtypes=sorted(prog.dtypes()),
+        worker_import="from tests.fuzz.worker import shared\n" if crash else "",
         runner=", runner=shared()" if crash else ""))
     return path
 

@@ -91,7 +91,8 @@ def batchnorm(d: Draw, realistic: bool = False) -> Program:
     else:
         shape = {"nchw": [nb, c, *hw], "nhwc": [nb, *hw, c], "nc": [nb, c], "nlc": [nb, hw[0], c]}[layout]
         x = b.input(shape, dtype)
-    stats = {k: const_spec(d, [c], dtype, "positive" if k == "var" else "rand") for k in ("gamma", "beta", "mean", "var")}
+    stats = {k: const_spec(d, [c], dtype, "positive" if k == "var" else "rand")
+             for k in ("gamma", "beta", "mean", "var")}
     t = b.step("batch_norm", x, axis=LAYOUTS[layout], eps=d.choice([1e-5, 1e-3]), center=d.int(0, 2) > 0,
                scale=d.int(0, 2) > 0, training=d.int(0, 2) == 0, momentum=d.choice([0.1, 0.5]), **stats)
     y = b.step("item", t, index=0)
@@ -178,7 +179,8 @@ def axis_reshape(d: Draw, realistic: bool = False) -> Program:
     elif op == "softmax":
         y = b.step("softmax", cur, axis=axis)
     elif op == "layer_norm":
-        y = b.step("layer_norm", cur, k=1, gamma=const_spec(d, cur_shape[-1:], dtype), beta=const_spec(d, cur_shape[-1:], dtype))
+        y = b.step("layer_norm", cur, k=1, gamma=const_spec(d, cur_shape[-1:], dtype),
+                   beta=const_spec(d, cur_shape[-1:], dtype))
     elif op == "concat":
         other = list(cur_shape)
         other[axis] = d.int(1, 3)
@@ -258,7 +260,8 @@ def tuple_out(d: Draw, realistic: bool = False) -> Program:
     shape = d.choice(["a(bc)", "(ab)c", "a(b)", "((ab))c"])
     a, bb, *rest = picks
     c = rest[0] if rest else bb
-    prog.outputs = {"a(bc)": (a, (bb, c)), "(ab)c": ((a, bb), c), "a(b)": (a, (bb,)), "((ab))c": (((a, bb),), c)}[shape]
+    prog.outputs = {"a(bc)": (a, (bb, c)), "(ab)c": ((a, bb), c), "a(b)": (a, (bb,)),
+                    "((ab))c": (((a, bb),), c)}[shape]
     prog.family = "tuple_out"
     return prog
 

@@ -55,7 +55,8 @@ class Stats:
         self.output[bucket(out_total)] += 1
         self.largest_input = max(self.largest_input, max(sizes))
         self.largest_output = max(self.largest_output, out_total)
-        consts = [v["shape"] for s in prog.steps for v in s.params.values() if isinstance(v, dict) and "shape" in v and "kind" not in v]
+        consts = [v["shape"] for s in prog.steps for v in s.params.values()
+                  if isinstance(v, dict) and "shape" in v and "kind" not in v]  # not index arrays
         self.largest_const = max([self.largest_const] + [_elements(c) for c in consts])
         self.ops.update({s.op for s in prog.steps})
         self.families[prog.family] += 1
@@ -70,7 +71,7 @@ class Stats:
             lines += [f"  {b:>13} {counter[b]:4d} {'#' * counter[b]}" for b in order if counter[b]]
         for title, counter in (("families", self.families), ("dtypes", self.dtypes),
                                ("ops (programs using each)", self.ops)):
-            lines.append(f"{title}: " + ", ".join(f"{k} {v}" for k, v in sorted(counter.items(), key=lambda kv: -kv[1])))
+            lines.append(f"{title}: " + ", ".join(f"{k} {v}" for k, v in counter.most_common()))
         return "\n".join(lines)
 
 

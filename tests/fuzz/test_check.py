@@ -67,7 +67,8 @@ def test_known_bug_needs_both_the_construct_and_the_symptom() -> None:
     b = Builder("special")
     x = b.input([4], special=True)
     prog = b.build(b.step("add", x, const={"shape": [], "seed": 0, "fill": "zero", "dtype": "float32"}))
-    assert known_bug(prog, FuzzFailure("signed-zero", "ours np.float32(-0.0), expected np.float32(0.0)")).name == "signed-zero-add"
+    lost_sign = FuzzFailure("signed-zero", "ours np.float32(-0.0), expected np.float32(0.0)")
+    assert known_bug(prog, lost_sign).name == "signed-zero-add"
     assert known_bug(prog, FuzzFailure("values", "")) is None  # a wrong value is not this bug
     other = Builder("special")
     y = other.input([4])
@@ -101,7 +102,8 @@ def _relu_module():
 
 
 def test_worker_reports_an_abort_as_a_crash_and_recovers() -> None:
-    aborts = [sys.executable, "-c", "import os, sys; sys.stderr.write('boom\\n'); sys.stdin.buffer.read(1); os.abort()"]
+    aborts = [sys.executable, "-c",
+              "import os, sys; sys.stderr.write('boom\\n'); sys.stdin.buffer.read(1); os.abort()"]
     worker = Worker(command=aborts)
     for _ in range(2):  # the second request starts a new child
         with pytest.raises(FuzzFailure) as err:
