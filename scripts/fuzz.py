@@ -1,40 +1,44 @@
-"""Differential fuzzing for longer than the test suite does; every failure becomes a test.
+"""Differential fuzzing for longer than the test suite does; every new failure becomes a test.
 
-    python scripts/fuzz.py --minutes 30 [--seed 0] [--examples-per-seed 40]
+    python scripts/fuzz.py --minutes 30 [--seed 0] [--profile realistic|small|all]
+    python scripts/fuzz.py --stats [--profile ci|realistic|small|all] [--count 200]
 
 Runs the property of ``tests/fuzz/test_differential.py`` (our compiled module vs TVM's
-default build and numpy) over seeds S, S+1, ... until the time is up. Hypothesis shrinks
-each failure; the shrunk module is written as a self-contained pytest file under
-``tests/regressions/`` (the module as TVMScript with its constants, the inputs' seed and
-shapes, the oracle), one file per distinct failure. A summary line per seed goes to
-stdout, and a final line with the seed range, example count and failure count.
+default build and numpy, both built in a worker process so that an abort is a failure)
+under hypothesis, over seeds S, S+1, ... until the time is up. A failure that matches
+``tests/fuzz/known_bugs.py`` is counted under its bug's name and not shrunk; any other is
+shrunk (for at most ``--shrink-minutes``) and written as a self-contained pytest file
+under ``tests/regressions/`` (the module as TVMScript with its constants, the inputs'
+shapes, the oracle). The end of the run prints the examples run, the failures by known
+bug, the new ones, and the size histogram of the programs run. ``--stats`` only lists
+what a profile draws (``ci``: exactly the cases the test suite runs).
 """
 
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import hashlib
-import json
 import os
-import pickle
-import subprocess
 import sys
-import tempfile
 import textwrap
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("AICF_DEBUG", "1")
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
-from hypothesis.errors import Flaky, UnsatisfiedAssumption
+from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
-from tests.fuzz.program import build_module, random_inputs
-from tests.fuzz.strategies import programs
-from tests.fuzz.test_differential import check_program
+from tests.fuzz.check import FuzzFailure, ReferenceFailed  # noqa: E402
+from tests.fuzz.known_bugs import known_bug  # noqa: E402
+from tests.fuzz.program import Program, random_inputs  # noqa: E402
+from tests.fuzz.relax_build import build_module  # noqa: E402
+from tests.fuzz.stats import Stats, stats_of  # noqa: E402
+from tests.fuzz.strategies import CI_CASES, PROFILES, draw_program, programs  # noqa: E402
+from tests.fuzz.test_differential import check_program  # noqa: E402
+from tests.fuzz.worker import shared  # noqa: E402
 
 REGRESSIONS = ROOT / "tests" / "regressions"
 
@@ -49,135 +53,139 @@ import numpy as np
 import tvm
 
 from tests.fuzz.check import check_module
-
+from tests.fuzz.program import make_input
+{worker_import}
 SOURCE = {source}
 
-INPUTS = {inputs!r}  # (shape, dtype) of each input, filled from default_rng(0)
+INPUTS = {inputs!r}  # (shape, dtype, with IEEE specials) of each input, drawn from default_rng(0)
 DTYPES = {dtypes!r}
 
 
 def test_{name}() -> None:
     mod = tvm.script.from_source(SOURCE)
     rng = np.random.default_rng(0)
-    inputs = [np.asarray(rng.standard_normal(shape)).astype(dtype) for shape, dtype in INPUTS]
-    check_module(mod, inputs, set(DTYPES))
+    inputs = [make_input(rng, shape, dtype, special) for shape, dtype, special in INPUTS]
+    check_module(mod, inputs, set(DTYPES){runner})
 '''
 
 
-def write_regression(prog, err: BaseException, seed_value: int, found_by: str | None = None) -> Path | None:
-    try:
-        mod = build_module(prog)
-    except Exception as build_err:  # noqa: BLE001 - a generator bug: report it, keep fuzzing
-        print(f"seed {seed_value}: the program itself does not build ({build_err}); not written:\n{prog!r}",
-              flush=True)
-        return None
-    source = mod.script(show_meta=True)
-    digest = hashlib.sha1(source.encode()).hexdigest()[:10]
-    name = f"fuzz_{digest}"
+def write_regression(prog: Program, err: FuzzFailure, found_by: str) -> Path | None:
+    """The failure as a test file; None when the same module already has one."""
+    source = build_module(prog).script(show_meta=True)
+    name = f"fuzz_{hashlib.sha1(source.encode()).hexdigest()[:10]}"
     path = REGRESSIONS / f"test_{name}.py"
     if path.exists():
         return None
-    inputs = [(list(a.shape), str(a.dtype)) for a in random_inputs(prog)]
-    dtypes = sorted({dt for _, dt in prog.inputs} | {s.params.get("dtype", "") for s in prog.steps} - {""})
-    summary = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:160] if str(err).strip() else ''}"
-    REGRESSIONS.mkdir(parents=True, exist_ok=True)
-    (REGRESSIONS / "__init__.py").touch()
+    inputs = [(list(a.shape), str(a.dtype), k in prog.specials) for k, a in enumerate(random_inputs(prog))]
+    summary = f"[{err.kind}] {err.message.strip().splitlines()[0][:160] if err.message.strip() else ''}"
     literal = f"r'''{source}'''" if "'''" not in source and not source.endswith("\\") else repr(source)
-    found_by = found_by or f"``scripts/fuzz.py --seed {seed_value}``"
-    path.write_text(TEMPLATE.format(name=name, summary=summary, found_by=found_by, source=literal,
-                                    program=textwrap.indent(repr(prog), "    "),
-                                    inputs=inputs, dtypes=dtypes))
+    crash = err.kind in ("crash", "timeout")  # run it in a worker, or the abort ends pytest
+    path.write_text(TEMPLATE.format(
+        name=name, summary=summary, found_by=found_by, source=literal, program=textwrap.indent(repr(prog), "    "),
+        inputs=inputs, dtypes=sorted(prog.dtypes()),
+        worker_import="from tests.fuzz.worker import shared\n" if crash else "",
+        runner=", runner=shared()" if crash else ""))
     return path
 
 
-def run_seed(seed_value: int, examples: int) -> tuple[int, list]:
-    """Run one seed; returns (examples run, [(program, error)] for the shrunk failures)."""
-    state = {"count": 0, "last": None}
+class Session:
+    """Counts of one run: examples, no-verdict, known bugs by name, new failures, sizes."""
 
-    @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
-              suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-              phases=[Phase.generate, Phase.target, Phase.shrink])  # explain traces every line: hours
-    @seed(seed_value)
-    @given(programs())
-    def prop(prog) -> None:
-        state["count"] += 1
+    def __init__(self, shrink_s: float, deadline: float) -> None:
+        self.examples = self.no_verdict = 0
+        self.deadline = deadline  # time.monotonic() at which no new example starts
+        self.known: Counter = Counter()
+        self.new: list[tuple[Program, FuzzFailure, Path | None]] = []
+        self.stats = Stats()
+        self.shrink_s = shrink_s
+
+    def run_seed(self, seed_value: int, examples: int, profile: str) -> None:
+        state: dict = {"smallest": None, "since": None}
+
+        def size_of(prog: Program) -> tuple[int, int]:
+            return len(prog.steps), len(repr(prog))
+
+        @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
+                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+                  phases=[Phase.generate, Phase.shrink])  # explain traces every line: hours
+        @seed(seed_value)
+        @given(programs(profile))
+        def prop(prog: Program) -> None:
+            now = time.monotonic()
+            if state["since"] is None and now > self.deadline:
+                return  # the run's time is up
+            if state["since"] is not None and now - state["since"] > self.shrink_s:
+                return  # shrink budget spent: let hypothesis finish; the smallest failure is kept
+            try:
+                check_program(prog, shared())
+            except ReferenceFailed:
+                self.no_verdict += 1
+                return
+            except FuzzFailure as err:
+                bug = known_bug(prog, err)
+                if bug is not None:
+                    if state["since"] is None:
+                        self.known[bug.name] += 1
+                        print(f"seed {seed_value}: known {bug.name} {str(err).splitlines()[0][:200]}", flush=True)
+                    return
+                if state["smallest"] is None or size_of(prog) < size_of(state["smallest"][0]):
+                    state["smallest"] = (prog, err)
+                state["since"] = state["since"] or time.monotonic()
+                raise
+            finally:
+                if state["since"] is None:
+                    self.examples += 1
+                    self.stats.add(prog)
+
         try:
-            check_program(prog)
-        except UnsatisfiedAssumption:
-            raise
-        except BaseException as err:
-            state["last"] = (prog, err)
-            raise
+            prop()
+        except Exception:  # noqa: BLE001 - hypothesis re-raises the shrunk failure (or Flaky)
+            pass
+        if state["smallest"] is not None:
+            prog, err = state["smallest"]
+            path = write_regression(prog, err, f"``scripts/fuzz.py --seed {seed_value} --profile {profile}``")
+            self.new.append((prog, err, path))
+            print(f"seed {seed_value}: NEW FAILURE {err} -> {path or 'already written'}\n{prog!r}", flush=True)
 
-    try:
-        prop()
-    except Flaky as err:
-        return state["count"], [(state["last"][0], err)] if state["last"] else []
-    except Exception:  # noqa: BLE001 - hypothesis re-raises the shrunk failure last
-        return state["count"], [state["last"]] if state["last"] else []
-    return state["count"], []
-
-
-class ProcessCrashed(Exception):
-    """The compiler aborted the whole process (a fatal error inside TVM)."""
-
-
-def one_seed(seed_value: int, examples: int) -> None:
-    """Child process: run one seed, write its regressions, print a JSON summary line."""
-    if os.environ.get("AICF_FUZZ_STACKS"):
-        faulthandler.dump_traceback_later(float(os.environ["AICF_FUZZ_STACKS"]), repeat=True)
-    n, fails = run_seed(seed_value, examples)
-    paths = []
-    for prog, err in fails:
-        path = write_regression(prog, err, seed_value)
-        print(f"seed {seed_value}: FAIL {type(err).__name__}: {str(err).strip()[:300]} -> {path or 'known'}",
-              flush=True)
-        paths.append(str(path))
-    print("RESULT " + json.dumps({"examples": n, "failures": len(fails)}), flush=True)
-
-
-def spawn_seed(seed_value: int, examples: int, trace: Path) -> tuple[int, int]:
-    """Run a seed in a child, so that a process abort inside TVM is a failure, not the end.
-    A crash is written as a regression from the last program the child started (unshrunk)."""
-    cmd = [sys.executable, __file__, "--one-seed", str(seed_value), "--examples-per-seed", str(examples)]
-    env = dict(os.environ, AICF_FUZZ_TRACE=str(trace))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            data = json.loads(line[7:])
-            return data["examples"], data["failures"]
-        print(line, flush=True)
-    prog = pickle.loads(trace.read_bytes())
-    tail = proc.stderr.strip().splitlines()[-3:]
-    path = write_regression(prog, ProcessCrashed(f"exit {proc.returncode}: {' | '.join(tail)}"), seed_value)
-    print(f"seed {seed_value}: CRASH exit {proc.returncode} -> {path or 'known'}", flush=True)
-    return 0, 1
+    def report(self, first: int, last: int, minutes: float) -> str:
+        lines = [f"fuzz: seeds {first}..{last}, {self.examples} examples ({self.no_verdict} without verdict: "
+                 f"TVM's build fails too), {sum(self.known.values())} known-bug failures, {len(self.new)} new, "
+                 f"{minutes:.1f} minutes"]
+        lines += [f"  known {name}: {n}" for name, n in self.known.most_common()]
+        lines += [f"  new [{err.kind}] {err.message.splitlines()[0][:150]} -> {path}" for _, err, path in self.new]
+        return "\n".join(lines + [self.stats.report()])
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=0, help="first seed; later ones count up")
-    ap.add_argument("--examples-per-seed", type=int, default=40)
-    ap.add_argument("--one-seed", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--profile", choices=sorted(PROFILES) + ["ci"], default="all")
+    ap.add_argument("--examples-per-seed", type=int, default=20)
+    ap.add_argument("--shrink-minutes", type=float, default=3.0)
+    ap.add_argument("--stats", action="store_true", help="print what the profile draws; run nothing")
+    ap.add_argument("--count", type=int, default=200, help="programs to list with --stats")
     args = ap.parse_args(argv)
-    if args.one_seed is not None:
-        one_seed(args.one_seed, args.examples_per_seed)
+    if args.stats:
+        if args.profile == "ci":
+            progs = [draw_program(*c) for c in CI_CASES]
+        else:
+            cases = PROFILES[args.profile]
+            progs = [draw_program(*cases[k % len(cases)], args.seed + k) for k in range(args.count)]
+        print(stats_of(progs).report())
         return 0
-    deadline = time.monotonic() + args.minutes * 60
-    total, failures, s = 0, 0, args.seed
+    if args.profile == "ci":
+        ap.error("the ci profile runs in the test suite: pytest tests/fuzz")
     start = time.monotonic()
-    trace = Path(tempfile.mkdtemp(prefix="aicf_fuzz_")) / "last.pkl"
-    while time.monotonic() < deadline:
-        n, nfail = spawn_seed(s, args.examples_per_seed, trace)
-        total += n
-        failures += nfail
-        print(f"seed {s}: {n} examples, {nfail} failures ({(time.monotonic() - start) / 60:.1f} min)",
-              flush=True)
+    session = Session(args.shrink_minutes * 60, start + args.minutes * 60)
+    s = args.seed
+    while time.monotonic() < session.deadline:
+        session.run_seed(s, args.examples_per_seed, args.profile)
+        print(f"seed {s}: {session.examples} examples so far, known {sum(session.known.values())}, "
+              f"new {len(session.new)} ({(time.monotonic() - start) / 60:.1f} min)", flush=True)
         s += 1
-    print(f"fuzz: seeds {args.seed}..{s - 1}, {total} examples, {failures} failures, "
-          f"{(time.monotonic() - start) / 60:.1f} minutes", flush=True)
-    return 1 if failures else 0
+    print(session.report(args.seed, s - 1, (time.monotonic() - start) / 60), flush=True)
+    return 1 if session.new else 0
 
 
 if __name__ == "__main__":
