@@ -52,9 +52,9 @@ PROFILES: dict[str, list[tuple[str, bool]]] = {
 PROFILES["all"] = PROFILES["small"] + PROFILES["realistic"]
 
 # The CI cases: seeds per (family, realistic). Besides the first seeds of each family, a
-# seed that reaches each entry of ``known_bugs.KNOWN_BUGS`` (batch_norm 1, 17 and 89,
-# special 2, 7 and 10, axis_reshape 401, const_roles 300), so that emptying the table
-# after the fixes puts those bugs under test; gemm 9 is a prepacked 300x96x257 GEMM.
+# seed that reached each bug the fuzzer found (batch_norm 1, 17 and 89, special 2, 7
+# and 10, axis_reshape 401, const_roles 300), now fixed and under test; gemm 9 is a
+# prepacked 300x96x257 GEMM.
 _CI_SEEDS: list[tuple[str, bool, tuple[int, ...]]] = [
     ("graph", False, (0, 1, 2)), ("graph", True, (0,)), ("fp16", False, (0, 1)),
     ("gemm", True, (0, 1, 9)), ("gemm", False, (0,)), ("conv", True, (0, 1)), ("conv", False, (0,)),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from .check import FuzzFailure, close, compare, ieee_special, tolerance
-from .known_bugs import known_bug
+from .known_bugs import KnownBug, known_bug
 from .numpy_eval import eval_numpy
 from .program import Builder, index_array, random_inputs
 from .relax_build import build_module
@@ -67,13 +67,17 @@ def test_known_bug_needs_both_the_construct_and_the_symptom() -> None:
     b = Builder("special")
     x = b.input([4], special=True)
     prog = b.build(b.step("add", x, const={"shape": [], "seed": 0, "fill": "zero", "dtype": "float32"}))
+    adds_zero = KnownBug("signed-zero-add", "x + 0.0 eliminated",
+                         lambda p: any(s.op == "add" and s.params.get("const", {}).get("fill") == "zero"
+                                       for s in p.steps), frozenset({"signed-zero"}))
+    table = (adds_zero,)
     lost_sign = FuzzFailure("signed-zero", "ours np.float32(-0.0), expected np.float32(0.0)")
-    assert known_bug(prog, lost_sign).name == "signed-zero-add"
-    assert known_bug(prog, FuzzFailure("values", "")) is None  # a wrong value is not this bug
+    assert known_bug(prog, lost_sign, table).name == "signed-zero-add"
+    assert known_bug(prog, FuzzFailure("values", ""), table) is None  # a wrong value is not this bug
     other = Builder("special")
     y = other.input([4])
     plain = other.build(other.step("relu", y))
-    assert known_bug(plain, FuzzFailure("signed-zero", "")) is None
+    assert known_bug(plain, FuzzFailure("signed-zero", ""), table) is None
 
 
 def test_scatter_indices_are_distinct_along_the_axis() -> None:
