@@ -104,6 +104,27 @@ def canonicalize_dtypes(graph: Any) -> int:
     return inserted
 
 
+def drop_empty_cat_inputs(graph: Any) -> int:
+    """Drop the 1-D empty inputs of ``aten.cat``; returns how many were dropped.
+
+    PyTorch's ``cat`` skips a tensor of shape ``(0,)`` whatever the other inputs' rank (an
+    empty key/value cache concatenated with the first step's keys is one); TVM's
+    ``concat`` requires one rank. Skipping them is exactly what PyTorch computes."""
+    import torch
+
+    dropped = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.cat.default:
+            continue
+        tensors = list(node.args[0])
+        kept = [t for t in tensors if not (_val(t) is not None and tuple(_val(t).shape) == (0,))]
+        if len(kept) == len(tensors) or not kept:
+            continue
+        node.update_arg(0, kept)
+        dropped += len(tensors) - len(kept)
+    return dropped
+
+
 def _result_back_to_bool(graph: Any, node: Any) -> int:
     """Make ``node`` (bool-valued, computing in uint8 from now) feed its users through a cast
     back to bool; comparisons give bool anyway. Returns the casts inserted."""
@@ -142,7 +163,7 @@ def from_torch(module: Any, example_args: Sequence[Any], dynamic_shapes: Any = N
         except Exception as err:  # noqa: BLE001 - torch.export's many error types
             raise UnsupportedModelError(f"torch.export could not capture {type(module).__name__}: "
                                         f"{first_line(err)}") from err
-        if canonicalize_dtypes(ep.graph):
+        if canonicalize_dtypes(ep.graph) + drop_empty_cat_inputs(ep.graph):
             ep.graph_module.recompile()
         try:
             mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,

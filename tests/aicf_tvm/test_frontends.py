@@ -186,6 +186,49 @@ def test_tiny_gpt2_without_a_mask_matches_torch():
     np.testing.assert_allclose(compiled(ids.numpy()), want, rtol=1e-4, atol=1e-5)
 
 
+def test_cat_skips_empty_one_dimensional_inputs_as_pytorch_does():
+    """``torch.cat([torch.empty(0), x], -2)``: PyTorch skips the (0,)-shaped input whatever
+    x's rank; TVM's concat needs one rank."""
+    torch = pytest.importorskip("torch")
+
+    class Cache(torch.nn.Module):
+        def forward(self, x, y):
+            past = torch.empty(0, dtype=x.dtype)
+            return torch.cat([past, x], dim=-2), torch.cat([x, past, y], dim=-2)
+
+    rng = np.random.default_rng(8)
+    x, y = (torch.from_numpy(rng.standard_normal((1, 2, 3, 4)).astype(np.float32)) for _ in range(2))
+    _torch_matches(Cache(), x, y, exact=True)
+
+
+def test_tiny_gpt2_called_as_the_docs_call_it_matches_torch():
+    """The default cache (an empty key/value concatenated with the first step's) and the
+    all-ones mask a tokenizer returns."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2, n_positions=16)
+    model = transformers.GPT2Model(cfg).eval()
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids, mask):
+            return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    rng = np.random.default_rng(9)
+    ids, other = (torch.from_numpy(rng.integers(0, 50, (1, 6))) for _ in range(2))
+    mask = torch.ones((1, 6), dtype=torch.int64)
+    compiled = aicf_tvm.compile(aicf_tvm.from_torch(LastHidden(), (ids, mask)))
+    with torch.no_grad():
+        want, other_want = LastHidden()(ids, mask).numpy(), LastHidden()(other, mask).numpy()
+    assert not np.allclose(want, other_want)
+    np.testing.assert_allclose(compiled(ids.numpy(), mask.numpy()), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(compiled(other.numpy(), mask.numpy()), other_want, rtol=1e-4, atol=1e-5)
+
+
 # --- ONNX: shape subgraphs folded, dynamic dims ------------------------------------------
 
 
