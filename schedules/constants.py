@@ -30,13 +30,18 @@ _FLOAT_FORMATS = {"float16": "<e", "float32": "<f", "float64": "<d"}
 
 
 def stored_constant(block: s_tir.SBlock) -> tirx.Expr | None:
-    """The immediate a spatial block without init stores, else None."""
+    """The immediate a spatial block without init stores, else None. A bool immediate is
+    not one: folding ``True and c`` to ``c`` is exact, and leaving it stored would make the
+    rules vectorize a bool buffer, which LLVM code generation mistypes (i8 vs i1)."""
     body = block.body
     if block.init is not None or not isinstance(body, tirx.BufferStore):
         return None
     if not all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in block.iter_vars):
         return None
-    return body.value if isinstance(body.value, (tirx.FloatImm, tirx.IntImm)) else None
+    value = body.value
+    if not isinstance(value, (tirx.FloatImm, tirx.IntImm)) or str(value.ty) == "bool":
+        return None
+    return value
 
 
 def inlines_a_constant(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, reverse: bool) -> bool:
