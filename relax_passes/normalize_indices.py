@@ -173,6 +173,28 @@ def _index_tensor(self: _IndexNormalizer, call: relax.Call) -> relax.Expr:
     return relax.op.index_tensor(data, relax.Tuple(fixed))
 
 
+def _dims(shape: list[Extent]) -> list:
+    return [int(d) if isinstance(d, tirx.IntImm) else str(d) for d in shape]
+
+
+def _scatter_elements(self: _IndexNormalizer, call: relax.Call) -> relax.Expr:
+    """TVM 0.27's scatter_elements kernel places an update wrongly when the indices are
+    smaller than the data on an axis other than ``axis`` (its offsets use the data's
+    extents to unflatten the indices' positions): such a call is refused, not miscomputed."""
+    data, indices = call.args[0], call.args[1]
+    shape, ishape = _shape(data), _shape(indices)
+    if shape is None or ishape is None:
+        return call
+    axis = int(call.attrs.axis) % len(shape)
+    for k, (dim, idim) in enumerate(zip(shape, ishape)):
+        if k != axis and not (static_extents([dim]) is not None and static_extents([dim]) == static_extents([idim])):
+            raise UnsupportedModelError(
+                f"scatter_elements along axis {axis} with indices of shape {_dims(ishape)} on data of shape "
+                f"{_dims(shape)}: TVM's kernel places such updates wrongly unless the indices span every other "
+                "axis of the data")
+    return call
+
+
 def _fix(self: _IndexNormalizer, indices: relax.Expr, extents: list[Extent], op: str) -> relax.Expr:
     static = static_extents(extents)
     if isinstance(indices, tvm.ir.Constant) and static is not None:
@@ -185,6 +207,7 @@ _RULES: dict[str, Callable[[_IndexNormalizer, relax.Call], relax.Expr]] = {
     "relax.gather_elements": _gather_elements,
     "relax.gather_nd": _gather_nd,
     "relax.index_tensor": _index_tensor,
+    "relax.scatter_elements": _scatter_elements,
 }
 
 

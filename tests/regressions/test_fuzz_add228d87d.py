@@ -7,11 +7,12 @@ Found by ``scripts/fuzz.py --seed 5018 --profile all``; the shrunk program:
       outputs=(2,)
 """
 
-import numpy as np
+import pytest
 import tvm
 
-from tests.fuzz.check import check_module
-from tests.fuzz.program import make_input
+import aicf_tvm
+from aicf_tvm import UnsupportedModelError
+
 
 SOURCE = r'''metadata = tvm.ir.load_json("""{
   \"root_index\": 15,
@@ -139,12 +140,12 @@ class Module:
             R.output(gv)
         return gv'''
 
-INPUTS = [([4, 2, 3], 'float32', False), ([1, 2, 1], 'float32', False)]  # (shape, dtype, with IEEE specials) of each input, drawn from default_rng(0)
-DTYPES = ['float32']
 
 
 def test_fuzz_add228d87d() -> None:
+    """TVM's scatter_elements kernel misplaces updates whose indices are narrower than the
+    data off the scatter axis (ours and TVM's default build both disagreed with numpy):
+    the program is refused with an error naming the shapes, never miscomputed."""
     mod = tvm.script.from_source(SOURCE)
-    rng = np.random.default_rng(0)
-    inputs = [make_input(rng, shape, dtype, special) for shape, dtype, special in INPUTS]
-    check_module(mod, inputs, set(DTYPES))
+    with pytest.raises(UnsupportedModelError, match=r"indices of shape \[1, 2, 1\] on data of shape \[4, 2, 3\]"):
+        aicf_tvm.compile(mod, target={"kind": "llvm", "num-cores": 2})

@@ -144,3 +144,33 @@ def test_compile_normalizes_modules_from_any_source():
     x, i = rng.standard_normal((5, 3)).astype("float32"), np.array([-1, -3, 0, 2])
     compiled = aicf_tvm.compile(TakeDynamic)
     np.testing.assert_array_equal(compiled(x, i)[0], x[i])
+
+
+def _scatter_module(data_shape, index_shape, axis):
+    x = relax.Var("x", relax.TensorType(data_shape, "float32"))
+    u = relax.Var("u", relax.TensorType(index_shape, "float32"))
+    i = relax.Var("i", relax.TensorType(index_shape, "int64"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, i, u]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.scatter_elements(x, i, u, axis=axis))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_scatter_elements_with_indices_narrower_than_the_data_is_refused():
+    """TVM's kernel puts update (0, 1, 0) of a [1, 2, 1] update into data[i, 0, 1] of a
+    [4, 2, 3] tensor: a wrong answer, so the call is an error naming the shapes."""
+    with pytest.raises(UnsupportedModelError, match=r"scatter_elements along axis 0 with indices of shape \[1, 2, 1\]"):
+        aicf_tvm.compile(_scatter_module((4, 2, 3), (1, 2, 1), 0), target={"kind": "llvm", "num-cores": 2})
+
+
+def test_scatter_elements_spanning_the_other_axes_matches_numpy():
+    rng = np.random.default_rng(11)
+    data, upd = rng.standard_normal((4, 2, 3)).astype("float32"), rng.standard_normal((2, 2, 3)).astype("float32")
+    idx = np.stack([rng.permutation(4)[:2] for _ in range(6)], axis=1).reshape(2, 2, 3).astype("int64")
+    compiled = aicf_tvm.compile(_scatter_module((4, 2, 3), (2, 2, 3), 0), target={"kind": "llvm", "num-cores": 2})
+    want = data.copy()
+    for a, b, c in np.ndindex(2, 2, 3):
+        want[idx[a, b, c], b, c] = upd[a, b, c]
+    np.testing.assert_array_equal(compiled(data, idx, upd), want)
