@@ -77,3 +77,18 @@ def test_a_length_outside_the_bounds_is_refused_naming_input_and_dim():
     x = np.zeros((513, 8), "float32")
     with pytest.raises(aicf_tvm.InputError, match=r"input x: dim n = 513 is outside its bounds \[1, 512\]"):
         compiled(x, np.zeros((512, 8), "float32"))
+
+
+def test_a_dim_named_twice_must_agree_across_inputs():
+    @I.ir_module
+    class TwoInputs:
+        @R.function
+        def main(x: R.Tensor(("n", 8), "float32"), y: R.Tensor(("n", 8), "float32")):
+            with R.dataflow():
+                z = R.add(x, y)
+                R.output(z)
+            return z
+
+    compiled = aicf_tvm.compile(TwoInputs, target=TARGET)
+    with pytest.raises(aicf_tvm.InputError, match=r"input y: dim n = 4, but input x has n = 3"):
+        compiled(np.zeros((3, 8), "float32"), np.zeros((4, 8), "float32"))
