@@ -14,14 +14,12 @@ machine is shared: compare the ratios, not the milliseconds):
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 import tvm  # noqa: E402
 from tvm import relax, te, tirx  # noqa: E402
@@ -29,6 +27,7 @@ from tvm import relax, te, tirx  # noqa: E402
 from aicf_tvm.pipeline import lower, normalize, optimize  # noqa: E402
 from aicf_tvm.report import FusionReport  # noqa: E402
 from aicf_tvm.targets import resolve_target  # noqa: E402
+from aicf_tvm.threads import thread_count, use_threads  # noqa: E402
 from schedules.cpu.fallback import try_parallel  # noqa: E402
 from schedules.cpu.vector_math import vectorize_math  # noqa: E402
 
@@ -103,6 +102,7 @@ def main() -> None:
     parser.add_argument("--target", default="llvm")
     args = parser.parse_args()
     target = resolve_target(args.target)
+    use_threads(thread_count(None, target.export()))  # what a compiled model runs with
     rng = np.random.default_rng(0)
     print(f"target: {target}")
 

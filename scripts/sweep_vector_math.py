@@ -26,7 +26,6 @@ bound), so "0.5000" means every result was the correctly rounded one.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,12 +35,12 @@ import numpy as np
 import scipy.special
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 import tvm  # noqa: E402
 from tvm import te, tirx  # noqa: E402
 
 from aicf_tvm.targets import resolve_target  # noqa: E402
+from aicf_tvm.threads import thread_count, use_threads  # noqa: E402
 from schedules.cpu.fallback import try_parallel  # noqa: E402
 from schedules.cpu.vector_math import vectorize_math  # noqa: E402
 
@@ -162,6 +161,7 @@ def main() -> None:
     parser.add_argument("--target", default="llvm")
     args = parser.parse_args()
     target = resolve_target(args.target)
+    use_threads(thread_count(None, target.export()))  # what a compiled model runs with
     print(f"{'function':8s} {'impl':7s} {'points':>11s} {'max ulp':>9s} {'at x':>16s} "
           f"{'not CR':>9s} {'NaN/sign bad':>12s}")
     for name in args.functions:
