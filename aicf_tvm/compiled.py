@@ -49,11 +49,9 @@ def _has_row_major_strides(arr: np.ndarray) -> bool:
     kernels' buffers declare them. numpy's ``c_contiguous`` flag is weaker: it holds for
     every zero-size array (``np.zeros((0, 4))`` has strides ``(0, 0)``) and ignores the
     strides of size-1 dims, and DLPack passes the strides on as they are."""
-    expected, step = [], arr.itemsize
-    for dim in reversed(arr.shape):
-        expected.append(step)
-        step *= dim
-    return arr.strides == tuple(reversed(expected))
+    from .lattice.shape import row_major
+
+    return arr.strides == tuple(s * arr.itemsize for s in row_major(arr.shape))
 
 
 def _contiguous(value: Any) -> np.ndarray:
@@ -123,14 +121,11 @@ def specs_of(func: relax.Function) -> tuple[list[TensorSpec], list[TensorSpec]]:
 
 
 def dim_bounds_of(func: relax.Function) -> dict[str, list]:
-    """``{symbolic dim: [lower or None, upper or None]}`` from ``tir_var_*_bound`` attrs."""
-    attrs = func.attrs or {}
-    out: dict[str, list] = {}
-    for slot, key in enumerate(("tir_var_lower_bound", "tir_var_upper_bound")):
-        if key in attrs:
-            for name, value in dict(attrs[key]).items():
-                out.setdefault(str(name), [None, None])[slot] = int(value)
-    return out
+    """``{symbolic dim: [lower or None, upper or None]}`` from ``tir_var_*_bound`` attrs
+    (JSON-able, as exported)."""
+    from relax_passes.bound_shapes import bounds_of
+
+    return {name: list(pair) for name, pair in bounds_of(func).items()}
 
 
 @dataclass(frozen=True)
