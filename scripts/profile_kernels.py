@@ -1,8 +1,9 @@
 """Time every kernel of a compiled model on its own: ``python scripts/profile_kernels.py MODEL``.
 
-MODEL is anything ``aicf_tvm.load_model`` takes (a built-in name, an ONNX path) or the
+MODEL is anything ``aicf_tvm.load_model`` takes (a built-in name, an ONNX path), the
 name of a light ONNX model shipped with the ``onnx`` wheel (``squeezenet``,
-``shufflenet``, ...). Each distinct PrimFunc the model calls is built alone for the same
+``shufflenet``, ...), or ``hf:NAME`` for a ``transformers`` model of
+``scripts/bench_peers.py`` (``hf:gpt2``, ``hf:llama``, ``hf:resnet50``, ...; ``--seq``). Each distinct PrimFunc the model calls is built alone for the same
 target and timed with TVM's ``time_evaluator`` on random arguments of its parameter
 shapes; the table lists kernels by total time (time per call x calls per inference) with
 their kind, chosen schedule and share of the sum.
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tvm  # noqa: E402
 from tvm import tirx  # noqa: E402
@@ -27,7 +29,12 @@ from aicf_tvm.threads import use_threads  # noqa: E402
 from relax_passes.lower_emits import kernel_calls  # noqa: E402
 
 
-def resolve(model: str) -> str:
+def resolve(model: str, seq: int):
+    if model.startswith("hf:"):  # the same model, weights and inputs as bench_peers.py
+        import bench_peers
+
+        built = bench_peers.build(model[3:], seq)
+        return aicf_tvm.from_torch(built.module, built.inputs)
     import onnx
 
     light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{model}.onnx"
@@ -50,8 +57,9 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--seq", type=int, default=128, help="sequence length of hf: text models")
     args = parser.parse_args()
-    compiled = aicf_tvm.compile(resolve(args.model), target=args.target)
+    compiled = aicf_tvm.compile(resolve(args.model, args.seq), target=args.target)
     calls = collections.Counter(kernel_calls(compiled.lowered["main"]))
     kinds = {k.name: (k.kind, k.schedule) for k in compiled.kernels}
     device = tvm.cpu()
