@@ -24,7 +24,7 @@ import aicf_tvm
 from aicf_tvm.pipeline import lower, normalize, optimize
 from aicf_tvm.report import FusionReport
 from schedules.cpu import Elementwise
-from schedules.cpu.vector_math import ULP_BOUNDS, VectorizeMath, vectorize_math
+from schedules.cpu.vector_math import POW_EXPONENTS, ULP_BOUNDS, VectorizeMath, vectorize_math
 
 TARGET = Target({**Target.from_device(tvm.cpu()).export(), "num-cores": 2})
 N = (1 << 20) + 1024  # the dense sample and its special values
@@ -259,3 +259,71 @@ def test_each_call_gets_its_own_bindings_and_nested_calls_expand():
     built.mod["main"](tvm.runtime.tensor(x), out)
     xd = x.astype(np.float64)
     np.testing.assert_allclose(out.numpy(), np.exp(xd) + np.exp(np.exp(xd)), rtol=1e-6)
+
+
+def power_kernel(n: float):
+    """y = pow(x, n) over N floats, vectorized by 16 and expanded, as ``kernel`` builds."""
+    key = f"pow{n}"
+    if key not in _KERNELS:
+        a = te.placeholder((N,), "float32", name="a")
+        out = te.compute((N,), lambda i: tirx.power(a[i], tirx.const(n, "float32")), name="y")
+        sch = tvm.s_tir.Schedule(te.create_prim_func([a, out]))
+        (loop,) = sch.get_loops(sch.get_sblock("y"))
+        sch.vectorize(sch.split(loop, [None, 16])[1])
+        _KERNELS[key] = tvm.compile(tvm.IRModule({"main": vectorize_math(sch.mod["main"])}),
+                                    target=TARGET)
+    return _KERNELS[key]
+
+
+@pytest.mark.parametrize("n", POW_EXPONENTS)
+def test_integer_power_is_within_half_an_ulp_and_follows_c99(n):
+    """pow(x, n) for |n| <= 4 against float64 numpy over every float32 class, with the
+    signed zeros, infinities and NaN of C99 Annex F bit for bit."""
+    rng = np.random.default_rng(100 + n)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4028235e38,
+                         -3.4028235e38, 1.0, -1.0], dtype=np.float32)
+    bits = rng.integers(0, 1 << 32, size=1 << 18, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([bits, rng.uniform(-30, 30, 1 << 18).astype(np.float32), specials])
+    padded = np.resize(x, N)
+    out = tvm.runtime.tensor(np.empty(N, np.float32))
+    power_kernel(float(n)).mod["main"](tvm.runtime.tensor(padded), out)
+    y = out.numpy()[: len(x)]
+    with np.errstate(all="ignore"):
+        ref = np.power(x.astype(np.float64), float(n))
+    err = ulp_error(y, ref)
+    assert err.max() <= 0.5 + 2.0**-20, f"pow({x[int(np.argmax(err))]!r}, {n})"
+    with np.errstate(all="ignore"):
+        exact = np.power(specials.astype(np.float64), float(n)).astype(np.float32)
+    got = y[-len(specials):]
+    np.testing.assert_array_equal(got, exact)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(exact))
+    assert not re.search(r"@(powf|llvm\.pow\.\S+)\(", llvm_ir(power_kernel(float(n))))
+
+
+def test_only_small_integer_powers_expand():
+    """pow by 3.0 becomes multiplies (in scalar code too); pow by 2.5 or by a tensor stays
+    a libm call, and the Elementwise rule keeps that loop scalar."""
+    cube = vectorize_math(elementwise(lambda x: tirx.power(x, tirx.const(3.0, "float32")), "float32"))
+    assert "T.pow" not in cube.script()
+    half = elementwise(lambda x: tirx.power(x, tirx.const(2.5, "float32")), "float32")
+    assert "T.pow" in vectorize_math(half).script()
+    assert "T.vectorized" not in Elementwise().apply(half, TARGET, False).mod["main"].script()
+    cube_sch = Elementwise().apply(
+        elementwise(lambda x: tirx.power(x, tirx.const(3.0, "float32")), "float32"), TARGET, False)
+    assert "T.vectorized" in cube_sch.mod["main"].script()
+
+
+def test_gelu_tanh_with_pow_runs_vectorized_without_powf():
+    """GPT-2's GELU (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), x^3 as pow) compiles
+    to vector code calling no libm, and matches PyTorch's float64 evaluation."""
+    torch = pytest.importorskip("torch")
+
+    class NewGelu(torch.nn.Module):
+        def forward(self, x):
+            return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+    x = np.random.default_rng(7).standard_normal((64, 384)).astype(np.float32) * 3
+    compiled = aicf_tvm.compile(aicf_tvm.from_torch(NewGelu(), (torch.from_numpy(x),)), target="llvm")
+    assert not re.search(r"@(powf|llvm\.pow\.\S+|tanhf)\(", llvm_ir(compiled.executable))
+    ref = NewGelu()(torch.from_numpy(x).double()).numpy()
+    np.testing.assert_allclose(compiled(x), ref, rtol=2e-6, atol=1e-6)
