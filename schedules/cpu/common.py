@@ -65,9 +65,8 @@ def bound_iters(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> list[tirx
     """The block iterators whose binding uses ``loop``'s variable."""
     realize = get_sblockrealize(sch, block)
     var = sch.get(loop).loop_var
-    return [
-        iv for iv, value in zip(realize.block.iter_vars, realize.iter_values) if uses_var(value, var)
-    ]
+    pairs = zip(realize.block.iter_vars, realize.iter_values)
+    return [iv for iv, value in pairs if uses_var(value, var)]
 
 
 def loop_kinds(sch: s_tir.Schedule, block: SBlockRV) -> str:
