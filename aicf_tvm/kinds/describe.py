@@ -8,7 +8,7 @@ with. ``PropagateContracts`` refines it with strides, alias and numeric facts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import tvm
@@ -17,9 +17,7 @@ from tvm import relax
 
 from ..contract import ContractFacts, EmitContract, PortFacts
 from ..emit import Emit, Interface, Port
-from ..lattice import (
-    AccumDtype, Determinism, Effect, MathTag, NumericFact, Rounding, ShapeFact,
-)
+from ..lattice import Effect, MathTag, NumericFact, ShapeFact
 from .registry import BROADCAST, ELEMENTWISE, OPAQUE_RULE, KindRule, rule_for
 
 READ, WRITE, READWRITE = Effect("Read"), Effect("Write"), Effect("ReadWrite")
@@ -195,11 +193,12 @@ def _port(name: str, ty: Any) -> Port:
 
 
 def own_numeric(rule: KindRule, attrs: dict, dtype: str) -> NumericFact:
-    """The numeric semantics of the Emit's own computation of one output."""
+    """The numeric semantics of the Emit's own computation of one output: the exact fact
+    of its accumulation dtype, with the kind's math tag (``approx:*`` for approximations)."""
     if rule.is_opaque:
         return NumericFact.top()
     acc = attrs.get("out_dtype") or dtype
-    return NumericFact(MathTag(rule.math), AccumDtype.of(acc), Determinism.bottom(), Rounding.bottom())
+    return replace(NumericFact.exact(acc), math=MathTag(rule.math))
 
 
 def describe_call(call: relax.Call, sig: CallSignature | None = None) -> Emit:
