@@ -18,6 +18,7 @@ from tvm import relax
 from ..contract import ContractFacts, EmitContract, PortFacts
 from ..emit import Emit, Interface, Port
 from ..lattice import Effect, MathTag, NumericFact, ShapeFact
+from ..tvm_values import to_python
 from .registry import BROADCAST, ELEMENTWISE, OPAQUE_RULE, KindRule, rule_for
 
 READ, WRITE, READWRITE = Effect("Read"), Effect("Write"), Effect("ReadWrite")
@@ -72,25 +73,18 @@ def _type_shape(ty: Any) -> ShapeFact:
 
 
 def plain_value(value: Any) -> Any:
-    """An attr or non-tensor argument as str/int/float/bool/list (None when absent)."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, tvm.tirx.IntImm):
-        return bool(value.value) if str(getattr(value, "ty", "")) == "bool" else int(value.value)
-    if isinstance(value, tvm.tirx.FloatImm):
-        return float(value.value)
-    if isinstance(value, relax.ShapeExpr):
-        return [dim_value(d) for d in value.values]
-    if isinstance(value, relax.Tuple):
-        return [plain_value(f) for f in value.fields]
-    if isinstance(value, tvm.ir.StringImm):
-        return str(value.value)
+    """An attr or non-tensor argument as str/int/float/bool/list/dict (None when absent)."""
+    return to_python(value, _attr_value)
+
+
+def _attr_value(value: Any) -> Any:
+    """What ``to_python`` leaves to its caller: an unset attr (None) stays None, an Attrs
+    object is its dict, a boxed value its content, and anything else (a symbolic dim
+    such as ``n * 2``) its printed form without spaces."""
+    if value is None:
+        return None
     if hasattr(value, "fields") and not hasattr(value, "ty"):  # an Attrs object
         return attrs_dict(value)
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
-        return [plain_value(v) for v in value]
     if hasattr(value, "value") and not hasattr(value, "ty"):
         return plain_value(value.value)
     return str(value).replace(" ", "")
