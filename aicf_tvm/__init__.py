@@ -12,7 +12,8 @@ from .contract import (
 from .emit import EMIT_ATTR, Emit, Interface, Port, emit_of
 from .errors import (
     AicfError, AliasContradiction, ContractContradiction, ContractViolation, DeployError,
-    EncodingError, InputError, TargetError, TuningError, UnsupportedModelError,
+    EncodingError, InputError, KindRegistrationError, TargetError, TuningError,
+    UnsupportedModelError,
 )
 from .lattice import (
     ABIFact, AccumDtype, Alias, Alignment, Determinism, Effect, Flag, MathTag, NumericFact,
@@ -24,7 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ADAM_STEP_CONTRACT", "RELU_CONTRACT", "ContractFacts", "EmitContract", "Entailment", "PortFacts",
     "entails", "EMIT_ATTR", "Emit", "Interface", "Port", "emit_of", "AicfError", "AliasContradiction", "ContractContradiction",
-    "ContractViolation", "DeployError", "EncodingError", "InputError", "TargetError", "TuningError",
+    "ContractViolation", "DeployError", "EncodingError", "InputError", "KindRegistrationError", "TargetError", "TuningError",
     "UnsupportedModelError", "ABIFact", "AccumDtype", "Alias", "Alignment", "Determinism", "Effect",
     "Flag", "MathTag", "NumericFact", "Rounding", "ShapeFact",
 ]

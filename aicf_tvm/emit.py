@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from .contract import ContractFacts, EmitContract
 from .errors import EncodingError
+from .tvm_values import to_python
 
 EMIT_ATTR = "aicf.emit"
 # TVM's names: PrimFunc params every call passes a constant, and a block that only
@@ -100,19 +101,12 @@ def thaw(value: AttrValue) -> Any:
 
 
 def plain(value: Any) -> Any:
-    """A TVM attr value (Array/Map/String/IntImm) as Python lists/dicts/scalars."""
-    import tvm
+    """An annotation value (Map/Array/String/immediates) as Python dicts/lists/scalars;
+    ``EncodingError`` for anything else, None included."""
+    return to_python(value, _not_encodable)
 
-    if isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, tvm.tirx.IntImm):
-        return bool(value.value) if str(getattr(value, "ty", "")) == "bool" else int(value.value)
-    if isinstance(value, tvm.tirx.FloatImm):
-        return float(value.value)
-    if hasattr(value, "items"):
-        return {str(k): plain(v) for k, v in value.items()}
-    if hasattr(value, "__len__"):
-        return [plain(v) for v in value]
+
+def _not_encodable(value: Any) -> Any:
     raise EncodingError(f"unexpected value {value!r} in an {EMIT_ATTR} annotation")
 
 

@@ -25,6 +25,11 @@ class AliasContradiction(ContractContradiction):
         super().__init__(msg + (f" ({detail})" if detail else ""))
 
 
+class KindRegistrationError(AicfError, ValueError):
+    """A kind registration the registry refuses: an op or kind name registered twice (the
+    later entry would silently replace the earlier one), or an unknown category."""
+
+
 class EncodingError(AicfError):
     """An `aicf.emit` annotation is malformed and cannot be decoded."""
 
@@ -55,6 +60,7 @@ class TuningError(AicfError):
 
 # Errors raised inside our passes cross TVM's FFI (PassContext runs them from C++):
 # registering keeps their Python type on the way back out.
-for _cls in (AicfError, ContractContradiction, AliasContradiction, EncodingError, ContractViolation,
-             UnsupportedModelError, InputError, TargetError, DeployError, TuningError):
+for _cls in (AicfError, ContractContradiction, AliasContradiction, KindRegistrationError,
+             EncodingError, ContractViolation, UnsupportedModelError, InputError, TargetError,
+             DeployError, TuningError):
     tvm_ffi.register_error(_cls.__name__, _cls)

@@ -68,7 +68,7 @@ def optimize(mod: tvm.IRModule, report: FusionReport, candidates: Sequence[Any] 
     fuse = FuseEmits(report=report) if candidates is None else FuseEmits(tuple(candidates), report=report)
     for _ in range(MAX_ROUNDS):
         before = mod
-        for rewrite in [*rewrite_passes(report, before=True, candidates=candidates), fuse, *rewrite_passes(report, before=False)]:
+        for rewrite in [*rewrite_passes(report, candidates=candidates), fuse]:
             mod = PropagateContracts()(rewrite(mod))
             check(mod)
         if tvm_ffi.structural_equal(before, mod):

@@ -9,7 +9,7 @@ re-emitted in a topological order of groups and remaining bindings.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import tvm
@@ -31,7 +31,6 @@ class Group:
     name: str  # function name hint
     make_emit: Any = None  # (inputs, outputs, graph) -> Emit, set by the planner
     accumulation: Optional[str] = None
-    input_names: dict = field(default_factory=dict)  # boundary expr -> port name
 
 
 def group_inputs(graph: EmitGraph, members: list[int]) -> list[Any]:

@@ -1,12 +1,12 @@
-"""The rewrite passes that run around FuseEmits in the pipeline's fixpoint."""
+"""The rewrite passes that run before FuseEmits in each round of the pipeline's fixpoint."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-def rewrite_passes(report: Any, before: bool, candidates: Any = None) -> list:
-    """Passes before fusion or after it, in order.
+def rewrite_passes(report: Any, candidates: Any = None) -> list:
+    """The passes that run before fusion, in order.
 
     Materialization runs before fusion so that an inserted Emit makes its candidate legal
     before a lower-priority candidate takes the same members; in the fixpoint the order
@@ -16,7 +16,5 @@ def rewrite_passes(report: Any, before: bool, candidates: Any = None) -> list:
     from .eliminate_emits import EliminateEmits
     from .materialize_emits import MaterializeEmits
 
-    if not before:
-        return []
     materialize = MaterializeEmits(report=report) if candidates is None else MaterializeEmits(report, candidates)
     return [EliminateEmits(report=report), materialize]

@@ -36,6 +36,8 @@ from typing import Any
 import tvm
 from tvm import tirx
 
+from aicf_tvm.tvm_values import to_python
+
 _LOG = logging.getLogger(__name__)
 
 SIGNATURE_ATTR = "aicf.signature"
@@ -48,23 +50,10 @@ _DROPPED = (EMIT_ATTR, "aicf.kind", "aicf.schedule", "tirx.is_scheduled", "globa
 _TARGET_KEYS = ("kind", "mtriple", "mcpu", "mattr", "num-cores", "arch", "max_num_threads")
 
 
-def _plain(value: Any) -> Any:
-    """A TVM attr value (Map/Array/String/IntImm) as plain JSON-able Python."""
-    if isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (tirx.IntImm, tirx.FloatImm)):
-        return value.value
-    if hasattr(value, "items"):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if hasattr(value, "__len__"):
-        return [_plain(v) for v in value]
-    return str(value)
-
-
 def target_signature(target: tvm.target.Target) -> dict:
     """The target facts that change generated code (host CPU, cores, GPU arch)."""
     spec = target.export()
-    return {k: _plain(spec[k]) for k in _TARGET_KEYS if spec.get(k) not in (None, "", [])}
+    return {k: to_python(spec[k]) for k in _TARGET_KEYS if spec.get(k) not in (None, "", [])}
 
 
 def contract_signature(func: tirx.PrimFunc, target: tvm.target.Target) -> dict | None:
@@ -74,7 +63,7 @@ def contract_signature(func: tirx.PrimFunc, target: tvm.target.Target) -> dict |
     """
     if func.attrs is None or EMIT_ATTR not in func.attrs:
         return None
-    emit = _plain(func.attrs[EMIT_ATTR])
+    emit = to_python(func.attrs[EMIT_ATTR])
     provides = emit.get("contract", {}).get("provides", {}).get("ports", {})
     ports = []
     for name, dtype, ndim in [*emit["interface"]["inputs"], *emit["interface"]["outputs"]]:

@@ -33,6 +33,7 @@ from tvm.relax.frontend.onnx import from_onnx
 # Run as a file from anywhere: make the repository root importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aicf_tvm.models import BUILTIN_MODELS
+from aicf_tvm.tvm_values import to_python
 
 # Calls whose first argument names the real callee.
 CALLEE_FIRST = {"relax.call_tir", "relax.call_dps_packed", "relax.call_pure_packed"}
@@ -59,20 +60,19 @@ def import_onnx(model: onnx.ModelProto) -> tvm.IRModule:
 
 def plain(value: object) -> object:
     """A JSON-ready Python value for an attr field or a non-tensor argument."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, relax.ShapeExpr):
-        return [plain(v) for v in value.values]
-    if isinstance(value, relax.Tuple):
-        return [plain(v) for v in value.fields]
+    return to_python(value, _callee_or_text)
+
+
+def _callee_or_text(value: object) -> object:
+    """A callee by its name; None as None; anything else with no plain form as text."""
+    if value is None:
+        return None
     if isinstance(value, tvm.ir.GlobalVar):
         return value.name_hint
     if isinstance(value, relax.ExternFunc):
         return value.global_symbol
-    if hasattr(value, "value"):  # IntImm, FloatImm, StringImm, PrimValue
+    if hasattr(value, "value"):
         return plain(value.value)
-    if isinstance(value, list | tuple) or type(value).__name__ == "Array":
-        return [plain(v) for v in value]
     return str(value)
 
 

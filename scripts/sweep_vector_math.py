@@ -41,7 +41,7 @@ from tvm import te, tirx  # noqa: E402
 
 from aicf_tvm.targets import resolve_target  # noqa: E402
 from aicf_tvm.threads import thread_count, use_threads  # noqa: E402
-from schedules.cpu.fallback import try_parallel  # noqa: E402
+from schedules.cpu.common import try_parallel  # noqa: E402
 from schedules.cpu.vector_math import vectorize_math  # noqa: E402
 
 CHUNK = 1 << 22

@@ -8,7 +8,7 @@ with. ``PropagateContracts`` refines it with strides, alias and numeric facts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import tvm
@@ -17,9 +17,8 @@ from tvm import relax
 
 from ..contract import ContractFacts, EmitContract, PortFacts
 from ..emit import Emit, Interface, Port
-from ..lattice import (
-    AccumDtype, Determinism, Effect, MathTag, NumericFact, Rounding, ShapeFact,
-)
+from ..lattice import Effect, MathTag, NumericFact, ShapeFact
+from ..tvm_values import to_python
 from .registry import BROADCAST, ELEMENTWISE, OPAQUE_RULE, KindRule, rule_for
 
 READ, WRITE, READWRITE = Effect("Read"), Effect("Write"), Effect("ReadWrite")
@@ -74,25 +73,18 @@ def _type_shape(ty: Any) -> ShapeFact:
 
 
 def plain_value(value: Any) -> Any:
-    """An attr or non-tensor argument as str/int/float/bool/list (None when absent)."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, tvm.tirx.IntImm):
-        return bool(value.value) if str(getattr(value, "ty", "")) == "bool" else int(value.value)
-    if isinstance(value, tvm.tirx.FloatImm):
-        return float(value.value)
-    if isinstance(value, relax.ShapeExpr):
-        return [dim_value(d) for d in value.values]
-    if isinstance(value, relax.Tuple):
-        return [plain_value(f) for f in value.fields]
-    if isinstance(value, tvm.ir.StringImm):
-        return str(value.value)
+    """An attr or non-tensor argument as str/int/float/bool/list/dict (None when absent)."""
+    return to_python(value, _attr_value)
+
+
+def _attr_value(value: Any) -> Any:
+    """What ``to_python`` leaves to its caller: an unset attr (None) stays None, an Attrs
+    object is its dict, a boxed value its content, and anything else (a symbolic dim
+    such as ``n * 2``) its printed form without spaces."""
+    if value is None:
+        return None
     if hasattr(value, "fields") and not hasattr(value, "ty"):  # an Attrs object
         return attrs_dict(value)
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
-        return [plain_value(v) for v in value]
     if hasattr(value, "value") and not hasattr(value, "ty"):
         return plain_value(value.value)
     return str(value).replace(" ", "")
@@ -195,11 +187,12 @@ def _port(name: str, ty: Any) -> Port:
 
 
 def own_numeric(rule: KindRule, attrs: dict, dtype: str) -> NumericFact:
-    """The numeric semantics of the Emit's own computation of one output."""
+    """The numeric semantics of the Emit's own computation of one output: the exact fact
+    of its accumulation dtype, with the kind's math tag (``approx:*`` for approximations)."""
     if rule.is_opaque:
         return NumericFact.top()
     acc = attrs.get("out_dtype") or dtype
-    return NumericFact(MathTag(rule.math), AccumDtype.of(acc), Determinism.bottom(), Rounding.bottom())
+    return replace(NumericFact.exact(acc), math=MathTag(rule.math))
 
 
 def describe_call(call: relax.Call, sig: CallSignature | None = None) -> Emit:

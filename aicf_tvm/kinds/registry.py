@@ -4,6 +4,8 @@ An entry gives the kind name, a category (what fusion may do with it), a math ta
 attribute reader and a stride transfer rule for views. Adding an op means adding an
 entry (``table.py``), never editing a pass. An op with no entry lifts to ``opaque``:
 the weakest contract (ReadWrite on every port, ⊤ everywhere), never fused or moved.
+An op or kind name registered twice is refused (``KindRegistrationError``, raised while
+``table.py`` imports), so no entry silently replaces another.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from ..errors import KindRegistrationError
 from ..lattice import ShapeFact
 
 # What fusion may do with an Emit of this category.
@@ -62,9 +65,20 @@ _REGISTRY: dict[str, KindRule] = {}
 
 def register(op_name: str, category: str, kind: str | None = None, math: str = "exact",
              strides: StrideRule | None = None) -> KindRule:
+    """Add the entry of ``op_name``; an op or kind name already registered is refused."""
     if category not in CATEGORIES:
-        raise ValueError(f"unknown category {category!r} for {op_name}")
+        raise KindRegistrationError(f"unknown category {category!r} for {op_name}")
+    if op_name in _REGISTRY:
+        raise KindRegistrationError(
+            f"{op_name} is registered twice (as {_REGISTRY[op_name].category}, then as "
+            f"{category}); keep one entry in aicf_tvm/kinds/table.py")
     rule = KindRule(kind or kind_name(op_name), category, math, strides)
+    owners = [op for op, r in _REGISTRY.items() if r.kind == rule.kind]
+    if owners or rule.kind == OPAQUE_RULE.kind:
+        owner = owners[0] if owners else "ops with no entry"
+        raise KindRegistrationError(
+            f"kind {rule.kind!r} of {op_name} is already the kind of {owner}; "
+            "give register(..., kind=) a distinct name")
     _REGISTRY[op_name] = rule
     return rule
 

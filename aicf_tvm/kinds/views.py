@@ -81,7 +81,3 @@ def broadcast_to(call, ins: list[ShapeFact], out_dims: tuple):
     for d_in, s_in, d_out in zip(src.dims, src.strides, out_dims[lead:]):
         out.append(0 if (d_in == 1 and d_out != 1) else s_in)
     return tuple(out)
-
-
-def identity(call, ins: list[ShapeFact], out_dims: tuple):
-    return ins[0].strides

@@ -25,12 +25,8 @@ from ..lattice import (
     READ,
     READWRITE,
     WRITE,
-    AccumDtype,
     Alias,
-    Determinism,
-    MathTag,
     NumericFact,
-    Rounding,
 )
 
 ADAM_KINDS = ("adam_step", "fused_adam_step")
@@ -44,10 +40,6 @@ DISTINCT_INPUTS_ATTR = "aicf.distinct_inputs"
 SMALL = 1 << 14  # below this many elements a parallel loop costs more than it saves
 
 
-def _numeric(dtype: str) -> NumericFact:
-    return NumericFact(MathTag("exact"), AccumDtype.of(dtype), Determinism.bottom(), Rounding.bottom())
-
-
 def adam_step_emit(param_ty: Any, scalar_ty: Any, attrs: dict[str, float],
                    asserted: ContractFacts | None = None) -> Emit:
     """The Emit of one parameter's update (the contract template of ADAM_STEP_CONTRACT)."""
@@ -59,7 +51,7 @@ def adam_step_emit(param_ty: Any, scalar_ty: Any, attrs: dict[str, float],
     provides = {n: PortFacts(effect=READWRITE if n in WRITTEN else READ, shape=type_shape(tys[n]))
                 for n in ADAM_PORTS}
     for p in outputs:
-        provides[p.name] = PortFacts(effect=WRITE, shape=type_shape(param_ty), numeric=_numeric(dtype))
+        provides[p.name] = PortFacts(effect=WRITE, shape=type_shape(param_ty), numeric=NumericFact.exact(dtype))
     contract = EmitContract(provides=ContractFacts.of(provides))
     return Emit("adam_step", attrs, Interface(inputs, outputs), contract, asserted=asserted or ContractFacts())
 

@@ -24,8 +24,9 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
-from .gemm import find_reduction_block, looks_like_convolution, schedule_gemm
+from .gemm import looks_like_convolution, schedule_gemm
 from .gemm_analysis import IterRole, detect_gemm
+from .gemm_blocks import find_reduction_block
 
 
 def _group_divisors(expr: tirx.Expr, found: list) -> list:

@@ -33,7 +33,8 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
-from .gemm_blocks import find_reduction_block, inline_consumers, loop_extent, num_cores, vector_lanes
+from .common import float32_lanes, loop_extent, num_cores
+from .gemm_blocks import find_reduction_block, inline_consumers
 
 # Parallel tasks wanted per core: channel planes are shared out unequally otherwise.
 _TASKS_PER_CORE = 4
@@ -97,7 +98,7 @@ def deinterleave_input(sch: s_tir.Schedule, main: SBlockRV, stride: int) -> SBlo
 def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target, deinterleave: bool) -> None:
     """Apply the direct schedule of the module docstring to ``main`` (raises if it cannot);
     ``deinterleave``: read a strided input through ``deinterleave_input``."""
-    lanes = vector_lanes(target)
+    lanes = float32_lanes(target)
     stride = width_stride(sch, main)
     if deinterleave and stride == 1:
         raise ValueError("depthwise: a stride-1 input needs no deinterleaving")

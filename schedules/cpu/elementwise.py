@@ -16,108 +16,21 @@ function TensorIR cannot normalize.
 
 import math
 
-import tvm_ffi
-from tvm import ir, s_tir, tirx
+from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
-from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
-from tvm.sym.analyzer import Analyzer
-from tvm.target.codegen import llvm_get_vector_width
 
 from ..constants import inlines_a_constant
-from .fallback import (
+from .common import (
     MIN_PARALLEL_WORK,
-    LoopRV,
-    SBlockRV,
-    is_cpu_target,
+    calls_scalar_math,
     loop_extent,
+    output_lanes,
     try_parallel,
+    vectorize_innermost,
 )
-from .vector_math import expands
-
-# Vectorize only loops with at least this many iterations.
-MIN_VECTOR_EXTENT = 4
-
-
-# Calls LLVM expands into one libm call per lane on x86 (there is no vector math library
-# in the TVM build): vectorizing a block that makes them only adds lane shuffles, which
-# measured 10-20% slower than the scalar loop for exp.  The float32 ones ``VectorizeMath``
-# expands into arithmetic after scheduling (``vector_math.expands``) do not count.
-SCALAR_MATH_OPS = frozenset(
-    f"tirx.{name}"
-    for name in (
-        "exp", "exp2", "exp10", "expm1", "log", "log2", "log10", "log1p", "erf", "tanh",
-        "sigmoid", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh",
-        "pow", "fmod",
-    )
-)  # fmt: skip
-
-
-def calls_scalar_math(block: s_tir.SBlock) -> bool:
-    """Whether the block's body calls a math function that stays a libm call per lane."""
-    scalar = []
-    tvm_ffi.structural_walk(
-        block.body,
-        [(ir.Call, lambda call: scalar.append(
-            getattr(call.op, "name", "") in SCALAR_MATH_OPS and not expands(call)))],
-    )
-    return any(scalar)
-
-
-def vector_lanes(target: Target, sch: s_tir.Schedule, block: SBlockRV) -> int:
-    """Elements of the block's output dtype in one SIMD register of ``target``."""
-    bits = llvm_get_vector_width(target)
-    if bits <= 0:
-        bits = 128
-    writes = sch.get(block).writes
-    dtype_bits = writes[0].source.dtype.bits if writes else 32
-    return max(bits // max(dtype_bits, 8), 1)
-
-
-def largest_pow2_divisor(extent: int, limit: int) -> int:
-    """The largest power of two that divides ``extent`` and is at most ``limit``."""
-    lanes = 1
-    while lanes * 2 <= limit and extent % (lanes * 2) == 0:
-        lanes *= 2
-    return lanes
-
-
-def provable_pow2_divisor(extent: tirx.Expr, limit: int) -> int:
-    """The largest power of two at most ``limit`` that provably divides a symbolic extent
-    (``seq * 256`` by 16: yes; ``seq``: only 1)."""
-    analyzer = Analyzer()
-    lanes = 1
-    while lanes * 2 <= limit and analyzer.can_prove(tirx.floormod(extent, lanes * 2) == 0):
-        lanes *= 2
-    return lanes
-
-
-def vectorize_innermost(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> LoopRV | None:
-    """Vectorize ``loop`` (split to ``lanes`` first when longer); return the vector loop.
-
-    Splits only by a factor dividing the extent so no tail predicate blocks vectorization;
-    a symbolic extent is split only by a factor proven to divide it.
-    """
-    extent = loop_extent(sch, loop)
-    if extent is None:
-        factor = provable_pow2_divisor(sch.get(loop).extent, lanes)
-        if factor < MIN_VECTOR_EXTENT:
-            return None
-        vec = sch.split(loop, factors=[None, factor])[1]
-    elif extent < MIN_VECTOR_EXTENT:
-        return None
-    elif extent <= lanes:
-        vec = loop
-    else:
-        factor = largest_pow2_divisor(extent, lanes)
-        if factor < MIN_VECTOR_EXTENT:
-            return None
-        vec = sch.split(loop, factors=[None, factor])[1]
-    try:
-        sch.vectorize(vec)
-    except s_tir.ScheduleError:
-        return None
-    return vec
 
 
 def schedule_injective_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
@@ -172,11 +85,8 @@ def inline_blocks(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockI
     return blocks
 
 
-class Elementwise(ScheduleRule):
+class Elementwise(CPUScheduleRule):
     """Inline, fuse, parallelize and vectorize PrimFuncs made only of spatial blocks."""
-
-    def is_target_available(self, target: Target) -> bool:
-        return is_cpu_target(target)
 
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
@@ -191,7 +101,7 @@ class Elementwise(ScheduleRule):
             if any(bool(info.is_reduction()) for info in infos):
                 return None
             for info in inline_blocks(sch, infos):
-                schedule_injective_block(sch, info.block_rv, vector_lanes(target, sch, info.block_rv))
+                schedule_injective_block(sch, info.block_rv, output_lanes(target, sch, info.block_rv))
         except Exception:  # noqa: BLE001 - ScheduleError / InternalError: leave it to the fallback
             return None
         return sch

@@ -33,6 +33,7 @@ from tvm.sym.analyzer import Analyzer
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
+from .common import float32_lanes, num_cores, static_extent
 from .gemm_analysis import GemmTraits, IterRole, detect_gemm, normalize_gemm
 from .gemm_blocks import (
     find_reduction_block,
@@ -41,10 +42,8 @@ from .gemm_blocks import (
     is_plain_load,
     last_index_is_iter,
     mark_prepack,
-    num_cores,
     schedule_injective,
     splits_into_vectors,
-    vector_lanes,
 )
 from .gemm_plan import GemmPlan, plan_gemm
 
@@ -123,7 +122,7 @@ def schedule_gemm(
     target: Target,
 ) -> GemmPlan:
     """Schedule the GEMM block ``main`` (and its producers/consumers) in place."""
-    lanes, cores = vector_lanes(target), num_cores(target)
+    lanes, cores = float32_lanes(target), num_cores(target)
     norm = normalize_gemm(sch, main, traits, vector_role)
     a_copy, b_copy = norm.a_copy, norm.b_copy
     for copy, im2col in ((a_copy, norm.a_im2col), (b_copy, norm.b_im2col)):
@@ -133,7 +132,7 @@ def schedule_gemm(
                 schedule_injective(sch, producer, lanes)
         else:
             inline_producers(sch, copy)
-    batch, m, n, k = (_static_or_none(iv.dom.extent) for iv in sch.get(main).iter_vars)
+    batch, m, n, k = (static_extent(iv.dom.extent) for iv in sch.get(main).iter_vars)
     plan = plan_gemm(
         batch,
         m,
@@ -222,10 +221,6 @@ def _pad_factor(extent: tirx.Expr, padded: int | None, tile: int) -> int:
     return 1 if Analyzer().can_prove(tirx.floormod(extent, tile) == 0) else tile
 
 
-def _static_or_none(extent: tirx.Expr) -> int | None:
-    return int(extent.value) if isinstance(extent, tirx.IntImm) else None
-
-
 def reads_plainly(block: s_tir.SBlock, buffer: tirx.Buffer) -> bool:
     """Whether ``block`` reads ``buffer`` only at distinct plain iters / constants.
 
@@ -280,7 +275,7 @@ class Gemm(CPUScheduleRule):
             return None  # Conv2d owns those (it picks the GEMM orientation per shape)
         # on a tie, vectorise the output's innermost axis: the epilogue stores are vectors
         innermost = [r for r in traits.out if r in (IterRole.I, IterRole.J)][-1]
-        vector_role = choose_vector_role(traits, vector_lanes(target), innermost)
+        vector_role = choose_vector_role(traits, float32_lanes(target), innermost)
         try:
             schedule_gemm(sch, main, traits, vector_role, target)
         except Exception:  # noqa: BLE001 - ScheduleError / InternalError: not our shape

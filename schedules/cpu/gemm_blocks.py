@@ -12,30 +12,14 @@ from __future__ import annotations
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import LoopRV, SBlockRV
-from tvm.target import Target, codegen
 
 from ..constants import inlines_a_constant
-from .fallback import loop_extent
+from .common import loop_extent
 
 # TVM's names (relax.transform.SplitLayoutRewritePreproc reads the annotation); this
 # package imports only TVM, so they are spelled here as in aicf_tvm.emit
 LAYOUT_FREE_ATTR = "layout_free_buffers"
 PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
-
-
-def vector_lanes(target: Target) -> int:
-    """float32 lanes of the target's widest vector register (4 for a bare ``llvm``)."""
-    try:
-        bits = int(codegen.llvm_get_vector_width(target))
-    except Exception:  # noqa: BLE001 - a target LLVM cannot describe: assume SSE
-        bits = 128
-    return max(4, bits // 32)
-
-
-def num_cores(target: Target) -> int:
-    """The target's ``num-cores`` (1 when absent)."""
-    cores = target.attrs.get("num-cores", None)
-    return int(cores) if cores is not None else 1
 
 
 def find_reduction_block(sch: s_tir.Schedule) -> SBlockRV | None:

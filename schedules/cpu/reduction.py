@@ -25,29 +25,24 @@ Elementwise) and for non-LLVM targets.
 """
 
 from tvm import ir, s_tir, sym, tirx
-from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.s_tir.dlight.analysis import get_root_block, normalize_prim_func
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
 from ..constants import inlines_a_constant
-from .elementwise import (
+from .common import (
+    MIN_PARALLEL_WORK,
     MIN_VECTOR_EXTENT,
+    bound_iters,
     calls_scalar_math,
     largest_pow2_divisor,
-    vector_lanes,
-    vectorize_innermost,
-)
-from .fallback import (
-    MIN_PARALLEL_WORK,
-    LoopRV,
-    SBlockRV,
-    block_realize,
-    is_cpu_target,
     loop_extent,
     loop_kinds,
     nest_work,
-    root_block,
+    output_lanes,
     try_parallel,
+    vectorize_innermost,
 )
 
 _IF_THEN_ELSE = ir.Op.get("prim.if_then_else")
@@ -128,7 +123,7 @@ def feeds_a_vector_reduction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     return False
 
 
-def inline_producers(sch: s_tir.Schedule) -> None:
+def inline_cheap_producers(sch: s_tir.Schedule) -> None:
     """Inline spatial blocks that are cheap copies, or whose single consumer reads each
     of their points once, until none is left; a transposing copy that feeds a reduction
     its vector axis stays (``feeds_a_vector_reduction``)."""
@@ -153,13 +148,14 @@ def inline_producers(sch: s_tir.Schedule) -> None:
 
 
 def leading_spatial(kinds: str) -> int:
-    """Number of leading 'S' letters."""
+    """Number of leading 'S' letters (dlight's ``cpu.reduction._get_num_leading_s``,
+    private there)."""
     return len(kinds) - len(kinds.lstrip("S"))
 
 
 def is_output_block(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     """Whether the block writes a buffer the function does not allocate (a parameter)."""
-    local = sch.get(root_block(sch)).alloc_buffers
+    local = sch.get(get_root_block(sch)).alloc_buffers
     return any(
         not any(region.source.same_as(buf) for buf in local) for region in sch.get(block).writes
     )
@@ -192,16 +188,8 @@ def is_contiguous_spatial(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) ->
     extent = loop_extent(sch, loop)
     if extent is None or extent < MIN_VECTOR_EXTENT:
         return False
-    var = sch.get(loop).loop_var
-    realize = block_realize(sch, block)
-    if realize is None:
-        return False
-    bound = [
-        iv.var
-        for iv, value in zip(realize.block.iter_vars, realize.iter_values)
-        if any(v.same_as(var) for v in tirx.analysis.undefined_vars(value))
-    ]
-    return len(bound) == 1 and indexes_last_axis(realize.block, bound[0])
+    bound = bound_iters(sch, block, loop)
+    return len(bound) == 1 and indexes_last_axis(sch.get(block), bound[0].var)
 
 
 # Vector accumulators a reduction block keeps in flight (e.g. 4 x 16 lanes of q·kᵀ per row):
@@ -212,7 +200,7 @@ ACCUMULATORS = 4
 def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
     """Vectorize a reduction block's innermost spatial loop under its reduction loops."""
     loops = sch.get_loops(block)[1:]
-    kinds = (loop_kinds(sch, block) or "O")[1:]
+    kinds = loop_kinds(sch, block)[1:]
     if "O" in kinds or "R" not in kinds:
         return
     spatial = [loop for loop, kind in zip(loops, kinds) if kind == "S"]
@@ -244,11 +232,8 @@ def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -
         vectorize_innermost(sch, init_loop, lanes)
 
 
-class Reduction(ScheduleRule):
+class Reduction(CPUScheduleRule):
     """Row-wise schedule for PrimFuncs with reductions (see the module docstring)."""
-
-    def is_target_available(self, target: Target) -> bool:
-        return is_cpu_target(target)
 
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
@@ -273,10 +258,10 @@ class Reduction(ScheduleRule):
     @staticmethod
     def _row_candidates(sch: s_tir.Schedule) -> list[int]:
         """Row-axis counts to try, best first."""
-        inline_producers(sch)
+        inline_cheap_producers(sch)
         infos = normalize_prim_func(sch) or []
         kinds = [loop_kinds(sch, info.block_rv) for info in infos]
-        if not infos or None in kinds:
+        if not infos:
             return []
         most = min(leading_spatial(k) for k in kinds)
         candidates = list(range(most, 0, -1))
@@ -297,7 +282,7 @@ class Reduction(ScheduleRule):
     @staticmethod
     def _schedule(func: tirx.PrimFunc, target: Target, rows: int) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
-        inline_producers(sch)
+        inline_cheap_producers(sch)
         infos = normalize_prim_func(sch)
         if not infos:
             return None
@@ -307,7 +292,7 @@ class Reduction(ScheduleRule):
         blocks = [info.block_rv for info in infos]
         sizes = [domain_size(sch.get(block)) for block in blocks]
         for info in staged:
-            _schedule_staged_copy(sch, info.block_rv, vector_lanes(target, sch, info.block_rv))
+            _schedule_staged_copy(sch, info.block_rv, output_lanes(target, sch, info.block_rv))
         anchors: list[LoopRV] = []
         for block in reversed(blocks):
             if not anchors or is_output_block(sch, block):
@@ -328,7 +313,7 @@ class Reduction(ScheduleRule):
             if work is None or work >= MIN_PARALLEL_WORK:
                 try_parallel(sch, anchor)
         for info in infos:
-            lanes = vector_lanes(target, sch, info.block_rv)
+            lanes = output_lanes(target, sch, info.block_rv)
             loops = sch.get_loops(info.block_rv)
             if info.is_injective() and len(loops) > 1:
                 if not calls_scalar_math(sch.get(info.block_rv)):

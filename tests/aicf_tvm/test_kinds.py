@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 import tvm
 import tvm_ffi
 from tvm import relax, s_tir
 
-from aicf_tvm import emit_of, verify_contracts
+from aicf_tvm import KindRegistrationError, emit_of, verify_contracts
 from aicf_tvm.explainer import emit_calls, lift_and_propagate
 from aicf_tvm.frontends import from_onnx
 from aicf_tvm.kinds import OPAQUE_RULE, registered_ops, rule_for
-from aicf_tvm.kinds.registry import EXTERN, INJECTIVE, REDUCTION, SCAN
+from aicf_tvm.kinds import registry, table
+from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE, EXTERN, INJECTIVE, REDUCTION, SCAN, register
 from aicf_tvm.lattice import Effect
 from aicf_tvm.models import BUILTIN_MODELS
 from relax_passes import LiftEmits
@@ -159,3 +162,39 @@ def test_pointwise_excludes_ops_tied_to_their_input_shape():
     bb = relax.BlockBuilder()
     assert [is_pointwise(bb.normalize(e)) for e in pointwise] == [True] * len(pointwise)
     assert [is_pointwise(bb.normalize(e)) for e in tied] == [False] * len(tied)
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    """A copy of the registry that registrations in the test may change."""
+    rule_for("relax.add")  # the table is loaded
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+
+
+@pytest.mark.usefixtures("scratch_registry")
+def test_register_refuses_an_op_registered_twice():
+    """A second entry for an op would silently replace the first (the table once held
+    einsum and sort twice, in two categories)."""
+    with pytest.raises(KindRegistrationError, match=r"relax\.add is registered twice"):
+        register("relax.add", ELEMENTWISE)
+    assert rule_for("relax.add").category == BROADCAST
+
+
+@pytest.mark.usefixtures("scratch_registry")
+def test_register_refuses_a_kind_name_already_taken():
+    """Emits, ``verify_contracts`` and the report name kinds, not ops: two ops of one
+    kind name would be indistinguishable."""
+    with pytest.raises(KindRegistrationError, match=r"kind 'add' of relax\.my_add .* relax\.add"):
+        register("relax.my_add", BROADCAST, kind="add")
+    with pytest.raises(KindRegistrationError, match="kind 'opaque'"):
+        register("relax.my_op", ELEMENTWISE, kind="opaque")
+    assert rule_for("relax.my_add") is OPAQUE_RULE and rule_for("relax.my_op") is OPAQUE_RULE
+
+
+def test_table_registers_each_op_once(monkeypatch):
+    """Importing the table into an empty registry succeeds (a duplicate would raise) and
+    gives the registry every process sees."""
+    loaded = registered_ops()
+    monkeypatch.setattr(registry, "_REGISTRY", {})
+    importlib.reload(table)
+    assert registry._REGISTRY == loaded

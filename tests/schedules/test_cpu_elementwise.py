@@ -7,16 +7,13 @@ PrimFuncs with the rule under test, and compares the VM output with numpy.
 from collections.abc import Callable
 
 import numpy as np
-import pytest
 import tvm
-from tvm import relax, s_tir, tirx
+from tvm import relax, tirx
 from tvm.script import relax as R
 from tvm.script import tirx as T
 from tvm.target import Target
 
 from schedules.cpu import Elementwise, Fallback
-from schedules.cpu.elementwise import largest_pow2_divisor
-from schedules.cpu.fallback import loop_kinds
 
 TARGET = Target({**Target.from_device(tvm.cpu()).export(), "num-cores": 2})
 
@@ -200,16 +197,3 @@ def test_fallback_result_matches_numpy_on_opaque_block(rand):
     b = tvm.runtime.tensor(np.zeros_like(a))
     lib["main"](tvm.runtime.tensor(a), b)
     np.testing.assert_allclose(b.numpy(), np.cumsum(a, axis=1), rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize(("extent", "limit", "lanes"), [(64, 16, 16), (100, 16, 4), (7, 16, 1)])
-def test_largest_pow2_divisor(extent: int, limit: int, lanes: int):
-    assert largest_pow2_divisor(extent, limit) == lanes
-
-
-def test_loop_kinds_classifies_by_binding():
-    mod = relax_module([(4, 8)], lambda a: relax.op.sum(a, axis=[1]))
-    (func,) = prim_funcs(mod).values()
-    sch = s_tir.Schedule(func)
-    (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    assert loop_kinds(sch, block) == "SR"

@@ -1,0 +1,197 @@
+"""Helpers the CPU schedule rules share: constant extents and work of a loop nest, how a
+block's loops bind its iterators, checked parallel marking, the target's SIMD width and
+cores, and the vectorization of an innermost loop.
+
+Built on dlight where it has the helper (``get_extent``, a block's ``SBlockRealize``; the
+rules call ``get_root_block`` and ``normalize_prim_func`` themselves).  What is here
+either has no dlight counterpart or means something else, said in its docstring.
+"""
+
+from __future__ import annotations
+
+import tvm_ffi
+from tvm import ir, s_tir, tirx
+from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
+from tvm.s_tir.dlight.base import get_extent
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.sym.analyzer import Analyzer
+from tvm.target import Target, codegen
+
+from .vector_math import expands
+
+# Below this many iterations of the whole nest a parallel launch costs more than it saves.
+MIN_PARALLEL_WORK = 4096
+# Vectorize only loops with at least this many iterations.
+MIN_VECTOR_EXTENT = 4
+
+
+def static_extent(extent: tirx.Expr) -> int | None:
+    """The extent as an int, None when it is symbolic."""
+    return int(extent.value) if isinstance(extent, tirx.IntImm) else None
+
+
+def loop_extent(sch: s_tir.Schedule, loop: LoopRV) -> int | None:
+    """The loop's constant extent, None when it is symbolic (dlight's ``get_extent``
+    returns the expression instead)."""
+    extent = get_extent(sch, loop)
+    return extent if isinstance(extent, int) else None
+
+
+def nest_work(sch: s_tir.Schedule, loop: LoopRV) -> int | None:
+    """Statement instances executed by the nest under ``loop`` (None if symbolic)."""
+    return _stmt_work(sch.get(loop))
+
+
+def _stmt_work(stmt: tirx.Stmt) -> int | None:
+    if isinstance(stmt, tirx.For):
+        inner = _stmt_work(stmt.body)
+        if not isinstance(stmt.extent, tirx.IntImm) or inner is None:
+            return None
+        return int(stmt.extent.value) * inner
+    if isinstance(stmt, s_tir.SBlockRealize):
+        return _stmt_work(stmt.block.body)
+    if isinstance(stmt, tirx.SeqStmt):
+        parts = [_stmt_work(s) for s in stmt.seq]
+        return None if None in parts else sum(parts)
+    return 1
+
+
+def uses_var(expr: tirx.Expr, var: tirx.Var) -> bool:
+    """Whether ``var`` occurs free in ``expr``."""
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
+
+
+def bound_iters(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> list[tirx.IterVar]:
+    """The block iterators whose binding uses ``loop``'s variable."""
+    realize = get_sblockrealize(sch, block)
+    var = sch.get(loop).loop_var
+    pairs = zip(realize.block.iter_vars, realize.iter_values)
+    return [iv for iv, value in pairs if uses_var(value, var)]
+
+
+def loop_kinds(sch: s_tir.Schedule, block: SBlockRV) -> str:
+    """One letter per loop of ``block``: 'S' binds only spatial iterators (or none),
+    'R' binds only reduction iterators, 'O' anything else.
+
+    Per loop, in the schedule as it is now (after fuse/split/compute_at); dlight's
+    ``SBlockInfo.dom_kind`` gives one letter per block iterator, which matches the loops
+    only in the normal form ``normalize_prim_func`` produces.
+    """
+    kinds = []
+    for loop in sch.get_loops(block):
+        used = {int(iv.iter_type) for iv in bound_iters(sch, block, loop)}
+        if used <= {tirx.IterVar.DataPar}:
+            kinds.append("S")
+        elif used == {tirx.IterVar.CommReduce}:
+            kinds.append("R")
+        else:
+            kinds.append("O")
+    return "".join(kinds)
+
+
+def try_parallel(sch: s_tir.Schedule, loop: LoopRV) -> bool:
+    """Mark ``loop`` parallel if TensorIR proves it legal; True when it did."""
+    try:
+        sch.parallel(loop)
+    except s_tir.ScheduleError:
+        return False
+    return True
+
+
+def vector_bits(target: Target) -> int:
+    """Bits of the target's widest vector register (128, SSE, when LLVM cannot say)."""
+    try:
+        bits = int(codegen.llvm_get_vector_width(target))
+    except Exception:  # noqa: BLE001 - a target LLVM cannot describe
+        bits = -1
+    return bits if bits > 0 else 128
+
+
+def float32_lanes(target: Target) -> int:
+    """float32 lanes of one vector register, at least 4: the GEMM kernel's tile unit."""
+    return max(4, vector_bits(target) // 32)
+
+
+def output_lanes(target: Target, sch: s_tir.Schedule, block: SBlockRV) -> int:
+    """Elements of the block's output dtype in one vector register (at least 1)."""
+    writes = sch.get(block).writes
+    dtype_bits = writes[0].source.dtype.bits if writes else 32
+    return max(vector_bits(target) // max(dtype_bits, 8), 1)
+
+
+def num_cores(target: Target) -> int:
+    """The target's ``num-cores`` (1 when absent)."""
+    cores = target.attrs.get("num-cores", None)
+    return int(cores) if cores is not None else 1
+
+
+# Calls LLVM expands into one libm call per lane on x86 (there is no vector math library
+# in the TVM build): vectorizing a block that makes them only adds lane shuffles, which
+# measured 10-20% slower than the scalar loop for exp.  The float32 ones ``VectorizeMath``
+# expands into arithmetic after scheduling (``vector_math.expands``) do not count.
+SCALAR_MATH_OPS = frozenset(
+    f"tirx.{name}"
+    for name in (
+        "exp", "exp2", "exp10", "expm1", "log", "log2", "log10", "log1p", "erf", "tanh",
+        "sigmoid", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh",
+        "pow", "fmod",
+    )
+)  # fmt: skip
+
+
+def calls_scalar_math(block: s_tir.SBlock) -> bool:
+    """Whether the block's body calls a math function that stays a libm call per lane."""
+    scalar = []
+    tvm_ffi.structural_walk(
+        block.body,
+        [(ir.Call, lambda call: scalar.append(
+            getattr(call.op, "name", "") in SCALAR_MATH_OPS and not expands(call)))],
+    )
+    return any(scalar)
+
+
+def largest_pow2_divisor(extent: int, limit: int) -> int:
+    """The largest power of two that divides ``extent`` and is at most ``limit``."""
+    lanes = 1
+    while lanes * 2 <= limit and extent % (lanes * 2) == 0:
+        lanes *= 2
+    return lanes
+
+
+def provable_pow2_divisor(extent: tirx.Expr, limit: int) -> int:
+    """The largest power of two at most ``limit`` that provably divides a symbolic extent
+    (``seq * 256`` by 16: yes; ``seq``: only 1)."""
+    analyzer = Analyzer()
+    lanes = 1
+    while lanes * 2 <= limit and analyzer.can_prove(tirx.floormod(extent, lanes * 2) == 0):
+        lanes *= 2
+    return lanes
+
+
+def vectorize_innermost(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> LoopRV | None:
+    """Vectorize ``loop`` (split to ``lanes`` first when longer); return the vector loop.
+
+    Splits only by a factor dividing the extent so no tail predicate blocks vectorization;
+    a symbolic extent is split only by a factor proven to divide it.  dlight's
+    ``auto_vectorize`` splits by ``lanes`` whatever the extent, leaving a tail predicate.
+    """
+    extent = loop_extent(sch, loop)
+    if extent is None:
+        factor = provable_pow2_divisor(sch.get(loop).extent, lanes)
+        if factor < MIN_VECTOR_EXTENT:
+            return None
+        vec = sch.split(loop, factors=[None, factor])[1]
+    elif extent < MIN_VECTOR_EXTENT:
+        return None
+    elif extent <= lanes:
+        vec = loop
+    else:
+        factor = largest_pow2_divisor(extent, lanes)
+        if factor < MIN_VECTOR_EXTENT:
+            return None
+        vec = sch.split(loop, factors=[None, factor])[1]
+    try:
+        sch.vectorize(vec)
+    except s_tir.ScheduleError:
+        return None
+    return vec
