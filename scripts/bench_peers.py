@@ -54,6 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TRANSFORMERS = ("bert", "gpt2", "llama", "vit")
 CONVNETS = ("resnet50", "mobilenetv2", "convnext")
+# Architectures no issue names, for checking the class: ``--models class`` runs them all.
+CLASS = ("distilbert", "roberta", "qwen2", "mistral", "phi", "gptneo", "deit", "swin",
+         "efficientnet", "regnet")
 PEERS = ("eager", "inductor", "ort", "openvino", "tvm", "ours")
 DEFAULT_PEERS = ("eager", "inductor", "ort", "openvino", "ours")
 SEQ = 128
@@ -62,7 +65,7 @@ SEQ = 128
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(TRANSFORMERS),
-                        choices=[*TRANSFORMERS, *CONVNETS])
+                        choices=[*TRANSFORMERS, *CONVNETS, *CLASS, "class"])
     parser.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS), choices=PEERS)
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds (median)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
@@ -160,6 +163,39 @@ def build(name: str, seq: int) -> Model:
         return _image(name, tf.MobileNetV2ForImageClassification(tf.MobileNetV2Config()), calibrate=True)
     if name == "convnext":
         return _image(name, tf.ConvNextForImageClassification(tf.ConvNextConfig()))
+    return _class_model(name, seq)
+
+
+def _class_model(name: str, seq: int) -> Model:
+    """The architectures of ``CLASS``: default configs, decoders at LLaMA-like small sizes."""
+    import transformers as tf
+
+    small = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16)
+    if name == "distilbert":
+        return _text(name, tf.DistilBertModel(tf.DistilBertConfig()), 30522, seq, mask=True)
+    if name == "roberta":
+        return _text(name, tf.RobertaModel(tf.RobertaConfig(), add_pooling_layer=False), 50265, seq, mask=True)
+    if name == "qwen2":
+        config = tf.Qwen2Config(**small, num_key_value_heads=2, vocab_size=32000)
+        return _text(name, tf.Qwen2Model(config), 32000, seq, mask=True)
+    if name == "mistral":
+        config = tf.MistralConfig(**small, num_key_value_heads=8, vocab_size=32000)
+        return _text(name, tf.MistralModel(config), 32000, seq, mask=True)
+    if name == "phi":
+        config = tf.PhiConfig(**small, vocab_size=32000)
+        return _text(name, tf.PhiModel(config), 32000, seq, mask=True)
+    if name == "gptneo":
+        config = tf.GPTNeoConfig(hidden_size=768, num_layers=4, num_heads=12,
+                                 attention_types=[[["global", "local"], 2]], vocab_size=32000)
+        return _text(name, tf.GPTNeoModel(config), 32000, seq, mask=True)
+    if name == "deit":
+        return _image(name, tf.DeiTModel(tf.DeiTConfig(), add_pooling_layer=False))
+    if name == "swin":
+        return _image(name, tf.SwinForImageClassification(tf.SwinConfig()))
+    if name == "efficientnet":
+        return _image(name, tf.EfficientNetForImageClassification(tf.EfficientNetConfig()), calibrate=True)
+    if name == "regnet":
+        return _image(name, tf.RegNetForImageClassification(tf.RegNetConfig()), calibrate=True)
     raise SystemExit(f"unknown model {name!r}")
 
 
@@ -356,6 +392,7 @@ def geomean(values: list[float]) -> float:
 
 def main() -> None:
     args = parse_args()
+    args.models = [m for name in args.models for m in (CLASS if name == "class" else (name,))]
     import torch
 
     torch.set_num_threads(args.threads)
