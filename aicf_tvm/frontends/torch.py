@@ -20,6 +20,7 @@ import tvm
 from ..errors import UnsupportedModelError
 from ..symbolic import rename_dims, torch_dim_names
 from .common import first_line, normalize_import
+from .torch_export import capture
 
 # Ops that compute in their result dtype: every tensor operand not listed in _KEEP_ARGS is
 # cast to it (PyTorch: an int or bool sum/cumsum accumulates in int64, true division and
@@ -147,7 +148,8 @@ def from_torch(module: Any, example_args: Sequence[Any], dynamic_shapes: Any = N
     ``dynamic_shapes`` is ``torch.export``'s argument, one entry per example argument, e.g.
     ``({1: torch.export.Dim("seq", max=512)},)``: those dims stay symbolic in the module,
     named as the ``Dim`` is, and their bounds become the function's ``tir_var_*_bound``
-    (checked at every call).
+    (checked at every call). A branch on the value of the module's own tensors is
+    specialized to its outcome, one on an input's values refused (see ``torch_export``).
     """
     try:
         import torch
@@ -157,8 +159,8 @@ def from_torch(module: Any, example_args: Sequence[Any], dynamic_shapes: Any = N
 
     module = module.eval()
     with torch.no_grad():
+        ep = capture(module, example_args, dynamic_shapes)
         try:
-            ep = torch.export.export(module, tuple(example_args), dynamic_shapes=dynamic_shapes)
             ep = ep.run_decompositions()
         except Exception as err:  # noqa: BLE001 - torch.export's many error types
             raise UnsupportedModelError(f"torch.export could not capture {type(module).__name__}: "
