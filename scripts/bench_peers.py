@@ -35,6 +35,7 @@ each peer, ratio ours/peer and compile seconds; then the geometric mean of each 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -246,8 +247,10 @@ def onnx_file(model: Model, work: Path) -> Path:
 
     path = work / f"{model.name}.onnx"
     if not path.exists():
+        # a copy: the trace runs torch.jit.is_tracing() branches that store tensors in the
+        # module (Swin's window_size), which every later peer would see
         with torch.no_grad():
-            torch.onnx.export(model.module, model.inputs, str(path), input_names=list(model.names),
+            torch.onnx.export(copy.deepcopy(model.module), model.inputs, str(path), input_names=list(model.names),
                               output_names=["output"], opset_version=17, dynamo=False)
     return path
 
