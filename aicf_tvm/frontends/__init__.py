@@ -7,7 +7,8 @@ computed from constants arrive as constants.
 
 In front of TVM's frontends sits our own import layer, built on their extension points:
 ``torch`` canonicalizes the exported program to PyTorch's type promotion before TVM
-translates it; ``onnx`` runs ONNX shape inference and folds shape subgraphs to constants,
+translates it (``torch_export`` captures it, also where a branch reads the module's own
+tensors); ``onnx`` runs ONNX shape inference and folds shape subgraphs to constants,
 and keeps named dynamic dims symbolic.
 """
 

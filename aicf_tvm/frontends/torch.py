@@ -160,11 +160,6 @@ def from_torch(module: Any, example_args: Sequence[Any], dynamic_shapes: Any = N
     module = module.eval()
     with torch.no_grad():
         ep = capture(module, example_args, dynamic_shapes)
-        try:
-            ep = ep.run_decompositions()
-        except Exception as err:  # noqa: BLE001 - torch.export's many error types
-            raise UnsupportedModelError(f"torch.export could not capture {type(module).__name__}: "
-                                        f"{first_line(err)}") from err
         if canonicalize_dtypes(ep.graph) + drop_empty_cat_inputs(ep.graph):
             ep.graph_module.recompile()
         try:

@@ -1,5 +1,5 @@
-"""Capturing a ``torch.nn.Module`` as an ``ExportedProgram``, also when a branch or a shape
-reads the value of one of the module's own tensors.
+"""Capturing a ``torch.nn.Module`` as a core-ATen ``ExportedProgram``, also when a branch or
+a shape reads the value of one of the module's own tensors.
 
 ``torch.export`` traces with fake tensors: a parameter, buffer or plain tensor attribute has
 a shape but no value there, so ``if self.size_tensor >= 4:`` or ``x.view(-1, int(t))`` on
@@ -10,12 +10,16 @@ branches that store shapes as tensors (transformers' Swin keeps ``window_size`` 
 until the next eager call), and models that keep a size or a flag as a tensor.
 
 On that error ``capture`` retries with ``torch.export.draft_export``, which evaluates each
-such guard on the real values, specializes the branch to the outcome and records the
-expression in its report. The outcome holds for every call when the value is computed from
-the module's constants alone (parameters, buffers it does not write, tensor attributes):
-those are bound into the imported module as they are now. When an expression depends on an
-input (``if x.sum() > 0``) or on state the forward writes, the specialization would hold for
-the example input only: ``capture`` refuses, naming the expression and the source line.
+such guard on the real values, specializes the branch to the outcome, records the
+expression in its report and asserts it in the graph. The outcome holds for every call when
+the value is computed from the module's constants alone (parameters, buffers it does not
+write, tensor attributes), which are bound into the imported module as they are now: those
+asserts are then truths about constants and are dropped (TVM translates neither them nor
+the symbolic ``sym_ite`` they test). When an expression depends on an input
+(``if x.sum() > 0``) or on state the forward writes, the specialization would hold for the
+example only: ``capture`` refuses, naming the expression and the source line. (A fallback
+through ``torch.onnx.export(dynamo=False)`` would not be sound: its trace specializes such
+branches silently.)
 """
 
 from __future__ import annotations
@@ -41,39 +45,41 @@ _DATA_TAGS = {"data_dependent_output", "dynamic_output_shape"}
 
 
 def capture(module: Any, args: Sequence[Any], dynamic_shapes: Any = None) -> Any:
-    """``torch.export.export(module, args)``, or its ``draft_export`` when the only obstacle
-    is a data-dependent guard on the module's constants (module docstring)."""
+    """``torch.export.export(module, args)`` decomposed to core ATen, or its
+    ``draft_export`` when the only obstacle is a data-dependent guard on the module's
+    constants (module docstring)."""
     import torch
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     name = type(module).__name__
     try:
-        return torch.export.export(module, tuple(args), dynamic_shapes=dynamic_shapes)
+        return _decomposed(torch.export.export(module, tuple(args), dynamic_shapes=dynamic_shapes), name)
+    except UnsupportedModelError:
+        raise
     except Exception as err:  # noqa: BLE001 - torch.export's many error types
         if not _caused_by(err, GuardOnDataDependentSymNode):
             raise UnsupportedModelError(f"torch.export could not capture {name}: {first_line(err)}") from err
         guard_error = err
     try:
         with _quiet(_DRAFT_LOGGERS):
-            ep = torch.export.draft_export(module, tuple(args), dynamic_shapes=dynamic_shapes)
+            draft = torch.export.draft_export(module, tuple(args), dynamic_shapes=dynamic_shapes)
     except Exception as err:  # noqa: BLE001
         raise UnsupportedModelError(f"torch.export could not capture {name}: {first_line(guard_error)}") from err
-    reads = varying_data_reads(ep)
-    for failure in ep._report.failures:
+    ep = _decomposed(draft, name)  # functional: the buffers the forward writes are listed
+    varying = varying_nodes(ep)
+    reads = [node for node in varying if _reads_data(node)]
+    for failure in draft._report.failures:
         refusal = _refusal(failure, reads)
         if refusal:
             raise UnsupportedModelError(f"torch.export could not capture {name}: {refusal}") from guard_error
+    _drop_constant_asserts(ep, varying)
     return ep
 
 
-def varying_data_reads(ep: Any) -> list[Any]:
-    """The nodes of ``ep``'s graph that turn tensor values into a scalar or a size
-    (``item``, ``nonzero``: the ops that create unbacked symbols, and higher-order ops whose
-    bodies may) from a tensor that depends on a user input or on state the program writes.
-
-    When there are none, every unbacked symbol is computed from parameters, unwritten
-    buffers and constant tensors only: the same on every call."""
-    import torch
+def varying_nodes(ep: Any) -> set[Any]:
+    """The nodes of ``ep``'s (functional) graph whose values depend on a user input or on
+    a buffer the program writes; every other node is computed from parameters, unwritten
+    buffers and constant tensors only, the same on every call."""
     from torch.export.graph_signature import InputKind
 
     signature = ep.graph_signature
@@ -82,26 +88,27 @@ def varying_data_reads(ep: Any) -> list[Any]:
                 if spec.kind in (InputKind.PARAMETER, InputKind.CONSTANT_TENSOR)
                 or (spec.kind == InputKind.BUFFER and spec.target not in written)}
     varying: set[Any] = set()
-    reads = []
     for node in ep.graph.nodes:
-        if node.op == "placeholder":
-            if node.name not in constant:
-                varying.add(node)
-            continue
-        if not any(arg in varying for arg in node.all_input_nodes):
-            continue
-        varying.add(node)
-        target = node.target
-        if isinstance(target, torch._ops.HigherOrderOperator) or (
-                isinstance(target, torch._ops.OpOverload) and _DATA_TAGS & {tag.name for tag in target.tags}):
-            reads.append(node)
-    return reads
+        if (node.op == "placeholder" and node.name not in constant) or any(
+                arg in varying for arg in node.all_input_nodes):
+            varying.add(node)
+    return varying
+
+
+def _reads_data(node: Any) -> bool:
+    """Whether ``node`` turns tensor values into a scalar or a size (``item``, ``nonzero``:
+    the ops that create unbacked symbols), or is a higher-order op whose body may."""
+    import torch
+
+    target = node.target
+    return isinstance(target, torch._ops.HigherOrderOperator) or (
+        isinstance(target, torch._ops.OpOverload) and bool(_DATA_TAGS & {tag.name for tag in target.tags}))
 
 
 def _refusal(failure: Any, reads: list[Any]) -> str | None:
     """Why ``failure`` of a draft export makes its program unsound, or None when the
-    expression it specialized is a constant: all its symbols unbacked (no input dim) and
-    no unbacked symbol computed from an input (``reads`` empty)."""
+    expression it specialized is a constant: all its symbols unbacked (no input dim), and
+    no unbacked symbol computed from a varying value (``reads`` empty)."""
     import sympy
     from torch.export._draft_export import FailureType
     from torch.utils._sympy.symbol import SymT, symbol_is_type
@@ -116,6 +123,24 @@ def _refusal(failure: Any, reads: list[Any]) -> str | None:
     stack = failure.data.get("user_stack") or [{}]
     return (f"a branch or shape depends on the values of an input or of state the model writes "
             f"({expr}, at `{stack[-1].get('loc', '?')}`)")
+
+
+def _drop_constant_asserts(ep: Any, varying: set[Any]) -> None:
+    """Remove the runtime asserts on constant values, then what only they used."""
+    import torch
+
+    for node in list(ep.graph.nodes):
+        if node.target is torch.ops.aten._assert_scalar.default and node not in varying:
+            ep.graph.erase_node(node)
+    ep.graph.eliminate_dead_code()
+    ep.graph_module.recompile()
+
+
+def _decomposed(ep: Any, name: str) -> Any:
+    try:
+        return ep.run_decompositions()
+    except Exception as err:  # noqa: BLE001 - torch.export's many error types
+        raise UnsupportedModelError(f"torch.export could not capture {name}: {first_line(err)}") from err
 
 
 def _caused_by(err: BaseException, kind: type) -> bool:

@@ -41,6 +41,23 @@ class TensorWindow(torch.nn.Module):
         return self.proj(x.view(-1, int(self.window), 8)).sum(1)
 
 
+class BufferFlag(torch.nn.Module):
+    """A flag in a buffer: read only, it is a constant of the module; counted up by the
+    forward, its value differs from call to call."""
+
+    def __init__(self, counts: bool) -> None:
+        super().__init__()
+        self.counts = counts
+        self.register_buffer("calls", torch.tensor(2))
+
+    def forward(self, x):
+        if self.counts:
+            self.calls.add_(1)
+        if self.calls > 1:
+            return torch.sin(x)
+        return torch.cos(x)
+
+
 class InputBranch(torch.nn.Module):
     def forward(self, x):
         if x.sum() > 0:
@@ -73,6 +90,16 @@ def test_swin_after_a_jit_trace_matches_torch():
         torch.jit.trace(module, (torch.zeros(1, 3, 32, 32),), check_trace=False)
     assert any(isinstance(getattr(m, "window_size", None), torch.Tensor) for m in module.modules())
     _compiled_matches_eager(module, (1, 3, 32, 32), seed=2)
+
+
+def test_branch_on_an_unwritten_buffer_matches_torch():
+    _compiled_matches_eager(BufferFlag(counts=False).eval(), (3, 5), seed=4)
+
+
+def test_branch_on_a_buffer_the_forward_writes_is_refused():
+    x = torch.from_numpy(Operands(5)(3, 5))
+    with pytest.raises(UnsupportedModelError, match=r"state the model writes.*if self\.calls > 1"):
+        aicf_tvm.from_torch(BufferFlag(counts=True), (x,))
 
 
 def test_branch_on_an_input_value_is_refused_naming_the_line():
