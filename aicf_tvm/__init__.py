@@ -32,16 +32,16 @@ __all__ = [
 _LAZY = {
     "contract_problems": ".verify",
     "verify_contracts": ".verify",
-    "compile": ".pipeline",
-    "compile_optimizer_step": ".optimizer",
-    "CompiledModel": ".compiled",
-    "explain": ".explainer",
-    "from_onnx": ".frontends",
-    "from_torch": ".frontends",
-    "load_model": ".frontends",
-    "tune": ".tuning",
-    "TuneResult": ".tuning",
-    "load": ".deploy",
+    "compile": ".driver.pipeline",
+    "compile_optimizer_step": ".driver.optimizer",
+    "CompiledModel": ".driver.compiled",
+    "explain": ".driver.explainer",
+    "from_onnx": ".driver.frontends",
+    "from_torch": ".driver.frontends",
+    "load_model": ".driver.frontends",
+    "tune": ".driver.tuning",
+    "TuneResult": ".driver.tuning",
+    "load": ".driver.deploy",
 }
 __all__ += list(_LAZY)
 

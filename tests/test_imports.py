@@ -12,7 +12,7 @@ import pytest
 def test_package_imports_in_a_fresh_interpreter(package):
     code = (
         f"import {package}, sys; "
-        "driver = [m for m in ('aicf_tvm.pipeline', 'aicf_tvm.cli', 'aicf_tvm.frontends') if m in sys.modules]; "
+        "driver = [m for m in ('aicf_tvm.driver.pipeline', 'aicf_tvm.driver.cli', 'aicf_tvm.driver.frontends') if m in sys.modules]; "
         "assert not driver, driver"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

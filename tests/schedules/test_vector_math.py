@@ -21,7 +21,7 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 import aicf_tvm
-from aicf_tvm.pipeline import lower, normalize, optimize
+from aicf_tvm.driver.pipeline import lower, normalize, optimize
 from aicf_tvm.report import FusionReport
 from schedules.cpu import Elementwise
 from schedules.cpu.vector_math import ULP_BOUNDS, VectorizeMath, vectorize_math

@@ -9,7 +9,7 @@ from typing import Any
 
 import tvm
 
-from .errors import TargetError
+from ..errors import TargetError
 
 DEFAULT_CUDA_ARCH = "sm_90"
 

@@ -30,13 +30,13 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 import aicf_tvm
-from aicf_tvm.cli import main
+from aicf_tvm.driver.cli import main
 from aicf_tvm.errors import TuningError
 from schedules import tune as st
 from schedules.select import RECORD_FILE, WORKLOAD_FILE, open_database
 from tests.schedules.test_tune import gemm_model
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TRIALS = 4
 RUNNER_TIMEOUT = 10.0  # what a hung candidate costs; ample for a good one under load
 LAYERS, ROWS = [(32, 32)], 16  # also given to the killed process
@@ -167,7 +167,7 @@ def test_runner_timeout_must_be_positive(tmp_path):
 
 def test_cli_passes_runner_timeout(monkeypatch, tmp_path):
     seen = {}
-    monkeypatch.setattr("aicf_tvm.tuning.tune", lambda models, **kw: seen.update(kw))
+    monkeypatch.setattr("aicf_tvm.driver.tuning.tune", lambda models, **kw: seen.update(kw))
     assert main(["tune", "m.onnx", "--work-dir", str(tmp_path), "--runner-timeout", "2.5"]) == 0
     assert seen["runner_timeout"] == 2.5
     assert main(["tune", "m.onnx", "--work-dir", str(tmp_path)]) == 0

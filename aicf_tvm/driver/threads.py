@@ -24,7 +24,7 @@ from typing import Any
 import tvm  # loads libtvm_runtime, which registers runtime.config_threadpool
 import tvm_ffi
 
-from .errors import InputError
+from ..errors import InputError
 
 # ThreadGroup::AffinityMode::kSpecifyThreadShareAllCore: every worker (and the calling
 # thread) may run on every CPU listed, so the caller's own affinity is left as it was.

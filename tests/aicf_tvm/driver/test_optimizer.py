@@ -7,7 +7,7 @@ import pytest
 import tvm
 
 from aicf_tvm import InputError, compile_optimizer_step
-from aicf_tvm.optimizer import adam_function, adam_state, profile_call
+from aicf_tvm.driver.optimizer import adam_function, adam_state, profile_call
 
 SHAPES = [(16, 8), (8,), (3, 5, 2)]
 HYPER = {"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}

@@ -10,9 +10,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import aicf_tvm
 from aicf_tvm import UnsupportedModelError
-from aicf_tvm.frontends import load_model
+from aicf_tvm.driver.frontends import load_model
 
-from ..helpers import assert_matches_reference, ort_function, torch_function
+from ...helpers import assert_matches_reference, ort_function, torch_function
 from .test_cli import unsupported_op_model
 
 

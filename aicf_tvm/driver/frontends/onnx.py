@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import tvm
 from tvm import relax, tirx
 
-from ..errors import UnsupportedModelError
+from ...errors import UnsupportedModelError
 from .common import first_line, normalize_import
 from .onnx_fold import fold_shapes
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import tvm
 
-from .errors import TuningError, UnsupportedModelError
-from .report import FusionReport
+from ..errors import TuningError, UnsupportedModelError
+from ..report import FusionReport
 from .targets import describe, resolve_target
 
 

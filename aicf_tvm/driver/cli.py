@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import AicfError, InputError, TuningError, UnsupportedModelError
+from ..errors import AicfError, InputError, TuningError, UnsupportedModelError
 
 MODEL_HELP = "an ONNX file, a built-in model name (encoder_layer, ...), or package.module:function"
 TARGET_HELP = "'llvm' (this CPU), 'cuda', or a JSON target dict such as '{\"kind\": \"llvm\", \"num-cores\": 4}'"
@@ -178,7 +178,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from .explainer import explain
     from .frontends import load_model
     from .pipeline import normalize, optimize
-    from .report import FusionReport
+    from ..report import FusionReport
 
     mod = load_model(args.model)
     report = None
@@ -202,7 +202,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as err:
         if err.name != f"{__package__}.tuning":
             raise
-        raise TuningError("aicf tune: this installation has no aicf_tvm.tuning module") from err
+        raise TuningError("aicf tune: this installation has no aicf_tvm.driver.tuning module") from err
     from .targets import resolve_target
 
     target = resolve_target(args.target)

@@ -80,8 +80,8 @@ def test_a_searched_record_replays_correctly(model, tuned):
     """The best schedule MetaSchedule found (not the default's), applied alone, is right."""
     from tvm.s_tir import meta_schedule as ms
 
-    from aicf_tvm.targets import resolve_target
-    from aicf_tvm.tuning import lower_for_tuning
+    from aicf_tvm.driver.targets import resolve_target
+    from aicf_tvm.driver.tuning import lower_for_tuning
     from schedules.select import open_database
     from schedules.tune import Baseline, default_schedule, extract_tasks, tuned_records
 

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import tvm
 
-from ..errors import UnsupportedModelError
+from ...errors import UnsupportedModelError
 from ..symbolic import rename_dims, torch_dim_names
 from .common import first_line, normalize_import
 

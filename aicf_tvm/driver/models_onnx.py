@@ -1,7 +1,7 @@
 """ONNX twins of the built-in models, for comparing TVM builds against ONNX Runtime.
 
 ``to_onnx(name)`` writes the same math with the same weights as
-``aicf_tvm.models.BUILTIN_MODELS[name]`` as an opset-17 ONNX graph (input ``x``, output
+``aicf_tvm.driver.models.BUILTIN_MODELS[name]`` as an opset-17 ONNX graph (input ``x``, output
 ``y``). The graph is built node by node with ``onnx.helper`` rather than through
 ``torch.onnx.export``: torch 2.13's default exporter needs ``onnxscript`` and the
 TorchScript one is deprecated. GELU and RMSNorm are spelled out (Erf; ReduceMean/Sqrt)
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from aicf_tvm.models import Weights, causal_mask, encoder_layer, resolve_model
+from aicf_tvm.driver.models import Weights, causal_mask, encoder_layer, resolve_model
 
 OPSET = 17
 

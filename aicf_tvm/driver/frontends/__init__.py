@@ -19,7 +19,7 @@ from typing import Any
 
 import tvm
 
-from ..errors import UnsupportedModelError
+from ...errors import UnsupportedModelError
 from .onnx import from_onnx
 from .torch import from_torch
 

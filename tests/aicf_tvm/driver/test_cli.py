@@ -12,15 +12,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from aicf_tvm.cli import COMMANDS, main
+from aicf_tvm.driver.cli import COMMANDS, main
 
-from ..helpers import assert_input_sensitive, light_model, ort_function
+from ...helpers import assert_input_sensitive, light_model, ort_function
 
 
 def _aicf(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """`aicf` in a fresh process, as a user runs it (without the tests' AICF_DEBUG checks)."""
     env = {k: v for k, v in os.environ.items() if k != "AICF_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "aicf_tvm.cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "aicf_tvm.driver.cli", *argv], capture_output=True, text=True,
                           timeout=timeout, env=env, check=False)
 
 

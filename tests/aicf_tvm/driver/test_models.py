@@ -11,7 +11,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from aicf_tvm.models import (
+from aicf_tvm.driver.models import (
     BUILTIN_MODELS,
     SMALL_SIZES,
     causal_mask,
@@ -20,7 +20,7 @@ from aicf_tvm.models import (
     resolve_model,
 )
 
-from ..helpers import assert_matches_reference, ort_function
+from ...helpers import assert_matches_reference, ort_function
 
 TARGET = tvm.target.Target({"kind": "llvm"})
 ENC = SMALL_SIZES["encoder_layer"]
@@ -177,7 +177,7 @@ def test_unknown_model_name_lists_known_ones():
 @pytest.mark.parametrize("name", ["encoder_layer_small", "decoder_block_small"])
 def test_onnx_twin_matches_tvm_build(name):
     pytest.importorskip("onnxruntime")
-    from aicf_tvm.models_onnx import to_onnx
+    from aicf_tvm.driver.models_onnx import to_onnx
 
     sizes = resolve_model(name)[1]
     assert_matches_reference(ort_function(to_onnx(name)), vm_function(BUILTIN_MODELS[name]()),
@@ -186,7 +186,7 @@ def test_onnx_twin_matches_tvm_build(name):
 
 def test_onnx_twin_of_masked_encoder_takes_the_mask():
     pytest.importorskip("onnxruntime")
-    from aicf_tvm.models_onnx import to_onnx
+    from aicf_tvm.driver.models_onnx import to_onnx
 
     seq = ENC["seq"]
     mask = np.zeros((1, 1, seq, seq), dtype=np.float32)

@@ -8,9 +8,9 @@ import sys
 from tvm import relax
 
 from aicf_tvm import explain
-from aicf_tvm.models import BUILTIN_MODELS
+from aicf_tvm.driver.models import BUILTIN_MODELS
 
-from ..conftest import light_model_path
+from ...conftest import light_model_path
 
 
 def test_explain_lists_every_emit_with_facts():
@@ -33,21 +33,21 @@ def test_explain_names_each_opaque_emit_and_its_op():
 
 
 def test_cli_explain_on_an_onnx_file():
-    res = subprocess.run([sys.executable, "-m", "aicf_tvm.cli", "explain", str(light_model_path("squeezenet"))],
+    res = subprocess.run([sys.executable, "-m", "aicf_tvm.driver.cli", "explain", str(light_model_path("squeezenet"))],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "conv2d" in res.stdout and "opaque Emits: 0" in res.stdout
 
 
 def test_cli_explain_missing_file_is_one_line_error():
-    res = subprocess.run([sys.executable, "-m", "aicf_tvm.cli", "explain", "no_such_model.onnx"],
+    res = subprocess.run([sys.executable, "-m", "aicf_tvm.driver.cli", "explain", "no_such_model.onnx"],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == ["aicf: error: no_such_model.onnx: no such file"]
 
 
 def test_cli_explain_shows_kernel_selection_per_emit(capsys):
-    from aicf_tvm.cli import main
+    from aicf_tvm.driver.cli import main
 
     assert main(["explain", "encoder_layer_small"]) == 0
     out = capsys.readouterr().out

@@ -23,9 +23,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .errors import InputError, UnsupportedModelError
-from .library.adam import DISTINCT_INPUTS_ATTR
-from .report import FusionReport
+from ..errors import InputError, UnsupportedModelError
+from ..library.adam import DISTINCT_INPUTS_ATTR
+from ..report import FusionReport
 from .targets import resolve_target
 from .threads import thread_count, use_threads
 

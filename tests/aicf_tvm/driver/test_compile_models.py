@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 
 import aicf_tvm
-from aicf_tvm.models import BUILTIN_MODELS
-from aicf_tvm.models_onnx import to_onnx
-from aicf_tvm.targets import resolve_target
+from aicf_tvm.driver.models import BUILTIN_MODELS
+from aicf_tvm.driver.models_onnx import to_onnx
+from aicf_tvm.driver.targets import resolve_target
 
-from ..conftest import LIGHT_MODELS, random_inputs
-from ..helpers import assert_matches_reference, light_model, ort_function
+from ...conftest import LIGHT_MODELS, random_inputs
+from ...helpers import assert_matches_reference, light_model, ort_function
 
 TARGET = {"kind": "llvm", "num-cores": 2}
 
@@ -47,7 +47,7 @@ def test_fewer_kernels_than_tvm(name):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
     from kernel_count import our_kernels, tvm_kernels
 
     mod, target = BUILTIN_MODELS[name](), resolve_target(TARGET)

@@ -17,10 +17,10 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .errors import UnsupportedModelError
-from .report import Decision, FusionReport
+from ..errors import UnsupportedModelError
+from ..report import Decision, FusionReport
 from .targets import resolve_target
-from .verify import verify_contracts
+from ..verify import verify_contracts
 
 MAX_ROUNDS = 4
 
@@ -123,7 +123,7 @@ def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
 def compile(mod: Any, target: Any = "llvm", database: Any = None, *, candidates: Sequence[Any] | None = None,  # noqa: A001
             threads: int | None = None):
     """Compile a Relax IRModule (or anything ``load_model`` accepts) to a ``CompiledModel``
-    that runs with ``threads`` CPU threads (default: ``aicf_tvm.threads.thread_count``)."""
+    that runs with ``threads`` CPU threads (default: ``aicf_tvm.driver.threads.thread_count``)."""
     from .compiled import CompiledModel
     from .frontends import load_model
     from .threads import thread_count

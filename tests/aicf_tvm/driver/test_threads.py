@@ -19,10 +19,10 @@ from tvm import relax
 
 import aicf_tvm
 from aicf_tvm import InputError
-from aicf_tvm.threads import available_cpus, thread_count
+from aicf_tvm.driver.threads import available_cpus, thread_count
 
 CPUS = len(available_cpus())
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.skipif(CPUS < 2, reason="one CPU: every default is one thread")
 
@@ -44,7 +44,7 @@ def case(name, run):
     t.join()
 
 def cli(*extra):
-    from aicf_tvm.cli import main
+    from aicf_tvm.driver.cli import main
     assert main(["run", lib, "--input", "x=" + sys.argv[2], *extra]) == 0
 
 # the main thread first: the process's first pool
@@ -55,7 +55,7 @@ case("load_threads_3", lambda: aicf_tvm.load(lib, threads=3)(x))
 case("cli", cli)
 case("cli_threads_1", lambda: cli("--threads", "1"))
 if sys.argv[3:] == ["compile"]:
-    from aicf_tvm.models import BUILTIN_MODELS
+    from aicf_tvm.driver.models import BUILTIN_MODELS
     mod = BUILTIN_MODELS["encoder_layer_small"]()
     case("compile", lambda: aicf_tvm.compile(mod)(x))
     case("compile_num_cores_1",
@@ -67,7 +67,7 @@ print(json.dumps(counts))
 
 @pytest.fixture(scope="module")
 def library(tmp_path_factory) -> tuple[Path, Path]:
-    from aicf_tvm.models import BUILTIN_MODELS
+    from aicf_tvm.driver.models import BUILTIN_MODELS
 
     out = tmp_path_factory.mktemp("threads")
     path = aicf_tvm.compile(BUILTIN_MODELS["encoder_layer_small"]()).export(out / "small.so")

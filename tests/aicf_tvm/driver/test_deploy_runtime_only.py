@@ -22,12 +22,13 @@ import pytest
 import tvm
 
 import aicf_tvm
-from aicf_tvm import DeployError, deploy
-from aicf_tvm.models import SMALL_SIZES, encoder_layer
-from aicf_tvm.threads import available_cpus
-from tests.aicf_tvm.test_models import numpy_encoder
+from aicf_tvm import DeployError
+from aicf_tvm.driver import deploy
+from aicf_tvm.driver.models import SMALL_SIZES, encoder_layer
+from aicf_tvm.driver.threads import available_cpus
+from tests.aicf_tvm.driver.test_models import numpy_encoder
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 PROBE = r"""
 import json, sys
@@ -45,7 +46,7 @@ except InputError as err:
     bad_input = str(err)
 compiler_side = sorted(m for m in sys.modules
                        if m.split(".")[0] in ("relax_passes", "schedules")
-                       or m.startswith(("tvm.relax", "tvm.s_tir", "tvm.topi", "aicf_tvm.pipeline")))
+                       or m.startswith(("tvm.relax", "tvm.s_tir", "tvm.topi", "aicf_tvm.driver.pipeline")))
 print(json.dumps({"runtime_only": bool(tvm.base._RUNTIME_ONLY), "libs": sorted(tvm.base._LOADED_LIBS),
                   "compiler_side": compiler_side, "bad_input": bad_input, "repr": repr(model),
                   "threads": tvm.runtime.num_threads()}))
@@ -117,7 +118,7 @@ def test_library_runs_on_a_runtime_only_host(target_host, exported, tmp_path):
 
 def test_aicf_run_on_a_runtime_only_host(target_host, exported, tmp_path):
     lib, x, expected = exported
-    done = run_on_target_host(target_host, "-m", "aicf_tvm.cli", "run", str(lib), "--input", f"x={x}",
+    done = run_on_target_host(target_host, "-m", "aicf_tvm.driver.cli", "run", str(lib), "--input", f"x={x}",
                               "--output", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("output: float32[1, 16, 64] -> ")
@@ -154,7 +155,7 @@ def test_isa_flags_keep_only_instruction_set_extensions(cpuinfo, expected):
 def test_cuda_host_code_is_generic_and_checked_on_load():
     """A CUDA build's host code targets this triple without its mcpu, so that it runs on any
     CPU of the GPU host; a host part for another architecture is refused before dlopen."""
-    from aicf_tvm.targets import resolve_target
+    from aicf_tvm.driver.targets import resolve_target
 
     host = resolve_target("cuda").host.export()
     assert host["kind"] == "llvm" and "mcpu" not in host

@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 import aicf_tvm
-from aicf_tvm.models import BUILTIN_MODELS
+from aicf_tvm.driver.models import BUILTIN_MODELS
 from tests.helpers import light_model
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")

@@ -8,10 +8,10 @@ import pytest
 import tvm_ffi
 
 from aicf_tvm import verify_contracts
-from aicf_tvm.models import BUILTIN_MODELS
-from aicf_tvm.pipeline import MAX_ROUNDS, normalize, optimize
+from aicf_tvm.driver.models import BUILTIN_MODELS
+from aicf_tvm.driver.pipeline import MAX_ROUNDS, normalize, optimize
 from aicf_tvm.report import FusionReport
-from aicf_tvm.targets import describe, resolve_target
+from aicf_tvm.driver.targets import describe, resolve_target
 from tests.conftest import run_vm
 from tests.relax_passes.test_fold_batch_norm import conv_bn
 

@@ -17,8 +17,8 @@ import numpy as np
 import tvm
 from tvm.runtime.vm import VirtualMachine
 
-from .errors import DeployError, InputError
-from .report import FusionReport
+from ..errors import DeployError, InputError
+from ..report import FusionReport
 from .threads import thread_count, use_threads
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def _has_row_major_strides(arr: np.ndarray) -> bool:
     kernels' buffers declare them. numpy's ``c_contiguous`` flag is weaker: it holds for
     every zero-size array (``np.zeros((0, 4))`` has strides ``(0, 0)``) and ignores the
     strides of size-1 dims, and DLPack passes the strides on as they are."""
-    from .lattice.shape import row_major
+    from ..lattice.shape import row_major
 
     return arr.strides == tuple(s * arr.itemsize for s in row_major(arr.shape))
 
@@ -102,7 +102,7 @@ class TensorSpec:
 def _specs_of_type(name: str, ty: Any) -> list[TensorSpec]:
     from tvm import relax
 
-    from .kinds.describe import dim_value
+    from ..kinds.describe import dim_value
 
     if isinstance(ty, relax.TensorType):
         shape = tuple(dim_value(d) for d in ty.shape.values) if ty.shape is not None else ()
@@ -156,7 +156,7 @@ def _spec_of(target: Any) -> dict:
     """A target as its exported, JSON-able dict."""
     if isinstance(target, Mapping):
         return dict(target)
-    from .emit import plain
+    from ..emit import plain
 
     return plain(target.export())
 
@@ -174,7 +174,7 @@ class CompiledModel:
     (``optimized``/``lowered`` are None) but keeps the metadata it was exported with.
     ``target`` is a ``tvm.target.Target`` or its exported dict (``target_spec``, what a
     runtime-only process has). It runs with ``threads`` CPU threads (see
-    ``aicf_tvm.threads.thread_count`` for the default).
+    ``aicf_tvm.driver.threads.thread_count`` for the default).
     """
 
     def __init__(self, executable: Any, target: tvm.target.Target | Mapping[str, Any],

@@ -7,7 +7,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from .emit import Emit, emit_of
+from ..emit import Emit, emit_of
 
 
 def lift_and_propagate(mod: tvm.IRModule) -> tvm.IRModule:
