@@ -36,11 +36,11 @@ from aicf_tvm.emit_graph import EmitGraph, Node
 from aicf_tvm.kinds.describe import type_shape
 from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE
 from aicf_tvm.lattice import Failure, ShapeFact
+from aicf_tvm.propagation import FactTable, analyze
 from aicf_tvm.report import Decision, FusionReport
 
 from .group_rewrite import drop_unused_emits, with_blocks
 from .lift_emits import build_emit_function
-from .propagate_contracts import FactTable, analyze
 
 _VIEWS = {"reshape", "squeeze", "expand_dims", "flatten", "batch_flatten"}
 _VIEW_OPS = {"relax.reshape", "relax.squeeze", "relax.expand_dims", "relax.flatten"}

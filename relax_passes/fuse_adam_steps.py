@@ -44,11 +44,11 @@ from aicf_tvm.library.adam import (
     fused_emit,
     static_shape,
 )
+from aicf_tvm.propagation import FactTable, alias_between, analyze
 from aicf_tvm.report import Decision, FusionReport
 
 from .lift_adam_steps import caller_paths
 from .group_rewrite import drop_unused_emits, with_blocks
-from .propagate_contracts import FactTable, alias_between, analyze
 
 KIND = "fused_adam_step"
 

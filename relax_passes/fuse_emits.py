@@ -40,10 +40,10 @@ from aicf_tvm.library.legality import (
     derived_numeric, effect_failures, numeric_failures, requires_failures,
 )
 from aicf_tvm.lattice import Effect
+from aicf_tvm.propagation import FactTable, alias_between, analyze
 from aicf_tvm.report import Decision, FusionReport
 
 from .group_rewrite import _ACCUMULATING, Group, rewrite_function
-from .propagate_contracts import FactTable, alias_between, analyze
 
 K_READ, K_WRITE = Effect("Read"), Effect("Write")
 _EPILOGUE = {K.ELEMENTWISE, K.BROADCAST}

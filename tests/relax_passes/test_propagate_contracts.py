@@ -18,7 +18,8 @@ from aicf_tvm import EMIT_ATTR, AliasContradiction, ContractContradiction, Emit,
 from aicf_tvm.contract import ContractFacts, PortFacts
 from aicf_tvm.kinds import views
 from aicf_tvm.lattice import ABIFact, Alias, Alignment, MathTag, ShapeFact
-from relax_passes import LiftEmits, PropagateContracts, analyze
+from aicf_tvm.propagation import analyze
+from relax_passes import LiftEmits, PropagateContracts
 
 from ..aicf_tvm.strategies import extents
 
