@@ -1,21 +1,21 @@
-"""The contract analysis: a fact per Relax value and per Emit call site of a function.
+"""The contract analysis: a fact per Relax value and per Emit call site of one function.
 
-A worklist fixpoint over the Emit DAG of a function. Each value gets a fact (shape and
-strides, numerics, ABI) and a set of buffers it may share storage with; facts start
-from what Relax types prove and are refined through each Emit by the kind's transfer
-rule (``aicf_tvm.kinds.transfer``). Alias facts per pair of ports follow from those
-buffer sets: the same value MustAlias, disjoint fresh buffers NoAlias, a view and
-its source MayAlias, two caller inputs Unknown. An Emit function called from several
-sites keeps the join (the common guarantee) of its sites' facts
-(``relax_passes.PropagateContracts`` stores it). With ``AICF_DEBUG=1`` it asserts
-that every refinement descends (new ⊑ old), i.e. that the transfer rules are monotone.
+Facts (``aicf_tvm.facts``) start from what Relax types prove: parameters and constants
+are fresh row-major buffers, a caller's alignment unknown. Each binding's fact comes
+from its operands' through the kind's transfer rule (``aicf_tvm.kinds.transfer``); a
+``match_cast`` keeps the value's storage with the dims the cast checks. Alias facts per
+pair of ports follow from the buffers each value may hold (``alias_between``).
+
+A single forward sweep, not a fixpoint: the bindings of a Relax function are in SSA
+order, each operand bound before its use, and the function body has no back edges (a
+branch of an ``If`` is not entered: its value gets the facts of its type). So one
+visit per binding, in order, computes every fact from final facts, and no fact is ever
+revised; there is nothing to iterate and no join within one function. The join happens
+across call sites of one Emit (``relax_passes.PropagateContracts``).
 """
 
 from __future__ import annotations
 
-import os
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import tvm
@@ -23,12 +23,14 @@ from tvm import relax
 
 from .contract import ContractFacts, PortFacts
 from .emit import Emit, emit_of
+from .facts import MAY, NO, Fact, FactTable, TensorFact, TupleFact, alias_between
 from .kinds.describe import describe_call, is_tensor, output_types, split_call
 from .kinds.registry import VIEW, rule_for
 from .kinds.transfer import fresh_shape, transfer, value_facts
-from .lattice import Alias, Alignment, NumericFact, ShapeFact
+from .lattice import Alignment, NumericFact, ShapeFact
 
-MUST, NO, MAY, UNKNOWN = (Alias(v) for v in ("MustAlias", "NoAlias", "MayAlias", "Unknown"))
+# What a view op left in main reads from an operand whose fact is a tuple: nothing.
+_UNTRACKED = TensorFact(PortFacts(), frozenset())
 
 
 def _returns_tensors(ty: Any) -> bool:
@@ -38,84 +40,37 @@ def _returns_tensors(ty: Any) -> bool:
     return bool(fields) and all(isinstance(f, relax.TensorType) for f in fields)
 
 
-def debug_enabled() -> bool:
-    return os.environ.get("AICF_DEBUG", "") not in ("", "0")
-
-
-@dataclass(frozen=True)
-class ValueFact:
-    """What is known of one Relax value: its facts and the buffers it may share."""
-
-    facts: PortFacts
-    roots: frozenset  # ("param", i) | ("const", id) | ("value", var)
-
-    @property
-    def from_caller(self) -> bool:
-        return any(r[0] == "param" for r in self.roots)
-
-
-def alias_between(a: Any, b: Any, fa: ValueFact, fb: ValueFact) -> Alias:
-    if a.same_as(b):
-        return MUST
-    if fa.roots & fb.roots:
-        return MAY
-    if fa.from_caller and fb.from_caller:
-        return UNKNOWN
-    return NO
-
-
-@dataclass
-class FactTable:
-    """The result of the analysis: a fact per value, per-site contracts per Emit."""
-
-    values: dict = field(default_factory=dict)  # relax.Var -> ValueFact | tuple[ValueFact]
-    sites: dict = field(default_factory=dict)  # GlobalVar -> list[ContractFacts]
-
-    def of(self, expr: Any) -> ValueFact:
-        if isinstance(expr, relax.Var):
-            return self.values[expr]
-        return constant_fact(expr)
-
-
-def constant_fact(expr: Any) -> ValueFact:
-    ty = expr.ty
-    if isinstance(ty, relax.TensorType):
-        shape = fresh_shape(ty)
-        return ValueFact(value_facts(shape, NumericFact.exact(str(ty.dtype))), frozenset({("const", id(expr))}))
-    return ValueFact(PortFacts(), frozenset({("const", id(expr))}))
-
-
-def _param_fact(i: int, param: relax.Var) -> ValueFact:
+def _param_fact(i: int, param: relax.Var) -> TensorFact:
     ty = param.ty
     if not isinstance(ty, relax.TensorType):
-        return ValueFact(PortFacts(), frozenset({("param", i)}))
+        return TensorFact(PortFacts(), frozenset({("param", i)}))
     # The VM hands kernels compact tensors; their alignment is the caller's business.
     facts = value_facts(fresh_shape(ty), NumericFact.exact(str(ty.dtype)), Alignment.top())
-    return ValueFact(facts, frozenset({("param", i)}))
+    return TensorFact(facts, frozenset({("param", i)}))
 
 
-def _cast_fact(src: Any, ty: Any) -> Any:
+def _cast_fact(src: Fact, ty: Any) -> Fact:
     """A ``match_cast``: the same storage, with the dims the cast checks at run time. A
     row-major source stays row-major over the new dims; other strides are not restated, so
     they become unknown."""
-    if not isinstance(src, ValueFact) or not isinstance(ty, relax.TensorType):
+    if not isinstance(src, TensorFact) or not isinstance(ty, relax.TensorType):
         return src
     cast = fresh_shape(ty)
     if not src.facts.shape.is_contiguous():
         cast = ShapeFact.shape(cast.dims) if cast.dims is not None else cast
     facts = src.facts
-    return ValueFact(value_facts(cast, facts.numeric, facts.abi.alignment), src.roots)
+    return TensorFact(value_facts(cast, facts.numeric, facts.abi.alignment), src.roots)
 
 
-def _item_fact(var: relax.Var, src: ValueFact, index: int, fresh: frozenset) -> ValueFact:
+def _item_fact(var: relax.Var, src: TensorFact, index: int, fresh: frozenset) -> TensorFact:
     """An item of a tuple known only as a whole: an item of a caller's tuple is itself a
     caller input (Unknown alias with the others, not a fresh buffer)."""
     if not src.from_caller:
-        return ValueFact(PortFacts(), fresh)
+        return TensorFact(PortFacts(), fresh)
     roots = frozenset(r + (index,) for r in src.roots if r[0] == "param")
     if not isinstance(var.ty, relax.TensorType):
-        return ValueFact(PortFacts(), roots)
-    return ValueFact(_param_fact(0, var).facts, roots)
+        return TensorFact(PortFacts(), roots)
+    return TensorFact(_param_fact(0, var).facts, roots)
 
 
 class _Analysis:
@@ -127,7 +82,6 @@ class _Analysis:
         self.transfers: dict = {}  # (callee, input fact ids) -> output facts
         self.site_cache: dict = {}  # (transfer key, alias values) -> ContractFacts
         self.keep: list = []
-        self.debug = debug_enabled()
 
     def emit_info(self, gv: relax.GlobalVar) -> tuple[Emit, Any] | None:
         if gv not in self.emits:
@@ -142,33 +96,24 @@ class _Analysis:
         return self.emits[gv]
 
     def run(self) -> FactTable:
+        """One visit per binding in program order (see the module docstring)."""
         values = self.table.values
         for i, p in enumerate(self.func.params):
             values[p] = _param_fact(i, p)
-        bindings = [b for blk in self.func.body.blocks for b in blk.bindings]
-        users: dict = {}
-        for b in bindings:
-            for v in relax.analysis.free_vars(b.value):
-                users.setdefault(v, []).append(b)
-        work = deque(bindings)
-        queued = {id(b) for b in bindings}
-        while work:
-            b = work.popleft()
-            queued.discard(id(b))
-            new = self.visit(b)
-            old = values.get(b.var)
-            if old is not None and new == old:
-                continue
-            if self.debug and old is not None:
-                _assert_descends(b.var, old, new)
-            values[b.var] = new
-            for u in users.get(b.var, ()):
-                if id(u) not in queued:
-                    work.append(u)
-                    queued.add(id(u))
+        for block in self.func.body.blocks:
+            for binding in block.bindings:
+                values[binding.var] = self.visit(binding)
         return self.table
 
-    def visit(self, binding: Any) -> Any:
+    def port_fact(self, call: relax.Call, arg: Any) -> TensorFact:
+        """The fact of an Emit's port argument: one tensor (LiftEmits and FuseEmits pass
+        tuples of tensors flattened), so a tuple fact here is a broken module."""
+        fact = self.table.of(arg)
+        if not isinstance(fact, TensorFact):
+            raise TypeError(f"{call.op.name_hint}: a port argument has a tuple fact ({arg})")
+        return fact
+
+    def visit(self, binding: Any) -> Fact:
         value, var = binding.value, binding.var
         fresh = frozenset({("value", var)})
         if isinstance(binding, relax.MatchCast) and isinstance(value, relax.Var):
@@ -177,9 +122,11 @@ class _Analysis:
             return self.table.values[value]
         if isinstance(value, relax.TupleGetItem):
             src = self.table.of(value.tuple_value)
-            return src[value.index] if isinstance(src, tuple) else _item_fact(var, src, value.index, fresh)
+            if isinstance(src, TupleFact):
+                return src.fields[value.index]
+            return _item_fact(var, src, value.index, fresh)
         if isinstance(value, relax.Tuple):
-            return tuple(self.table.of(f) for f in value.fields)
+            return self.table.of(value)
         if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
             info = self.emit_info(value.op)
             if info is not None:
@@ -188,25 +135,24 @@ class _Analysis:
             return self.visit_op(value, var)  # an op left in main (e.g. a view): its kind's rule
         if isinstance(var.ty, relax.TensorType):
             facts = value_facts(fresh_shape(var.ty), NumericFact.top())
-            return ValueFact(facts, fresh)
-        return ValueFact(PortFacts(), fresh)
+            return TensorFact(facts, fresh)
+        return TensorFact(PortFacts(), fresh)
 
-    def visit_op(self, call: relax.Call, var: relax.Var) -> Any:
+    def visit_op(self, call: relax.Call, var: relax.Var) -> Fact:
         sig = split_call(call)
         emit = describe_call(call, sig)
-        ins = [self.table.of(a) for a in sig.tensor_args]
-        ins = [f if not isinstance(f, tuple) else ValueFact(PortFacts(), frozenset()) for f in ins]
+        ins = [self.table.tensor(a) or _UNTRACKED for a in sig.tensor_args]
         outs = transfer(emit, call, [f.facts for f in ins], var.ty)
         roots = frozenset({("value", var)})
         if rule_for(emit.op).category == VIEW and ins:
             roots |= ins[0].roots
-        facts = [ValueFact(o, roots) for o in outs]
-        return facts[0] if len(facts) == 1 and isinstance(var.ty, relax.TensorType) else tuple(facts)
+        facts = [TensorFact(o, roots) for o in outs]
+        return facts[0] if len(facts) == 1 and isinstance(var.ty, relax.TensorType) else TupleFact(tuple(facts))
 
-    def visit_emit(self, call: relax.Call, info: tuple, var: relax.Var) -> Any:
+    def visit_emit(self, call: relax.Call, info: tuple, var: relax.Var) -> Fact:
         emit, body = info
         args = list(call.args)
-        ins = [self.table.of(a) for a in args]
+        ins = [self.port_fact(call, a) for a in args]
         # Facts are interned (``value_facts``), so equal inputs are the same objects:
         # sites of one Emit with the same input facts share the transfer result.
         key = (call.op, tuple(id(f.facts) for f in ins))
@@ -218,9 +164,11 @@ class _Analysis:
         roots = frozenset({("value", var)})
         if is_view and ins:
             roots |= ins[0].roots
-        out_facts = [ValueFact(o, roots) for o in outs]
+        out_facts = [TensorFact(o, roots) for o in outs]
         self._record_site(call, emit, args, ins, out_facts, key)
-        return out_facts[0] if len(out_facts) == 1 and not len(output_types(var.ty)) > 1 else tuple(out_facts)
+        if len(out_facts) == 1 and not len(output_types(var.ty)) > 1:
+            return out_facts[0]
+        return TupleFact(tuple(out_facts))
 
     def _record_site(self, call, emit: Emit, args, ins, outs, key) -> None:
         names = [p.name for p in emit.interface.inputs]
@@ -247,13 +195,6 @@ class _Analysis:
 
 def _with_effect(facts: PortFacts, template: PortFacts) -> PortFacts:
     return PortFacts(template.effect, facts.shape, facts.numeric, facts.abi)
-
-
-def _assert_descends(var: Any, old: Any, new: Any) -> None:
-    olds = old if isinstance(old, tuple) else (old,)
-    news = new if isinstance(new, tuple) else (new,)
-    for o, n in zip(olds, news):
-        assert n.facts.leq(o.facts), f"non-monotone refinement of {var.name}: {o.facts} -> {n.facts}"
 
 
 def analyze(mod: tvm.IRModule, name: str = "main") -> FactTable:

@@ -37,10 +37,11 @@ import tvm
 from tvm import relax
 
 from aicf_tvm.emit_graph import EmitGraph
+from aicf_tvm.facts import FactTable
 from aicf_tvm.kinds.describe import type_shape
 from aicf_tvm.lattice import ShapeFact
 from aicf_tvm.library import DEFAULT_CANDIDATES
-from aicf_tvm.propagation import FactTable, analyze
+from aicf_tvm.propagation import analyze
 from aicf_tvm.report import Decision, FusionReport
 
 from .fuse_emits import _bytes, _Planner
