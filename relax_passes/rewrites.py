@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .eliminate_emits import EliminateEmits
+from .materialize_emits import MaterializeEmits
+
 
 def rewrite_passes(report: Any, before: bool, candidates: Any = None) -> list:
     """Passes before fusion or after it, in order.
@@ -13,9 +16,6 @@ def rewrite_passes(report: Any, before: bool, candidates: Any = None) -> list:
     is Eliminate -> Materialize -> Fuse, repeated. ``candidates`` (default: the library's)
     are the ones FuseEmits uses, so Materialize repairs exactly those.
     """
-    from .eliminate_emits import EliminateEmits
-    from .materialize_emits import MaterializeEmits
-
     if not before:
         return []
     materialize = MaterializeEmits(report=report) if candidates is None else MaterializeEmits(report, candidates)

@@ -5,8 +5,10 @@ as an edge like one at module level: a deferred import hides a dependency from t
 reader, not from the layering. An edge ``a -> b`` means ``a`` names ``b`` in an
 ``import`` or ``from b import ...`` (or ``from b import c`` where ``b.c`` is a module,
 which gives ``a -> b.c``); a package's own ``__init__`` is not implied by importing one of
-its submodules, as in import-linter and pydeps. ``tests/test_imports.py`` checks the
-layering (docs/design.md §8) on this graph.
+its submodules, as in import-linter and pydeps. The lazy facade of ``aicf_tvm/__init__.py``
+(its ``_LAZY`` table: public name -> module, imported on first use) counts as edges
+too, marked ``facade``. ``tests/test_imports.py`` checks the layering (docs/design.md §8)
+on this graph.
 
     python scripts/import_graph.py            # summary: counts, cycles, deferred imports
     python scripts/import_graph.py --edges    # every edge, with where it is deferred
@@ -30,6 +32,7 @@ class Edge:
     target: str
     line: int
     deferred: bool  # inside a function body, not run at import time
+    facade: bool = False  # an entry of the package's lazy ``_LAZY`` table
 
 
 def module_name(path: Path) -> str:
@@ -90,6 +93,16 @@ def _type_checking_lines(tree: ast.Module) -> set[int]:
     return lines
 
 
+def facade_table(tree: ast.Module) -> dict[str, tuple[str, int]]:
+    """``{public name: (relative module, line)}`` of a module-level ``_LAZY = {...}``."""
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets)
+                and isinstance(node.value, ast.Dict)):
+            return {k.value: (v.value, k.lineno) for k, v in zip(node.value.keys, node.value.values)
+                    if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}
+    return {}
+
+
 def deferred_import_count(known: dict[str, Path] | None = None) -> int:
     """Import statements inside functions, of any module (ours, TVM, optional packages)."""
     known = modules() if known is None else known
@@ -119,6 +132,10 @@ def edges(known: dict[str, Path] | None = None) -> list[Edge]:
                 resolved = _resolve(target, known)
                 if resolved and resolved != module:
                     out.append(Edge(module, resolved, node.lineno, node.lineno in deferred))
+        for relative, line in facade_table(tree).values():
+            level = len(relative) - len(relative.lstrip("."))
+            target = _base(module, is_package, level, relative.lstrip(".") or None)
+            out.append(Edge(module, target, line, True, facade=True))
     return sorted(set(out), key=lambda e: (e.source, e.target, e.line))
 
 
@@ -176,13 +193,14 @@ def main() -> None:
     print(f"cycles   {len(found)}")
     for component in found:
         print("  " + " <-> ".join(component))
-    print("imports of our modules inside functions:")
+    print("imports of our modules inside functions (facade: the lazy public API):")
     for e in deferred:
-        print(f"  {e.source}:{e.line} -> {e.target}")
+        print(f"  {e.source}:{e.line} -> {e.target}{'  (facade)' if e.facade else ''}")
     if args.edges:
         print("edges:")
         for e in graph:
-            print(f"  {e.source} -> {e.target}{'  (in a function)' if e.deferred else ''}")
+            where = "  (facade)" if e.facade else "  (in a function)" if e.deferred else ""
+            print(f"  {e.source} -> {e.target}{where}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 Results go to stdout, progress to stderr. Exit code 0 on success; any error prints one
 line (``aicf: error: ...``) and exits 1; ``--debug`` shows the full traceback instead.
+Each command imports the compiler side (pipeline, frontends, explain, tuning) in its
+body, so that ``aicf run`` works where TVM has only its runtime.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import AicfError, InputError, TuningError, UnsupportedModelError
+from .compiled import CompiledModel, flat_outputs, load
+from .targets import describe, resolve_target
+from .threads import thread_count, use_threads
 
 MODEL_HELP = "an ONNX file, a built-in model name (encoder_layer, ...), or package.module:function"
 TARGET_HELP = "'llvm' (this CPU), 'cuda', or a JSON target dict such as '{\"kind\": \"llvm\", \"num-cores\": 4}'"
@@ -62,8 +67,6 @@ def _kernel_table(kernels: Sequence[Any]) -> str:
 
 
 def _as_list(out: Any) -> list[np.ndarray]:
-    from .compiled import flat_outputs
-
     return flat_outputs(out)
 
 
@@ -71,10 +74,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     import tvm
     from tvm import relax
 
-    from .compiled import CompiledModel
     from .models import BUILTIN_MODELS
     from .pipeline import compile as aicf_compile
-    from .targets import describe, resolve_target
 
     if args.model not in BUILTIN_MODELS:
         raise UnsupportedModelError(f"{args.model}: not a built-in model ({', '.join(sorted(BUILTIN_MODELS))})")
@@ -118,7 +119,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_compile(args: argparse.Namespace) -> int:
     from .frontends import load_model
     from .pipeline import compile as aicf_compile
-    from .targets import describe, resolve_target
 
     target = resolve_target(args.target)  # fail fast, before the import
     if args.database is not None and not Path(args.database).is_dir():
@@ -156,8 +156,6 @@ def _read_inputs(items: Sequence[str]) -> dict[str, np.ndarray]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .deploy import load
-
     named = _read_inputs(args.input or [])
     model = load(args.library, device=args.device, threads=args.threads)
     outs = _as_list(model(**named))
@@ -175,23 +173,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from .explainer import explain
+    from .explainer import explain, kernel_selection
     from .frontends import load_model
-    from .pipeline import normalize, optimize
-    from ..report import FusionReport
+    from .pipeline import run_pipeline
 
     mod = load_model(args.model)
     report = None
     text = ""
     if not args.no_fusion:
-        from .explainer import kernel_selection
-        from .pipeline import lower
-        from .targets import resolve_target
-
-        report = FusionReport()
-        optimized = optimize(normalize(mod), report)
-        lowered = lower(optimized, resolve_target(args.target), args.database, report)
-        text = "\n\n" + kernel_selection(lowered, resolve_target(args.target))
+        target = resolve_target(args.target)
+        stages = run_pipeline(mod, target, until="schedule", database=args.database)
+        report = stages.report
+        text = "\n\n" + kernel_selection(stages.lowered, target)
     print(explain(mod, report) + text)
     return 0
 
@@ -203,7 +196,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         if err.name != f"{__package__}.tuning":
             raise
         raise TuningError("aicf tune: this installation has no aicf_tvm.driver.tuning module") from err
-    from .targets import resolve_target
 
     target = resolve_target(args.target)
     result = tune(args.models, target=target, trials=args.trials, work_dir=args.work_dir,
@@ -283,8 +275,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        from .threads import thread_count, use_threads
-
         use_threads(thread_count(args.threads))  # what TVM runs on this thread (constant folding too)
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:

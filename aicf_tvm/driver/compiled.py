@@ -1,13 +1,15 @@
 """CompiledModel: run a compiled module on numpy arrays; inspect its kernels and report.
 
-Only TVM's runtime is imported here (``tvm.runtime``, the VM, no Relax): a model loaded by
-``aicf_tvm.load`` runs where only ``libtvm_runtime`` exists. The Relax helpers
-(``specs_of``, ``kernels_of``) import the compiler side when a freshly compiled model
-calls them.
+``load`` makes one from a library written by ``CompiledModel.export`` (the format is
+``driver.deploy``'s). Only TVM's runtime is imported here (``tvm.runtime``, the VM, no
+Relax): a model loaded by ``aicf_tvm.load`` runs where only ``libtvm_runtime`` exists.
+The Relax helpers (``specs_of``, ``dim_bounds_of``, ``kernels_of``) import the compiler
+side in their bodies, when a freshly compiled model calls them.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +19,12 @@ import numpy as np
 import tvm
 from tvm.runtime.vm import VirtualMachine
 
+from ..emit import plain
 from ..errors import DeployError, InputError
-from ..report import FusionReport
+from ..lattice.shape import row_major
+from ..report import Decision, FusionReport
+from .deploy import check_target, device_for, export, read_metadata
+from .targets import describe
 from .threads import thread_count, use_threads
 
 if TYPE_CHECKING:
@@ -49,8 +55,6 @@ def _has_row_major_strides(arr: np.ndarray) -> bool:
     kernels' buffers declare them. numpy's ``c_contiguous`` flag is weaker: it holds for
     every zero-size array (``np.zeros((0, 4))`` has strides ``(0, 0)``) and ignores the
     strides of size-1 dims, and DLPack passes the strides on as they are."""
-    from ..lattice.shape import row_major
-
     return arr.strides == tuple(s * arr.itemsize for s in row_major(arr.shape))
 
 
@@ -156,8 +160,6 @@ def _spec_of(target: Any) -> dict:
     """A target as its exported, JSON-able dict."""
     if isinstance(target, Mapping):
         return dict(target)
-    from ..emit import plain
-
     return plain(target.export())
 
 
@@ -217,16 +219,12 @@ class CompiledModel:
         return self._target
 
     def __repr__(self) -> str:
-        from .targets import describe
-
         sig = ", ".join(f"{s.name}: {s.dtype}{list(s.shape)}" for s in self.inputs)
         where = f" from {self.path}" if self.path else ""
         return f"<CompiledModel ({sig}) on {describe(self.target_spec)}, {len(self.kernels)} kernels{where}>"
 
     def export(self, path: str | Path) -> Path:
         """Write a shared library that carries this model's metadata (see ``aicf_tvm.load``)."""
-        from .deploy import export
-
         return export(self, path)
 
     @property
@@ -288,3 +286,31 @@ class CompiledModel:
         arrays = [tvm.runtime.tensor(_contiguous(a), self.device) for a in args]
         timer = self.vm.time_evaluator("main", self.device, number=number, repeat=repeat)
         return float(timer(*arrays).median)
+
+
+def load(path: str | os.PathLike, device: Any = None, threads: int | None = None) -> CompiledModel:
+    """A callable ``CompiledModel`` from a library written by ``export``, run with
+    ``threads`` CPU threads (default: see ``aicf_tvm.driver.threads.thread_count``)."""
+    name = os.fspath(path)
+    meta = read_metadata(name)
+    target = check_target(meta, name)
+    dev = device_for(target, device, name)
+    try:
+        lib = tvm.runtime.load_module(name)
+    except Exception as err:
+        raise DeployError(f"{name}: cannot be loaded: {str(err).strip().splitlines()[0]}") from err
+    if lib.kind != "relax.VMExecutable":
+        raise DeployError(f"{name}: holds a {lib.kind} module, not a Relax VM executable")
+    try:
+        report = FusionReport([Decision(d["candidate"], tuple(d["members"]), bool(d["accepted"]),
+                                        tuple(d["failures"]), d["note"], int(d["benefit"]))
+                               for d in meta["fusion"]["decisions"]])
+        return CompiledModel(
+            lib, target, report=report, device=dev, metadata=meta, path=name, threads=threads,
+            inputs=[TensorSpec.from_json(s) for s in meta["inputs"]],
+            dim_bounds=meta.get("dim_bounds", {}),
+            outputs=[TensorSpec.from_json(s) for s in meta["outputs"]],
+            kernels=[Kernel(k["name"], k["kind"], k["schedule"]) for k in meta["kernels"]],
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise DeployError(f"{name}: incomplete AICF metadata ({type(err).__name__}: {err})") from err

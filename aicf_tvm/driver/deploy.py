@@ -8,10 +8,12 @@ where the sha256 covers the whole file with the hash field zeroed: it is patched
 after linking, so any change to the file (truncation, a flipped byte, ``strip``) is
 caught before the file is handed to ``dlopen``.
 
-``load`` reads that frame without loading the library, checks that this host can run
-the target, then loads it with ``tvm.runtime.load_module``. Every problem is a
-``DeployError`` that names the file. ``load`` and everything it calls import only TVM's
-runtime: it works where ``libtvm_compiler`` is absent (``TVM_USE_RUNTIME_LIB=1``). There
+``read_metadata`` reads that frame without loading the library and ``check_target``
+checks that this host can run the target; ``aicf_tvm.load`` (``driver.compiled.load``)
+then loads the library with ``tvm.runtime.load_module``. Every problem is a
+``DeployError`` that names the file. Reading and checking import only TVM's runtime
+(``metadata_of`` imports the Emit table, Relax, in its body: only ``export`` needs it), so
+``load`` works where ``libtvm_compiler`` is absent (``TVM_USE_RUNTIME_LIB=1``). There
 LLVM cannot name the host CPU, so the CPU check compares the build host's instruction-set
 flags (recorded by ``export`` when the model was compiled for the build host's CPU) with
 this host's.
@@ -31,6 +33,8 @@ from typing import Any
 import tvm
 
 from ..errors import DeployError
+from ..version import __version__
+from .targets import describe
 
 MAGIC = b"\x00AICF-TVM-MODULE\x00"
 FORMAT_VERSION = 1
@@ -44,9 +48,7 @@ _DL_CPU, _DL_CUDA = 1, 2  # DLPack device type codes
 
 def metadata_of(model: Any) -> dict:
     """The JSON-able description of a compiled model that ``export`` embeds."""
-    from .. import __version__
-    from .explainer import emit_calls, emit_table
-    from .targets import describe
+    from ..emit_table import emit_calls, emit_table  # Relax: the compiler side only
 
     emits, table = [], ""
     if model.optimized is not None:
@@ -243,7 +245,9 @@ def check_target(meta: dict, name: str) -> dict:
     return spec
 
 
-def _device_for(spec: dict, device: Any, name: str) -> Any:
+def device_for(spec: dict, device: Any, name: str) -> Any:
+    """The device to run a module of target ``spec`` on: ``device`` checked against the
+    target's kind, else the target's first device."""
     is_cuda = spec.get("kind") == "cuda"
     if device is None:
         return tvm.cuda(0) if is_cuda else tvm.cpu(0)
@@ -254,34 +258,3 @@ def _device_for(spec: dict, device: Any, name: str) -> Any:
     if dev.dlpack_device_type() != (_DL_CUDA if is_cuda else _DL_CPU):
         raise DeployError(f"{name}: compiled for {spec.get('kind')}, cannot run on device {dev}")
     return dev
-
-
-def load(path: str | os.PathLike, device: Any = None, threads: int | None = None):
-    """A callable ``CompiledModel`` from a library written by ``export``, run with
-    ``threads`` CPU threads (default: see ``aicf_tvm.driver.threads.thread_count``)."""
-    from .compiled import CompiledModel, Kernel, TensorSpec
-    from ..report import Decision, FusionReport
-
-    name = os.fspath(path)
-    meta = read_metadata(name)
-    target = check_target(meta, name)
-    dev = _device_for(target, device, name)
-    try:
-        lib = tvm.runtime.load_module(name)
-    except Exception as err:
-        raise DeployError(f"{name}: cannot be loaded: {str(err).strip().splitlines()[0]}") from err
-    if lib.kind != "relax.VMExecutable":
-        raise DeployError(f"{name}: holds a {lib.kind} module, not a Relax VM executable")
-    try:
-        report = FusionReport([Decision(d["candidate"], tuple(d["members"]), bool(d["accepted"]),
-                                        tuple(d["failures"]), d["note"], int(d["benefit"]))
-                               for d in meta["fusion"]["decisions"]])
-        return CompiledModel(
-            lib, target, report=report, device=dev, metadata=meta, path=name, threads=threads,
-            inputs=[TensorSpec.from_json(s) for s in meta["inputs"]],
-            dim_bounds=meta.get("dim_bounds", {}),
-            outputs=[TensorSpec.from_json(s) for s in meta["outputs"]],
-            kernels=[Kernel(k["name"], k["kind"], k["schedule"]) for k in meta["kernels"]],
-        )
-    except (KeyError, TypeError, ValueError) as err:
-        raise DeployError(f"{name}: incomplete AICF metadata ({type(err).__name__}: {err})") from err

@@ -23,9 +23,14 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from relax_passes.fuse_adam_steps import FuseAdamSteps
+from relax_passes.lift_adam_steps import LiftAdamSteps
+from relax_passes.lower_emits import kernel_calls
+
 from ..errors import InputError, UnsupportedModelError
 from ..library.adam import DISTINCT_INPUTS_ATTR
 from ..report import FusionReport
+from .pipeline import run_pipeline
 from .targets import resolve_target
 from .threads import thread_count, use_threads
 
@@ -104,8 +109,6 @@ class OptimizerStep:
     @property
     def kernels(self) -> list[str]:
         """The PrimFuncs ``main`` launches, in program order."""
-        from relax_passes.lower_emits import kernel_calls
-
         return kernel_calls(self.lowered["main"])
 
     @property
@@ -167,11 +170,6 @@ def compile_optimizer_step(func: Any, target: Any = "llvm", *, donate: bool = Tr
     ``donate=False`` makes no assertion: caller inputs are then Unknown alias, the fusion
     is refused (see ``step.report``) and P, M, V are written to new buffers.
     """
-    from relax_passes.fuse_adam_steps import FuseAdamSteps
-    from relax_passes.lift_adam_steps import LiftAdamSteps
-
-    from .pipeline import build, lower, normalize, optimize
-
     tgt = resolve_target(target)
     if isinstance(func, tvm.IRModule):
         if "main" not in [gv.name_hint for gv in func.get_global_vars()]:
@@ -182,11 +180,11 @@ def compile_optimizer_step(func: Any, target: Any = "llvm", *, donate: bool = Tr
     if donate:
         mod["main"] = mod["main"].with_attr(DISTINCT_INPUTS_ATTR, True)
     report = FusionReport()
-    mod = relax.transform.EliminateCommonSubexpr()(normalize(mod))  # one bias term for all steps
-    mod = optimize(LiftAdamSteps()(mod), report)
-    mod = FuseAdamSteps(report=report)(mod)
-    lowered = lower(mod, tgt)
-    return OptimizerStep(build(lowered, tgt), tgt, report, lowered, donate, threads)
+    stages = run_pipeline(mod, tgt, report=report,
+                          # one bias term for all steps, then the steps lifted as Emits
+                          before_optimize=[relax.transform.EliminateCommonSubexpr(), LiftAdamSteps()],
+                          after_optimize=[FuseAdamSteps(report=report)])
+    return OptimizerStep(stages.executable, tgt, report, stages.lowered, donate, threads)
 
 
 __all__ = ["CallProfile", "OptimizerStep", "adam_function", "adam_state", "check_distinct", "compile_optimizer_step", "profile_call"]

@@ -27,10 +27,17 @@ from pathlib import Path
 from typing import Any
 
 import tvm
+from tqdm.auto import tqdm
 
-from ..errors import TuningError, UnsupportedModelError
-from ..report import FusionReport
+from schedules import tune as st
+from schedules.remote import RemoteError, Tracker
+from schedules.select import CHOICES_FILE, load_choices, open_database
+
+from ..errors import TuningError
+from .frontends import load_model
+from .pipeline import run_pipeline
 from .targets import describe, resolve_target
+from .threads import thread_count
 
 
 @dataclass
@@ -71,17 +78,8 @@ def _ms(secs: float | None) -> str:
 
 
 def lower_for_tuning(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
-    """normalize -> optimize -> LowerEmits (for ``target``): the Emit PrimFuncs before any
-    schedule, as ``compile`` sees them."""
-    from relax_passes import LowerEmits
-
-    from .pipeline import normalize, optimize
-
-    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
-        raise UnsupportedModelError("the module has no 'main' function")
-    optimized = optimize(normalize(mod), FusionReport())
-    with target:
-        return LowerEmits()(optimized)
+    """The Emit PrimFuncs before any schedule: ``compile``'s pipeline, stopped there."""
+    return run_pipeline(mod, target, until="kernels").kernels
 
 
 def _model_name(spec: Any, index: int) -> str:
@@ -90,8 +88,6 @@ def _model_name(spec: Any, index: int) -> str:
 
 def _save_choices(work_dir: Path, target: tvm.target.Target, choices: dict) -> None:
     """Write ``aicf_tuning.json`` atomically (a kill leaves the old or the new file)."""
-    from schedules.select import CHOICES_FILE
-
     path = work_dir / CHOICES_FILE
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"target": describe(target), "tasks": choices}, indent=1, sort_keys=True))
@@ -115,8 +111,6 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
     unreachable or has no server under ``key``.  Candidates are measured with the threads
     the tuned model will run with (``threads``, else as ``compile`` chooses).
     """
-    from .threads import thread_count
-
     _check_seconds("runner_timeout", runner_timeout)
     tgt = resolve_target(target)
     with _worker_threads(thread_count(threads, tgt.export())):
@@ -147,13 +141,6 @@ def specs_or(models: Any) -> list:
 def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: int | None,
           builder_timeout: float, runner_timeout: float, progress: bool, rpc: str | None,
           key: str | None, workers: int | None) -> TuneResult:
-    from tqdm.auto import tqdm
-
-    from schedules import tune as st
-    from schedules.select import load_choices, open_database
-
-    from .frontends import load_model
-
     tracker, workers, where = _remote(rpc, key, workers, runner_timeout)
     if not specs:
         raise TuningError("tune: no model given")
@@ -197,8 +184,6 @@ def _check_seconds(name: str, value: Any) -> None:
 def _remote(rpc: str | None, key: str | None, workers: int | None, timeout_s: float) -> tuple[Any, int, str]:
     """The tracker to measure on (None: this machine), its sessions limited to ``timeout_s``
     (whole seconds), the parallel sessions, and a label."""
-    from schedules.remote import RemoteError, Tracker
-
     if rpc is None:
         if key is not None or workers is not None:
             raise TuningError("tune: key and workers need rpc='HOST:PORT' (a TVM RPC tracker)")
@@ -219,8 +204,6 @@ def _remote(rpc: str | None, key: str | None, workers: int | None, timeout_s: fl
 def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: int, result: TuneResult,
                bar: Any) -> Any:
     """Seed, search and judge one task; None when the run's trial budget is spent."""
-    from schedules import tune as st
-
     baseline = st.seed_default(task, result.target, db, tools)
     done = len(st.tuned_records(db, task, baseline))
     budget = min(per_task - done, left)

@@ -20,6 +20,7 @@ from typing import Any
 import tvm
 
 from ...errors import UnsupportedModelError
+from .. import models
 from .onnx import from_onnx
 from .torch import from_torch
 
@@ -34,8 +35,6 @@ def load_model(spec: Any) -> tvm.IRModule:
     if not isinstance(spec, (str, os.PathLike)):
         return from_onnx(spec)
     text = os.fspath(spec)
-    from .. import models
-
     if text in models.BUILTIN_MODELS:
         return models.BUILTIN_MODELS[text]()
     if text.endswith(".onnx") or os.path.exists(text):

@@ -5,6 +5,9 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from relax_passes.bound_shapes import BoundShapes
+from relax_passes.normalize_indices import NormalizeIndices
+
 
 def normalize_import(mod: tvm.IRModule) -> tvm.IRModule:
     """Simplify shapes under their bounds, fold constants, make every gather read in bounds,
@@ -14,9 +17,6 @@ def normalize_import(mod: tvm.IRModule) -> tvm.IRModule:
     ``take(mode="fast")`` for indexing that PyTorch and ONNX define with negative
     indices, so the imported module is only right for any pipeline once it ran.
     """
-    from relax_passes.bound_shapes import BoundShapes
-    from relax_passes.normalize_indices import NormalizeIndices
-
     # bounds first: a shape left unknown by inference cannot be folded or legalized
     seq = [BoundShapes(), relax.transform.FoldConstant(), NormalizeIndices(),
            relax.transform.DeadCodeElimination()]

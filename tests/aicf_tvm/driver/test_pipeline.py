@@ -1,15 +1,18 @@
-"""The pipeline: the rewrite fixpoint (verified after every step, bounded, stable) and
-normalize's batch-norm folding, which must keep the op's meaning."""
+"""The pipeline: one composition for every entry point, the rewrite fixpoint (verified
+after every step, bounded, stable) and normalize's batch-norm folding, which must keep
+the op's meaning."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 import tvm_ffi
 
 from aicf_tvm import verify_contracts
 from aicf_tvm.driver.models import BUILTIN_MODELS
-from aicf_tvm.driver.pipeline import MAX_ROUNDS, normalize, optimize
+from aicf_tvm.driver.pipeline import MAX_ROUNDS, normalize, optimize, run_pipeline, schedule
+from aicf_tvm.driver.tuning import lower_for_tuning
 from aicf_tvm.report import FusionReport
 from aicf_tvm.driver.targets import describe, resolve_target
 from tests.conftest import run_vm
@@ -28,6 +31,23 @@ def test_verify_runs_after_every_step_and_the_fixpoint_is_bounded():
     assert 1 + 3 <= len(checked) <= 1 + 3 * MAX_ROUNDS
     again = optimize(out, FusionReport(), check=verify_contracts)
     assert tvm_ffi.structural_equal(again, out)  # a fixpoint: nothing left to rewrite
+
+
+def test_compile_schedules_exactly_the_kernels_tuning_measures():
+    """Tuning keys its records by the PrimFuncs it saw: compile's module must be those
+    kernels, scheduled, with no step of its own in between."""
+    target = resolve_target({"kind": "llvm", "num-cores": 2})
+    model = BUILTIN_MODELS["encoder_layer_small"]()
+    compiled = _compile(model)
+    tvm.ir.assert_structural_equal(schedule(lower_for_tuning(model, target), target), compiled.lowered)
+
+
+def test_run_pipeline_stops_at_the_stage_asked_and_rejects_an_unknown_one():
+    target = resolve_target({"kind": "llvm", "num-cores": 2})
+    stages = run_pipeline(BUILTIN_MODELS["encoder_layer_small"](), target, until="kernels")
+    assert stages.kernels is not None and stages.lowered is None and stages.executable is None
+    with pytest.raises(ValueError, match="until='tune': not one of optimize, kernels, schedule, build"):
+        run_pipeline(BUILTIN_MODELS["encoder_layer_small"](), target, until="tune")
 
 
 def test_llvm_means_this_cpu():
