@@ -33,11 +33,11 @@ from aicf_tvm.elimination import (
     compose_permutations, is_free_view, is_identity_permutation, is_neutral_operand, represents_exactly,
 )
 from aicf_tvm.emit_graph import EmitGraph, Node
+from aicf_tvm.facts import FactTable
 from aicf_tvm.kinds.describe import type_shape
 from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE
 from aicf_tvm.lattice import Failure, ShapeFact
 from aicf_tvm.propagation import analyze
-from aicf_tvm.facts import FactTable
 from aicf_tvm.report import Decision, FusionReport
 
 from .group_rewrite import drop_unused_emits, with_blocks

@@ -14,8 +14,8 @@ import aicf_tvm
 from aicf_tvm import DeployError, InputError
 from aicf_tvm.driver import deploy
 from aicf_tvm.driver.compiled import flat_outputs
-from aicf_tvm.emit import Emit
 from aicf_tvm.driver.models import BUILTIN_MODELS
+from aicf_tvm.emit import Emit
 
 from ...helpers import assert_input_sensitive, relax_main
 
