@@ -1,9 +1,11 @@
 """AICF on TVM: the Emit IR model (contract lattices, Emits in Relax) and its API.
 
-The core values (lattices, contracts, Emit, errors: plain Python) load eagerly; what
-needs TVM (verify, compile, frontends, deploy, CLI) loads on first use, so that
-``import relax_passes`` and ``import schedules`` never pull the driver in, and
-``aicf_tvm.load`` works where TVM has only its runtime library (no Relax, no compiler).
+The core values (lattices, contracts, Emit, errors: plain Python) load eagerly; the
+rest of the public API loads on first use through ``_LAZY``: ``verify`` (Relax) and the
+driver (``aicf_tvm.driver``: compile, frontends, load, tune, ...). That table is the
+only place the core names the driver (docs/design.md §8; ``tests/test_imports.py``
+allows exactly it), so ``import relax_passes`` and ``import schedules`` never pull the
+driver in, and ``aicf_tvm.load`` works where TVM has only its runtime library.
 """
 
 from .contract import (
@@ -15,12 +17,11 @@ from .errors import (
     EncodingError, InputError, KindRegistrationError, TargetError, TuningError,
     UnsupportedModelError,
 )
+from .version import __version__ as __version__
 from .lattice import (
     ABIFact, AccumDtype, Alias, Alignment, Determinism, Effect, Flag, MathTag, NumericFact,
     Rounding, ShapeFact,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ADAM_STEP_CONTRACT", "RELU_CONTRACT", "ContractFacts", "EmitContract", "Entailment", "PortFacts",
@@ -33,16 +34,16 @@ __all__ = [
 _LAZY = {
     "contract_problems": ".verify",
     "verify_contracts": ".verify",
-    "compile": ".pipeline",
-    "compile_optimizer_step": ".optimizer",
-    "CompiledModel": ".compiled",
-    "explain": ".explainer",
-    "from_onnx": ".frontends",
-    "from_torch": ".frontends",
-    "load_model": ".frontends",
-    "tune": ".tuning",
-    "TuneResult": ".tuning",
-    "load": ".deploy",
+    "compile": ".driver.pipeline",
+    "compile_optimizer_step": ".driver.optimizer",
+    "CompiledModel": ".driver.compiled",
+    "explain": ".driver.explainer",
+    "from_onnx": ".driver.frontends",
+    "from_torch": ".driver.frontends",
+    "load_model": ".driver.frontends",
+    "tune": ".driver.tuning",
+    "TuneResult": ".driver.tuning",
+    "load": ".driver.compiled",
 }
 __all__ += list(_LAZY)
 

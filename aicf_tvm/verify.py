@@ -15,6 +15,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from . import library
 from .emit import EMIT_ATTR, Emit
 from .errors import AicfError, ContractViolation
 from .kinds.describe import output_types, type_shape
@@ -69,8 +70,6 @@ def _problems_of(name: str, func: relax.Function, emit: Emit, known_kinds: set[s
 
 def contract_problems(mod: tvm.IRModule) -> list[str]:
     """Every broken invariant in ``mod``'s Emit annotations (empty when all hold)."""
-    from . import library  # noqa: F401  (registers fused kinds)
-
     known = set(kinds_by_name()) | set(library.library_kinds())
     problems: list[str] = []
     for gv, func in mod.functions_items():

@@ -12,8 +12,8 @@ from .lift_emits import LiftEmits
 from .lower_emits import LowerEmits
 from .materialize_emits import MaterializeEmits
 from .normalize_indices import NormalizeIndices
-from .propagate_contracts import PropagateContracts, analyze
+from .propagate_contracts import PropagateContracts
 from .sink_reshapes import SinkReshapes
 
 __all__ = ["BoundShapes", "EliminateEmits", "FoldBatchNorm", "FuseEmits", "LiftEmits", "LowerEmits",
-           "MaterializeEmits", "NormalizeIndices", "PropagateContracts", "SinkReshapes", "analyze"]
+           "MaterializeEmits", "NormalizeIndices", "PropagateContracts", "SinkReshapes"]

@@ -33,22 +33,24 @@ from aicf_tvm.elimination import (
     compose_permutations, is_free_view, is_identity_permutation, is_neutral_operand, represents_exactly,
 )
 from aicf_tvm.emit_graph import EmitGraph, Node
+from aicf_tvm.facts import FactTable
 from aicf_tvm.kinds.describe import type_shape
 from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE
 from aicf_tvm.lattice import Failure, ShapeFact
+from aicf_tvm.propagation import analyze
 from aicf_tvm.report import Decision, FusionReport
 
 from .group_rewrite import drop_unused_emits, with_blocks
 from .lift_emits import build_emit_function
-from .propagate_contracts import FactTable, analyze
 
 _VIEWS = {"reshape", "squeeze", "expand_dims", "flatten", "batch_flatten"}
 _VIEW_OPS = {"relax.reshape", "relax.squeeze", "relax.expand_dims", "relax.flatten"}
 
 
 def _shape(table: FactTable, expr: Any) -> ShapeFact:
-    fact = table.of(expr) if isinstance(getattr(expr, "ty", None), relax.TensorType) else None
-    return ShapeFact.top() if fact is None or isinstance(fact, tuple) else fact.facts.shape
+    if not isinstance(getattr(expr, "ty", None), relax.TensorType):
+        return ShapeFact.top()
+    return table.port_facts(expr).shape
 
 
 def _same_type(a: Any, b: Any) -> bool:

@@ -34,6 +34,7 @@ from tvm import relax
 
 from aicf_tvm.emit import EMIT_ATTR
 from aicf_tvm.emit_graph import EmitGraph
+from aicf_tvm.facts import FactTable, alias_between
 from aicf_tvm.lattice import MUST_ALIAS, NO_ALIAS, UNKNOWN_ALIAS, Alias, Failure
 from aicf_tvm.library.adam import (
     ADAM_PORTS,
@@ -44,11 +45,11 @@ from aicf_tvm.library.adam import (
     fused_emit,
     static_shape,
 )
+from aicf_tvm.propagation import analyze
 from aicf_tvm.report import Decision, FusionReport
 
 from .lift_adam_steps import caller_paths
 from .group_rewrite import drop_unused_emits, with_blocks
-from .propagate_contracts import FactTable, alias_between, analyze
 
 KIND = "fused_adam_step"
 
@@ -70,8 +71,8 @@ class AliasFacts:
             if self.distinct:
                 return UNKNOWN_ALIAS.refine(NO_ALIAS, "caller inputs", f"{DISTINCT_INPUTS_ATTR} of the function")
             return UNKNOWN_ALIAS
-        fa, fb = self.table.of(a), self.table.of(b)
-        if isinstance(fa, tuple) or isinstance(fb, tuple):
+        fa, fb = self.table.tensor(a), self.table.tensor(b)
+        if fa is None or fb is None:
             return UNKNOWN_ALIAS
         return alias_between(a, b, fa, fb)
 
@@ -79,10 +80,6 @@ class AliasFacts:
 def _bytes(ty: Any) -> int:
     shape = static_shape(ty) or ()
     return int(np.prod(shape, dtype=np.int64)) * tvm.runtime.DataType(str(ty.dtype)).bits // 8
-
-
-def _flat(fact: Any) -> list:
-    return [x for f in fact for x in _flat(f)] if isinstance(fact, tuple) else [fact]
 
 
 def _name(expr: Any) -> str:
@@ -160,10 +157,10 @@ class _Group:
         if pu is not None and pa is not None:
             return pa[: len(pu)] == pu
         try:
-            fu, fa = facts.table.of(used), facts.table.of(a)
+            fu, fa = facts.table.of(used), facts.table.tensor(a)
         except KeyError:  # a value the analysis did not see: assume it may hold a
             return True
-        return any(not isinstance(fa, tuple) and f.roots & fa.roots for f in _flat(fu))
+        return fa is not None and any(f.roots & fa.roots for f in fu.tensors())
 
     def rewrite(self, bb: relax.BlockBuilder) -> relax.DataflowBlock:
         nodes = self.graph.nodes

@@ -33,6 +33,7 @@ from tvm.relax import dpl
 from aicf_tvm.contract import ContractFacts, EmitContract, PortFacts
 from aicf_tvm.emit import Emit, Interface, Port
 from aicf_tvm.emit_graph import EmitGraph
+from aicf_tvm.facts import FactTable
 from aicf_tvm.kinds import registry as K
 from aicf_tvm.kinds.transfer import ALLOC_ALIGN, abi_of, fresh_shape
 from aicf_tvm.library import DEFAULT_CANDIDATES, Candidate, Match
@@ -40,10 +41,10 @@ from aicf_tvm.library.legality import (
     derived_numeric, effect_failures, numeric_failures, requires_failures,
 )
 from aicf_tvm.lattice import Effect
+from aicf_tvm.propagation import analyze
 from aicf_tvm.report import Decision, FusionReport
 
 from .group_rewrite import _ACCUMULATING, Group, rewrite_function
-from .propagate_contracts import FactTable, alias_between, analyze
 
 K_READ, K_WRITE = Effect("Read"), Effect("Write")
 _EPILOGUE = {K.ELEMENTWISE, K.BROADCAST}
@@ -174,8 +175,8 @@ class _Planner:
         for role, expr in matched.items():
             var = self.graph.nodes[role_nodes[role]].var if role in role_nodes else expr
             if isinstance(getattr(var, "ty", None), relax.TensorType):
-                fact = self.table.of(var)
-                if not isinstance(fact, tuple):
+                fact = self.table.tensor(var)
+                if fact is not None:
                     m.shapes[role] = fact.facts.shape
         return m
 
@@ -191,7 +192,7 @@ class _Planner:
         if not fails:
             note = m.candidate.check(m) or ""
         if not fails and not note:
-            fails = requires_failures(self.table, self.ports_of(m), m.candidate.requires(m), label, alias_between)
+            fails = requires_failures(self.table, self.ports_of(m), m.candidate.requires(m), label)
             fails += self._numeric(m.members, m.candidate.accumulation)
         return Decision(label, names, not fails and not note, tuple(fails), note, self._benefit(m.members))
 
@@ -300,15 +301,13 @@ class _Planner:
             used.add(name)
             ty = expr.ty
             in_ports.append(Port(name, str(ty.dtype), ty.ndim))
-            fact = table.of(expr)
-            facts = fact.facts if not isinstance(fact, tuple) else PortFacts()
+            facts = table.port_facts(expr)
             provides[name] = PortFacts(K_READ, facts.shape, facts.numeric, facts.abi)
         out_ty = [graph.nodes[i].var for i in outputs]
         for j, var in enumerate(out_ty):
             name = "out" if len(out_ty) == 1 else f"out.{j}"
             out_ports.append(Port(name, str(var.ty.dtype), var.ty.ndim))
-            fact = table.of(var)
-            facts = fact.facts if not isinstance(fact, tuple) else PortFacts()
+            facts = table.port_facts(var)
             shape = fresh_shape(var.ty)  # E* writes its outputs into fresh buffers
             provides[name] = PortFacts(K_WRITE, shape, derived_numeric(facts.numeric, acc), abi_of(shape, ALLOC_ALIGN))
         req = {n: p for n, p in requires.ports if n in provides}

@@ -37,15 +37,16 @@ import tvm
 from tvm import relax
 
 from aicf_tvm.emit_graph import EmitGraph
+from aicf_tvm.facts import FactTable
 from aicf_tvm.kinds.describe import type_shape
 from aicf_tvm.lattice import ShapeFact
 from aicf_tvm.library import DEFAULT_CANDIDATES
+from aicf_tvm.propagation import analyze
 from aicf_tvm.report import Decision, FusionReport
 
 from .fuse_emits import _bytes, _Planner
 from .group_rewrite import drop_unused_emits, with_blocks
 from .lift_emits import build_emit_function
-from .propagate_contracts import FactTable, analyze
 
 
 def _is_constant(expr: Any) -> bool:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .eliminate_emits import EliminateEmits
+from .materialize_emits import MaterializeEmits
+
 
 def rewrite_passes(report: Any, candidates: Any = None) -> list:
     """The passes that run before fusion, in order.
@@ -13,8 +16,5 @@ def rewrite_passes(report: Any, candidates: Any = None) -> list:
     is Eliminate -> Materialize -> Fuse, repeated. ``candidates`` (default: the library's)
     are the ones FuseEmits uses, so Materialize repairs exactly those.
     """
-    from .eliminate_emits import EliminateEmits
-    from .materialize_emits import MaterializeEmits
-
     materialize = MaterializeEmits(report=report) if candidates is None else MaterializeEmits(report, candidates)
     return [EliminateEmits(report=report), materialize]

@@ -36,6 +36,7 @@ from typing import Any
 import tvm
 from tvm import tirx
 
+from aicf_tvm.errors import TuningError
 from aicf_tvm.tvm_values import to_python
 
 _LOG = logging.getLogger(__name__)
@@ -112,8 +113,6 @@ def _check_json_lines(path: Path) -> bytes:
     database appends a row and then its newline, so only a run killed while appending
     leaves them, and they are not checked here.
     """
-    from aicf_tvm.errors import TuningError
-
     if not path.exists():
         return b""
     try:
@@ -145,8 +144,6 @@ def _set_aside_torn_tail(path: Path, tail: bytes) -> None:
     The torn bytes are on disk in ``.torn`` before the database file is cut, so a kill in
     between leaves them twice, never nowhere.
     """
-    from aicf_tvm.errors import TuningError
-
     try:
         if _is_complete_row(tail):
             with path.open("ab") as out:
@@ -196,8 +193,6 @@ def open_database(database: Any, create: bool = False):
 
     if not isinstance(database, (str, os.PathLike)):
         return database
-    from aicf_tvm.errors import TuningError
-
     path = Path(database)
     if path.exists() and not path.is_dir():
         raise TuningError(f"tuning work dir {path} is a file, not a directory")
@@ -226,8 +221,6 @@ def open_database(database: Any, create: bool = False):
 
 def load_choices(work_dir: Any) -> dict[str, dict]:
     """The per-signature tuning outcomes in ``work_dir`` (empty when there are none)."""
-    from aicf_tvm.errors import TuningError
-
     path = Path(work_dir) / CHOICES_FILE
     if not path.exists():
         return {}

@@ -57,8 +57,8 @@ import tvm
 from tvm import relax
 
 import aicf_tvm
-from aicf_tvm.targets import describe, resolve_target
-from aicf_tvm.threads import thread_count, use_threads
+from aicf_tvm.driver.targets import describe, resolve_target
+from aicf_tvm.driver.threads import thread_count, use_threads
 
 TARGET = resolve_target("llvm")
 # What ours runs with (TVM_NUM_THREADS, else every usable CPU); TVM's own peers run on this
@@ -75,12 +75,12 @@ def light_path(name: str) -> Path:
 
 def load(name: str) -> tuple[tvm.IRModule, bytes | None, str]:
     """The Relax module, the ONNX bytes for ONNX Runtime (None: no twin) and a note."""
-    from aicf_tvm.models import BUILTIN_MODELS
+    from aicf_tvm.driver.models import BUILTIN_MODELS
 
     if name in BUILTIN_MODELS:
         mod = aicf_tvm.load_model(name)
         try:
-            from aicf_tvm.models_onnx import to_onnx
+            from aicf_tvm.driver.models_onnx import to_onnx
 
             return mod, to_onnx(name), ""
         except Exception as err:  # noqa: BLE001 - benchmark without ONNX Runtime, say why

@@ -290,7 +290,7 @@ def tvm_default(model: Model, threads: int, work: Path) -> Runner:
     from tvm import relax
 
     import aicf_tvm
-    from aicf_tvm.targets import resolve_target
+    from aicf_tvm.driver.targets import resolve_target
 
     target = resolve_target("llvm")
     mod = aicf_tvm.from_torch(model.module, model.inputs)
@@ -400,7 +400,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     import aicf_tvm
-    from aicf_tvm.targets import describe, resolve_target
+    from aicf_tvm.driver.targets import describe, resolve_target
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_peers_"))
     work.mkdir(parents=True, exist_ok=True)

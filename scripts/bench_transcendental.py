@@ -4,7 +4,7 @@ Two tables, every variant timed in the same process, interleaved round by round 
 machine is shared: compare the ratios, not the milliseconds):
 
 * the encoder FFN GEMM [128 x 768] @ [768 x 3072] + bias, compiled by our pipeline,
-  alone and with a GELU epilogue (erf form and tanh form), with libm calls (``lower(...,
+  alone and with a GELU epilogue (erf form and tanh form), with libm calls (``run_pipeline(...,
   vector_math=False)``) and with ``VectorizeMath``: the epilogue's cost is the ratio to the
   GEMM alone;
 * each float32 function on 2^20 elements: TVM's lowering (the scalar loop our Elementwise
@@ -24,10 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tvm  # noqa: E402
 from tvm import relax, te, tirx  # noqa: E402
 
-from aicf_tvm.pipeline import lower, normalize, optimize  # noqa: E402
-from aicf_tvm.report import FusionReport  # noqa: E402
-from aicf_tvm.targets import resolve_target  # noqa: E402
-from aicf_tvm.threads import thread_count, use_threads  # noqa: E402
+from aicf_tvm.driver.pipeline import run_pipeline  # noqa: E402
+from aicf_tvm.driver.targets import resolve_target  # noqa: E402
+from aicf_tvm.driver.threads import thread_count, use_threads  # noqa: E402
 from schedules.cpu.common import try_parallel  # noqa: E402
 from schedules.cpu.vector_math import vectorize_math  # noqa: E402
 
@@ -52,7 +51,7 @@ def ffn_module(activation: str | None, rng: np.random.Generator) -> tvm.IRModule
 
 def gemm_kernel(mod: tvm.IRModule, target: tvm.target.Target, vector_math: bool) -> tirx.PrimFunc:
     """The module's one fused GEMM PrimFunc, lowered and scheduled by our pipeline."""
-    lowered = lower(optimize(normalize(mod), FusionReport()), target, vector_math=vector_math)
+    lowered = run_pipeline(mod, target, until="schedule", vector_math=vector_math).lowered
     kernels = [f for f in lowered.functions.values()
                if isinstance(f, tirx.PrimFunc) and f.attrs is not None
                and str(f.attrs.get("aicf.kind", "")) == "fused_gemm_bias_act"]

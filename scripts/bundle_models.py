@@ -18,7 +18,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 import bundle_runner as runner
-from aicf_tvm.optimizer import adam_function, adam_state
+from aicf_tvm.driver.optimizer import adam_function, adam_state
 from bench_optimizer import HYPER, MLP_SHAPES
 
 SEED = 0

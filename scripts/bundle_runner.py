@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-MASK_VALUE = float(np.finfo(np.float32).min)  # aicf_tvm.models.MASK_VALUE
+MASK_VALUE = float(np.finfo(np.float32).min)  # aicf_tvm.driver.models.MASK_VALUE
 
 
 # --- weights from seeds (both hosts) ------------------------------------------------------------
@@ -279,14 +279,14 @@ def describe_device(target: str, torch: Any) -> str:
     import tvm
 
     if target == "cuda":
-        from aicf_tvm.deploy import _cuda_available
+        from aicf_tvm.driver.deploy import _cuda_available
 
         if not _cuda_available():
             return "no CUDA device visible to TVM's runtime"
         dev = tvm.cuda(0)
         text = f"{dev.device_name} (compute {dev.compute_version})"
     else:
-        from aicf_tvm.threads import thread_count
+        from aicf_tvm.driver.threads import thread_count
 
         name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                      if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \

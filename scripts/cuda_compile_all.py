@@ -14,7 +14,7 @@ from pathlib import Path
 import onnx
 
 import aicf_tvm
-from aicf_tvm.models import BUILTIN_MODELS
+from aicf_tvm.driver.models import BUILTIN_MODELS
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"

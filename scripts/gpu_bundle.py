@@ -44,9 +44,9 @@ from tvm import relax  # noqa: E402
 
 import aicf_tvm  # noqa: E402
 import bundle_runner as runner  # noqa: E402
-from aicf_tvm.compiled import CompiledModel  # noqa: E402
-from aicf_tvm.models import decoder_block, encoder_layer  # noqa: E402
-from aicf_tvm.targets import describe, host_cpu_target  # noqa: E402
+from aicf_tvm.driver.compiled import CompiledModel  # noqa: E402
+from aicf_tvm.driver.models import decoder_block, encoder_layer  # noqa: E402
+from aicf_tvm.driver.targets import describe, host_cpu_target  # noqa: E402
 from bench_optimizer import HYPER  # noqa: E402
 from bundle_models import SEED, Bundled, Streams, adam, arrays_of, convnet, transformer  # noqa: E402
 

@@ -18,10 +18,9 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aicf_tvm.frontends import load_model  # noqa: E402
-from aicf_tvm.pipeline import lower, normalize, optimize  # noqa: E402
-from aicf_tvm.report import FusionReport  # noqa: E402
-from aicf_tvm.targets import resolve_target  # noqa: E402
+from aicf_tvm.driver.frontends import load_model  # noqa: E402
+from aicf_tvm.driver.pipeline import run_pipeline  # noqa: E402
+from aicf_tvm.driver.targets import resolve_target  # noqa: E402
 from relax_passes.lower_emits import kernel_calls  # noqa: E402
 
 LIGHT = Path(__import__("onnx").__file__).parent / "backend" / "test" / "data" / "light"
@@ -34,7 +33,7 @@ def tvm_kernels(mod: tvm.IRModule, target: tvm.target.Target) -> list[str]:
 
 
 def our_kernels(mod: tvm.IRModule, target: tvm.target.Target) -> list[str]:
-    return kernel_calls(lower(optimize(normalize(mod), FusionReport()), target)["main"])
+    return kernel_calls(run_pipeline(mod, target, until="schedule").lowered["main"])
 
 
 def resolve(name: str) -> tvm.IRModule:

@@ -1,7 +1,7 @@
 """Inventory of the Relax ops our models use, with the attribute values each op is called with.
 
 Models: every ``onnx/backend/test/data/light/*.onnx`` in the installed onnx wheel
-(imported with ``relax.frontend.onnx.from_onnx``) and the built-in ``aicf_tvm.models``.
+(imported with ``relax.frontend.onnx.from_onnx``) and the built-in ``aicf_tvm.driver.models``.
 For each model it prints the callee names with call counts (``relax.*`` ops;
 ``relax.call_tir`` and friends with their callee; ``call:<name>`` for calls of functions;
 ``<TupleGetItem>`` for tuple projections), then the union: which
@@ -32,7 +32,7 @@ from tvm.relax.frontend.onnx import from_onnx
 
 # Run as a file from anywhere: make the repository root importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from aicf_tvm.models import BUILTIN_MODELS
+from aicf_tvm.driver.models import BUILTIN_MODELS
 from aicf_tvm.tvm_values import to_python
 
 # Calls whose first argument names the real callee.

@@ -16,7 +16,7 @@ from .helpers import Operands
 LIGHT_DIR = Path(__import__("onnx").__file__).parent / "backend" / "test" / "data" / "light"
 LIGHT_MODELS = sorted(p.stem.removeprefix("light_") for p in LIGHT_DIR.glob("light_*.onnx"))
 
-os.environ.setdefault("AICF_DEBUG", "1")  # monotonicity asserts and verify after every pass
+os.environ.setdefault("AICF_DEBUG", "1")  # verify_contracts after every pass
 
 
 def light_model_path(name: str) -> Path:

@@ -1,18 +1,97 @@
-"""Each top-level package imports on its own, and the layering holds (docs/design.md §8)."""
+"""The layering holds (docs/design.md §8), and each top-level package imports on its own.
+
+The graph is read from the source by ``scripts/import_graph.py``: an import inside a
+function is an edge like any other, and so is an entry of the lazy facade.
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("aicf_import_graph", ROOT / "scripts" / "import_graph.py")
+graph = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
+_spec.loader.exec_module(graph)
+
+# What each layer may import besides itself; the driver may import anything.
+MAY_IMPORT = {"core": {"core"}, "passes": {"core", "passes"}, "schedules": {"core", "schedules"}}
+
+# The public names ``aicf_tvm`` loads on first use (``aicf_tvm/__init__.py``'s ``_LAZY``):
+# the one place the core names the driver, so that importing the core stays light and
+# ``aicf_tvm.load`` needs only TVM's runtime.
+PUBLIC_LAZY = {
+    "compile", "compile_optimizer_step", "CompiledModel", "explain", "from_onnx", "from_torch",
+    "load_model", "tune", "TuneResult", "load", "contract_problems", "verify_contracts",
+}
+
+
+def layer(module: str) -> str:
+    if module.startswith("relax_passes"):
+        return "passes"
+    if module.startswith("schedules"):
+        return "schedules"
+    if module == "aicf_tvm.driver" or module.startswith("aicf_tvm.driver."):
+        return "driver"
+    return "core"
+
+
+@pytest.fixture(scope="module")
+def edges() -> list:
+    return graph.edges()
+
+
+def test_imports_point_down(edges):
+    """The core imports only TVM; passes and schedules import the core (not each other);
+    only the driver imports passes and schedules."""
+    wrong = [f"{e.source}:{e.line} -> {e.target}" for e in edges
+             if layer(e.source) != "driver" and not e.facade and layer(e.target) not in MAY_IMPORT[layer(e.source)]]
+    assert not wrong, wrong
+
+
+def test_the_lazy_facade_is_the_only_way_up_and_names_the_public_api(edges):
+    facade = [e for e in edges if e.facade]
+    assert {e.source for e in facade} == {"aicf_tvm"}
+    assert all(layer(e.target) in ("core", "driver") for e in facade)
+    tree = ast.parse((ROOT / "aicf_tvm" / "__init__.py").read_text())
+    assert set(graph.facade_table(tree)) == PUBLIC_LAZY
+
+
+def _names_our_module(arg: ast.expr) -> bool:
+    """Whether a module name given as a literal (or an f-string's literal head) is ours."""
+    head = arg.values[0] if isinstance(arg, ast.JoinedStr) and arg.values else arg
+    text = head.value if isinstance(head, ast.Constant) and isinstance(head.value, str) else ""
+    return text.startswith(".") or text.split(".")[0] in graph.PACKAGES
+
+
+def test_no_string_import_of_our_modules_outside_the_facade():
+    """``importlib.import_module("aicf_tvm...")`` would be an edge the graph cannot see."""
+    found = []
+    for module, path in graph.modules().items():
+        if module == "aicf_tvm":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and node.args
+                    and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")
+                    and _names_our_module(node.args[0])):
+                found.append(f"{module}:{node.lineno}")
+    assert not found, found
+
+
+def test_no_import_cycle(edges):
+    assert graph.cycles(edges) == []
+
 
 @pytest.mark.parametrize("package", ["aicf_tvm", "relax_passes", "schedules"])
-def test_package_imports_in_a_fresh_interpreter(package):
+def test_package_imports_in_a_fresh_interpreter_without_the_driver(package):
     code = (
         f"import {package}, sys; "
-        "driver = [m for m in ('aicf_tvm.pipeline', 'aicf_tvm.cli', 'aicf_tvm.frontends') if m in sys.modules]; "
+        "driver = [m for m in sys.modules if m.startswith('aicf_tvm.driver')]; "
         "assert not driver, driver"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

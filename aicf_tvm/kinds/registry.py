@@ -93,14 +93,10 @@ def kind_name(op_name: str) -> str:
 
 def rule_for(op_name: str) -> KindRule:
     """The registered rule, or the opaque rule for an op we do not know."""
-    from . import table  # noqa: F401  (fills the registry on first use)
-
     return _REGISTRY.get(op_name, OPAQUE_RULE)
 
 
 def registered_ops() -> dict[str, KindRule]:
-    from . import table  # noqa: F401
-
     return dict(_REGISTRY)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..errors import AliasContradiction
 from .base import FinitePoset
 
 
@@ -117,8 +118,6 @@ class Alias(EnumLattice):
 
     def refine(self, other: "Alias", self_source: str, other_source: str) -> "Alias":
         """``self ⊓ other``, raising ``AliasContradiction`` where that is ⊥."""
-        from ..errors import AliasContradiction
-
         out = self.meet(other)
         if out.value == "Contradiction" and not (self.value == other.value == "Contradiction"):
             must, no = (self_source, other_source) if self.value == "MustAlias" else (other_source, self_source)

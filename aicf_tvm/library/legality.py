@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..contract import ContractFacts, PortFacts, entails
+from ..facts import FactTable, alias_between
 from ..lattice import AccumDtype, Effect, Failure, NumericFact, explain_leq
 
 
@@ -46,12 +47,8 @@ def effect_failures(graph: Any, members: list[int]) -> tuple[list[Failure], str]
     return [], ""
 
 
-def numeric_of_outputs(table: Any, graph: Any, outputs: list[int]) -> list[NumericFact]:
-    out = []
-    for i in outputs:
-        fact = table.of(graph.nodes[i].var)
-        out.append(fact.facts.numeric if not isinstance(fact, tuple) else NumericFact.top())
-    return out
+def numeric_of_outputs(table: FactTable, graph: Any, outputs: list[int]) -> list[NumericFact]:
+    return [table.port_facts(graph.nodes[i].var).numeric for i in outputs]
 
 
 def derived_numeric(have: NumericFact, accumulation: Optional[str]) -> NumericFact:
@@ -62,7 +59,7 @@ def derived_numeric(have: NumericFact, accumulation: Optional[str]) -> NumericFa
     return NumericFact(have.math, AccumDtype.of(accumulation), have.determinism, have.rounding)
 
 
-def numeric_failures(table: Any, graph: Any, outputs: list[int], accumulation: Optional[str]) -> list[Failure]:
+def numeric_failures(table: FactTable, graph: Any, outputs: list[int], accumulation: Optional[str]) -> list[Failure]:
     fails: list[Failure] = []
     for i, have in zip(outputs, numeric_of_outputs(table, graph, outputs)):
         mine = derived_numeric(have, accumulation)
@@ -70,24 +67,19 @@ def numeric_failures(table: Any, graph: Any, outputs: list[int], accumulation: O
     return fails
 
 
-def boundary_facts(table: Any, ports: dict[str, Any], alias_of: Any = None) -> ContractFacts:
-    """F on the boundary: each port's propagated facts, and the alias fact of each pair."""
-    facts, alias = {}, {}
-    for name, expr in ports.items():
-        fact = table.of(expr)
-        if not isinstance(fact, tuple):
-            facts[name] = fact.facts
-    names = [n for n in ports if n in facts]
-    if alias_of is not None:
-        for i, a in enumerate(names):
-            for b in names[i + 1:]:
-                alias[(a, b)] = alias_of(ports[a], ports[b], table.of(ports[a]), table.of(ports[b]))
-    return ContractFacts.of(facts, alias)
+def boundary_facts(table: FactTable, ports: dict[str, Any]) -> ContractFacts:
+    """F on the boundary: each tensor port's propagated facts, and the alias fact of each
+    pair (a tuple port has no facts of its own: ⊤)."""
+    tensors = {name: fact for name, expr in ports.items() if (fact := table.tensor(expr)) is not None}
+    names = list(tensors)
+    alias = {(a, b): alias_between(ports[a], ports[b], tensors[a], tensors[b])
+             for i, a in enumerate(names) for b in names[i + 1:]}
+    return ContractFacts.of({name: fact.facts for name, fact in tensors.items()}, alias)
 
 
-def requires_failures(table: Any, ports: dict[str, Any], requires: ContractFacts, label: str,
-                      alias_of: Any = None) -> list[Failure]:
-    return list(entails(boundary_facts(table, ports, alias_of), requires, by=label).failures)
+def requires_failures(table: FactTable, ports: dict[str, Any], requires: ContractFacts,
+                      label: str) -> list[Failure]:
+    return list(entails(boundary_facts(table, ports), requires, by=label).failures)
 
 
 __all__ = ["PortFacts", "boundary_facts", "derived_numeric", "effect_failures", "numeric_failures",

@@ -27,7 +27,7 @@ Where: every such call inside a vectorized loop; erf and tanh also in scalar cod
 are faster in scalar code.  The rewrite is local to the PrimFuncs it is applied to (TVM's intrinsic
 lowering rules are left as they are).  The CPU schedule rules count on it: they vectorize
 loops whose only math calls are ones ``expands`` accepts (``elementwise.calls_scalar_math``),
-and ``aicf_tvm.pipeline.lower`` (and the tuning build) runs ``VectorizeMath`` after
+and ``aicf_tvm.driver.pipeline.schedule`` (and the tuning build) runs ``VectorizeMath`` after
 scheduling.  After, not before: inlining would copy one ``Let`` binding into two places.
 """
 

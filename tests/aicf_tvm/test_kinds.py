@@ -11,13 +11,14 @@ import tvm_ffi
 from tvm import relax, s_tir
 
 from aicf_tvm import KindRegistrationError, emit_of, verify_contracts
-from aicf_tvm.explainer import emit_calls, lift_and_propagate
-from aicf_tvm.frontends import from_onnx
+from aicf_tvm.driver.explainer import lift_and_propagate
+from aicf_tvm.driver.frontends import from_onnx
+from aicf_tvm.driver.models import BUILTIN_MODELS
+from aicf_tvm.emit_table import emit_calls
 from aicf_tvm.kinds import OPAQUE_RULE, registered_ops, rule_for
 from aicf_tvm.kinds import registry, table
 from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE, EXTERN, INJECTIVE, REDUCTION, SCAN, register
 from aicf_tvm.lattice import Effect
-from aicf_tvm.models import BUILTIN_MODELS
 from relax_passes import LiftEmits
 from relax_passes.fuse_emits import _ANCHORS, _CHAINABLE
 

@@ -1,4 +1,4 @@
-"""Fuzz regression fuzz_48a9e80bcb: Exception: InputError: input x1: shape [1], expected [] (np.ascontiguousarray made the rank-0 input rank 1; fixed in aicf_tvm/compiled.py)
+"""Fuzz regression fuzz_48a9e80bcb: Exception: InputError: input x1: shape [1], expected [] (np.ascontiguousarray made the rank-0 input rank 1; fixed in aicf_tvm/driver/compiled.py)
 
 Found by ``tests/fuzz/test_differential.py`` (derandomized run); the shrunk program:
 

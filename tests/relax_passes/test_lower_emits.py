@@ -14,7 +14,7 @@ from tvm.script import relax as R
 
 import aicf_tvm
 from aicf_tvm import Emit
-from aicf_tvm.models import BUILTIN_MODELS
+from aicf_tvm.driver.models import BUILTIN_MODELS
 from relax_passes import LiftEmits, PropagateContracts
 from relax_passes.lower_emits import bind_scalar_ports
 

@@ -9,7 +9,7 @@ from tvm import relax
 from tvm.script import tirx as T
 
 import aicf_tvm
-from aicf_tvm.pipeline import build, normalize, optimize, resolve_target
+from aicf_tvm.driver.pipeline import build, normalize, optimize, resolve_target
 from aicf_tvm.report import FusionReport
 from relax_passes import LowerEmits
 from relax_passes.lower_emits import kernel_calls

@@ -1,7 +1,7 @@
-"""PropagateContracts: facts on tagged values, alias facts, contradictions, monotonicity.
+"""PropagateContracts: per-site facts joined into each Emit's contract, assertions met.
 
-Like MLIR's dataflow tests: each case names values and checks the lattice value
-propagated to each, with the reason it is right.
+The facts per value are the analysis' (``tests/aicf_tvm/test_propagation.py``); these
+cases check what the pass stores.
 """
 
 from __future__ import annotations
@@ -11,72 +11,15 @@ import tvm
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from tvm import relax
-from tvm.script import ir as I
-from tvm.script import relax as R
 
 from aicf_tvm import EMIT_ATTR, AliasContradiction, ContractContradiction, Emit, emit_of, verify_contracts
 from aicf_tvm.contract import ContractFacts, PortFacts
 from aicf_tvm.kinds import views
-from aicf_tvm.lattice import ABIFact, Alias, Alignment, MathTag, ShapeFact
-from relax_passes import LiftEmits, PropagateContracts, analyze
+from aicf_tvm.lattice import ABIFact, Alias, Alignment, ShapeFact
+from relax_passes import LiftEmits, PropagateContracts
 
 from ..aicf_tvm.strategies import extents
-
-
-@I.ir_module
-class Views:
-    @R.function
-    def main(x: R.Tensor(("n", 16, 8), "float32"), y: R.Tensor((4, 8), "float32")):
-        with R.dataflow():
-            t = R.permute_dims(x, [0, 2, 1])
-            r = R.reshape(x, R.shape([x.ty.shape[0] if False else 0, 128]) if False else (-1, 128))
-            rt = R.reshape(t, (-1, 128))
-            s0 = R.strided_slice(y, axes=[0], begin=[1], end=[3])
-            s1 = R.strided_slice(y, axes=[1], begin=[0], end=[8], strides=[2])
-            b = R.broadcast_to(R.expand_dims(y, [0]), (3, 4, 8))
-            g = R.nn.gelu_tanh(y)
-            a = R.add(g, y)
-            R.output(t, r, rt, s0, s1, b, a)
-        return (t, r, rt, s0, s1, b, a)
-
-
-@pytest.fixture(scope="module")
-def facts():
-    mod = LiftEmits()(Views)
-    table = analyze(mod)
-    return {v.name: f for v, f in table.values.items() if not isinstance(f, tuple)}
-
-
-def test_permute_dims_output_is_strided_and_not_contiguous(facts):
-    # x is [n,16,8] row-major: strides (128, 8, 1); swapping the last two axes.
-    t = facts["t"].facts.shape
-    assert t.dims == ("n", 8, 16) and t.strides == (128, 1, 8)
-    assert not t.is_contiguous()
-
-
-def test_reshape_of_contiguous_stays_contiguous_and_symbolic_dim_survives(facts):
-    r = facts["r"].facts.shape
-    assert r.is_contiguous() and r.dims[1] == 128 and isinstance(r.dims[0], str)
-
-
-def test_reshape_of_transposed_view_has_unknown_strides(facts):
-    rt = facts["rt"].facts.shape
-    assert rt.strides is None and not rt.is_contiguous()
-
-
-def test_slices_outer_axis_contiguous_inner_axis_strided(facts):
-    assert facts["s0"].facts.shape == ShapeFact((2, 8), (8, 1))  # rows of a contiguous matrix
-    s1 = facts["s1"].facts.shape
-    assert s1 == ShapeFact((4, 4), (8, 2)) and not s1.is_contiguous()
-
-
-def test_broadcast_gives_zero_strides(facts):
-    assert facts["b"].facts.shape.strides == (0, 8, 1)
-
-
-def test_approximate_math_propagates_to_consumers(facts):
-    assert facts["g"].facts.numeric.math == MathTag("approx:gelu_tanh")
-    assert facts["a"].facts.numeric.math == MathTag("approx:gelu_tanh")  # add itself is exact
+from ..aicf_tvm.test_propagation import SameValueTwice, Views
 
 
 def test_alias_facts_of_call_sites():
@@ -89,25 +32,11 @@ def test_alias_facts_of_call_sites():
     assert perm.alias_of("x", "out") == Alias("MayAlias")  # a view may share storage
 
 
-@I.ir_module
-class SameValueTwice:
-    @R.function
-    def main(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
-        with R.dataflow():
-            a = R.multiply(x, x)
-            b = R.multiply(x, y)
-            R.output(a, b)
-        return (a, b)
-
-
-def test_same_value_must_alias_and_two_caller_inputs_unknown():
-    table = analyze(LiftEmits()(SameValueTwice))
-    [sites] = table.sites.values()
-    assert sites[0].alias_of("x1", "x2") == Alias("MustAlias")
-    assert sites[1].alias_of("x1", "x2") == Alias("Unknown")
+def test_contract_of_an_emit_called_twice_is_the_join_of_its_sites():
+    """x*x MustAlias, x*y Unknown: the contract keeps what both sites guarantee."""
     mod = PropagateContracts()(LiftEmits()(SameValueTwice))
     joined = emit_of(mod["emit_multiply"]).contract.provides
-    assert joined.alias_of("x1", "x2") == Alias("Unknown")  # the join of the two sites
+    assert joined.alias_of("x1", "x2") == Alias("Unknown")
 
 
 def _assert_facts(mod, name, asserted: ContractFacts):

@@ -21,8 +21,7 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 import aicf_tvm
-from aicf_tvm.pipeline import lower, normalize, optimize
-from aicf_tvm.report import FusionReport
+from aicf_tvm.driver.pipeline import run_pipeline
 from schedules.cpu import Elementwise
 from schedules.cpu.vector_math import POW_EXPONENTS, ULP_BOUNDS, VectorizeMath, vectorize_math
 
@@ -174,7 +173,7 @@ def test_gemm_epilogue_calls_no_libm(activation):
 def test_without_the_pass_the_epilogue_calls_erff():
     """What the IR check above guards against: TVM's lowering makes an erff call."""
     mod, _, _ = ffn("gelu", np.random.default_rng(2))
-    lowered = lower(optimize(normalize(mod), FusionReport()), TARGET, vector_math=False)
+    lowered = run_pipeline(mod, TARGET, until="schedule", vector_math=False).lowered
     ir = llvm_ir(tvm.compile(lowered, target=TARGET))
     assert LIBM_CALL.search(ir) is not None
 

@@ -1,0 +1,292 @@
+"""The ``aicf`` command: demo, compile, run, explain, tune.
+
+Results go to stdout, progress to stderr. Exit code 0 on success; any error prints one
+line (``aicf: error: ...``) and exits 1; ``--debug`` shows the full traceback instead.
+Each command imports the compiler side (pipeline, frontends, explain, tuning) in its
+body, so that ``aicf run`` works where TVM has only its runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import AicfError, InputError, TuningError, UnsupportedModelError
+from .compiled import CompiledModel, flat_outputs, load
+from .targets import describe, resolve_target
+from .threads import thread_count, use_threads
+
+MODEL_HELP = "an ONNX file, a built-in model name (encoder_layer, ...), or package.module:function"
+TARGET_HELP = "'llvm' (this CPU), 'cuda', or a JSON target dict such as '{\"kind\": \"llvm\", \"num-cores\": 4}'"
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer > 0 (argparse then prints its usage error, exit code 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
+def _status(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _sig(specs: Sequence[Any]) -> str:
+    return ", ".join(f"{s.name}: {s.dtype}{list(s.shape)}" for s in specs)
+
+
+def _kernel_table(kernels: Sequence[Any]) -> str:
+    rows = [("#", "kernel", "Emit kind", "schedule")]
+    rows += [(str(i), k.name, k.kind, k.schedule) for i, k in enumerate(kernels)]
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _as_list(out: Any) -> list[np.ndarray]:
+    return flat_outputs(out)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import tvm
+    from tvm import relax
+
+    from .models import BUILTIN_MODELS
+    from .pipeline import compile as aicf_compile
+
+    if args.model not in BUILTIN_MODELS:
+        raise UnsupportedModelError(f"{args.model}: not a built-in model ({', '.join(sorted(BUILTIN_MODELS))})")
+    target = resolve_target("llvm")
+    mod = BUILTIN_MODELS[args.model]()
+    _status(f"aicf: compiling {args.model} with AICF for {describe(target)} ...")
+    start = time.perf_counter()
+    ours = aicf_compile(mod, target, threads=args.threads)
+    t_ours = time.perf_counter() - start
+    _status("aicf: building the reference with TVM's default pipeline ...")
+    start = time.perf_counter()
+    ref_ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+    t_ref = time.perf_counter() - start
+    ref = CompiledModel(ref_ex, target, mod["main"], threads=args.threads)
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(s.shape).astype(s.dtype) for s in ours.inputs]
+    got, want = _as_list(ours(*inputs)), _as_list(ref(*inputs))
+    diff = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want))
+    if not all(np.allclose(g, w, rtol=args.rtol, atol=args.atol) for g, w in zip(got, want)):
+        raise AicfError(f"{args.model}: outputs differ from TVM's default build (max |diff| {diff:.3g})")
+    _status(f"aicf: timing ({args.repeat} runs each) ...")
+    lat_ours = ours.benchmark(*inputs, number=1, repeat=args.repeat)
+    lat_ref = ref.benchmark(*inputs, number=1, repeat=args.repeat)
+    print(f"model    {args.model} ({_sig(ours.inputs)} -> {_sig(ours.outputs)})")
+    print(f"target   {describe(target)}, {ours.threads} threads")
+    print(f"check    outputs match TVM's default build: max |diff| {diff:.2e} "
+          f"(rtol {args.rtol:g}, atol {args.atol:g})")
+    print(f"compile  AICF {t_ours:.1f} s, TVM default {t_ref:.1f} s")
+    print()
+    print(ours.report.summary())
+    print(f"kernels ({len(ours.kernels)} per inference):")
+    print(_kernel_table(ours.kernels))
+    print()
+    print(f"latency (median of {args.repeat} runs)")
+    print(f"  AICF          {lat_ours * 1e3:9.2f} ms")
+    print(f"  TVM default   {lat_ref * 1e3:9.2f} ms")
+    print(f"  speed-up      {lat_ref / lat_ours:9.2f}x")
+    return 0
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from .frontends import load_model
+    from .pipeline import compile as aicf_compile
+
+    target = resolve_target(args.target)  # fail fast, before the import
+    if args.database is not None and not Path(args.database).is_dir():
+        raise TuningError(f"--database {args.database}: no such directory")
+    if not Path(args.output).resolve().parent.is_dir():
+        raise AicfError(f"-o {args.output}: directory {Path(args.output).parent} does not exist")
+    mod = load_model(args.model)
+    _status(f"aicf: compiling {args.model} for {describe(target)} ...")
+    model = aicf_compile(mod, target, database=args.database)
+    path = model.export(args.output)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    print(f"target   {describe(target)}")
+    print(f"inputs   {_sig(model.inputs)}")
+    print(f"outputs  {_sig(model.outputs)}")
+    print(model.report.summary())
+    print(f"kernels: {len(model.kernels)} per inference")
+    return 0
+
+
+def _read_inputs(items: Sequence[str]) -> dict[str, np.ndarray]:
+    named: dict[str, np.ndarray] = {}
+    for item in items:
+        name, sep, file = item.partition("=")
+        if not sep or not name or not file:
+            raise InputError(f"--input {item}: expected NAME=FILE.npy")
+        if name in named:
+            raise InputError(f"--input {name}: given twice")
+        if not os.path.isfile(file):
+            raise InputError(f"--input {name}: {file}: no such file")
+        try:
+            named[name] = np.load(file, allow_pickle=False)
+        except (ValueError, OSError) as err:  # numpy's message talks about pickles: not helpful
+            raise InputError(f"--input {name}: {file}: not a .npy file (write it with numpy.save)") from err
+    return named
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    named = _read_inputs(args.input or [])
+    model = load(args.library, device=args.device, threads=args.threads)
+    outs = _as_list(model(**named))
+    out_dir = Path(args.output) if args.output else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    for spec, value in zip(model.outputs, outs):
+        line = f"{spec.name}: {value.dtype}{list(value.shape)}"
+        if out_dir is not None:
+            dest = out_dir / f"{spec.name}.npy"
+            np.save(dest, value)
+            line += f" -> {dest}"
+        print(line)
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from .explainer import explain, kernel_selection
+    from .frontends import load_model
+    from .pipeline import run_pipeline
+
+    mod = load_model(args.model)
+    report = None
+    text = ""
+    if not args.no_fusion:
+        target = resolve_target(args.target)
+        stages = run_pipeline(mod, target, until="schedule", database=args.database)
+        report = stages.report
+        text = "\n\n" + kernel_selection(stages.lowered, target)
+    print(explain(mod, report) + text)
+    return 0
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    try:
+        from .tuning import tune
+    except ModuleNotFoundError as err:
+        if err.name != f"{__package__}.tuning":
+            raise
+        raise TuningError("aicf tune: this installation has no aicf_tvm.driver.tuning module") from err
+
+    target = resolve_target(args.target)
+    result = tune(args.models, target=target, trials=args.trials, work_dir=args.work_dir,
+                  runner_timeout=args.runner_timeout, rpc=args.rpc, key=args.key, workers=args.workers,
+                  threads=args.threads)
+    if result is not None:
+        print(result)
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "demo": _cmd_demo, "compile": _cmd_compile, "run": _cmd_run, "explain": _cmd_explain, "tune": _cmd_tune,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aicf", description="AICF on TVM: contract-driven fusion on TVM Relax.")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on error")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show full tracebacks on error")
+    common.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                        help="CPU threads TVM runs with (default: TVM_NUM_THREADS, else every CPU "
+                             "this process may use, at most the target's num-cores)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", parents=[common], help="compile a built-in model, check it against TVM, time both")
+    p.add_argument("--model", default="encoder_layer", help="a built-in model (default: encoder_layer)")
+    p.add_argument("--repeat", type=_positive_int, default=5, help="timed runs per build (default: 5)")
+    p.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance of the check")
+    p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the check")
+
+    p = sub.add_parser("compile", parents=[common], help="compile a model to a deployable shared library")
+    p.add_argument("model", help=MODEL_HELP)
+    p.add_argument("-o", "--output", required=True, help="the shared library to write (out.so)")
+    p.add_argument("--target", default="llvm", help=TARGET_HELP)
+    p.add_argument("--database", default=None, help="a MetaSchedule work dir from `aicf tune`")
+
+    p = sub.add_parser("run", parents=[common], help="run a library written by `aicf compile` on .npy inputs")
+    p.add_argument("library", help="the .so written by `aicf compile`")
+    p.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="one per model input")
+    p.add_argument("--output", default=None, metavar="DIR", help="write each output to DIR/NAME.npy")
+    p.add_argument("--device", default=None, help="a TVM device such as cpu or cuda:0 (default: by target)")
+
+    p = sub.add_parser("explain", parents=[common],
+                       help="print the Emit table, contracts and fusion decisions of a model")
+    p.add_argument("model", help=MODEL_HELP)
+    p.add_argument("--no-fusion", action="store_true", help="only the Emit table (skip the fusion passes)")
+    p.add_argument("--target", default="llvm", help=TARGET_HELP)
+    p.add_argument("--database", default=None, metavar="DIR", help="a tuning work dir (`aicf tune`)")
+
+    p = sub.add_parser("tune", parents=[common], help="tune the kernels of models with MetaSchedule")
+    p.add_argument("models", nargs="+", metavar="MODEL", help=MODEL_HELP)
+    p.add_argument("--target", default="llvm", help=TARGET_HELP)
+    p.add_argument("--trials", type=_positive_int, default=64, help="measured candidates in all (default: 64)")
+    p.add_argument("--work-dir", required=True, help="the tuning database directory")
+    p.add_argument("--runner-timeout", type=_positive_seconds, default=60.0, metavar="S",
+                   help="seconds one candidate may take to measure; one that crashes or runs longer "
+                        "is recorded as failed and tuning goes on (default: 60)")
+    p.add_argument("--rpc", default=None, metavar="HOST:PORT",
+                   help="measure on the servers of this TVM RPC tracker (build here)")
+    p.add_argument("--key", default=None, help="with --rpc: the key the servers registered under")
+    p.add_argument("--workers", type=_positive_int, default=None,
+                   help="with --rpc: measurements at once (default: one per registered server)")
+    return parser
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    if isinstance(err, AicfError):
+        return first
+    return f"{type(err).__name__}: {first} (rerun with --debug for the traceback)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        use_threads(thread_count(args.threads))  # what TVM runs on this thread (constant folding too)
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print("aicf: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - one line for users, traceback with --debug
+        if args.debug:
+            traceback.print_exc()
+        else:
+            print(f"aicf: error: {_one_line(err)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

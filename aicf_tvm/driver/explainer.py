@@ -1,0 +1,41 @@
+"""explain: a readable table of a module's Emits, their contracts, and fusion decisions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+
+from relax_passes import LiftEmits, PropagateContracts
+
+from ..emit_table import emit_calls, emit_table
+from .compiled import kernels_of
+from .targets import describe
+
+
+def lift_and_propagate(mod: tvm.IRModule) -> tvm.IRModule:
+    """LiftEmits then PropagateContracts (a no-op lift on an already lifted module)."""
+    return PropagateContracts()(LiftEmits()(mod))
+
+
+def explain(mod: tvm.IRModule, report: Any = None) -> str:
+    """The Emit table of ``mod`` (lifted and propagated first when needed), and the
+    fusion report when one is given."""
+    if not emit_calls(mod):
+        mod = lift_and_propagate(mod)
+    text = emit_table(mod)
+    if report is not None:
+        text += "\n\n" + str(report)
+    return text
+
+
+def kernel_selection(lowered: tvm.IRModule, target: Any) -> str:
+    """Per kernel of a lowered module: its Emit kind and where its schedule came from
+    (a tuned record, one of our default rules, or none)."""
+    kernels = kernels_of(lowered)
+    rows = [("#", "kernel", "Emit kind", "schedule")]
+    rows += [(str(i), k.name, k.kind, k.schedule) for i, k in enumerate(kernels)]
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    lines = [f"kernel selection for {describe(target)}: tuned record > default rule > fallback"]
+    lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""Model import: ONNX files, PyTorch modules, Relax modules, built-in example models.
+
+Every importer returns a Relax IRModule with a pure ``main`` whose parameters are the
+model's real inputs (weights bound as constants), normalized by ``FoldConstant``,
+``NormalizeIndices`` (every gather reads in bounds) and ``DeadCodeElimination`` so weights
+computed from constants arrive as constants.
+
+In front of TVM's frontends sits our own import layer, built on their extension points:
+``torch`` canonicalizes the exported program to PyTorch's type promotion before TVM
+translates it (``torch_export`` captures it, also where a branch reads the module's own
+tensors); ``onnx`` runs ONNX shape inference and folds shape subgraphs to constants,
+and keeps named dynamic dims symbolic.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+import tvm
+
+from ...errors import UnsupportedModelError
+from .. import models
+from .onnx import from_onnx
+from .torch import from_torch
+
+__all__ = ["from_onnx", "from_torch", "load_model"]
+
+
+def load_model(spec: Any) -> tvm.IRModule:
+    """A Relax module from: an IRModule; an ``nn.Module`` spec; an ONNX path;
+    a built-in model name; or ``package.module:function`` returning an IRModule."""
+    if isinstance(spec, tvm.IRModule):
+        return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        return from_onnx(spec)
+    text = os.fspath(spec)
+    if text in models.BUILTIN_MODELS:
+        return models.BUILTIN_MODELS[text]()
+    if text.endswith(".onnx") or os.path.exists(text):
+        return from_onnx(text)
+    if ":" in text:
+        mod_name, _, attr = text.partition(":")
+        try:
+            obj = getattr(importlib.import_module(mod_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise UnsupportedModelError(f"{text}: cannot import ({err})") from err
+        obj = obj() if callable(obj) else obj
+        if not isinstance(obj, tvm.IRModule):
+            raise UnsupportedModelError(f"{text}: returned {type(obj).__name__}, not a tvm.IRModule")
+        return obj
+    known = ", ".join(sorted(models.BUILTIN_MODELS))
+    raise UnsupportedModelError(f"{text}: no such file, and not a built-in model ({known})")

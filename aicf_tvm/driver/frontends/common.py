@@ -1,0 +1,28 @@
+"""What every importer does to the module TVM's frontend hands back."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from relax_passes.bound_shapes import BoundShapes
+from relax_passes.normalize_indices import NormalizeIndices
+
+
+def normalize_import(mod: tvm.IRModule) -> tvm.IRModule:
+    """Simplify shapes under their bounds, fold constants, make every gather read in bounds,
+    drop dead code.
+
+    ``NormalizeIndices`` runs here, not only in ``compile``: TVM's frontends emit
+    ``take(mode="fast")`` for indexing that PyTorch and ONNX define with negative
+    indices, so the imported module is only right for any pipeline once it ran.
+    """
+    # bounds first: a shape left unknown by inference cannot be folded or legalized
+    seq = [BoundShapes(), relax.transform.FoldConstant(), NormalizeIndices(),
+           relax.transform.DeadCodeElimination()]
+    return tvm.transform.Sequential(seq)(mod)
+
+
+def first_line(err: BaseException) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(err).__name__

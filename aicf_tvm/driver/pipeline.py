@@ -1,0 +1,194 @@
+"""The pipeline (docs/design.md §1 flow), composed in one place: ``run_pipeline``.
+
+normalize -> LiftEmits -> PropagateContracts -> (EliminateEmits, FuseEmits,
+MaterializeEmits, PropagateContracts)* to a bounded fixpoint -> LowerEmits ->
+kernel selection (tuned record, else default rule, else fallback) -> VectorizeMath
+(float32 transcendental calls as vectorizable arithmetic) -> the backend's own dataflow
+lowering -> ``tvm.compile``. ``verify_contracts`` runs after every step
+under ``AICF_DEBUG=1``.
+
+``compile``, ``aicf explain``, tuning (which stops at LowerEmits, so it measures exactly
+the PrimFuncs ``compile`` schedules) and the optimizer step (which adds its Adam passes
+around the fixpoint) all call ``run_pipeline``; the stage functions it calls are public
+for tests and measurements of one stage.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from relax_passes import FuseEmits, LiftEmits, LowerEmits, PropagateContracts
+from relax_passes.bound_shapes import BoundShapes
+from relax_passes.fold_batch_norm import FoldBatchNorm
+from relax_passes.normalize_indices import NormalizeIndices
+from relax_passes.prepack_weights import mark_layout_free, prepack_weights
+from relax_passes.rewrites import rewrite_passes
+from relax_passes.sink_reshapes import SinkReshapes
+from schedules import apply_default_schedules
+from schedules.cpu.vector_math import VectorizeMath
+from schedules.select import apply_database
+
+from ..errors import UnsupportedModelError
+from ..report import Decision, FusionReport
+from ..verify import verify_contracts
+from .compiled import CompiledModel
+from .frontends import load_model
+from .targets import resolve_target
+from .threads import thread_count
+
+MAX_ROUNDS = 4
+
+
+def normalize(mod: tvm.IRModule) -> tvm.IRModule:
+    """Simplify symbolic shapes under their bounds (``relax_passes.BoundShapes``), make every
+    gather read in bounds (``relax_passes.NormalizeIndices``: modules need not come through
+    our importers), fold what is computable at compile time (weights; batch-norm into conv
+    weights where exact, ``relax_passes.FoldBatchNorm``, which decomposes every other
+    batch-norm by its own ``training`` flag before TVM's inference decomposition could
+    misread it) and move reshapes below the pointwise ops they feed
+    (``relax_passes.SinkReshapes``)."""
+    seq = [
+        BoundShapes(),
+        relax.transform.FoldConstant(),
+        NormalizeIndices(),
+        FoldBatchNorm(),
+        relax.transform.FoldConstant(),
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.FoldConstant(),
+        SinkReshapes(),
+        relax.transform.DeadCodeElimination(),
+    ]
+    return tvm.transform.Sequential(seq)(mod)
+
+
+def _debug() -> bool:
+    return os.environ.get("AICF_DEBUG", "") not in ("", "0")
+
+
+def optimize(mod: tvm.IRModule, report: FusionReport, candidates: Sequence[Any] | None = None,
+             check: Callable[[tvm.IRModule], None] | None = None) -> tvm.IRModule:
+    """Lift, propagate, then rewrite to a fixpoint (bounded by ``MAX_ROUNDS``)."""
+    check = check or (verify_contracts if _debug() else (lambda m: None))
+    mod = PropagateContracts()(LiftEmits()(mod))
+    check(mod)
+    fuse = FuseEmits(report=report) if candidates is None else FuseEmits(tuple(candidates), report=report)
+    for _ in range(MAX_ROUNDS):
+        before = mod
+        for rewrite in [*rewrite_passes(report, candidates=candidates), fuse]:
+            mod = PropagateContracts()(rewrite(mod))
+            check(mod)
+        if tvm_ffi.structural_equal(before, mod):
+            break
+    return mod
+
+
+def _backend(target: tvm.target.Target):
+    if "gpu" in target.keys:
+        from tvm.relax.backend.cuda import pipeline as backend
+    else:
+        from tvm.relax.backend.cpu_generic import pipeline as backend
+    return backend
+
+
+def lower_emits(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """LowerEmits for ``target``: one unscheduled PrimFunc per Emit (what tuning measures)."""
+    with target:  # LowerEmits dispatches sort/scan ops for the target
+        return LowerEmits()(mod)
+
+
+def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = None,
+             report: FusionReport | None = None, *, vector_math: bool = True) -> tvm.IRModule:
+    """Kernel selection, weight prepacking and VectorizeMath; returns the module ready to build.
+
+    ``vector_math=False`` leaves transcendental calls to libm (to measure what
+    ``VectorizeMath`` gains; both keep the ``exact`` contract, docs/numerics.md).
+    """
+    with target:
+        mod = kernels
+        if database is not None:  # records are keyed by the PrimFuncs as tuning saw them
+            mod = apply_database(mod, target, database)
+        mod = apply_default_schedules(target)(mark_layout_free(mod))
+        mod, packed, refused = prepack_weights(mod)
+        if vector_math:  # exp/erf/tanh/... as SIMD arithmetic, not one libm call per lane
+            mod = VectorizeMath(target)(mod)
+    if report is not None:
+        for p in packed:
+            report.add(Decision("materialize:layout_transform", (p.kernel,), True, note=p.describe()))
+        for r in refused:
+            report.add(Decision("materialize:layout_transform", (r.kernel,), False, note=r.describe()))
+    return mod
+
+
+def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
+    backend = _backend(target)
+    passes = [*backend.dataflow_lower_passes(target), *backend.finalize_passes(target)]
+    with target:
+        return tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes))
+
+
+STAGES = ("optimize", "kernels", "schedule", "build")
+
+Pass = Callable[[tvm.IRModule], tvm.IRModule]
+
+
+@dataclass
+class Stages:
+    """What one run of the pipeline made, stage by stage (None: a stage not run)."""
+
+    report: FusionReport
+    optimized: tvm.IRModule  # the Emits after the fusion fixpoint
+    kernels: tvm.IRModule | None = None  # one unscheduled PrimFunc per Emit
+    lowered: tvm.IRModule | None = None  # scheduled, ready to build
+    executable: Any = None
+
+
+def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target, *, until: str = "build",
+                 database: Any = None, report: FusionReport | None = None,
+                 candidates: Sequence[Any] | None = None, before_optimize: Sequence[Pass] = (),
+                 after_optimize: Sequence[Pass] = (), vector_math: bool = True) -> Stages:
+    """Run the pipeline on ``mod`` for ``target`` up to stage ``until`` (one of ``STAGES``).
+
+    ``before_optimize`` passes run between normalize and the fusion fixpoint,
+    ``after_optimize`` ones after it (the optimizer step's Adam passes); ``report``
+    (a fresh one by default) collects every decision.
+    """
+    if until not in STAGES:
+        raise ValueError(f"until={until!r}: not one of {', '.join(STAGES)}")
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise UnsupportedModelError("the module has no 'main' function")
+    report = FusionReport() if report is None else report
+    mod = normalize(mod)
+    for step in before_optimize:
+        mod = step(mod)
+    mod = optimize(mod, report, candidates)
+    for step in after_optimize:
+        mod = step(mod)
+    stages = Stages(report, mod)
+    if until == "optimize":
+        return stages
+    stages.kernels = lower_emits(mod, target)
+    if until == "kernels":
+        return stages
+    stages.lowered = schedule(stages.kernels, target, database, report, vector_math=vector_math)
+    if until == "build":
+        stages.executable = build(stages.lowered, target)
+    return stages
+
+
+def compile(mod: Any, target: Any = "llvm", database: Any = None, *, candidates: Sequence[Any] | None = None,  # noqa: A001
+            threads: int | None = None) -> CompiledModel:
+    """Compile a Relax IRModule (or anything ``load_model`` accepts) to a ``CompiledModel``
+    that runs with ``threads`` CPU threads (default: ``aicf_tvm.driver.threads.thread_count``)."""
+    tgt = resolve_target(target)
+    thread_count(threads)  # a bad count fails now, not after the build
+    mod = load_model(mod) if not isinstance(mod, tvm.IRModule) else mod
+    stages = run_pipeline(mod, tgt, database=database, candidates=candidates)
+    return CompiledModel(stages.executable, tgt, mod["main"], report=stages.report, lowered=stages.lowered,
+                         optimized=stages.optimized, threads=threads)

@@ -1,0 +1,57 @@
+"""explain and `aicf explain`: the Emit table and the opaque count."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tvm import relax
+
+from aicf_tvm import explain
+from aicf_tvm.driver.models import BUILTIN_MODELS
+
+from ...conftest import light_model_path
+
+
+def test_explain_lists_every_emit_with_facts():
+    text = explain(BUILTIN_MODELS["encoder_layer_small"]())
+    assert "softmax" in text and "layer_norm" in text
+    assert "strides(" in text  # permute_dims outputs are shown as strided views
+    assert "opaque Emits: 0" in text
+
+
+def test_explain_names_each_opaque_emit_and_its_op():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8,), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.unique(x, sorted=True))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    text = explain(bb.get())
+    assert "opaque Emits: 1" in text and "<- relax.unique" in text
+
+
+def test_cli_explain_on_an_onnx_file():
+    res = subprocess.run([sys.executable, "-m", "aicf_tvm.driver.cli", "explain", str(light_model_path("squeezenet"))],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "conv2d" in res.stdout and "opaque Emits: 0" in res.stdout
+
+
+def test_cli_explain_missing_file_is_one_line_error():
+    res = subprocess.run([sys.executable, "-m", "aicf_tvm.driver.cli", "explain", "no_such_model.onnx"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == ["aicf: error: no_such_model.onnx: no such file"]
+
+
+def test_cli_explain_shows_kernel_selection_per_emit(capsys):
+    from aicf_tvm.driver.cli import main
+
+    assert main(["explain", "encoder_layer_small"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel selection for llvm mcpu=" in out and "num-cores=" in out
+    rows = [line.split() for line in out.split("kernel selection", 1)[1].splitlines()[2:] if line.strip()]
+    assert rows and all(r[-1] in {"Gemm", "Conv2d", "Reduction", "Elementwise", "Fallback", "tuned"} for r in rows)
+    assert any(r[2] == "fused_attention" for r in rows)
