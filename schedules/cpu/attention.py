@@ -1,0 +1,356 @@
+"""CPU rule for fused attention: softmax(q·kᵀ·scale + mask)·v as two tiled passes.
+
+Accepts a PrimFunc whose blocks, after its views are inlined, are: a batched matmul
+``S[b, i, j] += Q[b, i, k] * Kt[b, k, j]`` (q·kᵀ), row-wise blocks over ``(b, i)`` (scale,
+mask, softmax, the all-masked-row guard), a batched matmul ``O[b, i, d] += P[b, i, j] *
+V[b, j, d]`` (p·v) and the injective blocks after it (head merge): ``find_attention``.
+Anything else gets None, and the generic ``Reduction`` rule takes it.
+
+The schedule (``schedule_attention``; tile sizes from ``plan_attention``), on a function
+whose index arithmetic ``StmtSimplify`` has folded under the block domains (the views'
+``(j // 197 + i) % 12`` become ``i``, so regions are exact):
+
+1. ``pad_einsum`` pads q·kᵀ to whole tiles (rows to ``rows``, keys to whole vectors) and
+   the rows of p·v; padded operands read zero, padded outputs are never read;
+2. kᵀ is packed once, ``[b, k, keys]``, so the keys are the contiguous axis;
+3. pass 1, parallel over (row tile, b): q·kᵀ of ``rows`` query rows, a register tile of
+   ``rows x key_vectors`` vectors per step of the head dimension;
+4. pass 2, parallel over the same tiles: the row blocks ``compute_at`` the tile (softmax
+   vectorized over the keys, its row reductions interleaved over the tile's rows), then
+   p·v, a register tile of ``rows x`` head-dimension vectors per key;
+5. the head merge, a parallel vectorized copy.
+
+Why it computes what the graph computes: every step is a TensorIR primitive that checks
+its preconditions (the rule catches only their ``ScheduleError``), no block is reordered
+across another that it depends on, and each dot product and each row sum still
+accumulates in float32 in the graph's order (k ascending, keys ascending): tiling and
+vectorization change where, not in which order, they add.  The exp of the softmax becomes
+``VectorizeMath``'s vector exp (docs/numerics.md).  No row reduction is split across
+lanes (``rfactor`` would reassociate the sum).
+
+Primitives left out on purpose, each silently wrong in TVM 0.27: ``reverse_compute_at``
+drops the predicate of a split loop and skips consumer points its producers do not
+cover; ``loop_partition`` of a reduction loop re-runs the init in every part; ``merge``
+checks no dependence.  ``loop_partition`` is used only on a key loop directly around one
+spatial block (on a loop with several blocks under it, it crashed the process).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import ir, s_tir, tirx
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.sym.analyzer import Analyzer
+from tvm.target import Target
+
+from ..constants import inlines_a_constant
+from .elementwise import SCALAR_MATH_OPS, largest_pow2_divisor, vectorize_innermost
+from .fallback import LoopRV, SBlockRV, is_cpu_target, root_block
+from .gemm_analysis import is_multiply_accumulate
+from .gemm_blocks import schedule_injective, vector_lanes
+
+# Query rows per tile: 8 rows x 2 key vectors, or 8 rows x 2 head vectors, is a 16-vector
+# register tile (measured on ViT-B/16 and GPT-2: 4 and 6 rows ran 3-8% slower).
+MAX_ROWS = 8
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Tile sizes: ``rows`` query rows per tile, ``key_vectors`` vectors of keys per q·kᵀ
+    register tile, the head dimension in ``head_splits`` parts of ``head_lanes`` vectors."""
+
+    rows: int
+    key_vectors: int
+    lanes: int
+    head_lanes: int
+    head_splits: int
+
+
+def plan_attention(m: int | None, n: int | None, d: int | None, lanes: int) -> AttentionPlan:
+    """Tile sizes for ``m`` query rows, ``n`` keys and head dimension ``d`` (None: symbolic).
+
+    Accumulators stay within half the vector registers (32 with AVX-512, 16 below).
+    """
+    budget = 16 if lanes >= 16 else 8
+    rows = min(MAX_ROWS, m) if m is not None else MAX_ROWS
+    key_vectors = 2 if 2 * rows <= budget else 1
+    if n is not None and key_vectors == 2 and _ceil(n, 2 * lanes) - _ceil(n, lanes) > n / 8:
+        key_vectors = 1  # a short key row would be mostly padding
+    head_lanes = largest_pow2_divisor(d, lanes) if d is not None else 1
+    vectors = d // head_lanes if d is not None else 1
+    splits = next(s for s in range(1, vectors + 1) if vectors % s == 0 and rows * vectors // s <= budget)
+    return AttentionPlan(rows, key_vectors, lanes, head_lanes, splits)
+
+
+def _ceil(value: int, factor: int) -> int:
+    return -(-value // factor) * factor
+
+
+@dataclass(frozen=True)
+class AttentionBlocks:
+    """The two matmul blocks of an attention PrimFunc."""
+
+    qk: SBlockRV
+    pv: SBlockRV
+
+
+def _is_batched_matmul(block: s_tir.SBlock) -> bool:
+    """``C[*b, i, j] += A[*b, i, k] * B[*b, k, j]`` with plain indices: the iters are the
+    batch axes, then i, j (spatial) and k (reduction)."""
+    if not is_multiply_accumulate(block) or len(block.reads) != 2 or len(block.iter_vars) < 3:
+        return False
+    *batch, i, j, k = [iv.var for iv in block.iter_vars]
+    kinds = [iv.iter_type for iv in block.iter_vars]
+    if kinds[-1] != tirx.IterVar.CommReduce or any(kd != tirx.IterVar.DataPar for kd in kinds[:-1]):
+        return False
+    expected = [(*batch, i, k), (*batch, k, j), (*batch, i, j)]
+    regions = [block.reads[0].region, block.reads[1].region, block.writes[0].region]
+    return all(_indexes(region, axes) for region, axes in zip(regions, expected))
+
+
+def _indexes(region, axes) -> bool:
+    """Whether ``region`` is the point ``axes`` (trailing axes; leading ones are constant)."""
+    mins = [rng.min for rng in region]
+    if len(mins) < len(axes):
+        return False
+    lead, tail = mins[: len(mins) - len(axes)], mins[len(mins) - len(axes):]
+    return all(isinstance(x, tirx.IntImm) for x in lead) and all(
+        isinstance(x, tirx.Var) and x.same_as(a) for x, a in zip(tail, axes)
+    )
+
+
+def find_attention(sch: s_tir.Schedule) -> AttentionBlocks | None:
+    """The q·kᵀ and p·v blocks when the function is attention-shaped (module docstring)."""
+    root = root_block(sch)
+    if root is None:
+        return None
+    children = sch.get_child_blocks(root)
+    macs = [b for b in children if is_multiply_accumulate(sch.get(b))]
+    if len(macs) != 2 or not all(_is_batched_matmul(sch.get(b)) for b in macs):
+        return None
+    qk, pv = macs
+    if not _reaches(sch, qk, sch.get(pv).reads[0].source):
+        return None  # p·v's left operand is not computed from q·kᵀ
+    if _reaches(sch, qk, sch.get(pv).reads[1].source):
+        return None  # nor may its right operand be
+    return AttentionBlocks(qk, pv)
+
+
+def _reaches(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer) -> bool:
+    """Whether ``buffer`` is computed (transitively) from what ``block`` writes."""
+    frontier, seen = [block], set()
+    while frontier:
+        current = frontier.pop()
+        if any(w.source.same_as(buffer) for w in sch.get(current).writes):
+            return True
+        for consumer in sch.get_consumers(current):
+            name = sch.get(consumer).name_hint
+            if name not in seen:
+                seen.add(name)
+                frontier.append(consumer)
+    return False
+
+
+def _static(extent: tirx.Expr) -> int | None:
+    return int(extent.value) if isinstance(extent, tirx.IntImm) else None
+
+
+def _pad_factors(block: s_tir.SBlock, factors: dict[int, int]) -> list[int]:
+    """Per block iter, the ``pad_einsum`` factor (1 where the extent is provably a multiple)."""
+    out = []
+    for index, iv in enumerate(block.iter_vars):
+        factor = factors.get(index - len(block.iter_vars), 1)
+        divides = Analyzer().can_prove(tirx.floormod(iv.dom.extent, factor) == 0)
+        out.append(1 if divides else factor)
+    return out
+
+
+def _operand_copy(sch: s_tir.Schedule, block: SBlockRV, index: int) -> SBlockRV:
+    """The block writing ``block``'s ``index``-th operand; a copy when it is a parameter."""
+    source = sch.get(block).reads[index].source
+    for producer in sch.get_producers(block):
+        if any(w.source.same_as(source) for w in sch.get(producer).writes):
+            return producer
+    return sch.cache_read(block, index, "global")
+
+
+def _calls_math(block: s_tir.SBlock) -> bool:
+    found = []
+    tvm_ffi.structural_walk(
+        block.body, [(ir.Call, lambda call: found.append(getattr(call.op, "name", "") in SCALAR_MATH_OPS))]
+    )
+    return any(found)
+
+
+def _inline_views(sch: s_tir.Schedule, kept: list[SBlockRV]) -> None:
+    """Inline every spatial block except ``kept`` and those computing a math call for more
+    than one consumer (the softmax exp: inlined, it would be evaluated twice)."""
+    names = {sch.get(b).name_hint for b in kept}
+    changed = True
+    while changed:
+        changed = False
+        for block in sch.get_child_blocks(root_block(sch)):
+            stmt = sch.get(block)
+            if stmt.name_hint in names or stmt.init is not None or not sch.get_consumers(block):
+                continue
+            if _calls_math(stmt) and len(sch.get_consumers(block)) > 1:
+                continue
+            if inlines_a_constant(sch, block, reverse=False):
+                continue
+            try:
+                sch.compute_inline(block)
+            except s_tir.ScheduleError:
+                continue
+            changed = True
+            break
+
+
+def _tile_loop(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> LoopRV:
+    """The matmul's (row tile, batch) loop: its i loop split by ``rows``, fused outermost."""
+    *batch, i, j, k = sch.get_loops(block)
+    outer, inner = sch.split(i, [None, rows])
+    sch.reorder(outer, *batch, inner, j, k)
+    return sch.fuse(outer, *batch)
+
+
+def _under(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> list[LoopRV]:
+    """The loops of ``block`` inside ``loop``."""
+    loops = sch.get_loops(block)
+    target = sch.get(loop)
+    for index, candidate in enumerate(loops):
+        if sch.get(candidate).same_as(target):
+            return loops[index + 1:]
+    raise s_tir.ScheduleError("block is not under the tile loop")
+
+
+def _schedule_qk(sch: s_tir.Schedule, qk: SBlockRV, tile: LoopRV, plan: AttentionPlan) -> None:
+    """rows x key_vectors vectors of scores accumulated over k in registers."""
+    rows, keys, k = _under(sch, qk, tile)
+    outer, vectors, lanes = sch.split(keys, [None, plan.key_vectors, plan.lanes])
+    sch.reorder(outer, k, rows, vectors, lanes)
+    sch.vectorize(lanes)
+    sch.unroll(vectors)
+    sch.unroll(rows)
+    init = sch.decompose_reduction(qk, k)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _schedule_pv(sch: s_tir.Schedule, pv: SBlockRV, tile: LoopRV, plan: AttentionPlan) -> None:
+    """rows x (head vectors / head_splits) vectors of the output accumulated over the keys."""
+    rows, head, keys = _under(sch, pv, tile)
+    part, vectors, lanes = sch.split(head, [plan.head_splits, None, plan.head_lanes])
+    sch.reorder(part, keys, rows, vectors, lanes)
+    sch.vectorize(lanes)
+    sch.unroll(vectors)
+    sch.unroll(rows)
+    init = sch.decompose_reduction(pv, keys)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _schedule_row_block(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, lanes: int) -> None:
+    """A row block under the tile: spatial ones vectorized over the keys; reductions keep
+    each row's order, float ones interleave the tile's rows to hide the add latency."""
+    loops = _under(sch, block, tile)
+    if not loops:
+        return
+    stmt = sch.get(block)
+    if stmt.init is None:
+        _vectorize_keys(sch, loops[-1], lanes)
+    elif len(loops) == 2 and stmt.writes[0].source.dtype.startswith("float"):
+        rows, keys = loops
+        if sch.get(keys).kind == tirx.ForKind.SERIAL:
+            sch.reorder(keys, rows)
+            sch.unroll(rows)
+
+
+def _vectorize_keys(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> None:
+    """Whole vectors, then the tail as one short vector loop (a constant extent), or as a
+    serial loop (a symbolic one)."""
+    extent = sch.get(loop).extent
+    static = _static(extent)
+    if static is not None and static <= lanes:
+        sch.vectorize(loop)
+        return
+    main = static // lanes * lanes if static is not None else tirx.floordiv(extent, lanes) * lanes
+    if static is not None and static == main:
+        parts = [loop]
+    else:
+        if not _is_leaf(sch, loop):
+            return
+        parts = sch.loop_partition(loop, [main, None])
+    sch.vectorize(sch.split(parts[0], [None, lanes])[1])
+    if len(parts) > 1 and static is not None:
+        sch.vectorize(parts[1])
+
+
+def _is_leaf(sch: s_tir.Schedule, loop: LoopRV) -> bool:
+    """Whether ``loop``'s body is one block realize (what ``loop_partition`` handles)."""
+    return isinstance(sch.get(loop).body, s_tir.SBlockRealize)
+
+
+def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Target) -> None:
+    """Schedule ``sch`` in place (module docstring, steps 1-5)."""
+    lanes = vector_lanes(target)
+    qk_stmt, pv_stmt = sch.get(found.qk), sch.get(found.pv)
+    m, n = (_static(iv.dom.extent) for iv in qk_stmt.iter_vars[-3:-1])
+    plan = plan_attention(m, n, _static(pv_stmt.iter_vars[-2].dom.extent), lanes)
+    for block in (found.qk, found.pv):
+        for index in (0, 1):
+            _operand_copy(sch, block, index)
+    qk_factors = _pad_factors(qk_stmt, {-3: plan.rows, -2: plan.lanes * plan.key_vectors})
+    if any(f > 1 for f in qk_factors):
+        sch.pad_einsum(found.qk, qk_factors)
+    pv_factors = _pad_factors(pv_stmt, {-3: plan.rows})
+    if any(f > 1 for f in pv_factors):
+        sch.pad_einsum(found.pv, pv_factors)
+    q_copy, k_pack = _operand_copy(sch, found.qk, 0), _operand_copy(sch, found.qk, 1)
+    p_copy = _operand_copy(sch, found.pv, 0)
+    _inline_views(sch, [q_copy, k_pack, p_copy])
+    children = sch.get_child_blocks(root_block(sch))
+    names = [sch.get(b).name_hint for b in children]
+    start, stop = names.index(qk_stmt.name_hint), names.index(sch.get(p_copy).name_hint)
+    row_blocks = children[start + 1: stop]
+    outputs = children[names.index(pv_stmt.name_hint) + 1:]
+
+    scores = _tile_loop(sch, found.qk, plan.rows)
+    sch.compute_at(q_copy, scores, preserve_unit_loops=False)
+    context = _tile_loop(sch, found.pv, plan.rows)
+    sch.compute_at(p_copy, context, preserve_unit_loops=False)
+    for block in reversed(row_blocks):
+        sch.compute_at(block, context, preserve_unit_loops=False)
+    sch.parallel(scores)
+    sch.parallel(context)
+    *outer, keys = sch.get_loops(k_pack)
+    vectorize_innermost(sch, keys, lanes)
+    sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    vectorize_innermost(sch, sch.get_loops(q_copy)[-1], lanes)
+    _schedule_qk(sch, found.qk, scores, plan)
+    for block in [*row_blocks, p_copy]:
+        _schedule_row_block(sch, block, context, lanes)
+    _schedule_pv(sch, found.pv, context, plan)
+    for block in outputs:
+        schedule_injective(sch, block, lanes)
+
+
+class Attention(ScheduleRule):
+    """Two-pass tiled schedule for attention PrimFuncs (see the module docstring)."""
+
+    def is_target_available(self, target: Target) -> bool:
+        return is_cpu_target(target)
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        simplified = s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"]
+        sch = s_tir.Schedule(simplified)
+        found = find_attention(sch)
+        if found is None:
+            return None
+        try:
+            schedule_attention(sch, found, target)
+        except s_tir.ScheduleError:
+            return None
+        return sch
