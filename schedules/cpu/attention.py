@@ -102,7 +102,7 @@ def _is_batched_matmul(block: s_tir.SBlock) -> bool:
     batch axes, then i, j (spatial) and k (reduction)."""
     if not is_multiply_accumulate(block) or len(block.reads) != 2 or len(block.iter_vars) < 3:
         return False
-    *batch, i, j, k = [iv.var for iv in block.iter_vars]
+    *batch, i, j, k = block.iter_vars
     kinds = [iv.iter_type for iv in block.iter_vars]
     if kinds[-1] != tirx.IterVar.CommReduce or any(kd != tirx.IterVar.DataPar for kd in kinds[:-1]):
         return False
@@ -111,15 +111,25 @@ def _is_batched_matmul(block: s_tir.SBlock) -> bool:
     return all(_indexes(region, axes) for region, axes in zip(regions, expected))
 
 
-def _indexes(region, axes) -> bool:
-    """Whether ``region`` is the point ``axes`` (trailing axes; leading ones are constant)."""
+def _indexes(region, axes: tuple[tirx.IterVar, ...]) -> bool:
+    """Whether ``region`` is the point ``axes`` (trailing axes; leading ones constant), an
+    axis of extent 1 possibly read at 0 (``StmtSimplify`` folds its iter away)."""
     mins = [rng.min for rng in region]
     if len(mins) < len(axes):
         return False
     lead, tail = mins[: len(mins) - len(axes)], mins[len(mins) - len(axes):]
     return all(isinstance(x, tirx.IntImm) for x in lead) and all(
-        isinstance(x, tirx.Var) and x.same_as(a) for x, a in zip(tail, axes)
+        (isinstance(x, tirx.Var) and x.same_as(iv.var)) or (_is_zero(x) and _is_one(iv.dom.extent))
+        for x, iv in zip(tail, axes)
     )
+
+
+def _is_zero(expr: tirx.Expr) -> bool:
+    return isinstance(expr, tirx.IntImm) and expr.value == 0
+
+
+def _is_one(expr: tirx.Expr) -> bool:
+    return isinstance(expr, tirx.IntImm) and expr.value == 1
 
 
 def find_attention(sch: s_tir.Schedule) -> AttentionBlocks | None:
@@ -159,12 +169,14 @@ def _static(extent: tirx.Expr) -> int | None:
 
 
 def _pad_factors(block: s_tir.SBlock, factors: dict[int, int]) -> list[int]:
-    """Per block iter, the ``pad_einsum`` factor (1 where the extent is provably a multiple)."""
+    """Per block iter, the ``pad_einsum`` factor: 1 where the extent is provably a multiple,
+    and for an extent of 1 (its binding is a constant after ``StmtSimplify``, and TVM 0.27's
+    ``pad_einsum`` then pads the iter domain but not the loop: it would compute one point)."""
     out = []
     for index, iv in enumerate(block.iter_vars):
         factor = factors.get(index - len(block.iter_vars), 1)
         divides = Analyzer().can_prove(tirx.floormod(iv.dom.extent, factor) == 0)
-        out.append(1 if divides else factor)
+        out.append(1 if divides or _is_one(iv.dom.extent) else factor)
     return out
 
 
@@ -229,6 +241,8 @@ def _under(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> list[LoopRV]:
 def _schedule_qk(sch: s_tir.Schedule, qk: SBlockRV, tile: LoopRV, plan: AttentionPlan) -> None:
     """rows x key_vectors vectors of scores accumulated over k in registers."""
     rows, keys, k = _under(sch, qk, tile)
+    if not Analyzer().can_prove(tirx.floormod(sch.get(keys).extent, plan.key_vectors * plan.lanes) == 0):
+        return  # a single key (not padded): nothing to vectorize
     outer, vectors, lanes = sch.split(keys, [None, plan.key_vectors, plan.lanes])
     sch.reorder(outer, k, rows, vectors, lanes)
     sch.vectorize(lanes)
