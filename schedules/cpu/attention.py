@@ -48,7 +48,7 @@ from tvm.target import Target
 
 from ..constants import inlines_a_constant
 from .elementwise import SCALAR_MATH_OPS, largest_pow2_divisor, vectorize_innermost
-from .fallback import LoopRV, SBlockRV, is_cpu_target, root_block
+from .fallback import LoopRV, SBlockRV, block_realize, is_cpu_target, root_block
 from .gemm_analysis import is_multiply_accumulate
 from .gemm_blocks import schedule_injective, vector_lanes
 
@@ -281,23 +281,38 @@ def _schedule_row_block(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, lane
 
 
 def _vectorize_keys(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> None:
-    """Whole vectors, then the tail as one short vector loop (a constant extent), or as a
-    serial loop (a symbolic one)."""
-    extent = sch.get(loop).extent
-    static = _static(extent)
+    """Whole vectors, then the tail: a constant one as its own short vector loop
+    (``loop_partition``), a symbolic one as the predicated last vector."""
+    static = _static(sch.get(loop).extent)
     if static is not None and static <= lanes:
         sch.vectorize(loop)
         return
-    main = static // lanes * lanes if static is not None else tirx.floordiv(extent, lanes) * lanes
-    if static is not None and static == main:
-        parts = [loop]
-    else:
-        if not _is_leaf(sch, loop):
-            return
-        parts = sch.loop_partition(loop, [main, None])
-    sch.vectorize(sch.split(parts[0], [None, lanes])[1])
-    if len(parts) > 1 and static is not None:
-        sch.vectorize(parts[1])
+    if static is None or static % lanes == 0:
+        sch.vectorize(sch.split(loop, [None, lanes])[1])
+        return
+    if not _is_leaf(sch, loop):
+        return
+    main, tail = sch.loop_partition(loop, [static // lanes * lanes, None])
+    sch.vectorize(sch.split(main, [None, lanes])[1])
+    sch.vectorize(tail)
+
+
+def _computes_once(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, rows: int) -> bool:
+    """Whether one tile iterates at most ``rows`` rows of ``block``: the loops under the
+    tile, against the extents of the iters not bound to the tile.  ``compute_at`` covers
+    every point a tile needs; when it also covers more, tiles compute shared points, and
+    in the parallel loop one tile could read a row another is still writing."""
+    realize = block_realize(sch, block)
+    if realize is None:
+        return False
+    var = sch.get(tile).loop_var
+    work, free = tirx.const(1, "int64"), tirx.const(rows, "int64")
+    for loop in _under(sch, block, tile):
+        work = work * tirx.Cast("int64", sch.get(loop).extent)
+    for iv, value in zip(realize.block.iter_vars, realize.iter_values):
+        if not any(v.same_as(var) for v in tirx.analysis.undefined_vars(value)):
+            free = free * tirx.Cast("int64", iv.dom.extent)
+    return Analyzer().can_prove(work <= free)
 
 
 def _is_leaf(sch: s_tir.Schedule, loop: LoopRV) -> bool:
@@ -305,8 +320,9 @@ def _is_leaf(sch: s_tir.Schedule, loop: LoopRV) -> bool:
     return isinstance(sch.get(loop).body, s_tir.SBlockRealize)
 
 
-def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Target) -> None:
-    """Schedule ``sch`` in place (module docstring, steps 1-5)."""
+def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Target) -> bool:
+    """Schedule ``sch`` in place (module docstring, steps 1-5); False when a tile would
+    compute rows of another (``sch`` is then half-scheduled: drop it)."""
     lanes = vector_lanes(target)
     qk_stmt, pv_stmt = sch.get(found.qk), sch.get(found.pv)
     m, n = (_static(iv.dom.extent) for iv in qk_stmt.iter_vars[-3:-1])
@@ -335,6 +351,9 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     sch.compute_at(p_copy, context, preserve_unit_loops=False)
     for block in reversed(row_blocks):
         sch.compute_at(block, context, preserve_unit_loops=False)
+    placed = [(q_copy, scores)] + [(block, context) for block in (*row_blocks, p_copy)]
+    if not all(_computes_once(sch, block, tile, plan.rows) for block, tile in placed):
+        return False
     sch.parallel(scores)
     sch.parallel(context)
     *outer, keys = sch.get_loops(k_pack)
@@ -347,6 +366,7 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     _schedule_pv(sch, found.pv, context, plan)
     for block in outputs:
         schedule_injective(sch, block, lanes)
+    return True
 
 
 class Attention(ScheduleRule):
@@ -364,7 +384,6 @@ class Attention(ScheduleRule):
         if found is None:
             return None
         try:
-            schedule_attention(sch, found, target)
+            return sch if schedule_attention(sch, found, target) else None
         except s_tir.ScheduleError:
             return None
-        return sch
