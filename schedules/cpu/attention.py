@@ -29,9 +29,10 @@ vectorization change where, not in which order, they add.  The exp of the softma
 lanes (``rfactor`` would reassociate the sum).
 
 Primitives left out on purpose, each silently wrong in TVM 0.27: ``reverse_compute_at``
-drops the predicate of a split loop and skips consumer points its producers do not
-cover; ``loop_partition`` of a reduction loop re-runs the init in every part; ``merge``
-checks no dependence.  ``loop_partition`` is used only on a key loop directly around one
+skips consumer points its producers do not cover, and it and ``compute_at`` drop the
+predicate of the block they move (so no ``rfactor`` of a key loop with a tail: the row
+max stays serial, interleaved over the rows); ``loop_partition`` of a reduction loop
+re-runs the init in every part; ``merge`` checks no dependence.  ``loop_partition`` is used only on a key loop directly around one
 spatial block (on a loop with several blocks under it, it crashed the process).
 """
 
@@ -220,6 +221,20 @@ def _inline_views(sch: s_tir.Schedule, kept: list[SBlockRV]) -> None:
             break
 
 
+def _compute_at(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> None:
+    """``compute_at`` of a block without a predicate: TVM 0.27 rebuilds the block's loops
+    from its iter domain and drops a predicate it had (an ``rfactor`` block then reads
+    past the end of its keys)."""
+    realize = block_realize(sch, block)
+    if realize is None or not _is_true(realize.predicate):
+        raise s_tir.ScheduleError("compute_at would drop the block's predicate")
+    sch.compute_at(block, loop, preserve_unit_loops=False)
+
+
+def _is_true(expr: tirx.Expr) -> bool:
+    return isinstance(expr, tirx.IntImm) and expr.value == 1
+
+
 def _tile_loop(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> LoopRV:
     """The matmul's (row tile, batch) loop: its i loop split by ``rows``, fused outermost."""
     *batch, i, j, k = sch.get_loops(block)
@@ -346,11 +361,10 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     outputs = children[names.index(pv_stmt.name_hint) + 1:]
 
     scores = _tile_loop(sch, found.qk, plan.rows)
-    sch.compute_at(q_copy, scores, preserve_unit_loops=False)
+    _compute_at(sch, q_copy, scores)
     context = _tile_loop(sch, found.pv, plan.rows)
-    sch.compute_at(p_copy, context, preserve_unit_loops=False)
-    for block in reversed(row_blocks):
-        sch.compute_at(block, context, preserve_unit_loops=False)
+    for block in (p_copy, *reversed(row_blocks)):
+        _compute_at(sch, block, context)
     placed = [(q_copy, scores)] + [(block, context) for block in (*row_blocks, p_copy)]
     if not all(_computes_once(sch, block, tile, plan.rows) for block, tile in placed):
         return False
