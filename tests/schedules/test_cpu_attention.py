@@ -27,11 +27,12 @@ F32 = "float32"
 
 
 def sdpa(seq, heads: int, dim: int, kv_heads: int | None = None, mask: bool = True,
-         guard: bool = True) -> tvm.IRModule:
-    """SDPA as ``torch.export`` decomposes it; ``seq`` may be a ``tirx.Var``."""
+         guard: bool = True, batch: int = 1) -> tvm.IRModule:
+    """SDPA as ``torch.export`` decomposes it; ``seq`` may be a ``tirx.Var``.  The mask,
+    ``[1, 1, seq, seq]``, broadcasts over the batch and the heads."""
     kv_heads = kv_heads or heads
     root = float(np.float32(1 / np.sqrt(np.sqrt(dim))))
-    params = [relax.Var(name, relax.TensorType((1, seq, width * dim), F32))
+    params = [relax.Var(name, relax.TensorType((batch, seq, width * dim), F32))
               for name, width in (("q", heads), ("k", kv_heads), ("v", kv_heads))]
     if mask:
         params.append(relax.Var("mask", relax.TensorType((1, 1, seq, seq), F32)))
@@ -39,11 +40,11 @@ def sdpa(seq, heads: int, dim: int, kv_heads: int | None = None, mask: bool = Tr
 
     def body(bb, q, k, v, *maybe_mask):
         def heads_of(x, n):
-            x = bb.emit(op.permute_dims(bb.emit(op.reshape(x, (1, seq, n, dim))), [0, 2, 1, 3]))
+            x = bb.emit(op.permute_dims(bb.emit(op.reshape(x, (batch, seq, n, dim))), [0, 2, 1, 3]))
             if n == heads:
                 return x
-            x = bb.emit(op.broadcast_to(bb.emit(op.expand_dims(x, [2])), (1, n, heads // n, seq, dim)))
-            return bb.emit(op.reshape(x, (1, heads, seq, dim)))  # repeat_kv
+            x = bb.emit(op.broadcast_to(bb.emit(op.expand_dims(x, [2])), (batch, n, heads // n, seq, dim)))
+            return bb.emit(op.reshape(x, (batch, heads, seq, dim)))  # repeat_kv
 
         scale = relax.const(root, F32)
         qs = bb.emit(op.multiply(heads_of(q, heads), scale))
@@ -58,27 +59,27 @@ def sdpa(seq, heads: int, dim: int, kv_heads: int | None = None, mask: bool = Tr
             none_kept = bb.emit(op.logical_not(bb.emit(op.astype(any_kept, "bool"))))
             p = bb.emit(op.where(none_kept, relax.const(0.0, F32), p))
         o = bb.emit(op.permute_dims(bb.emit(op.matmul(p, heads_of(v, kv_heads))), [0, 2, 1, 3]))
-        return op.reshape(o, (1, seq, heads * dim))
+        return op.reshape(o, (batch, seq, heads * dim))
 
     return relax_main(params, body)
 
 
 def reference(q, k, v, mask, heads: int, dim: int) -> np.ndarray:
     """The math in numpy (float64); a row whose scores are all -inf gives 0."""
-    seq, kv_heads = q.shape[1], k.shape[2] // dim
+    batch, seq, kv_heads = q.shape[0], q.shape[1], k.shape[2] // dim
 
     def heads_of(x, n):
-        x = x[0].astype(np.float64).reshape(seq, n, dim).transpose(1, 0, 2)
-        return np.repeat(x, heads // n, axis=0)
+        x = x.astype(np.float64).reshape(batch, seq, n, dim).transpose(0, 2, 1, 3)
+        return np.repeat(x, heads // n, axis=1)
 
-    s = heads_of(q, heads) @ heads_of(k, kv_heads).transpose(0, 2, 1) / np.sqrt(dim)
+    s = heads_of(q, heads) @ heads_of(k, kv_heads).transpose(0, 1, 3, 2) / np.sqrt(dim)
     if mask is not None:
-        s = s + mask[0]
+        s = s + mask
     with np.errstate(invalid="ignore"):
         e = np.exp(s - s.max(-1, keepdims=True))
         p = e / e.sum(-1, keepdims=True)
     p = np.where(np.isneginf(s).all(-1, keepdims=True), 0.0, p)
-    return (p @ heads_of(v, kv_heads)).transpose(1, 0, 2).reshape(1, seq, heads * dim)
+    return (p @ heads_of(v, kv_heads)).transpose(0, 2, 1, 3).reshape(batch, seq, heads * dim)
 
 
 def causal_mask(seq: int, masked_row: int | None = None) -> np.ndarray:
@@ -88,8 +89,9 @@ def causal_mask(seq: int, masked_row: int | None = None) -> np.ndarray:
     return mask.reshape(1, 1, seq, seq)
 
 
-def operands(rand, seq: int, heads: int, dim: int, kv_heads: int) -> list[np.ndarray]:
-    return [rand(1, seq, heads * dim), rand(1, seq, kv_heads * dim), rand(1, seq, kv_heads * dim)]
+def operands(rand, seq: int, heads: int, dim: int, kv_heads: int, batch: int = 1) -> list[np.ndarray]:
+    widths = (heads, kv_heads, kv_heads)
+    return [rand(batch, seq, width * dim) for width in widths]
 
 
 def compile_attention(mod: tvm.IRModule) -> aicf_tvm.CompiledModel:
@@ -102,19 +104,22 @@ def numpy_of(value) -> np.ndarray:
     return value.numpy() if hasattr(value, "numpy") else value
 
 
-# seq, heads, head dim, kv heads: odd lengths (tails in rows and keys), one query row,
-# head dims from 8 to 128 (80: five vectors), grouped-query k/v.
-CASES = [(1, 2, 32, 2), (7, 2, 80, 2), (100, 2, 128, 2), (197, 2, 64, 2), (33, 4, 16, 2), (128, 2, 8, 1)]
+# seq, heads, head dim, kv heads, batch: odd lengths (tails in rows and keys), one query
+# row, head dims from 8 to 128 (80: five vectors), grouped-query k/v, two sequences.
+CASES = [(1, 2, 32, 2, 1), (7, 2, 80, 2, 1), (100, 2, 128, 2, 1), (197, 2, 64, 2, 1), (384, 1, 64, 1, 1),
+         (33, 4, 16, 2, 1), (128, 2, 8, 1, 1), (21, 2, 32, 2, 2)]
 
 
-@pytest.mark.parametrize("seq, heads, dim, kv_heads", CASES, ids=[f"s{c[0]}d{c[2]}kv{c[3]}" for c in CASES])
-def test_causal_attention_with_a_fully_masked_row_matches_numpy(rand, seq, heads, dim, kv_heads):
-    compiled = compile_attention(sdpa(seq, heads, dim, kv_heads))
-    args = [*operands(rand, seq, heads, dim, kv_heads), causal_mask(seq, masked_row=seq // 2 if seq > 2 else None)]
+@pytest.mark.parametrize("seq, heads, dim, kv_heads, batch", CASES,
+                         ids=[f"s{c[0]}d{c[2]}kv{c[3]}b{c[4]}" for c in CASES])
+def test_causal_attention_with_a_fully_masked_row_matches_numpy(rand, seq, heads, dim, kv_heads, batch):
+    compiled = compile_attention(sdpa(seq, heads, dim, kv_heads, batch=batch))
+    masked = seq // 2 if seq > 2 else None
+    args = [*operands(rand, seq, heads, dim, kv_heads, batch), causal_mask(seq, masked_row=masked)]
     got = numpy_of(compiled(*args))
     np.testing.assert_allclose(got, reference(*args, heads, dim), rtol=2e-5, atol=2e-6)
-    if seq > 2:
-        np.testing.assert_array_equal(got[0, seq // 2], 0)
+    if masked is not None:
+        np.testing.assert_array_equal(got[:, masked], 0)
 
 
 @pytest.mark.parametrize("guard", [True, False], ids=["guard", "softmax"])
