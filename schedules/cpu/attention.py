@@ -1,10 +1,8 @@
 """CPU rule for fused attention: softmax(q·kᵀ·scale + mask)·v as two tiled passes.
 
-Accepts a PrimFunc whose blocks, after its views are inlined, are: a batched matmul
-``S[b, i, j] += Q[b, i, k] * Kt[b, k, j]`` (q·kᵀ), row-wise blocks over ``(b, i)`` (scale,
-mask, softmax, the all-masked-row guard), a batched matmul ``O[b, i, d] += P[b, i, j] *
-V[b, j, d]`` (p·v) and the injective blocks after it (head merge): ``find_attention``.
-Anything else gets None, and the generic ``Reduction`` rule takes it.
+Accepts a PrimFunc of q·kᵀ, row-wise blocks (scale, mask, softmax, the all-masked-row
+guard), p·v and the head merge (``attention_analysis.find_attention``); anything else gets
+None, and the generic ``Reduction`` rule takes it.
 
 The schedule (``schedule_attention``; tile sizes from ``plan_attention``), on a function
 whose index arithmetic ``StmtSimplify`` has folded under the block domains (the views'
@@ -33,13 +31,12 @@ Primitives left out on purpose, each silently wrong in TVM 0.27: ``reverse_compu
 skips consumer points its producers do not cover, and it and ``compute_at`` drop the
 predicate of the block they move (so no ``rfactor`` of a key loop with a tail: the row
 max stays serial, interleaved over the rows); ``loop_partition`` of a reduction loop
-re-runs the init in every part; ``merge`` checks no dependence.  ``loop_partition`` is used only on a key loop directly around one
-spatial block (on a loop with several blocks under it, it crashed the process).
+re-runs the init in every part; ``merge`` checks no dependence.  ``loop_partition`` is
+used only on a constant key loop directly around one spatial block (on a loop with several
+blocks under it, it crashed the process).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
@@ -49,121 +46,16 @@ from tvm.sym.analyzer import Analyzer
 from tvm.target import Target
 
 from ..constants import inlines_a_constant
-from .elementwise import SCALAR_MATH_OPS, largest_pow2_divisor, vectorize_innermost
+from .attention_analysis import (
+    AttentionBlocks,
+    AttentionPlan,
+    find_attention,
+    is_one,
+    plan_attention,
+)
+from .elementwise import SCALAR_MATH_OPS, vectorize_innermost
 from .fallback import LoopRV, SBlockRV, block_realize, is_cpu_target, root_block
-from .gemm_analysis import is_multiply_accumulate
 from .gemm_blocks import schedule_injective, vector_lanes
-
-# Query rows per tile: 8 rows x 2 key vectors, or 8 rows x 2 head vectors, is a 16-vector
-# register tile (measured on ViT-B/16 and GPT-2: 4 and 6 rows ran 3-8% slower).
-MAX_ROWS = 8
-
-
-@dataclass(frozen=True)
-class AttentionPlan:
-    """Tile sizes: ``rows`` query rows per tile, ``key_vectors`` vectors of keys per q·kᵀ
-    register tile, the head dimension in ``head_splits`` parts of ``head_lanes`` vectors."""
-
-    rows: int
-    key_vectors: int
-    lanes: int
-    head_lanes: int
-    head_splits: int
-
-
-def plan_attention(m: int | None, n: int | None, d: int | None, lanes: int) -> AttentionPlan:
-    """Tile sizes for ``m`` query rows, ``n`` keys and head dimension ``d`` (None: symbolic).
-
-    Accumulators stay within half the vector registers (32 with AVX-512, 16 below).
-    """
-    budget = 16 if lanes >= 16 else 8
-    rows = min(MAX_ROWS, m) if m is not None else MAX_ROWS
-    key_vectors = 2 if 2 * rows <= budget else 1
-    if n is not None and key_vectors == 2 and _ceil(n, 2 * lanes) - _ceil(n, lanes) > n / 8:
-        key_vectors = 1  # a short key row would be mostly padding
-    head_lanes = largest_pow2_divisor(d, lanes) if d is not None else 1
-    vectors = d // head_lanes if d is not None else 1
-    splits = next(s for s in range(1, vectors + 1) if vectors % s == 0 and rows * vectors // s <= budget)
-    return AttentionPlan(rows, key_vectors, lanes, head_lanes, splits)
-
-
-def _ceil(value: int, factor: int) -> int:
-    return -(-value // factor) * factor
-
-
-@dataclass(frozen=True)
-class AttentionBlocks:
-    """The two matmul blocks of an attention PrimFunc."""
-
-    qk: SBlockRV
-    pv: SBlockRV
-
-
-def _is_batched_matmul(block: s_tir.SBlock) -> bool:
-    """``C[*b, i, j] += A[*b, i, k] * B[*b, k, j]`` with plain indices: the iters are the
-    batch axes, then i, j (spatial) and k (reduction)."""
-    if not is_multiply_accumulate(block) or len(block.reads) != 2 or len(block.iter_vars) < 3:
-        return False
-    *batch, i, j, k = block.iter_vars
-    kinds = [iv.iter_type for iv in block.iter_vars]
-    if kinds[-1] != tirx.IterVar.CommReduce or any(kd != tirx.IterVar.DataPar for kd in kinds[:-1]):
-        return False
-    expected = [(*batch, i, k), (*batch, k, j), (*batch, i, j)]
-    regions = [block.reads[0].region, block.reads[1].region, block.writes[0].region]
-    return all(_indexes(region, axes) for region, axes in zip(regions, expected))
-
-
-def _indexes(region, axes: tuple[tirx.IterVar, ...]) -> bool:
-    """Whether ``region`` is the point ``axes`` (trailing axes; leading ones constant), an
-    axis of extent 1 possibly read at 0 (``StmtSimplify`` folds its iter away)."""
-    mins = [rng.min for rng in region]
-    if len(mins) < len(axes):
-        return False
-    lead, tail = mins[: len(mins) - len(axes)], mins[len(mins) - len(axes):]
-    return all(isinstance(x, tirx.IntImm) for x in lead) and all(
-        (isinstance(x, tirx.Var) and x.same_as(iv.var)) or (_is_zero(x) and _is_one(iv.dom.extent))
-        for x, iv in zip(tail, axes)
-    )
-
-
-def _is_zero(expr: tirx.Expr) -> bool:
-    return isinstance(expr, tirx.IntImm) and expr.value == 0
-
-
-def _is_one(expr: tirx.Expr) -> bool:
-    return isinstance(expr, tirx.IntImm) and expr.value == 1
-
-
-def find_attention(sch: s_tir.Schedule) -> AttentionBlocks | None:
-    """The q·kᵀ and p·v blocks when the function is attention-shaped (module docstring)."""
-    root = root_block(sch)
-    if root is None:
-        return None
-    children = sch.get_child_blocks(root)
-    macs = [b for b in children if is_multiply_accumulate(sch.get(b))]
-    if len(macs) != 2 or not all(_is_batched_matmul(sch.get(b)) for b in macs):
-        return None
-    qk, pv = macs
-    if not _reaches(sch, qk, sch.get(pv).reads[0].source):
-        return None  # p·v's left operand is not computed from q·kᵀ
-    if _reaches(sch, qk, sch.get(pv).reads[1].source):
-        return None  # nor may its right operand be
-    return AttentionBlocks(qk, pv)
-
-
-def _reaches(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer) -> bool:
-    """Whether ``buffer`` is computed (transitively) from what ``block`` writes."""
-    frontier, seen = [block], set()
-    while frontier:
-        current = frontier.pop()
-        if any(w.source.same_as(buffer) for w in sch.get(current).writes):
-            return True
-        for consumer in sch.get_consumers(current):
-            name = sch.get(consumer).name_hint
-            if name not in seen:
-                seen.add(name)
-                frontier.append(consumer)
-    return False
 
 
 def _static(extent: tirx.Expr) -> int | None:
@@ -178,7 +70,7 @@ def _pad_factors(block: s_tir.SBlock, factors: dict[int, int]) -> list[int]:
     for index, iv in enumerate(block.iter_vars):
         factor = factors.get(index - len(block.iter_vars), 1)
         divides = Analyzer().can_prove(tirx.floormod(iv.dom.extent, factor) == 0)
-        out.append(1 if divides or _is_one(iv.dom.extent) else factor)
+        out.append(1 if divides or is_one(iv.dom.extent) else factor)
     return out
 
 
@@ -192,10 +84,13 @@ def _operand_copy(sch: s_tir.Schedule, block: SBlockRV, index: int) -> SBlockRV:
 
 
 def _calls_math(block: s_tir.SBlock) -> bool:
+    """Whether the block calls a math function (exp, erf, ...), expanded later or not."""
     found = []
-    tvm_ffi.structural_walk(
-        block.body, [(ir.Call, lambda call: found.append(getattr(call.op, "name", "") in SCALAR_MATH_OPS))]
-    )
+
+    def visit(call: ir.Call) -> None:
+        found.append(getattr(call.op, "name", "") in SCALAR_MATH_OPS)
+
+    tvm_ffi.structural_walk(block.body, [(ir.Call, visit)])
     return any(found)
 
 
@@ -259,7 +154,8 @@ def _schedule_pack(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan) -> 
     read along the head dimension (whole vectors), written a key at a time (measured 6%
     faster on ViT-B/16 than gathering a vector of keys per store)."""
     *outer, head, keys = sch.get_loops(pack)
-    if not (_divides(sch, keys, plan.lanes) and _divides(sch, head, plan.head_lanes)) or plan.head_lanes < 4:
+    whole = _divides(sch, keys, plan.lanes) and _divides(sch, head, plan.head_lanes)
+    if not whole or plan.head_lanes < 4:
         vectorize_innermost(sch, keys, plan.lanes)
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
         return

@@ -30,7 +30,9 @@ from tvm.target import Target
 from tvm.tirx.transform import prim_func_pass
 
 # The ordered comparison that is true exactly where the key's is false, NaN aside.
-_COMPLEMENT = {tirx.EQ: tirx.NE, tirx.LT: tirx.GE, tirx.LE: tirx.GT, tirx.GT: tirx.LE, tirx.GE: tirx.LT}
+_COMPLEMENT = {
+    tirx.EQ: tirx.NE, tirx.LT: tirx.GE, tirx.LE: tirx.GT, tirx.GT: tirx.LE, tirx.GE: tirx.LT,
+}
 
 
 def _is_float(expr: Expr) -> bool:

@@ -16,18 +16,19 @@ VALUES = np.array([1.0, 2.0, np.nan, -np.inf, 1.5, np.inf], "float32")
 
 
 @T.prim_func(s_tir=True)
-def negations(a: T.Buffer((6,), "float32"), b: T.Buffer((6,), "float32"), out: T.Buffer((7, 6), "int8")):
+def negations(a: T.Buffer((6,), "float32"), b: T.Buffer((6,), "float32"),
+              out: T.Buffer((7, 6), "int8")):
     """Each comparison as a schedule leaves it after inlining ``logical_not(cmp(a, b))``."""
     for i in range(6):
         with T.sblock("compare"):
             vi = T.axis.remap("S", [i])
-            out[0, vi] = T.Cast("int8", not (a[vi] == b[vi]))
+            out[0, vi] = T.Cast("int8", not (a[vi] == b[vi]))  # noqa: SIM201 - the form under test
             out[1, vi] = T.Cast("int8", not (a[vi] < b[vi]))
             out[2, vi] = T.Cast("int8", not (a[vi] <= b[vi]))
             out[3, vi] = T.Cast("int8", not (a[vi] > b[vi]))
             out[4, vi] = T.Cast("int8", not (a[vi] >= b[vi]))
             out[5, vi] = T.Cast("int8", a[vi] != b[vi])
-            out[6, vi] = T.Cast("int8", not (a[vi] != b[vi]))
+            out[6, vi] = T.Cast("int8", not (a[vi] != b[vi]))  # noqa: SIM202 - the form under test
 
 
 def expected(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -62,10 +63,11 @@ def test_integer_comparisons_and_other_targets_are_left_alone():
         for i in range(4):
             with T.sblock("compare"):
                 vi = T.axis.remap("S", [i])
-                out[vi] = T.Cast("int8", not (a[vi] != 3))
+                out[vi] = T.Cast("int8", not (a[vi] != 3))  # noqa: SIM202 - the form under test
 
     tvm.ir.assert_structural_equal(nan_exact_comparisons(ints), ints)
-    cuda = tvm.IRModule({"main": negations.with_attr("target", tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))})
+    cuda_target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    cuda = tvm.IRModule({"main": negations.with_attr("target", cuda_target)})
     tvm.ir.assert_structural_equal(NaNExactComparisons()(cuda), cuda)
 
 

@@ -17,7 +17,7 @@ from tvm import relax, s_tir, tirx
 import aicf_tvm
 from schedules import default_rules
 from schedules.cpu import Attention
-from schedules.cpu.attention import plan_attention
+from schedules.cpu.attention_analysis import plan_attention
 
 from ..conftest import llvm_target
 from ..helpers import relax_main
