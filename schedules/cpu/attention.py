@@ -49,6 +49,7 @@ from ..constants import inlines_a_constant
 from .attention_analysis import (
     AttentionBlocks,
     AttentionPlan,
+    count_matmuls,
     find_attention,
     is_one,
     plan_attention,
@@ -308,6 +309,8 @@ class Attention(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
+        if count_matmuls(func) != 2:
+            return None  # cheap test first: the rule sees every CPU kernel
         simplified = s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"]
         sch = s_tir.Schedule(simplified)
         found = find_attention(sch)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from .elementwise import largest_pow2_divisor
@@ -97,6 +98,13 @@ def _is_zero(expr: tirx.Expr) -> bool:
 
 def is_one(expr: tirx.Expr) -> bool:
     return isinstance(expr, tirx.IntImm) and expr.value == 1
+
+
+def count_matmuls(func: tirx.PrimFunc) -> int:
+    """How many multiply-accumulate blocks ``func`` has (without building a schedule)."""
+    found = []
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda b: found.append(is_multiply_accumulate(b)))])
+    return sum(found)
 
 
 def find_attention(sch: s_tir.Schedule) -> AttentionBlocks | None:
