@@ -24,13 +24,13 @@ its preconditions (the rule catches only their ``ScheduleError``), no block is r
 across another that it depends on, and each dot product and each row sum still
 accumulates in float32 in the graph's order (k ascending, keys ascending): tiling and
 vectorization change where, not in which order, they add.  The exp of the softmax becomes
-``VectorizeMath``'s vector exp (docs/numerics.md).  No row reduction is split across
-lanes (``rfactor`` would reassociate the sum).
+``VectorizeMath``'s vector exp (docs/numerics.md).  Only the row max, exact in any order,
+is split across lanes.
 
 Primitives left out on purpose, each silently wrong in TVM 0.27: ``reverse_compute_at``
 skips consumer points its producers do not cover, and it and ``compute_at`` drop the
-predicate of the block they move (so no ``rfactor`` of a key loop with a tail: the row
-max stays serial, interleaved over the rows); ``loop_partition`` of a reduction loop
+predicate of the block they move (so the row max is ``rfactor``-ed over lanes only when the
+keys are whole vectors; otherwise it stays serial, interleaved over the rows); ``loop_partition`` of a reduction loop
 re-runs the init in every part; ``merge`` checks no dependence.  ``loop_partition`` is
 used only on a constant key loop directly around one spatial block (on a loop with several
 blocks under it, it crashed the process).
@@ -199,19 +199,59 @@ def _schedule_pv(sch: s_tir.Schedule, pv: SBlockRV, tile: LoopRV, plan: Attentio
 
 
 def _schedule_row_block(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, lanes: int) -> None:
-    """A row block under the tile: spatial ones vectorized over the keys; reductions keep
-    each row's order, float ones interleave the tile's rows to hide the add latency."""
+    """A row block under the tile: spatial ones vectorized over the keys; a max's lane
+    block (``_split_max``) vectorized over its lanes; other reductions keep each row's
+    order, float ones interleaving the tile's rows to hide the latency."""
     loops = _under(sch, block, tile)
+    stmt = sch.get(block)
     if not loops:
         return
-    stmt = sch.get(block)
     if stmt.init is None:
         _vectorize_keys(sch, loops[-1], lanes)
-    elif len(loops) == 2 and stmt.writes[0].source.dtype.startswith("float"):
-        rows, keys = loops
-        if sch.get(keys).kind == tirx.ForKind.SERIAL:
-            sch.reorder(keys, rows)
-            sch.unroll(rows)
+        return
+    keys = [loop for loop in loops if _binds_reduction(sch, block, loop)]
+    rows = [loop for loop in loops if not any(sch.get(loop).same_as(sch.get(k)) for k in keys)]
+    if len(keys) != 1:
+        return
+    if stmt.name_hint.endswith("_rf"):  # (lane, row, key vector): lanes innermost, vectorized
+        sch.reorder(*rows[1:], keys[0], rows[0])
+        sch.vectorize(rows[0])
+        init = sch.decompose_reduction(block, keys[0])
+        sch.vectorize(sch.get_loops(init)[-1])
+    elif len(rows) == 1 and stmt.writes[0].source.dtype.startswith("float"):
+        sch.reorder(keys[0], rows[0])
+        sch.unroll(rows[0])
+
+
+def _binds_reduction(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> bool:
+    """Whether ``loop`` steps a reduction iter of ``block``."""
+    realize = block_realize(sch, block)
+    var = sch.get(loop).loop_var
+    return any(
+        iv.iter_type == tirx.IterVar.CommReduce
+        and any(v.same_as(var) for v in tirx.analysis.undefined_vars(value))
+        for iv, value in zip(realize.block.iter_vars, realize.iter_values)
+    )
+
+
+def _split_max(sch: s_tir.Schedule, blocks: list[SBlockRV], lanes: int) -> list[SBlockRV]:
+    """``blocks`` with each float max over a constant multiple of ``lanes`` keys split by
+    ``rfactor`` into a max per lane and a max of the lanes.  A max is exact in any order
+    (NaN aside, and a NaN score makes its whole row NaN either way), a sum is not: sums
+    stay serial.  A key count that is not a multiple would leave the lane block a predicate
+    that ``compute_at`` drops."""
+    out = []
+    for block in blocks:
+        stmt = sch.get(block)
+        keys = sch.get_loops(block)[-1]
+        extent = _static(sch.get(keys).extent)
+        if (stmt.init is not None and isinstance(stmt.body.value, tirx.Max)
+                and stmt.writes[0].source.dtype.startswith("float")
+                and extent is not None and extent % lanes == 0 and extent > lanes):
+            _, lane = sch.split(keys, [None, lanes])
+            out.append(sch.rfactor(lane, factor_axis=len(stmt.writes[0].region)))  # lanes innermost
+        out.append(block)
+    return out
 
 
 def _vectorize_keys(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> None:
@@ -279,6 +319,7 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     row_blocks = children[start + 1: stop]
     outputs = children[names.index(pv_stmt.name_hint) + 1:]
 
+    row_blocks = _split_max(sch, row_blocks, lanes)
     scores = _tile_loop(sch, found.qk, plan.rows)
     _compute_at(sch, q_copy, scores)
     context = _tile_loop(sch, found.pv, plan.rows)

@@ -15,13 +15,13 @@ import tvm
 from tvm import relax, s_tir, tirx
 
 import aicf_tvm
-from schedules import default_rules
+from schedules import apply_default_schedules, default_rules
 from schedules.cpu import Attention
 from schedules.cpu.attention_analysis import plan_attention
 
 from ..conftest import llvm_target
 from ..helpers import relax_main
-from .test_cpu_reduction import prim_funcs, relax_module
+from .test_cpu_reduction import prim_funcs, relax_module, run
 
 F32 = "float32"
 
@@ -130,10 +130,12 @@ def test_attention_without_a_mask_matches_numpy(rand, guard):
     np.testing.assert_allclose(numpy_of(compiled(*args)), reference(*args, None, 2, 64), rtol=2e-5, atol=2e-6)
 
 
-def test_nan_and_infinite_inputs_reach_the_rows_they_touch(rand):
+@pytest.mark.parametrize("seq", [37, 48], ids=["serial_max", "lane_max"])
+def test_nan_and_infinite_inputs_reach_the_rows_they_touch(rand, seq):
     """A NaN in one query makes that row NaN (each head), a +inf mask entry makes its row
-    NaN (inf - inf), a row masked with -inf everywhere is 0; the other rows stay finite."""
-    seq, heads, dim = 37, 2, 32
+    NaN (inf - inf), a row masked with -inf everywhere is 0; the other rows stay finite.
+    48 keys are whole vectors: the row max is then taken over vector lanes."""
+    heads, dim = 2, 32
     compiled = compile_attention(sdpa(seq, heads, dim))
     q, k, v = operands(rand, seq, heads, dim, heads)
     q[0, 3, 5] = np.nan
@@ -204,8 +206,9 @@ def test_attention_is_tried_before_the_generic_reduction_rule():
 
 def test_scheduled_kernel_keeps_each_row_sum_serial(rand):
     """The softmax sum of a row adds its keys in order (no rfactor, no vector lanes over the
-    keys): only the tile's rows are interleaved."""
-    shapes = [(1, 2, 40, 16), (1, 2, 40, 16), (1, 2, 40, 16), (1, 2, 40, 40)]
+    keys: only the tile's rows are interleaved); the max, exact in any order, is taken per
+    vector lane when the keys are whole vectors."""
+    shapes = [(1, 2, 40, 16), (1, 2, 48, 16), (1, 2, 48, 16), (1, 2, 40, 48)]
     from tvm.relax.dpl import is_op, wildcard
 
     pattern = is_op("relax.matmul")(is_op("relax.nn.softmax")(is_op("relax.add")(
@@ -213,11 +216,21 @@ def test_scheduled_kernel_keeps_each_row_sum_serial(rand):
     [func] = prim_funcs(relax_module(shapes, _attention, pattern)).values()
     sch = Attention().apply(func, llvm_target(), False)
     assert sch is not None
-    names = [sch.get(b).name_hint for b in _all_blocks(sch)]
-    assert not any(name.endswith("_rf") for name in names)
-    [expsum] = [b for b in _all_blocks(sch) if sch.get(b).name_hint == "T_softmax_expsum"]
-    kinds = [sch.get(loop).kind for loop in sch.get_loops(expsum)]
+    names = {sch.get(b).name_hint: b for b in _all_blocks(sch)}
+    assert "T_softmax_maxelem_rf_update" in names and not any("expsum_rf" in n for n in names)
+    kinds = [sch.get(loop).kind for loop in sch.get_loops(names["T_softmax_expsum"])]
     assert tirx.ForKind.VECTORIZED not in kinds
+    lane_max = [sch.get(loop).kind for loop in sch.get_loops(names["T_softmax_maxelem_rf_update"])]
+    assert lane_max[-1] == tirx.ForKind.VECTORIZED
+    # 40 queries over 48 keys (cross-attention shapes): the numbers too
+    q, k, v, m = (rand(*shape) for shape in shapes)
+    mod = relax_module(shapes, _attention, pattern)
+    with llvm_target():
+        mod = apply_default_schedules()(mod)
+    assert [str(f.attrs["aicf.schedule"]) for f in prim_funcs(mod).values()] == ["Attention"]
+    s = q.astype(np.float64) @ k.transpose(0, 1, 3, 2) + m
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(run(mod, [q, k, v, m]), e / e.sum(-1, keepdims=True) @ v, rtol=2e-5, atol=2e-6)
 
 
 def _all_blocks(sch: s_tir.Schedule) -> list:
