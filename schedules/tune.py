@@ -21,7 +21,7 @@ A candidate that crashes the runner's worker process (a segfault) or runs past
 and starts a fresh one for the next candidate.
 The build function skips ``import tvm.s_tir.tensor_intrin`` on LLVM targets: that import
 alone takes 25-50 s per build worker here, longer than MetaSchedule's default builder
-timeout (docs/design.md §9); it applies ``VectorizeMath`` as ``compile`` does, so a candidate is
+timeout (docs/design.md §9); it applies ``NaNExactComparisons`` and ``VectorizeMath`` as ``compile`` does, so a candidate is
 timed with the math code it will run.  ``Tools(..., tracker=...)`` measures on the servers of a TVM RPC
 tracker instead of this machine (``schedules.remote``).  Imports only TVM, the standard
 library and this package.
@@ -49,6 +49,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from . import default_rules
+from .cpu.comparisons import NaNExactComparisons
 from .cpu.vector_math import VectorizeMath
 from .remote import RemoteRunner, Tracker
 from .select import SIGNATURE_ATTR, contract_signature, workload_of
@@ -128,7 +129,7 @@ def _build(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    mod = VectorizeMath(target)(mod)  # as compile builds the chosen schedule
+    mod = VectorizeMath(target)(NaNExactComparisons(target)(mod))  # as compile builds the chosen schedule
     return tvm_build(mod, target=target)
 
 

@@ -2,8 +2,9 @@
 
 normalize -> LiftEmits -> PropagateContracts -> (EliminateEmits, FuseEmits,
 MaterializeEmits, PropagateContracts)* to a bounded fixpoint -> LowerEmits ->
-kernel selection (tuned record, else default rule, else fallback) -> VectorizeMath
-(float32 transcendental calls as vectorizable arithmetic) -> the backend's own dataflow
+kernel selection (tuned record, else default rule, else fallback) -> NaNExactComparisons
+(float comparisons that inlining made NaN-wrong) -> VectorizeMath (float32 transcendental
+calls as vectorizable arithmetic) -> the backend's own dataflow
 lowering -> ``tvm.compile``. ``verify_contracts`` runs after every step
 under ``AICF_DEBUG=1``.
 
@@ -32,6 +33,7 @@ from relax_passes.prepack_weights import mark_layout_free, prepack_weights
 from relax_passes.rewrites import rewrite_passes
 from relax_passes.sink_reshapes import SinkReshapes
 from schedules import apply_default_schedules
+from schedules.cpu.comparisons import NaNExactComparisons
 from schedules.cpu.vector_math import VectorizeMath
 from schedules.select import apply_database
 
@@ -116,6 +118,7 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
             mod = apply_database(mod, target, database)
         mod = apply_default_schedules(target)(mark_layout_free(mod))
         mod, packed, refused = prepack_weights(mod)
+        mod = NaNExactComparisons(target)(mod)  # what the schedules inlined keeps IEEE NaN results
         if vector_math:  # exp/erf/tanh/... as SIMD arithmetic, not one libm call per lane
             mod = VectorizeMath(target)(mod)
     if report is not None:

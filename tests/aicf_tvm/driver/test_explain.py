@@ -53,5 +53,6 @@ def test_cli_explain_shows_kernel_selection_per_emit(capsys):
     out = capsys.readouterr().out
     assert "kernel selection for llvm mcpu=" in out and "num-cores=" in out
     rows = [line.split() for line in out.split("kernel selection", 1)[1].splitlines()[2:] if line.strip()]
-    assert rows and all(r[-1] in {"Gemm", "Conv2d", "Reduction", "Elementwise", "Fallback", "tuned"} for r in rows)
+    assert rows and all(r[-1] in {"Gemm", "Conv2d", "Attention", "Reduction", "Elementwise", "Fallback", "tuned"}
+                        for r in rows)
     assert any(r[2] == "fused_attention" for r in rows)

@@ -1,0 +1,255 @@
+"""CPU Attention rule: fused attention kernels of odd and symbolic lengths, head dims 8 to
+128, with and without a mask and SDPA's all-masked-row guard, grouped-query k/v.
+
+Each case is a written-out SDPA (head split, √scale on q and on kᵀ, mask add, softmax,
+guard, head merge) compiled by ``aicf_tvm.compile``; it must be one ``fused_attention``
+kernel scheduled by ``Attention``, and its output must match numpy (the math, a fully
+masked row giving 0) and, where PyTorch is installed, ``scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, s_tir, tirx
+
+import aicf_tvm
+from schedules import apply_default_schedules, default_rules
+from schedules.cpu import Attention
+from schedules.cpu.attention_analysis import plan_attention
+
+from ..conftest import llvm_target
+from ..helpers import relax_main
+from .test_cpu_reduction import prim_funcs, relax_module, run
+
+F32 = "float32"
+
+
+def sdpa(seq, heads: int, dim: int, kv_heads: int | None = None, mask: bool = True,
+         guard: bool = True, batch: int = 1) -> tvm.IRModule:
+    """SDPA as ``torch.export`` decomposes it; ``seq`` may be a ``tirx.Var``.  The mask,
+    ``[1, 1, seq, seq]``, broadcasts over the batch and the heads."""
+    kv_heads = kv_heads or heads
+    root = float(np.float32(1 / np.sqrt(np.sqrt(dim))))
+    params = [relax.Var(name, relax.TensorType((batch, seq, width * dim), F32))
+              for name, width in (("q", heads), ("k", kv_heads), ("v", kv_heads))]
+    if mask:
+        params.append(relax.Var("mask", relax.TensorType((1, 1, seq, seq), F32)))
+    op = relax.op
+
+    def body(bb, q, k, v, *maybe_mask):
+        def heads_of(x, n):
+            x = bb.emit(op.permute_dims(bb.emit(op.reshape(x, (batch, seq, n, dim))), [0, 2, 1, 3]))
+            if n == heads:
+                return x
+            x = bb.emit(op.broadcast_to(bb.emit(op.expand_dims(x, [2])), (batch, n, heads // n, seq, dim)))
+            return bb.emit(op.reshape(x, (batch, heads, seq, dim)))  # repeat_kv
+
+        scale = relax.const(root, F32)
+        qs = bb.emit(op.multiply(heads_of(q, heads), scale))
+        kt = bb.emit(op.multiply(bb.emit(op.permute_dims(heads_of(k, kv_heads), [0, 1, 3, 2])), scale))
+        s = bb.emit(op.matmul(qs, kt))
+        for m in maybe_mask:
+            s = bb.emit(op.add(s, m))
+        p = bb.emit(op.nn.softmax(s, axis=-1))
+        if guard:
+            kept = bb.emit(op.logical_not(bb.emit(op.equal(s, relax.const(float("-inf"), F32)))))
+            any_kept = bb.emit(op.max(bb.emit(op.astype(kept, "int8")), axis=[-1], keepdims=True))
+            none_kept = bb.emit(op.logical_not(bb.emit(op.astype(any_kept, "bool"))))
+            p = bb.emit(op.where(none_kept, relax.const(0.0, F32), p))
+        o = bb.emit(op.permute_dims(bb.emit(op.matmul(p, heads_of(v, kv_heads))), [0, 2, 1, 3]))
+        return op.reshape(o, (batch, seq, heads * dim))
+
+    return relax_main(params, body)
+
+
+def reference(q, k, v, mask, heads: int, dim: int) -> np.ndarray:
+    """The math in numpy (float64); a row whose scores are all -inf gives 0."""
+    batch, seq, kv_heads = q.shape[0], q.shape[1], k.shape[2] // dim
+
+    def heads_of(x, n):
+        x = x.astype(np.float64).reshape(batch, seq, n, dim).transpose(0, 2, 1, 3)
+        return np.repeat(x, heads // n, axis=1)
+
+    s = heads_of(q, heads) @ heads_of(k, kv_heads).transpose(0, 1, 3, 2) / np.sqrt(dim)
+    if mask is not None:
+        s = s + mask
+    with np.errstate(invalid="ignore"):
+        e = np.exp(s - s.max(-1, keepdims=True))
+        p = e / e.sum(-1, keepdims=True)
+    p = np.where(np.isneginf(s).all(-1, keepdims=True), 0.0, p)
+    return (p @ heads_of(v, kv_heads)).transpose(0, 2, 1, 3).reshape(batch, seq, heads * dim)
+
+
+def causal_mask(seq: int, masked_row: int | None = None) -> np.ndarray:
+    mask = np.where(np.tril(np.ones((seq, seq), bool)), 0, -np.inf).astype(F32)
+    if masked_row is not None:
+        mask[masked_row, :] = -np.inf  # sees nothing: SDPA's guard gives 0, softmax NaN
+    return mask.reshape(1, 1, seq, seq)
+
+
+def operands(rand, seq: int, heads: int, dim: int, kv_heads: int, batch: int = 1) -> list[np.ndarray]:
+    widths = (heads, kv_heads, kv_heads)
+    return [rand(batch, seq, width * dim) for width in widths]
+
+
+def compile_attention(mod: tvm.IRModule) -> aicf_tvm.CompiledModel:
+    compiled = aicf_tvm.compile(mod, target=llvm_target())
+    assert [(k.kind, k.schedule) for k in compiled.kernels] == [("fused_attention", "Attention")]
+    return compiled
+
+
+def numpy_of(value) -> np.ndarray:
+    return value.numpy() if hasattr(value, "numpy") else value
+
+
+# seq, heads, head dim, kv heads, batch: odd lengths (tails in rows and keys), one query
+# row, head dims from 8 to 128 (80: five vectors), grouped-query k/v, two sequences.
+CASES = [(1, 2, 32, 2, 1), (7, 2, 80, 2, 1), (100, 2, 128, 2, 1), (197, 2, 64, 2, 1), (384, 1, 64, 1, 1),
+         (33, 4, 16, 2, 1), (128, 2, 8, 1, 1), (21, 2, 32, 2, 2)]
+
+
+@pytest.mark.parametrize("seq, heads, dim, kv_heads, batch", CASES,
+                         ids=[f"s{c[0]}d{c[2]}kv{c[3]}b{c[4]}" for c in CASES])
+def test_causal_attention_with_a_fully_masked_row_matches_numpy(rand, seq, heads, dim, kv_heads, batch):
+    compiled = compile_attention(sdpa(seq, heads, dim, kv_heads, batch=batch))
+    masked = seq // 2 if seq > 2 else None
+    args = [*operands(rand, seq, heads, dim, kv_heads, batch), causal_mask(seq, masked_row=masked)]
+    got = numpy_of(compiled(*args))
+    np.testing.assert_allclose(got, reference(*args, heads, dim), rtol=2e-5, atol=2e-6)
+    if masked is not None:
+        np.testing.assert_array_equal(got[:, masked], 0)
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["guard", "softmax"])
+def test_attention_without_a_mask_matches_numpy(rand, guard):
+    """ViT's shape family: no mask, 197 tokens (a prime: every tile and vector has a tail)."""
+    compiled = compile_attention(sdpa(197, 2, 64, mask=False, guard=guard))
+    args = operands(rand, 197, 2, 64, 2)
+    np.testing.assert_allclose(numpy_of(compiled(*args)), reference(*args, None, 2, 64), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("seq", [37, 48], ids=["serial_max", "lane_max"])
+def test_nan_and_infinite_inputs_reach_the_rows_they_touch(rand, seq):
+    """A NaN in one query makes that row NaN (each head), a +inf mask entry makes its row
+    NaN (inf - inf), a row masked with -inf everywhere is 0; the other rows stay finite.
+    48 keys are whole vectors: the row max is then taken over vector lanes."""
+    heads, dim = 2, 32
+    compiled = compile_attention(sdpa(seq, heads, dim))
+    q, k, v = operands(rand, seq, heads, dim, heads)
+    q[0, 3, 5] = np.nan
+    mask = causal_mask(seq, masked_row=20)
+    mask[0, 0, 9, 2] = np.inf
+    got, want = numpy_of(compiled(q, k, v, mask)), reference(q, k, v, mask, heads, dim)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[0, 3, :dim]).all() and np.isnan(got[0, 9]).all()
+    np.testing.assert_array_equal(got[0, 20], 0)
+    finite = ~np.isnan(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=2e-5, atol=2e-6)
+
+
+def test_grouped_query_attention_matches_torch_sdpa(rand):
+    torch = pytest.importorskip("torch")
+    seq, heads, dim, kv_heads = 45, 4, 32, 2
+    compiled = compile_attention(sdpa(seq, heads, dim, kv_heads))
+    q, k, v = operands(rand, seq, heads, dim, kv_heads)
+    mask = causal_mask(seq)
+    mask[0, 0, :, -3:] = -np.inf  # padding: the last three keys
+    got = numpy_of(compiled(q, k, v, mask))
+
+    def heads_of(x):
+        return torch.from_numpy(x).reshape(1, seq, -1, dim).transpose(1, 2)
+
+    want = torch.nn.functional.scaled_dot_product_attention(
+        heads_of(q), heads_of(k), heads_of(v), attn_mask=torch.from_numpy(mask), enable_gqa=True)
+    np.testing.assert_allclose(got, want.transpose(1, 2).reshape(1, seq, -1).numpy(), rtol=2e-5, atol=2e-6)
+
+
+def test_symbolic_sequence_length_is_one_kernel_for_every_length(rand):
+    seq = tirx.Var("seq", "int64")
+    compiled = compile_attention(sdpa(seq, 2, 64))
+    for length in (1, 7, 100):
+        args = [*operands(rand, length, 2, 64, 2), causal_mask(length)]
+        np.testing.assert_allclose(numpy_of(compiled(*args)), reference(*args, 2, 64), rtol=2e-5, atol=2e-6)
+
+
+def _attention(q, k, v, mask):
+    scores = relax.op.matmul(q, relax.op.permute_dims(k, [0, 1, 3, 2]))
+    return relax.op.matmul(relax.op.nn.softmax(relax.op.add(scores, mask), axis=-1), v)
+
+
+def test_rule_declines_functions_that_are_not_attention():
+    """One matmul, a softmax, and two matmuls not joined by a softmax are left to the
+    other rules."""
+    def two_matmuls(a, b, c):
+        return relax.op.matmul(relax.op.matmul(a, b), c)
+
+    cases = [
+        ([(2, 16, 8), (2, 8, 16)], relax.op.matmul),
+        ([(2, 16, 16)], lambda s: relax.op.nn.softmax(s, axis=-1)),
+    ]
+    for shapes, body in cases:
+        for func in prim_funcs(relax_module(shapes, body)).values():
+            assert Attention().apply(func, llvm_target(), False) is None
+    from tvm.relax.dpl import is_op, wildcard
+
+    pattern = is_op("relax.matmul")(is_op("relax.matmul")(wildcard(), wildcard()), wildcard())
+    [func] = prim_funcs(relax_module([(2, 16, 8), (2, 8, 16), (2, 16, 8)], two_matmuls, pattern)).values()
+    assert Attention().apply(func, llvm_target(), False) is None
+
+
+def test_attention_is_tried_before_the_generic_reduction_rule():
+    names = [type(rule).__name__ for rule in default_rules(llvm_target())]
+    assert names.index("Attention") < names.index("Reduction")
+
+
+def test_scheduled_kernel_keeps_each_row_sum_serial(rand):
+    """The softmax sum of a row adds its keys in order (no rfactor, no vector lanes over the
+    keys: only the tile's rows are interleaved); the max, exact in any order, is taken per
+    vector lane when the keys are whole vectors."""
+    shapes = [(1, 2, 40, 16), (1, 2, 48, 16), (1, 2, 48, 16), (1, 2, 40, 48)]
+    from tvm.relax.dpl import is_op, wildcard
+
+    pattern = is_op("relax.matmul")(is_op("relax.nn.softmax")(is_op("relax.add")(
+        is_op("relax.matmul")(wildcard(), is_op("relax.permute_dims")(wildcard())), wildcard())), wildcard())
+    [func] = prim_funcs(relax_module(shapes, _attention, pattern)).values()
+    sch = Attention().apply(func, llvm_target(), False)
+    assert sch is not None
+    names = {sch.get(b).name_hint: b for b in _all_blocks(sch)}
+    assert "T_softmax_maxelem_rf_update" in names and not any("expsum_rf" in n for n in names)
+    kinds = [sch.get(loop).kind for loop in sch.get_loops(names["T_softmax_expsum"])]
+    assert tirx.ForKind.VECTORIZED not in kinds
+    lane_max = [sch.get(loop).kind for loop in sch.get_loops(names["T_softmax_maxelem_rf_update"])]
+    assert lane_max[-1] == tirx.ForKind.VECTORIZED
+    # 40 queries over 48 keys (cross-attention shapes): the numbers too
+    q, k, v, m = (rand(*shape) for shape in shapes)
+    mod = relax_module(shapes, _attention, pattern)
+    with llvm_target():
+        mod = apply_default_schedules()(mod)
+    assert [str(f.attrs["aicf.schedule"]) for f in prim_funcs(mod).values()] == ["Attention"]
+    s = q.astype(np.float64) @ k.transpose(0, 1, 3, 2) + m
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(run(mod, [q, k, v, m]), e / e.sum(-1, keepdims=True) @ v, rtol=2e-5, atol=2e-6)
+
+
+def _all_blocks(sch: s_tir.Schedule) -> list:
+    out = []
+
+    def visit(block):
+        for child in sch.get_child_blocks(block):
+            out.append(child)
+            visit(child)
+
+    visit(sch.get_sblock("root"))
+    return out
+
+
+@pytest.mark.parametrize("dim", [8, 32, 64, 80, 128])
+def test_plan_keeps_accumulators_within_the_registers(dim):
+    for m, n in ((1, 1), (7, 7), (197, 197), (None, None)):
+        plan = plan_attention(m, n, dim, lanes=16)
+        assert plan.rows == (min(8, m) if m else 8)
+        assert plan.rows * plan.key_vectors <= 16
+        assert dim % plan.head_lanes == 0 and (dim // plan.head_lanes) % plan.head_splits == 0
+        assert plan.rows * (dim // plan.head_lanes // plan.head_splits) <= 16
