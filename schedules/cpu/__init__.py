@@ -1,11 +1,12 @@
 """Default TensorIR schedule rules for LLVM CPU targets (dlight style).
 
-Order of use: Gemm, Depthwise, Conv2d, Reduction, Elementwise, Fallback (each returns None
+Order of use: Gemm, BlockedConv2d, Depthwise, Conv2d, Reduction, Elementwise, Fallback (each returns None
 for a PrimFunc it does not handle).  ``VectorizeMath`` runs after them: it turns the
 float32 transcendental calls of vectorized loops into SIMD arithmetic (``vector_math``).
 """
 
 from .conv2d import Conv2d
+from .conv2d_blocked import BlockedConv2d
 from .depthwise import Depthwise
 from .elementwise import Elementwise
 from .fallback import Fallback
@@ -13,4 +14,4 @@ from .gemm import Gemm
 from .reduction import Reduction
 from .vector_math import VectorizeMath
 
-__all__ = ["Conv2d", "Depthwise", "Elementwise", "Fallback", "Gemm", "Reduction", "VectorizeMath"]
+__all__ = ["BlockedConv2d", "Conv2d", "Depthwise", "Elementwise", "Fallback", "Gemm", "Reduction", "VectorizeMath"]
