@@ -189,8 +189,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         from .targets import resolve_target
 
         report = FusionReport()
-        optimized = optimize(normalize(mod), report)
-        lowered = lower(optimized, resolve_target(args.target), args.database, report)
+        target = resolve_target(args.target)
+        optimized = optimize(normalize(mod), report, target=target)
+        lowered = lower(optimized, target, args.database, report)
         text = "\n\n" + kernel_selection(lowered, resolve_target(args.target))
     print(explain(mod, report) + text)
     return 0

@@ -58,9 +58,22 @@ def _debug() -> bool:
     return os.environ.get("AICF_DEBUG", "") not in ("", "0")
 
 
+def layout_lanes(target: tvm.target.Target | None) -> int | None:
+    """The float32 vector width that blocked channel layouts use on ``target``: LLVM CPUs
+    with vectors of 8 lanes or more (AVX2, AVX-512); None elsewhere (layouts stay)."""
+    if target is None or target.kind.name != "llvm":
+        return None
+    from schedules.cpu.gemm_blocks import vector_lanes
+
+    lanes = vector_lanes(target)
+    return lanes if lanes >= 8 else None
+
+
 def optimize(mod: tvm.IRModule, report: FusionReport, candidates: Sequence[Any] | None = None,
-             check: Callable[[tvm.IRModule], None] | None = None) -> tvm.IRModule:
-    """Lift, propagate, then rewrite to a fixpoint (bounded by ``MAX_ROUNDS``)."""
+             check: Callable[[tvm.IRModule], None] | None = None,
+             target: tvm.target.Target | None = None) -> tvm.IRModule:
+    """Lift, propagate, then rewrite to a fixpoint (bounded by ``MAX_ROUNDS``); with a
+    ``target``, convolution chains may take the target's blocked layouts (``layout_lanes``)."""
     from relax_passes import FuseEmits, LiftEmits, PropagateContracts
     from relax_passes.rewrites import rewrite_passes
 
@@ -70,7 +83,8 @@ def optimize(mod: tvm.IRModule, report: FusionReport, candidates: Sequence[Any] 
     fuse = FuseEmits(report=report) if candidates is None else FuseEmits(tuple(candidates), report=report)
     for _ in range(MAX_ROUNDS):
         before = mod
-        for rewrite in [*rewrite_passes(report, before=True, candidates=candidates), fuse, *rewrite_passes(report, before=False)]:
+        before_fuse = rewrite_passes(report, before=True, candidates=candidates, lanes=layout_lanes(target))
+        for rewrite in [*before_fuse, fuse, *rewrite_passes(report, before=False)]:
             mod = PropagateContracts()(rewrite(mod))
             check(mod)
         if tvm_ffi.structural_equal(before, mod):
@@ -137,7 +151,7 @@ def compile(mod: Any, target: Any = "llvm", database: Any = None, *, candidates:
         raise UnsupportedModelError("the module has no 'main' function")
     report = FusionReport()
     source = mod
-    mod = optimize(normalize(mod), report, candidates)
+    mod = optimize(normalize(mod), report, candidates, target=tgt)
     optimized = mod
     lowered = lower(mod, tgt, database, report)
     ex = build(lowered, tgt)

@@ -79,7 +79,7 @@ def lower_for_tuning(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModu
 
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise UnsupportedModelError("the module has no 'main' function")
-    optimized = optimize(normalize(mod), FusionReport())
+    optimized = optimize(normalize(mod), FusionReport(), target=target)
     with target:
         return LowerEmits()(optimized)
 
