@@ -49,8 +49,10 @@ RATES = {
     ("blocked", "dense"): 65.0, ("blocked", "1x1"): 65.0, ("blocked", "depthwise"): 16.0,
     ("blocked", "plain_input"): 45.0,
 }
-# A layout_transform reads and writes each byte once.
+# A layout_transform reads and writes each byte once, and costs a kernel launch (the
+# thread pool's fork and join) besides.
 CONVERT_BYTES_PER_S = 4e9
+CONVERT_SECONDS = 10e-6
 _POOLS = {"relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d"}
 _SPATIAL_REDUCE = {"relax.mean", "relax.sum", "relax.max"}
 
@@ -204,7 +206,7 @@ def judge(chain: Chain, graph: EmitGraph, lanes: int) -> Decision:
     """Block the chain when the table's conv-time saving exceeds the conversions' cost."""
     converted = sum(_nbytes(e) for e in chain.entries) + sum(_nbytes(graph.nodes[i].var) for i in chain.exits)
     plain, fast = chain.conv_seconds("NCHW"), chain.conv_seconds("blocked")
-    cost = 2 * converted / CONVERT_BYTES_PER_S
+    cost = 2 * converted / CONVERT_BYTES_PER_S + CONVERT_SECONDS * (len(chain.entries) + len(chain.exits))
     blocks = sorted({channel_block(_static_4d(graph.nodes[i].var)[1], lanes) for i in chain.members})
     names = tuple(graph.nodes[i].var.name for i in chain.members)
     convs = sum(1 for f in chain.forms.values() if f.gflop)
@@ -327,5 +329,5 @@ def materialize_layouts(bb: relax.BlockBuilder, graph: EmitGraph, lanes: int,
     return rewriter.bindings() if rewriter.replace else None
 
 
-__all__ = ["CONVERT_BYTES_PER_S", "RATES", "Chain", "ChainRewriter", "blocked_per_channel", "blocked_weight",
+__all__ = ["CONVERT_BYTES_PER_S", "CONVERT_SECONDS", "RATES", "Chain", "ChainRewriter", "blocked_per_channel", "blocked_weight",
            "channel_block", "find_chains", "judge", "layout_form", "materialize_layouts"]
