@@ -42,12 +42,13 @@ from aicf_tvm.report import Decision, FusionReport
 from .fuse_emits import op_view
 from .lift_emits import build_emit_function
 
-# GFLOP/s per core of the default CPU rules, float32, measured on ResNet-50/MobileNetV2
-# layers on the 2-core AVX-512 host (Conv2d and Depthwise for NCHW, BlockedConv2d blocked).
+# GFLOP/s of one core for the default CPU rules, float32: medians over ResNet-50 and
+# MobileNetV2 layers on the AVX-512 host (Conv2d and Depthwise for NCHW, BlockedConv2d
+# blocked), as ``scripts/bench_conv_layouts.py`` measures them.
 RATES = {
-    ("NCHW", "dense"): 34.0, ("NCHW", "1x1"): 30.0, ("NCHW", "depthwise"): 8.0, ("NCHW", "plain_input"): 12.0,
-    ("blocked", "dense"): 65.0, ("blocked", "1x1"): 65.0, ("blocked", "depthwise"): 16.0,
-    ("blocked", "plain_input"): 45.0,
+    ("NCHW", "dense"): 70.0, ("NCHW", "1x1"): 50.0, ("NCHW", "depthwise"): 15.0, ("NCHW", "plain_input"): 38.0,
+    ("blocked", "dense"): 115.0, ("blocked", "1x1"): 100.0, ("blocked", "depthwise"): 27.0,
+    ("blocked", "plain_input"): 80.0,
 }
 # A layout_transform reads and writes each byte once, and costs a kernel launch (the
 # thread pool's fork and join) besides.

@@ -84,6 +84,7 @@ def _place_epilogue(sch: s_tir.Schedule, main: SBlockRV, at: LoopRV) -> None:
     if len(consumers) > 1:
         raise ValueError("blocked conv2d: the output feeds more than one epilogue block")
     tail = consumers[0] if consumers else sch.cache_write(main, 0, "global")
+    sch.set_scope(main, 0, "local")  # a stack tile: LLVM holds it in registers
     sch.reverse_compute_at(tail, at, preserve_unit_loops=True)
     loops = sch.get_loops(tail)
     sch.vectorize(loops[-1])
