@@ -46,9 +46,9 @@ from .lift_emits import build_emit_function
 # MobileNetV2 layers on the AVX-512 host (Conv2d and Depthwise for NCHW, BlockedConv2d
 # blocked), as ``scripts/bench_conv_layouts.py`` measures them.
 RATES = {
-    ("NCHW", "dense"): 70.0, ("NCHW", "1x1"): 50.0, ("NCHW", "depthwise"): 15.0, ("NCHW", "plain_input"): 38.0,
-    ("blocked", "dense"): 115.0, ("blocked", "1x1"): 100.0, ("blocked", "depthwise"): 27.0,
-    ("blocked", "plain_input"): 80.0,
+    ("NCHW", "dense"): 51.0, ("NCHW", "1x1"): 39.0, ("NCHW", "depthwise"): 21.0, ("NCHW", "plain_input"): 39.0,
+    ("blocked", "dense"): 94.0, ("blocked", "1x1"): 100.0, ("blocked", "depthwise"): 39.0,
+    ("blocked", "plain_input"): 86.0,
 }
 # A layout_transform reads and writes each byte once, and costs a kernel launch (the
 # thread pool's fork and join) besides.
