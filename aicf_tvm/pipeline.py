@@ -78,6 +78,10 @@ def optimize(mod: tvm.IRModule, report: FusionReport, candidates: Sequence[Any] 
     from relax_passes.rewrites import rewrite_passes
 
     check = check or (verify_contracts if _debug() else (lambda m: None))
+    if layout_lanes(target) is not None:  # channels-last islands join the blockable chains
+        from relax_passes.channels_first import ChannelsFirst
+
+        mod = ChannelsFirst()(mod)
     mod = PropagateContracts()(LiftEmits()(mod))
     check(mod)
     fuse = FuseEmits(report=report) if candidates is None else FuseEmits(tuple(candidates), report=report)

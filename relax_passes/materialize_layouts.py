@@ -5,7 +5,8 @@ A *chain* is a connected set of single-op Emits that all have a blocked form
 (``layout_form``): NCHW convolutions with a constant weight (dense, depthwise, or dense
 on a plain input whose channels do not block, as a network's first convolution),
 elementwise and broadcast ops on activations of one shape (bias, activation, residual
-add), NCHW pools, and spatial reductions that keep their dims (the global average pool),
+add), NCHW pools, spatial reductions that keep their dims (the global average pool) and
+LayerNorms over the channels (over ``(C/b, b)`` blocked),
 linked by the activations they pass, at least one of them a convolution. Every
 activation of a chain has a static shape and channels the block divides; its block is
 the vector width when that divides the channels, else half of it.
@@ -66,6 +67,14 @@ def channel_block(channels: int, lanes: int) -> Optional[int]:
     return None
 
 
+def _dims(expr: Any) -> Optional[tuple[int, ...]]:
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    values = ty.shape.values
+    return tuple(int(d) for d in values) if all(isinstance(d, tvm.tirx.IntImm) for d in values) else None
+
+
 def _static_4d(expr: Any) -> Optional[tuple[int, ...]]:
     ty = getattr(expr, "ty", None)
     if not isinstance(ty, relax.TensorType) or ty.ndim != 4 or ty.shape is None or str(ty.dtype) != "float32":
@@ -122,6 +131,9 @@ def layout_form(call: Any, result: Any, lanes: int) -> Optional[Form]:
     if name in _SPATIAL_REDUCE and bool(call.attrs.keepdims) and call.attrs.axis is not None \
             and sorted(int(a) % 4 for a in call.attrs.axis) == [2, 3]:
         return Form("reduce")
+    if name == "relax.nn.layer_norm" and [int(a) % 4 for a in call.attrs.axes] == [1] and all(
+            isinstance(a, tvm.ir.Constant) and _dims(a) == (out[1],) for a in call.args[1:]):
+        return Form("norm")  # over the channels: over (C/b, b) blocked
     return None
 
 
@@ -288,6 +300,8 @@ class ChainRewriter:
         if call.op.name == "relax.nn.conv2d" and k == 1:
             ib = 1 if form.kind in ("depthwise", "plain_input") else self._block(call.args[0])
             return relax.const(blocked_weight(value, ib, out_block))
+        if call.op.name == "relax.nn.layer_norm":  # gamma, beta [C] -> [C/b, b]
+            return relax.const(np.ascontiguousarray(value.reshape(-1, out_block)))
         if _per_channel(arg, _static_4d(result)[1]):
             return relax.const(blocked_per_channel(value, out_block))
         return arg  # all ones: broadcasts against the blocked operand as it did
@@ -307,6 +321,9 @@ class ChainRewriter:
                         layout=out, out_layout=out)
         if name == "relax.nn.adaptive_avg_pool2d":
             return relax.op.nn.adaptive_avg_pool2d(args[0], a.output_size, layout=out, out_layout=out)
+        if name == "relax.nn.layer_norm":
+            return relax.op.nn.layer_norm(args[0], args[1], args[2], axes=[1, 4], epsilon=a.epsilon, center=a.center,
+                                          scale=a.scale)
         if name in _SPATIAL_REDUCE:  # axes as NCHW names them (-1 is W there, the block here)
             return getattr(relax.op, name.removeprefix("relax."))(args[0], axis=[2, 3], keepdims=True)
         return relax.Call(call.op, args, call.attrs, call.ty_args)

@@ -4,7 +4,8 @@
 ``NCHW{b}c`` stores channel ``c`` of a logical NCHW tensor at ``[n, c // b, h, w, c % b]``.
 A result's layout is known only where an op states it (a convolution's or pool's
 ``out_layout``, a blocking ``layout_transform``) or carries it (an elementwise op on
-operands of one layout, a spatial reduction that keeps its dims); everything else gets ⊤.
+operands of one layout, a spatial reduction that keeps its dims, a LayerNorm over the
+blocked channels); everything else gets ⊤.
 The selection of operands uses Relax types, not facts, so a stronger input fact never
 gives a weaker output (monotone).
 """
@@ -18,7 +19,7 @@ import tvm
 from tvm import relax
 
 from ..lattice import ShapeFact
-from .registry import BROADCAST, ELEMENTWISE, REDUCTION, rule_for
+from .registry import BROADCAST, ELEMENTWISE, NORM, REDUCTION, rule_for
 
 _BLOCKED = re.compile(r"^NCHW(\d+)c$")
 _LAYOUT_ATTR_OPS = {
@@ -105,6 +106,8 @@ def output_layout(call: Any, ins: Sequence[ShapeFact]) -> Optional[str]:
         return layout if all(f.layout == layout for f in full) else None
     if category == REDUCTION and ins and _keeps_blocks(call):
         return ins[0].layout
+    if category == NORM and name == "relax.nn.layer_norm" and ins and sorted(int(a) % 5 for a in call.attrs.axes) == [1, 4]:
+        return ins[0].layout  # over the channels of a blocked tensor: the same layout out
     return None
 
 
