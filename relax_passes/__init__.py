@@ -1,12 +1,13 @@
 """Our Relax passes, one per module, usable in any TVM pipeline.
 
-BoundShapes, NormalizeIndices, FoldBatchNorm, SinkReshapes (op level) -> LiftEmits -> PropagateContracts ->
+BoundShapes, NormalizeIndices, FoldBatchNorm, FoldPadIntoConv, SinkReshapes (op level) -> LiftEmits -> PropagateContracts ->
 (EliminateEmits, MaterializeEmits, FuseEmits)* -> LowerEmits -> (after scheduling) prepack_weights
 """
 
 from .bound_shapes import BoundShapes
 from .eliminate_emits import EliminateEmits
 from .fold_batch_norm import FoldBatchNorm
+from .fold_pad import FoldPadIntoConv
 from .fuse_emits import FuseEmits
 from .lift_emits import LiftEmits
 from .lower_emits import LowerEmits
@@ -15,5 +16,5 @@ from .normalize_indices import NormalizeIndices
 from .propagate_contracts import PropagateContracts
 from .sink_reshapes import SinkReshapes
 
-__all__ = ["BoundShapes", "EliminateEmits", "FoldBatchNorm", "FuseEmits", "LiftEmits", "LowerEmits",
-           "MaterializeEmits", "NormalizeIndices", "PropagateContracts", "SinkReshapes"]
+__all__ = ["BoundShapes", "EliminateEmits", "FoldBatchNorm", "FoldPadIntoConv", "FuseEmits", "LiftEmits",
+           "LowerEmits", "MaterializeEmits", "NormalizeIndices", "PropagateContracts", "SinkReshapes"]

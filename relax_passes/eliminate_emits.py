@@ -7,7 +7,9 @@ Rules, each named in the report with the facts that justify it:
     with a constant that does not broadcast x to a new shape; the float constant must
     match bit for bit (``x + 0.0`` stays: it turns -0.0 into +0.0; see
     ``aicf_tvm.elimination.RIGHT_NEUTRAL``);
-  * inverse permute_dims pairs cancel; a cast pair A -> B -> A only when B represents
+  * inverse permute_dims pairs cancel, and so do inverse ``layout_transform`` pairs between
+    NCHW and a blocked ``NCHW{b}c`` (both are bijections: the block divides the
+    channels); a cast pair A -> B -> A only when B represents
     every value of A exactly (float16 -> float32 -> float16 goes, float32 -> float16
     -> float32 stays: it rounds);
   * a reshape/squeeze/expand_dims/flatten of a proven-contiguous tensor becomes a
@@ -35,6 +37,7 @@ from aicf_tvm.elimination import (
 from aicf_tvm.emit_graph import EmitGraph, Node
 from aicf_tvm.facts import FactTable
 from aicf_tvm.kinds.describe import type_shape
+from aicf_tvm.kinds.layouts import transform_layouts
 from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE
 from aicf_tvm.lattice import Failure, ShapeFact
 from aicf_tvm.propagation import analyze
@@ -91,6 +94,14 @@ class _Rules:
                 first, second = _axes(src.body), _axes(body)
                 if first and second and is_identity_permutation(compose_permutations(first, second), len(first)):
                     return src.value.args[0], "inverse permute_dims pair cancels", []
+        if kind == "layout_transform":
+            src = self.producer(x)
+            if src is not None and src.emit is not None and src.emit.kind == "layout_transform" and src.body is not None:
+                first, second = transform_layouts(src.body), transform_layouts(body)
+                start = src.value.args[0]
+                if first and second and first == second[::-1] and _same_type(start, var):
+                    shown = " -> ".join(v or "NCHW" for v in (*first, second[1]))
+                    return start, f"inverse layout_transform pair {shown} cancels", []
         if kind == "astype":
             src = self.producer(x)
             if src is not None and src.emit is not None and src.emit.kind == "astype":

@@ -308,7 +308,8 @@ class _Planner:
             name = "out" if len(out_ty) == 1 else f"out.{j}"
             out_ports.append(Port(name, str(var.ty.dtype), var.ty.ndim))
             facts = table.port_facts(var)
-            shape = fresh_shape(var.ty)  # E* writes its outputs into fresh buffers
+            # E* writes its outputs into fresh buffers, in the layout S wrote them
+            shape = fresh_shape(var.ty).with_layout(facts.shape.layout)
             provides[name] = PortFacts(K_WRITE, shape, derived_numeric(facts.numeric, acc), abi_of(shape, ALLOC_ALIGN))
         req = {n: p for n, p in requires.ports if n in provides}
         return Emit(kind, attrs, Interface(tuple(in_ports), tuple(out_ports)),

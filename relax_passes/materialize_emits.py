@@ -18,6 +18,10 @@ compile time the work that needs only constants (docs/design.md §6).
    transposed for a GEMM, a broadcast mask) is evaluated now, by TVM's ``FoldConstant``
    with the op's own legalization, so no kernel runs per inference.
 
+3. Layouts. Given the target's vector width (``lanes``), chains of convolutions are
+   blocked (``NCHW{b}c``) where the cost model says so, with ``layout_transform`` Emits at
+   the chains' boundaries only (``materialize_layouts``); that round does nothing else.
+
 Layouts the kernel itself wants (the GEMM's packed B) are materialized on constants
 after scheduling, by ``prepack_weights``. Casts are never inserted: Relax ops take
 operands of one dtype, so no candidate refusal is a dtype one, and a cast that widens
@@ -47,6 +51,7 @@ from aicf_tvm.report import Decision, FusionReport
 from .fuse_emits import _bytes, _Planner
 from .group_rewrite import drop_unused_emits, with_blocks
 from .lift_emits import build_emit_function
+from .materialize_layouts import materialize_layouts
 
 
 def _is_constant(expr: Any) -> bool:
@@ -203,13 +208,15 @@ def _fold_constant_emits(graph: EmitGraph, mod: tvm.IRModule, bindings: list, re
 
 @tvm.transform.module_pass(opt_level=0, name="MaterializeEmits")
 class MaterializeEmits:
-    """Insert broadcasts that enable fusion, fold constant-only Emits; report both."""
+    """Block convolution chains (given ``lanes``), insert broadcasts that enable fusion, fold
+    constant-only Emits; report all three."""
 
     def __init__(self, report: FusionReport | None = None, candidates=DEFAULT_CANDIDATES,
-                 func_name: str = "main") -> None:
+                 func_name: str = "main", lanes: int | None = None) -> None:
         self.report = report if report is not None else FusionReport()
         self.candidates = tuple(sorted(candidates, key=lambda c: -c.priority))
         self.func_name = func_name
+        self.lanes = lanes
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
         if self.func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
@@ -223,6 +230,11 @@ class MaterializeEmits:
                 blocks.append(block)
                 continue
             graph = EmitGraph(mod, block, cache)
+            relaid = materialize_layouts(bb, graph, self.lanes, self.report) if self.lanes else None
+            if relaid is not None:
+                blocks.append(relax.DataflowBlock(relaid))
+                changed = True
+                continue
             inserter = _Inserter(bb, graph, self.report)
             for decision, m, fixes in repairs(graph, table, self.candidates):
                 inserter.repair(decision, m, fixes)

@@ -8,13 +8,16 @@ from .eliminate_emits import EliminateEmits
 from .materialize_emits import MaterializeEmits
 
 
-def rewrite_passes(report: Any, candidates: Any = None) -> list:
+def rewrite_passes(report: Any, candidates: Any = None, lanes: int | None = None) -> list:
     """The passes that run before fusion, in order.
 
     Materialization runs before fusion so that an inserted Emit makes its candidate legal
     before a lower-priority candidate takes the same members; in the fixpoint the order
     is Eliminate -> Materialize -> Fuse, repeated. ``candidates`` (default: the library's)
-    are the ones FuseEmits uses, so Materialize repairs exactly those.
+    are the ones FuseEmits uses, so Materialize repairs exactly those. ``lanes`` (the
+    target's float32 vector width) lets Materialize choose blocked layouts for convolution
+    chains; None keeps every layout as the model wrote it.
     """
-    materialize = MaterializeEmits(report=report) if candidates is None else MaterializeEmits(report, candidates)
+    materialize = MaterializeEmits(report=report, lanes=lanes) if candidates is None else \
+        MaterializeEmits(report, candidates, lanes=lanes)
     return [EliminateEmits(report=report), materialize]

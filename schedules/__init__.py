@@ -31,7 +31,7 @@ _LOG = logging.getLogger(__name__)
 def default_rules(target: Target) -> list[ScheduleRule]:
     """The rules tried, in order, for PrimFuncs compiled for ``target`` (empty if none)."""
     if target.kind.name == "llvm":
-        matmul_rules = [getattr(cpu, name, None) for name in ("Gemm", "Depthwise", "Conv2d")]
+        matmul_rules = [getattr(cpu, name, None) for name in ("Gemm", "BlockedConv2d", "Depthwise", "Conv2d")]
         return [
             *(rule() for rule in matmul_rules if rule is not None),
             cpu.Attention(),

@@ -27,12 +27,15 @@ from tvm import relax
 
 from relax_passes import FuseEmits, LiftEmits, LowerEmits, PropagateContracts
 from relax_passes.bound_shapes import BoundShapes
+from relax_passes.channels_first import ChannelsFirst
 from relax_passes.fold_batch_norm import FoldBatchNorm
+from relax_passes.fold_pad import FoldPadIntoConv
 from relax_passes.normalize_indices import NormalizeIndices
 from relax_passes.prepack_weights import mark_layout_free, prepack_weights
 from relax_passes.rewrites import rewrite_passes
 from relax_passes.sink_reshapes import SinkReshapes
 from schedules import apply_default_schedules
+from schedules.cpu.common import float32_lanes
 from schedules.cpu.comparisons import NaNExactComparisons
 from schedules.cpu.vector_math import VectorizeMath
 from schedules.select import apply_database
@@ -54,13 +57,14 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     our importers), fold what is computable at compile time (weights; batch-norm into conv
     weights where exact, ``relax_passes.FoldBatchNorm``, which decomposes every other
     batch-norm by its own ``training`` flag before TVM's inference decomposition could
-    misread it) and move reshapes below the pointwise ops they feed
-    (``relax_passes.SinkReshapes``)."""
+    misread it; zero pads into the convolutions that read them, ``relax_passes.FoldPadIntoConv``)
+    and move reshapes below the pointwise ops they feed (``relax_passes.SinkReshapes``)."""
     seq = [
         BoundShapes(),
         relax.transform.FoldConstant(),
         NormalizeIndices(),
         FoldBatchNorm(),
+        FoldPadIntoConv(),
         relax.transform.FoldConstant(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
@@ -74,16 +78,30 @@ def _debug() -> bool:
     return os.environ.get("AICF_DEBUG", "") not in ("", "0")
 
 
+def layout_lanes(target: tvm.target.Target | None) -> int | None:
+    """The float32 vector width that blocked channel layouts use on ``target``: LLVM CPUs
+    with vectors of 8 lanes or more (AVX2, AVX-512); None elsewhere (layouts stay)."""
+    if target is None or target.kind.name != "llvm":
+        return None
+    lanes = float32_lanes(target)
+    return lanes if lanes >= 8 else None
+
+
 def optimize(mod: tvm.IRModule, report: FusionReport, candidates: Sequence[Any] | None = None,
-             check: Callable[[tvm.IRModule], None] | None = None) -> tvm.IRModule:
-    """Lift, propagate, then rewrite to a fixpoint (bounded by ``MAX_ROUNDS``)."""
+             check: Callable[[tvm.IRModule], None] | None = None,
+             target: tvm.target.Target | None = None) -> tvm.IRModule:
+    """Lift, propagate, then rewrite to a fixpoint (bounded by ``MAX_ROUNDS``); with a
+    ``target``, convolution chains may take the target's blocked layouts (``layout_lanes``)."""
     check = check or (verify_contracts if _debug() else (lambda m: None))
+    lanes = layout_lanes(target)
+    if lanes is not None:  # channels-last islands join the blockable chains
+        mod = ChannelsFirst()(mod)
     mod = PropagateContracts()(LiftEmits()(mod))
     check(mod)
     fuse = FuseEmits(report=report) if candidates is None else FuseEmits(tuple(candidates), report=report)
     for _ in range(MAX_ROUNDS):
         before = mod
-        for rewrite in [*rewrite_passes(report, candidates=candidates), fuse]:
+        for rewrite in [*rewrite_passes(report, candidates=candidates, lanes=lanes), fuse]:
             mod = PropagateContracts()(rewrite(mod))
             check(mod)
         if tvm_ffi.structural_equal(before, mod):
@@ -170,7 +188,7 @@ def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target, *, until: str = "
     mod = normalize(mod)
     for step in before_optimize:
         mod = step(mod)
-    mod = optimize(mod, report, candidates)
+    mod = optimize(mod, report, candidates, target=target)
     for step in after_optimize:
         mod = step(mod)
     stages = Stages(report, mod)

@@ -15,6 +15,7 @@ from ..contract import PortFacts
 from ..emit import Emit
 from ..lattice import ABIFact, Alignment, Determinism, Flag, NumericFact, ShapeFact
 from .describe import output_types, type_shape
+from .layouts import output_layout
 from .registry import rule_for
 
 # TVM's runtime allocates every tensor on a 64-byte boundary (kAllocAlignment).
@@ -66,5 +67,8 @@ def transfer(emit: Emit, body_call: Any, ins: Sequence[PortFacts], out_ty: Any) 
             shape = ShapeFact(base.dims, strides) if base.dims is not None else base
         else:
             shape = fresh_shape(ty)
+        # the layout: what the op states or carries; a fused Emit states it in its contract
+        layout = output_layout(body_call, [f.shape for f in ins]) if len(emit.interface.outputs) == 1 else None
+        shape = shape.with_layout(layout or emit.contract.provides.port(port.name).shape.layout)
         outs.append(value_facts(shape, numeric))
     return outs

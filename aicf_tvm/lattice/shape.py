@@ -5,6 +5,13 @@
 (unknown); per position they form a flat lattice, and the whole fact is the smash
 product of those with one shared ``⊥`` (a rank or extent contradiction).
 Contiguous means row-major strides.
+
+Beside them, the **layout** of the storage: ``None`` is ⊤ ("any layout": nothing is
+known, or, in a requirement, anything goes), a name such as ``"NCHW16c"`` says the
+tensor holds a logical NCHW tensor with channel ``c`` at ``[n, c // 16, h, w, c % 16]``.
+Distinct names are incomparable (a flat lattice: their meet is ⊥, their join ⊤), so a
+kernel that requires ``NCHW16c`` is entailed only by that very layout. Plain results
+carry ⊤: an op reads a 4-D tensor as its own attrs say (``data_layout``).
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ class ShapeFact:
     dims: Optional[tuple[Dim, ...]] = None
     strides: Optional[tuple[Dim, ...]] = None
     is_bottom: bool = False
+    layout: Optional[str] = None  # None: ⊤, any layout
 
     def __post_init__(self) -> None:
         if self.dims is not None:
@@ -76,9 +84,10 @@ class ShapeFact:
             if self.dims is None or len(strides) != len(self.dims):
                 raise ValueError("ShapeFact: strides need dims of the same rank")
             object.__setattr__(self, "strides", None if all(s is None for s in strides) else strides)
-        if self.is_bottom and (self.dims is not None or self.strides is not None):
+        if self.is_bottom and (self.dims is not None or self.strides is not None or self.layout is not None):
             object.__setattr__(self, "dims", None)
             object.__setattr__(self, "strides", None)
+            object.__setattr__(self, "layout", None)
 
     # -- constructors ---------------------------------------------------------------
     @classmethod
@@ -101,13 +110,19 @@ class ShapeFact:
     def contiguous(cls, dims: Sequence[Dim]) -> "ShapeFact":
         return cls(tuple(dims), row_major(dims))
 
+    def with_layout(self, layout: Optional[str]) -> "ShapeFact":
+        """This fact with the given layout component (⊥ stays ⊥)."""
+        if self.is_bottom or layout == self.layout:
+            return self
+        return ShapeFact(self.dims, self.strides, layout=layout)
+
     # -- queries --------------------------------------------------------------------
     @property
     def ndim(self) -> Optional[int]:
         return None if self.dims is None else len(self.dims)
 
     def is_top(self) -> bool:
-        return self.dims is None and not self.is_bottom
+        return self.dims is None and self.layout is None and not self.is_bottom
 
     def is_contiguous(self) -> bool:
         """Strides proven row-major (extent-1 axes may carry any stride)."""
@@ -135,6 +150,8 @@ class ShapeFact:
             return True
         if other.is_bottom:
             return False
+        if other.layout is not None and self.layout != other.layout:
+            return False
         if other.dims is None:
             return True
         if self.dims is None or len(self.dims) != len(other.dims):
@@ -151,6 +168,9 @@ class ShapeFact:
             return other
         if other.is_bottom:
             return self
+        return self._join_dims(other).with_layout(self.layout if self.layout == other.layout else None)
+
+    def _join_dims(self, other: "ShapeFact") -> "ShapeFact":
         if self.dims is None or other.dims is None or len(self.dims) != len(other.dims):
             return ShapeFact()
         dims = tuple(a if a == b else None for a, b in zip(self.dims, other.dims))
@@ -161,6 +181,11 @@ class ShapeFact:
     def meet(self, other: "ShapeFact") -> "ShapeFact":
         if self.is_bottom or other.is_bottom:
             return ShapeFact.bottom()
+        if self.layout is not None and other.layout is not None and self.layout != other.layout:
+            return ShapeFact.bottom()
+        return self._meet_dims(other).with_layout(self.layout or other.layout)
+
+    def _meet_dims(self, other: "ShapeFact") -> "ShapeFact":
         if self.dims is None:
             return other
         if other.dims is None:
@@ -192,6 +217,8 @@ class ShapeFact:
             out["dims"] = [UNKNOWN_DIM if d is None else d for d in self.dims]
         if self.strides is not None:
             out["strides"] = [UNKNOWN_DIM if s is None else s for s in self.strides]
+        if self.layout is not None:
+            out["layout"] = self.layout
         return out
 
     @classmethod
@@ -202,9 +229,14 @@ class ShapeFact:
         def dec(xs):
             return None if xs is None else tuple(None if x == UNKNOWN_DIM else _dim(x) for x in xs)
 
-        return cls(dec(data.get("dims")), dec(data.get("strides")))
+        layout = data.get("layout")
+        return cls(dec(data.get("dims")), dec(data.get("strides")), layout=None if layout is None else str(layout))
 
     def show(self) -> str:
+        shown = self._show_dims()
+        return shown if self.layout is None else f"{shown} {self.layout}"
+
+    def _show_dims(self) -> str:
         if self.is_bottom:
             return "⊥"
         if self.dims is None:

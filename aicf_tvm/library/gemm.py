@@ -3,6 +3,10 @@
 matmul (B optionally through permute_dims) or conv2d, then an optional bias add, an
 optional activation (relu, gelu, gelu_tanh, silu), an optional residual add and, for
 convolutions, an optional relu after the residual (ResNet's add-relu).
+
+A convolution in a blocked layout (``NCHW{b}c``, chosen by ``MaterializeEmits``) requires
+its data in that layout (a layout fact, ⊤ for plain NCHW data) and its bias per channel
+in it: ``[1, C/b, 1, 1, b]``.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from itertools import product
 
 from tvm.relax import dpl
 
+from ..kinds.layouts import block_of
 from ..lattice import ShapeFact
 from .candidate import Candidate, Match, Variant, commutative, last_dim, op, port_requirement
 
@@ -61,14 +66,16 @@ def conv_variants() -> list[Variant]:
     return _epilogue_variants(roles["conv"], roles, post_relu=True)
 
 
-def _bias_and_residual(m: Match, out_role: str, channel_axis: int) -> dict[str, ShapeFact]:
+def _bias_and_residual(m: Match, out_role: str, channel_axis: int, blocked: bool = False) -> dict[str, ShapeFact]:
     out = m.shapes.get(out_role, ShapeFact.top())
     req: dict[str, ShapeFact] = {}
     if m.has("bias") and out.dims is not None:
         bias = m.shapes.get("bias", ShapeFact.top())
         rank = bias.ndim if bias.ndim is not None else 1
         n = out.dims[channel_axis]
-        if channel_axis == -1:
+        if blocked:  # [1, C/b, 1, 1, b]
+            dims = (1, n, 1, 1, out.dims[-1])
+        elif channel_axis == -1:
             dims = (1,) * (rank - 1) + (n,)
         else:  # per-channel bias of NCHW: [C, 1, 1] or [1, C, 1, 1]
             dims = (1,) * (rank - 3) + (n, 1, 1) if rank >= 3 else (n,)
@@ -94,13 +101,20 @@ def gemm_check(m: Match) -> str | None:
 
 
 def conv_requires(m: Match):
-    return port_requirement(**_bias_and_residual(m, "conv", 1))
+    data_layout = str(m.attr("conv", "data_layout", "NCHW"))
+    blocked = block_of(str(m.attr("conv", "out_layout", "NCHW"))) is not None
+    req = _bias_and_residual(m, "conv", 1, blocked)
+    if block_of(data_layout) is not None:
+        req["data"] = ShapeFact.top().with_layout(data_layout)
+    return port_requirement(**req)
 
 
 def conv_check(m: Match) -> str | None:
-    layout = m.attr("conv", "data_layout", "NCHW")
-    if str(layout) != "NCHW":
-        return f"layout: data_layout {layout} is not NCHW"
+    layout, out = str(m.attr("conv", "data_layout", "NCHW")), str(m.attr("conv", "out_layout", "NCHW"))
+    if (layout, out) != ("NCHW", "NCHW") and block_of(out) is None:
+        return f"layout: data_layout {layout}, out_layout {out} is neither NCHW nor blocked NCHW{{b}}c"
+    if layout != "NCHW" and block_of(layout) is None:
+        return f"layout: data_layout {layout} is neither NCHW nor blocked NCHW{{b}}c"
     return None
 
 

@@ -1,12 +1,13 @@
 """Default TensorIR schedule rules for LLVM CPU targets (dlight style).
 
-Order of use: Gemm, Depthwise, Conv2d, Attention, Reduction, Elementwise, Fallback (each
+Order of use: Gemm, BlockedConv2d, Depthwise, Conv2d, Attention, Reduction, Elementwise, Fallback (each
 returns None for a PrimFunc it does not handle).  ``VectorizeMath`` runs after them: it turns the
 float32 transcendental calls of vectorized loops into SIMD arithmetic (``vector_math``).
 """
 
 from .attention import Attention
 from .conv2d import Conv2d
+from .conv2d_blocked import BlockedConv2d
 from .depthwise import Depthwise
 from .elementwise import Elementwise
 from .fallback import Fallback
@@ -14,4 +15,5 @@ from .gemm import Gemm
 from .reduction import Reduction
 from .vector_math import VectorizeMath
 
-__all__ = ["Attention", "Conv2d", "Depthwise", "Elementwise", "Fallback", "Gemm", "Reduction", "VectorizeMath"]
+__all__ = ["Attention", "BlockedConv2d", "Conv2d", "Depthwise", "Elementwise", "Fallback", "Gemm", "Reduction",
+           "VectorizeMath"]

@@ -26,21 +26,26 @@ extents = st.one_of(  # a dim or a stride: unknown, static or symbolic
     st.none(), st.sampled_from([1, 2, 3, 768]), st.sampled_from(["n", "m"]))
 
 
+layouts = st.sampled_from([None, None, "NCHW16c", "NCHW8c"])  # None: ⊤, any layout
+
+
 @st.composite
 def shapes(draw):
-    """Any shape fact: top, bottom, rank only, dims, or dims with strides (rank 0 to 2)."""
+    """Any shape fact: top, bottom, rank only, dims, or dims with strides (rank 0 to 2),
+    each with any layout component."""
     kind = draw(st.sampled_from(["top", "bottom", "rank", "dims", "strided"]))
-    if kind == "top":
-        return ShapeFact.top()
     if kind == "bottom":
         return ShapeFact.bottom()
+    layout = draw(layouts)
+    if kind == "top":
+        return ShapeFact.top().with_layout(layout)
     r = draw(st.integers(0, 2))
     if kind == "rank":
-        return ShapeFact.rank(r)
+        return ShapeFact.rank(r).with_layout(layout)
     dims = tuple(draw(extents) for _ in range(r))
     if kind == "dims":
-        return ShapeFact(dims)
-    return ShapeFact(dims, tuple(draw(extents) for _ in range(r)))
+        return ShapeFact(dims, layout=layout)
+    return ShapeFact(dims, tuple(draw(extents) for _ in range(r)), layout=layout)
 
 
 ports = st.builds(PortFacts, effects, shapes(), numerics, abis)

@@ -122,6 +122,21 @@ def test_shape_levels():
     assert ShapeFact.rank(1).meet(ShapeFact.rank(2)).is_bottom
 
 
+def test_layout_any_is_top_and_distinct_layouts_are_incomparable():
+    """``None`` ("any layout") is ⊤ of the layout component; a blocked fact entails only a
+    requirement of that layout or of any layout; two layouts meet at ⊥ (no tensor is both)."""
+    dims = (1, 4, 7, 7, 16)
+    blocked = ShapeFact.contiguous(dims).with_layout("NCHW16c")
+    assert blocked.leq(ShapeFact.shape(dims)) and blocked.leq(ShapeFact.top())
+    assert blocked.leq(ShapeFact.top().with_layout("NCHW16c"))
+    assert not ShapeFact.contiguous(dims).leq(ShapeFact.top().with_layout("NCHW16c"))
+    assert not blocked.leq(ShapeFact.top().with_layout("NCHW8c"))
+    assert blocked.meet(ShapeFact.top().with_layout("NCHW8c")).is_bottom
+    assert blocked.join(blocked.with_layout("NCHW8c")) == ShapeFact.contiguous(dims)
+    assert ShapeFact.from_json(blocked.to_json()) == blocked
+    assert blocked.show() == "[1x4x7x7x16] contiguous NCHW16c"
+
+
 def test_symbolic_row_major_strides_are_canonical():
     fact = ShapeFact.contiguous(["n", 12, 64])
     assert fact.strides == (768, 64, 1)

@@ -1,0 +1,151 @@
+"""CPU schedule rule for conv2d in a blocked layout (``NCHW{b}c``): direct convolution,
+vectorised over the channel block.
+
+Accepts a static-shape PrimFunc whose single reduction block writes a 5-D
+``out[n, o, y, x, j]`` (``j`` the output channel block, at most four vectors wide) as
+``relax_passes.blocked_conv`` computes it: dense (reduction ``(c, r, q, i)``, or
+``(c, r, q)`` for a plain NCHW input) or depthwise (reduction ``(r, q)``), with injective
+producers (the padding block) and consumers (bias, activation, residual add). Anything
+else gets None.
+
+Dense, per task of ``(n, block of output-channel blocks, output row)`` in parallel::
+
+    for x0 in W / wb:                           # wb output columns x vb channel blocks:
+      acc[wb, vb, b] = 0                        # wb * vb accumulators, in registers
+      for c, r, q, i:                           # every input channel and tap
+        for x in wb (unrolled), v in vb (unrolled):
+          acc[x, v, :] += in[n, c, y*s + r, (x0*wb + x)*s + q, i] * w[o*vb + v, c, r, q, i, :]
+      out[n, o*vb + v, y, x0*wb + x, :] = epilogue(acc)    # vector stores
+
+one broadcast per ``vb`` FMAs and one weight vector per ``wb`` FMAs (the GEMM
+micro-kernel with the output channels as its vector axis and the output columns as its
+rows), so the input needs no im2col copy and the output no transpose. The padded input
+is one separate parallel pass (a copy of the input, cheap beside a dense convolution).
+
+Depthwise, per channel block (or, with few blocks, per block and output row): the pad of
+the plane is computed in the task, then ``acc[wb, b] += in[.., y*s + r, x*s + q, :] *
+w[o, 0, r, q, 0, :]``: one contiguous vector load per FMA.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.target import Target
+
+from .common import float32_lanes, loop_extent, num_cores
+from .gemm_blocks import find_reduction_block, inline_consumers, schedule_injective
+
+# Accumulator vectors one register tile may hold (AVX-512 has 32 registers: the tile,
+# one weight vector per channel block and a broadcast must fit).
+_ACCUMULATORS = 28
+# Widest register block over output columns.
+_MAX_COLUMNS = 14
+# Parallel tasks wanted per core before depthwise tasks are split by rows.
+_TASKS_PER_CORE = 4
+
+
+def blocked_conv_block(sch: s_tir.Schedule) -> tuple[SBlockRV, bool] | None:
+    """(conv block, is depthwise) when the PrimFunc is a blocked conv2d, else None."""
+    main = find_reduction_block(sch)
+    if main is None:
+        return None
+    stmt = sch.get(main)
+    kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in stmt.iter_vars)
+    if kinds not in ("SSSSSRR", "SSSSSRRR", "SSSSSRRRR"):
+        return None
+    if not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
+        return None
+    if len(stmt.reads) != 2 or len(stmt.writes) != 1 or len(stmt.writes[0].region) != 5:
+        return None
+    out = stmt.writes[0].region
+    if not all(isinstance(r.min, tirx.Var) for r in out):
+        return None
+    return main, kinds == "SSSSSRR"
+
+
+def _largest_divisor(total: int, limit: int) -> int:
+    return max(d for d in range(1, min(total, limit) + 1) if total % d == 0)
+
+
+def register_tile(blocks: int, width: int, vectors_per_block: int) -> tuple[int, int]:
+    """(channel blocks, output columns) of the register tile: two channel blocks when
+    they divide and fit, and the widest divisor of the width that fits beside them."""
+    per_block = max(1, vectors_per_block)
+    vb = 2 if blocks % 2 == 0 and 2 * per_block * 2 <= _ACCUMULATORS else 1
+    wb = _largest_divisor(width, min(_MAX_COLUMNS, _ACCUMULATORS // (vb * per_block)))
+    return vb, wb
+
+
+def _place_epilogue(sch: s_tir.Schedule, main: SBlockRV, at: LoopRV) -> None:
+    """The fused epilogue (or a cache of the tile when there is none) after the tile's
+    reduction, vectorised over the channel block."""
+    consumers = inline_consumers(sch, main)
+    if len(consumers) > 1:
+        raise ValueError("blocked conv2d: the output feeds more than one epilogue block")
+    tail = consumers[0] if consumers else sch.cache_write(main, 0, "global")
+    sch.set_scope(main, 0, "local")  # a stack tile: LLVM holds it in registers
+    sch.reverse_compute_at(tail, at, preserve_unit_loops=True)
+    loops = sch.get_loops(tail)
+    sch.vectorize(loops[-1])
+
+
+def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
+    lanes = float32_lanes(target)
+    for producer in sch.get_producers(main):
+        schedule_injective(sch, producer, lanes)
+    n, o, y, x, j, *reduction = sch.get_loops(main)
+    block = loop_extent(sch, j)
+    vb, wb = register_tile(loop_extent(sch, o), loop_extent(sch, x), -(-block // lanes))
+    oo, oi = sch.split(o, [None, vb])
+    xo, xi = sch.split(x, [None, wb])
+    sch.reorder(n, oo, y, xo, *reduction, xi, oi, j)
+    _place_epilogue(sch, main, xo)
+    sch.parallel(sch.fuse(n, oo, y))
+    sch.unroll(xi)
+    sch.unroll(oi)
+    sch.vectorize(j)
+    init = sch.decompose_reduction(main, reduction[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
+    producers = sch.get_producers(main)
+    n, o, y, x, j, r, q = sch.get_loops(main)
+    block = loop_extent(sch, j)
+    _, wb = register_tile(1, loop_extent(sch, x), -(-block // float32_lanes(target)))
+    xo, xi = sch.split(x, [None, wb])
+    planes = loop_extent(sch, n) * loop_extent(sch, o)
+    by_rows = planes < _TASKS_PER_CORE * num_cores(target)
+    sch.reorder(n, o, y, xo, r, q, xi, j)
+    _place_epilogue(sch, main, xo)
+    task = sch.fuse(n, o, y) if by_rows else sch.fuse(n, o)
+    for producer in producers:
+        sch.compute_at(producer, task, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(producer)[-1])
+    sch.parallel(task)
+    sch.unroll(xi)
+    sch.unroll(r)
+    sch.unroll(q)
+    sch.vectorize(j)
+    init = sch.decompose_reduction(main, r)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+class BlockedConv2d(CPUScheduleRule):
+    """Direct schedule for a (fused) blocked-layout conv2d PrimFunc; None when not one."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        try:
+            found = blocked_conv_block(sch)
+            if found is None:
+                return None
+            main, depthwise = found
+            (schedule_depthwise if depthwise else schedule_dense)(sch, main, target)
+        except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
+            return None
+        return sch

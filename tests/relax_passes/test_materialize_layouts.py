@@ -1,0 +1,189 @@
+"""MaterializeEmits' layout step (relax_passes/materialize_layouts.py): convolution chains
+take the blocked layout when the cost table says so, with layout_transform Emits at the
+chain's boundaries only; the result equals the unoptimized TVM build (NaN and ±inf
+included), and every chain is in the report with its costs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import aicf_tvm
+from aicf_tvm.kinds.layouts import transform_layouts
+from aicf_tvm.driver.pipeline import normalize
+from aicf_tvm.report import FusionReport
+from relax_passes import EliminateEmits, LiftEmits, MaterializeEmits, PropagateContracts
+from relax_passes.materialize_layouts import channel_block, find_chains, layout_form
+from aicf_tvm.emit_graph import EmitGraph
+
+from ..conftest import run_vm
+
+TARGET = {"kind": "llvm", "num-cores": 2}
+
+
+def _const(rng: np.random.Generator, *shape: int) -> relax.Constant:
+    return relax.const((rng.standard_normal(shape) * 0.3).astype("float32"))
+
+
+def residual_net(channels: int = 32, size: int = 16, mean_axes=(2, 3), seed: int = 0) -> tvm.IRModule:
+    """conv(3 -> C, stride 2) + bias + relu, max pool, conv + bias + residual + relu,
+    depthwise + bias + relu6, 1x1 conv (C -> 24), global mean, flatten: one chain, its
+    input plain (3 channels do not block) and one exit (the mean, leaving for the reshape)."""
+    rng = np.random.default_rng(seed)
+    x = relax.Var("x", relax.TensorType((1, 3, size, size), "float32"))
+    c = channels
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, _const(rng, c, 3, 3, 3), strides=2, padding=1))
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, _const(rng, 1, c, 1, 1)))))
+            p = bb.emit(relax.op.nn.max_pool2d(y, 3, 2, 1))
+            z = bb.emit(relax.op.nn.conv2d(p, _const(rng, c, c, 3, 3), padding=1))
+            z = bb.emit(relax.op.add(z, _const(rng, 1, c, 1, 1)))
+            z = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(z, p))))
+            d = bb.emit(relax.op.nn.conv2d(z, _const(rng, c, 1, 3, 3), strides=2, padding=(0, 0, 1, 1), groups=c))
+            d = bb.emit(relax.op.clip(bb.emit(relax.op.add(d, _const(rng, c, 1, 1))), 0.0, 6.0))
+            e = bb.emit(relax.op.nn.conv2d(d, _const(rng, 24, c, 1, 1)))
+            m = bb.emit(relax.op.mean(e, list(mean_axes), keepdims=True))
+            out = bb.emit_output(relax.op.reshape(m, (1, 24)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def special_input(rng: np.random.Generator, shape) -> np.ndarray:
+    x = rng.standard_normal(shape).astype("float32")
+    x[0, 0, 0, 0], x[0, 1, -1, -1], x[0, 2, 1, 2] = np.nan, np.inf, -np.inf
+    return x
+
+
+def layout_decisions(report: FusionReport) -> list:
+    return [d for d in report.decisions if d.candidate == "materialize:layout"]
+
+
+def transforms(mod: tvm.IRModule) -> list[tuple]:
+    """(from, to) of every layout_transform Emit main calls."""
+    out = []
+    for b in mod["main"].body.blocks[0].bindings:
+        v = b.value
+        if isinstance(v, relax.Call) and isinstance(v.op, relax.GlobalVar):
+            body = [x.value for blk in mod[v.op].body.blocks for x in blk.bindings]
+            if len(body) == 1 and transform_layouts(body[0]) is not None:
+                out.append(transform_layouts(body[0]))
+    return out
+
+
+def lifted(mod: tvm.IRModule) -> tvm.IRModule:
+    return PropagateContracts()(LiftEmits()(normalize(mod)))
+
+
+def test_chain_is_blocked_with_conversions_at_its_boundary_only():
+    """Four convolutions, a pool, pointwise ops and the mean are one chain: its input enters
+    plain (the first conv reads NCHW), and only the mean's result is converted back."""
+    report = FusionReport()
+    after = MaterializeEmits(report=report, lanes=16)(lifted(residual_net()))
+    [decision] = layout_decisions(report)
+    assert decision.accepted and len(decision.members) == 13
+    assert "NCHW8c/NCHW16c" in decision.note and "4 convolutions" in decision.note
+    assert "0 entering and 1 leaving" in decision.note and " ms" in decision.note
+    assert transforms(after) == [("NCHW8c", None)]
+
+
+def test_blocked_model_matches_the_unoptimized_build_with_nan_and_inf():
+    mod = residual_net()
+    compiled = aicf_tvm.compile(mod, target=TARGET)
+    assert {k.schedule for k in compiled.kernels if "conv" in k.kind} == {"BlockedConv2d"}
+    rng = np.random.default_rng(1)
+    specials = special_input(rng, (1, 3, 16, 16))
+    for x in (specials, rng.standard_normal((1, 3, 16, 16)).astype("float32")):
+        np.testing.assert_allclose(np.asarray(compiled(x)), run_vm(mod, x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_mean_over_negative_axes_reduces_the_spatial_axes_of_the_blocked_tensor():
+    """``mean(x, [-1, -2])`` names H and W of NCHW; on NCHW16c, -1 is the channel block:
+    the blocked mean must reduce axes 2 and 3 (it once reduced W and the block)."""
+    mod = residual_net(mean_axes=(-1, -2))
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 3, 16, 16)).astype("float32")
+    got = np.asarray(aicf_tvm.compile(mod, target=TARGET)(x))
+    np.testing.assert_allclose(got, run_vm(mod, x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_layout_step_is_idempotent_and_needs_the_vector_width():
+    once = MaterializeEmits(report=FusionReport(), lanes=16)(lifted(residual_net()))
+    report = FusionReport()
+    again = MaterializeEmits(report=report, lanes=16)(PropagateContracts()(once))
+    assert not layout_decisions(report) and transforms(again) == transforms(once)
+    plain = MaterializeEmits(report=FusionReport())(lifted(residual_net()))
+    assert transforms(plain) == []
+
+
+def test_small_chain_whose_conversions_cost_more_is_refused_and_reported():
+    """One tiny 1x1 conv between two plain activations: two conversions cost more than
+    the conv time saved; the refusal is reported and the module keeps NCHW."""
+    rng = np.random.default_rng(3)
+    x = relax.Var("x", relax.TensorType((1, 16, 4, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv2d(x, _const(rng, 16, 16, 1, 1)))
+        bb.emit_func_output(out)
+    report = FusionReport()
+    after = MaterializeEmits(report=report, lanes=16)(lifted(bb.get()))
+    [decision] = layout_decisions(report)
+    assert not decision.accepted and "saving <= cost" in decision.note
+    assert transforms(after) == []
+
+
+@pytest.mark.parametrize("channels,blocks", [(32, 16), (24, 8), (12, None)])
+def test_channel_block_is_the_vector_width_or_half_of_it(channels, blocks):
+    assert channel_block(channels, 16) == blocks
+
+
+def test_no_blocked_form_for_a_runtime_weight_or_odd_channels():
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((16, 16, 3, 3), "float32"))
+    assert layout_form(relax.op.nn.conv2d(x, w), relax.Var("y", relax.TensorType((1, 16, 6, 6), "float32")), 16) is None
+    odd = relax.Var("x", relax.TensorType((1, 12, 8, 8), "float32"))
+    y = relax.Var("y", relax.TensorType((1, 12, 8, 8), "float32"))
+    assert layout_form(relax.op.nn.relu(odd), y, 16) is None
+
+
+def test_chain_members_exclude_ops_without_a_blocked_form():
+    """A softmax over channels has no blocked form: the conv before it is a chain of its
+    own whose value leaves for the softmax."""
+    rng = np.random.default_rng(4)
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, _const(rng, 16, 16, 3, 3), padding=1))
+            out = bb.emit_output(relax.op.nn.softmax(y, axis=1))
+        bb.emit_func_output(out)
+    mod = lifted(bb.get())
+    [chain] = find_chains(EmitGraph(mod, mod["main"].body.blocks[0]), 16)
+    assert len(chain.members) == 1 and len(chain.entries) == 1 and len(chain.exits) == 1
+
+
+def test_inverse_layout_transform_pair_cancels():
+    """NCHW -> NCHW16c -> NCHW is the input: EliminateEmits says so and removes both."""
+    x = relax.Var("x", relax.TensorType((1, 32, 4, 4), "float32"))
+    from aicf_tvm.kinds.layouts import blocking_map, unblocking_map
+
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            b = bb.emit(relax.op.layout_transform(x, index_map=blocking_map(16)))
+            u = bb.emit(relax.op.layout_transform(b, index_map=unblocking_map(16)))
+            out = bb.emit_output(relax.op.nn.relu(u))
+        bb.emit_func_output(out)
+    mod = lifted(bb.get())
+    report = FusionReport()
+    after = EliminateEmits(report=report)(mod)
+    assert transforms(after) == []
+    assert any("inverse layout_transform pair NCHW -> NCHW16c -> NCHW" in d.note for d in report.decisions)
+    rng = np.random.default_rng(5)
+    xv = special_input(rng, (1, 32, 4, 4))
+    np.testing.assert_array_equal(run_vm(after, xv)[0], run_vm(bb.get(), xv)[0])

@@ -1,0 +1,149 @@
+"""Tests for the blocked-layout conv2d: its legalization (relax_passes/blocked_conv.py) and
+its CPU schedule rule (schedules/cpu/conv2d_blocked.py).
+
+Fused groups (blocked conv2d + bias [1, C/b, 1, 1, b] + ReLU or ReLU6, optionally a
+residual add) are built from Relax on blocked operands, legalized with our map, scheduled
+with ``BlockedConv2d``, run on the host CPU and compared with PyTorch's NCHW convolution
+in float64 on the same values (blocked afterwards). Widths 7, 9, 14, 56 exercise one- and
+several-tile rows; stride, dilation, asymmetric padding, blocks of 8 and 16, a plain NCHW
+input and depthwise kernels (split by planes and by rows) are each covered.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax, s_tir
+
+from relax_passes.blocked_conv import LEGALIZE_MAP, is_blocked_form
+from relax_passes.materialize_layouts import blocked_per_channel, blocked_weight
+from schedules import default_rules, schedule_func
+from schedules.cpu.conv2d_blocked import BlockedConv2d, register_tile
+from schedules.cpu.gemm_blocks import find_reduction_block
+from tests.schedules.test_cpu_gemm import fused_primfunc, run_scheduled, target
+
+__all__ = ["target"]
+
+
+def block(a: np.ndarray, b: int) -> np.ndarray:
+    """NCHW -> NCHW{b}c."""
+    n, c, h, w = a.shape
+    return np.ascontiguousarray(a.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def blocked_primfunc(build, shapes: dict) -> tvm.tirx.PrimFunc:
+    """The one reduction PrimFunc of ``build``, the blocked conv legalized by our map."""
+    params = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in shapes.items()]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb, *params))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    for t in (relax.transform.LegalizeOps(LEGALIZE_MAP), relax.transform.AnnotateTIROpPattern(),
+              relax.transform.FuseOps(), relax.transform.FuseTIR()):
+        mod = t(mod)
+    funcs = [f for f in mod.functions.values()
+             if isinstance(f, tvm.tirx.PrimFunc) and find_reduction_block(s_tir.Schedule(f)) is not None]
+    assert len(funcs) == 1
+    return funcs[0]
+
+
+def blocked_case(c, h, o, k, stride=1, padding=0, dilation=1, depthwise=False, ib=16, ob=16,
+                 residual=False, relu6=False, seed=0, w=None):
+    """(PrimFunc, blocked inputs, blocked expected) for act(conv(x, w) + b [+ r])."""
+    rng = np.random.default_rng(seed)
+    wd = w or h
+    groups = c if depthwise else 1
+    x = rng.standard_normal((1, c, h, wd)).astype("float32")
+    weight = rng.standard_normal((o, c // groups, k, k)).astype("float32")
+    bias = rng.standard_normal((1, o, 1, 1)).astype("float32")
+    pad4 = padding if isinstance(padding, tuple) else (padding,) * 4
+    xt = torch.nn.functional.pad(torch.from_numpy(x).double(), (pad4[1], pad4[3], pad4[0], pad4[2]))
+    ref = torch.nn.functional.conv2d(xt, torch.from_numpy(weight).double(), stride=stride, dilation=dilation,
+                                     groups=groups).numpy() + bias
+    r = rng.standard_normal(ref.shape).astype("float32")
+    if residual:
+        ref = ref + r
+    ref = np.clip(ref, 0, 6) if relu6 else np.maximum(ref, 0)
+    arrays = [block(x, ib) if ib else x, blocked_weight(weight, 1 if depthwise or not ib else ib, ob),
+              blocked_per_channel(bias, ob)] + ([block(r, ob)] if residual else [])
+    data_layout = f"NCHW{ib}c" if ib else "NCHW"
+    kernel_layout = f"OIHW{1 if depthwise or not ib else ib}i{ob}o"
+
+    def build(bb, xv, wv, bv, *rest):
+        y = bb.emit(relax.op.nn.conv2d(xv, wv, strides=stride, padding=pad4, dilation=dilation, groups=groups,
+                                       data_layout=data_layout, kernel_layout=kernel_layout,
+                                       out_layout=f"NCHW{ob}c"))
+        y = bb.emit(relax.op.add(y, bv))
+        if rest:
+            y = bb.emit(relax.op.add(y, rest[0]))
+        return relax.op.clip(y, 0.0, 6.0) if relu6 else relax.op.nn.relu(y)
+
+    names = ["x", "w", "b", "r"]
+    func = blocked_primfunc(build, {n: a.shape for n, a in zip(names, arrays)})
+    return func, dict(zip(names, arrays)), block(ref.astype("float32"), ob)
+
+
+CASES = {
+    "3x3-56": {"c": 32, "h": 56, "o": 32, "k": 3, "padding": 1},
+    "3x3-stride2-asymmetric": {"c": 16, "h": 15, "o": 32, "k": 3, "stride": 2, "padding": (0, 0, 1, 1)},
+    "3x3-dilation2-7x9": {"c": 16, "h": 7, "w": 9, "o": 16, "k": 3, "padding": 2, "dilation": 2},
+    "1x1-residual-relu6": {"c": 32, "h": 14, "o": 64, "k": 1, "residual": True, "relu6": True},
+    "1x1-stride2": {"c": 16, "h": 14, "o": 32, "k": 1, "stride": 2},
+    "1x1-blocks-16-to-8": {"c": 32, "h": 9, "o": 24, "k": 1, "ob": 8, "residual": True},
+    "1x1-blocks-8-to-16": {"c": 24, "h": 9, "o": 32, "k": 1, "ib": 8},
+    "plain-input-7x7-stride2": {"c": 3, "h": 30, "o": 16, "k": 7, "stride": 2, "padding": 3, "ib": 0},
+    "depthwise-3x3-few-planes": {"c": 16, "h": 28, "o": 16, "k": 3, "padding": 1, "depthwise": True, "relu6": True},
+    "depthwise-stride2-many-planes": {"c": 160, "h": 14, "o": 160, "k": 3, "stride": 2, "padding": (0, 0, 1, 1),
+                                      "depthwise": True},
+    "depthwise-7x7-block8-residual": {"c": 24, "h": 14, "o": 24, "k": 7, "padding": 3, "depthwise": True,
+                                      "ib": 8, "ob": 8, "residual": True},
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_blocked_conv_matches_torch(target, case):
+    func, arrays, expected = blocked_case(**case)
+    sch = BlockedConv2d().apply(func, target, False)
+    assert sch is not None, "the rule declined a blocked conv2d"
+    got = run_scheduled(sch, target, arrays, expected.shape)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.sqrt(expected.size))
+
+
+def test_default_rules_give_blocked_convolutions_the_direct_schedule(target):
+    func, _, _ = blocked_case(**CASES["3x3-56"])
+    scheduled = schedule_func(func, target, default_rules(target))
+    assert scheduled is not None and scheduled.attrs["aicf.schedule"] == "BlockedConv2d"
+
+
+def test_returns_none_for_an_nchw_convolution(target):
+    func = fused_primfunc(lambda bb, x, w: relax.op.nn.conv2d(x, w, padding=1), {"x": (1, 4, 9, 9), "w": (8, 4, 3, 3)})
+    assert BlockedConv2d().apply(func, target, False) is None
+
+
+def test_returns_none_for_a_matmul(target):
+    func = fused_primfunc(lambda bb, x, w: relax.op.matmul(x, w), {"x": (8, 16), "w": (16, 4)})
+    assert BlockedConv2d().apply(func, target, False) is None
+
+
+def test_register_tile_fits_the_accumulators():
+    """Two channel blocks of one vector each by 14 columns: 28 accumulators; a width with
+    no divisor under the limit but itself (13) takes one column per step only if needed."""
+    assert register_tile(blocks=4, width=56, vectors_per_block=1) == (2, 14)
+    assert register_tile(blocks=3, width=7, vectors_per_block=1) == (1, 7)
+    assert register_tile(blocks=2, width=13, vectors_per_block=1) == (2, 13)
+    assert register_tile(blocks=2, width=13, vectors_per_block=2) == (2, 1)
+
+
+def test_only_the_two_blocked_forms_are_ours():
+    """Grouped (not depthwise) kernels, mismatched blocks and plain layouts go to TVM's own
+    legalization (which refuses blocked layouts)."""
+    assert is_blocked_form([1, 2, 8, 8, 16], [4, 2, 3, 3, 16, 16], 1, "NCHW16c", "OIHW16i16o", "NCHW16c")
+    assert is_blocked_form([1, 2, 8, 8, 16], [2, 1, 3, 3, 1, 16], 32, "NCHW16c", "OIHW1i16o", "NCHW16c")
+    assert is_blocked_form([1, 3, 8, 8], [4, 3, 3, 3, 1, 16], 1, "NCHW", "OIHW1i16o", "NCHW16c")
+    assert not is_blocked_form([1, 2, 8, 8, 16], [4, 1, 3, 3, 16, 16], 2, "NCHW16c", "OIHW16i16o", "NCHW16c")
+    assert not is_blocked_form([1, 2, 8, 8, 16], [4, 2, 3, 3, 8, 16], 1, "NCHW16c", "OIHW8i16o", "NCHW16c")
+    assert not is_blocked_form([1, 3, 8, 8], [4, 3, 3, 3], 1, "NCHW", "OIHW", "NCHW")
