@@ -8,6 +8,7 @@ dtype, and the exported program records it (``node.meta["val"]``). ``canonicaliz
 makes each such operand's cast explicit in the FX graph (an ``aten._to_copy`` node, which
 TVM translates to ``astype``), so the translator sees operands of the dtype PyTorch
 computes in. It runs on the decomposed (core ATen) graph, the one TVM translates.
+Before the decomposition, ``views_as_reshapes`` keeps a dynamic batch from breaking it.
 """
 
 from __future__ import annotations
@@ -125,6 +126,28 @@ def drop_empty_cat_inputs(graph: Any) -> int:
     return dropped
 
 
+def views_as_reshapes(graph: Any) -> int:
+    """Retarget every ``aten.view`` of a graph without mutation to ``aten.reshape``; returns
+    how many were retargeted.
+
+    With a dynamic batch, ``run_decompositions`` re-traces ``scaled_dot_product_attention``
+    through its math decomposition, whose output strides differ from the fused kernel's
+    that ``torch.export`` saw: ``o.transpose(1, 2).contiguous().view(-1, d)`` (GPT-2's
+    merged heads) then fails as a view of a non-viewable tensor. Without mutation a view
+    and a reshape give the same values (aliasing is unobservable), and a reshape is a view
+    wherever one is possible, so the decomposed graph is unchanged where it traced before.
+    """
+    import torch
+
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    if any(getattr(getattr(n.target, "_schema", None), "is_mutable", False) for n in calls):
+        return 0
+    views = [n for n in calls if n.target is torch.ops.aten.view.default]
+    for node in views:
+        node.target = torch.ops.aten.reshape.default
+    return len(views)
+
+
 def _result_back_to_bool(graph: Any, node: Any) -> int:
     """Make ``node`` (bool-valued, computing in uint8 from now) feed its users through a cast
     back to bool; comparisons give bool anyway. Returns the casts inserted."""
@@ -159,6 +182,8 @@ def from_torch(module: Any, example_args: Sequence[Any], dynamic_shapes: Any = N
     with torch.no_grad():
         try:
             ep = torch.export.export(module, tuple(example_args), dynamic_shapes=dynamic_shapes)
+            if views_as_reshapes(ep.graph):
+                ep.graph_module.recompile()
             ep = ep.run_decompositions()
         except Exception as err:  # noqa: BLE001 - torch.export's many error types
             raise UnsupportedModelError(f"torch.export could not capture {type(module).__name__}: "
