@@ -31,10 +31,12 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     our importers), fold what is computable at compile time (weights; batch-norm into conv
     weights where exact, ``relax_passes.FoldBatchNorm``, which decomposes every other
     batch-norm by its own ``training`` flag before TVM's inference decomposition could
-    misread it) and move reshapes below the pointwise ops they feed
-    (``relax_passes.SinkReshapes``)."""
+    misread it), let ops broadcast their operands themselves instead of through an
+    explicit broadcast (``relax_passes.ImplicitBroadcasts``) and move reshapes below the
+    pointwise ops they feed (``relax_passes.SinkReshapes``)."""
     from relax_passes.bound_shapes import BoundShapes
     from relax_passes.fold_batch_norm import FoldBatchNorm
+    from relax_passes.implicit_broadcasts import ImplicitBroadcasts
     from relax_passes.normalize_indices import NormalizeIndices
     from relax_passes.sink_reshapes import SinkReshapes
 
@@ -46,6 +48,7 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
         relax.transform.FoldConstant(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
+        ImplicitBroadcasts(),
         SinkReshapes(),
         relax.transform.DeadCodeElimination(),
     ]

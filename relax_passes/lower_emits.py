@@ -8,7 +8,8 @@ Runs last among our passes, on a module whose Emits are final. Final-lowering AB
   Emit function, one per Emit and constants bit for bit), not as a buffer: the port's
   contract gets ``scalar_view``; never where TVM's constant folding of the immediate
   would change the result or raise (``scalar_picks``);
-* ``LegalizeOps`` turns each Emit function's ops into TensorIR and ``FuseTIR`` merges
+* ``LegalizeOps`` turns each Emit function's ops into TensorIR (a reshape of symbolic
+  shapes axis group by axis group, ``legalize_reshape``) and ``FuseTIR`` merges
   it into one PrimFunc named after it; ``RewriteDataflowReshape`` turns reshape
   kernels into views, so the kernel list is what runs;
 * FuseTIR drops custom function attrs, so the Emit (kind, contract) is carried onto
@@ -34,6 +35,7 @@ from aicf_tvm.emit import EMIT_ATTR, Emit, emit_of
 from aicf_tvm.lattice import Flag
 
 from .group_rewrite import drop_unused_emits, with_blocks
+from .legalize_reshape import legalize_reshape
 
 _SCALAR_OK = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
               "relax.maximum", "relax.minimum"}
@@ -200,7 +202,7 @@ class LowerEmits:
         from tvm.relax import backend
 
         mod = tvm.transform.Sequential([backend.DispatchSampling(), backend.DispatchSortScan(),
-                                        relax.transform.LegalizeOps()])(mod)
+                                        relax.transform.LegalizeOps({"relax.reshape": legalize_reshape})])(mod)
         mod = tvm.transform.Sequential([relax.transform.FuseTIR(),
                                         relax.transform.RewriteDataflowReshape()])(_demote_unfusable(mod))
         for gv, func in list(mod.functions_items()):
