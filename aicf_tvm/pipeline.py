@@ -117,8 +117,11 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target, database: Any = None,
 
 
 def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
+    from relax_passes.single_pointer_noalias import SinglePointerNoAlias
+
     backend = _backend(target)
-    passes = [*backend.dataflow_lower_passes(target), *backend.finalize_passes(target)]
+    # the VM's shape function would switch off noalias for every kernel (see the pass)
+    passes = [*backend.dataflow_lower_passes(target), *backend.finalize_passes(target), SinglePointerNoAlias]
     with target:
         return tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes))
 

@@ -9,7 +9,8 @@ Compiles the model of ``scripts/bench_dynamic.py`` twice (dynamic ``batch``/``se
 static at ``--batch x --seq``), runs each once on the same inputs under a VM instrument and
 times every call where it happens, with the arguments the VM passes it: a kernel is called
 again (best of a few ~5 ms rounds), a VM builtin (shape checks, allocation) is timed once per
-call. Kernels are paired by kind and order of appearance; the table lists the pairs by the
+call, Python's callback overhead included (a few microseconds: compare counts more than
+times). Kernels are paired by kind and order of appearance; the table lists the pairs by the
 time the dynamic one loses, with each side's schedule, then the builtins' totals.
 """
 
@@ -30,13 +31,14 @@ import bench_dynamic  # noqa: E402
 
 def profile_run(compiled: Any, arrays: list) -> list[tuple[str, float]]:
     """``[(symbol, seconds)]`` for every VM call of one run of ``main``, in order."""
-    import tvm
-    from tvm.runtime.vm import VMInstrumentReturnKind
+    from tvm.runtime.vm import VirtualMachine, VMInstrumentReturnKind
 
     from aicf_tvm.compiled import to_device
+    from aicf_tvm.threads import use_threads
 
     kernels = {k.name for k in compiled.kernels}
-    vm = compiled.vm
+    use_threads(compiled.threads)
+    vm = VirtualMachine(compiled.executable, compiled.device)  # its own: the instrument stays on it
     calls: list[tuple[str, float]] = []
     started: list[float] = []
 
@@ -58,11 +60,8 @@ def profile_run(compiled: Any, arrays: list) -> list[tuple[str, float]]:
                 calls.append((symbol, time.perf_counter() - started.pop()))
         return int(VMInstrumentReturnKind.NO_OP)
 
-    vm.set_instrument(tvm.runtime.convert(instrument) if hasattr(tvm.runtime, "convert") else instrument)
-    try:
-        vm["main"](*[to_device(a, compiled.device)[0] for a in arrays])
-    finally:
-        vm.set_instrument(None)
+    vm.set_instrument(instrument)
+    vm["main"](*[to_device(a, compiled.device)[0] for a in arrays])
     return calls
 
 

@@ -9,8 +9,9 @@ the schedule half-rewritten; a block storing an immediate is never inlined acros
 ``schedules.constants``).  Each remaining block gets its loops fused into one, split
 into a parallel outer loop and a vectorized inner loop of one SIMD register.  The inner loop never crosses
 a row of the output unless the row length is a multiple of the vector, so the vector
-indices stay affine.  With symbolic extents the loops are not fused into one: the static
-innermost loop is vectorized and the outer loops fused into the parallel loop.  Rejected (None): any reduction block, a non-LLVM target, or a
+indices stay affine.  With symbolic extents the loops are not fused into one: the
+innermost loop is vectorized (a symbolic one with its tail split off at lowering,
+``split_vector_tail``) and the outer loops fused into the parallel loop.  Rejected (None): any reduction block, a non-LLVM target, or a
 function TensorIR cannot normalize.
 """
 
@@ -92,18 +93,40 @@ def provable_pow2_divisor(extent: tirx.Expr, limit: int) -> int:
     return lanes
 
 
+# Loop annotation asking TVM's LoopPartition to split the loop where a ``likely`` predicate
+# under it stops holding: the whole vectors of a symbolic extent, then its tail.
+PARTITION_HINT = "pragma_loop_partition_hint"
+
+
+def split_vector_tail(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> tuple[LoopRV, LoopRV]:
+    """``loop`` (a symbolic extent) split into (vectors, lanes) with the tail predicated.
+
+    The outer loop carries ``PARTITION_HINT``: lowering splits it into the iterations whose
+    vectors are whole, which ``VectorizeLoop`` keeps as vectors, and the last one, whose
+    predicate it scalarizes. Without the hint the predicate scalarizes every iteration (a
+    symbolic elementwise loop measured 8x slower than whole vectors)."""
+    outer, vec = sch.split(loop, factors=[None, lanes])
+    sch.annotate(outer, PARTITION_HINT, tirx.IntImm("int32", 1))
+    return outer, vec
+
+
+def has_partition_hint(sch: s_tir.Schedule, loop: LoopRV) -> bool:
+    return PARTITION_HINT in sch.get(loop).annotations
+
+
 def vectorize_innermost(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> LoopRV | None:
     """Vectorize ``loop`` (split to ``lanes`` first when longer); return the vector loop.
 
-    Splits only by a factor dividing the extent so no tail predicate blocks vectorization;
-    a symbolic extent is split only by a factor proven to divide it.
+    A static extent is split only by a factor dividing it, so no tail predicate blocks
+    vectorization; a symbolic one by ``lanes`` with the tail split off at lowering
+    (``split_vector_tail``), unless ``lanes`` provably divides it.
     """
     extent = loop_extent(sch, loop)
     if extent is None:
-        factor = provable_pow2_divisor(sch.get(loop).extent, lanes)
-        if factor < MIN_VECTOR_EXTENT:
-            return None
-        vec = sch.split(loop, factors=[None, factor])[1]
+        if provable_pow2_divisor(sch.get(loop).extent, lanes) == lanes:
+            vec = sch.split(loop, factors=[None, lanes])[1]
+        else:
+            vec = split_vector_tail(sch, loop, lanes)[1]
     elif extent < MIN_VECTOR_EXTENT:
         return None
     elif extent <= lanes:
@@ -140,6 +163,8 @@ def schedule_injective_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -
         # a symbolic innermost loop stays serial and contiguous (LLVM may vectorize it):
         # fused into the parallel loop it would cost a div/mod by ``seq`` per element
         outer = outer[:-1]
+    if outer and has_partition_hint(sch, outer[-1]):
+        outer = outer[:-1]  # the vectors of a symbolic extent: split at lowering, not fused
     if not outer or (work is not None and work < MIN_PARALLEL_WORK):
         return
     try_parallel(sch, sch.fuse(*outer) if len(outer) > 1 else outer[0])

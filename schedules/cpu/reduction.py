@@ -34,6 +34,7 @@ from .elementwise import (
     MIN_VECTOR_EXTENT,
     calls_scalar_math,
     largest_pow2_divisor,
+    split_vector_tail,
     vector_lanes,
     vectorize_innermost,
 )
@@ -190,8 +191,8 @@ def is_contiguous_spatial(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) ->
     """Whether ``loop`` is long, is bound to exactly one iterator, and that iterator
     indexes the contiguous axis of a read buffer."""
     extent = loop_extent(sch, loop)
-    if extent is None or extent < MIN_VECTOR_EXTENT:
-        return False
+    if extent is not None and extent < MIN_VECTOR_EXTENT:
+        return False  # a symbolic extent counts as long (its tail is split off)
     var = sch.get(loop).loop_var
     realize = block_realize(sch, block)
     if realize is None:
@@ -222,7 +223,10 @@ def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -
     last = spatial[-1]
     extent = loop_extent(sch, last)
     chains: list[LoopRV] = []
-    if extent > lanes:
+    if extent is None:
+        outer, last = split_vector_tail(sch, last, lanes)
+        spatial = [*spatial[:-1], outer, last]
+    elif extent > lanes:
         factor = largest_pow2_divisor(extent, lanes)
         if factor < MIN_VECTOR_EXTENT:
             return
