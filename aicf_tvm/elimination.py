@@ -44,8 +44,9 @@ def compose_permutations(first: list[int], second: list[int]) -> list[int]:
 
 def is_free_view(src: ShapeFact, dst_dims: tuple) -> bool:
     """A reshape/squeeze/expand_dims/flatten is a view when its input is proven row-major:
-    the output then has row-major strides over the same storage."""
-    return src.is_contiguous() and src.is_static() and dst_dims is not None
+    the output then has row-major strides over the same storage. Symbolic dims included:
+    row-major strides proven as expressions of the dims hold for every binding."""
+    return src.is_contiguous() and dst_dims is not None
 
 
 # x op c == x bit for bit for every x (signed zeros, infinities and NaN included) when c,

@@ -3,7 +3,8 @@
 For each Emit function: the annotation decodes; the function is ``Primitive``; the
 interface matches the parameters and the return type (count, dtype, rank); every shape
 fact is consistent with the Relax type (their meet is not ⊥) and at least as strong
-as what the type proves; the effects are those of the kind's template (never weaker
+as what the type proves (ranks and static extents: symbolic ones are the caller's in the
+facts and the function's own in the type); the effects are those of the kind's template (never weaker
 claims: an opaque Emit keeps ReadWrite); alias facts name real ports. Runs after
 every pass in tests, and under ``AICF_DEBUG=1`` in the pipeline.
 """
@@ -20,7 +21,16 @@ from .emit import EMIT_ATTR, Emit
 from .errors import AicfError, ContractViolation
 from .kinds.describe import output_types, type_shape
 from .kinds.registry import kinds_by_name
-from .lattice import Effect
+from .lattice import Effect, ShapeFact
+
+
+def _static_part(fact: ShapeFact) -> ShapeFact:
+    """A function's type shape with its symbolic dims unknown: the facts are its call
+    sites' and speak of the caller's vars (``batch * seq``), the type of the function's
+    own (``d0``), so only ranks and static extents compare."""
+    if fact.dims is None:
+        return fact
+    return ShapeFact(tuple(d if isinstance(d, int) else None for d in fact.dims))
 
 
 def _problems_of(name: str, func: relax.Function, emit: Emit, known_kinds: set[str]) -> list[str]:
@@ -46,7 +56,7 @@ def _problems_of(name: str, func: relax.Function, emit: Emit, known_kinds: set[s
         if str(ty.dtype) != port.dtype or (ty.ndim >= 0 and ty.ndim != port.ndim):
             out.append(f"{where}: port {port.name} declared {port.dtype}/rank {port.ndim}, "
                        f"type is {ty.dtype}/rank {ty.ndim}")
-        fact, typed = provides.port(port.name).shape, type_shape(ty)
+        fact, typed = provides.port(port.name).shape, _static_part(type_shape(ty))
         if fact.meet(typed).is_bottom:
             out.append(f"{where}: port {port.name} shape {fact.show()} contradicts type {typed.show()}")
         elif not fact.leq(typed):

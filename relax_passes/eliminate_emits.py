@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from aicf_tvm.elimination import (
@@ -43,7 +44,7 @@ from aicf_tvm.lattice import Failure, ShapeFact
 from aicf_tvm.propagation import analyze
 from aicf_tvm.report import Decision, FusionReport
 
-from .group_rewrite import drop_unused_emits, with_blocks
+from .group_rewrite import body_at_call_site, drop_unused_emits, with_blocks
 from .lift_emits import build_emit_function
 
 _VIEWS = {"reshape", "squeeze", "expand_dims", "flatten", "batch_flatten"}
@@ -56,10 +57,17 @@ def _shape(table: FactTable, expr: Any) -> ShapeFact:
     return table.port_facts(expr).shape
 
 
+def _same_shape(a: Any, b: Any) -> bool:
+    """Whether two tensors have the same shape for every binding of the symbolic dims: the
+    same extents, static or the same expressions of the same vars (structural equality
+    does not identify distinct free vars, so two dims that are only named alike differ)."""
+    sa, sb = getattr(a.ty, "shape", None), getattr(b.ty, "shape", None)
+    return isinstance(sa, relax.ShapeExpr) and isinstance(sb, relax.ShapeExpr) and tvm_ffi.structural_equal(sa, sb)
+
+
 def _same_type(a: Any, b: Any) -> bool:
     return isinstance(a.ty, relax.TensorType) and isinstance(b.ty, relax.TensorType) and \
-        str(a.ty.dtype) == str(b.ty.dtype) and type_shape(a.ty) == type_shape(b.ty) and \
-        type_shape(a.ty).is_static()
+        str(a.ty.dtype) == str(b.ty.dtype) and _same_shape(a, b)
 
 
 def is_view_call(node: Node) -> bool:
@@ -135,10 +143,10 @@ class _Rules:
         return n.value.args[0]
 
     def _starts_at(self, expr: Any, var: Any) -> Optional[Any]:
-        """The value up the chain of views ending in ``expr`` that has ``var``'s static shape."""
+        """The value up the chain of views ending in ``expr`` that has ``var``'s shape."""
         src = self._view_input(expr)
         while src is not None:
-            if type_shape(src.ty) == type_shape(var.ty) and type_shape(var.ty).is_static():
+            if _same_shape(src, var):
                 return src
             src = self._view_input(src)
         return None
@@ -151,7 +159,7 @@ class _Rules:
                 or len(n.consumers) != 1 or n.escapes or not isinstance(n.var.ty, relax.TensorType):
             return None
         operands = [i for i, a in enumerate(n.value.args) if not isinstance(a, tvm.ir.Constant)]
-        if len(operands) != 1 or type_shape(n.value.args[operands[0]].ty) != type_shape(n.var.ty):
+        if len(operands) != 1 or not _same_shape(n.value.args[operands[0]], n.var):
             return None
         rank = n.var.ty.ndim
         for a in n.value.args:
@@ -183,10 +191,9 @@ class _Rules:
         """The chain's Emits applied to ``start`` instead, each lifted at its new shape."""
         out, value = [], start
         for j, (n, k) in enumerate(chain):
-            func = self.graph.mod[n.callee]
-            sub = dict(zip(func.params, n.value.args)) | {func.params[k]: value}
-            call = self.bb.normalize(relax.Call(n.body.op, [sub.get(a, a) for a in n.body.args], n.body.attrs,
-                                                n.body.ty_args))
+            body = body_at_call_site(self.graph.mod, n)
+            args = [value if a.same_as(n.value.args[k]) else a for a in body.args]
+            call = self.bb.normalize(relax.Call(body.op, args, body.attrs, body.ty_args))
             built = build_emit_function(call)
             if built is None:
                 return None
@@ -244,8 +251,7 @@ def eliminate_block(bb: relax.BlockBuilder, graph: EmitGraph, table: FactTable,
             bindings.extend(replacement)
             continue
         if isinstance(replacement, str) and replacement == "view":
-            replacement = relax.Call(node.body.op, [node.value.args[0], *node.body.args[1:]], node.body.attrs,
-                                     node.body.ty_args)
+            replacement = body_at_call_site(graph.mod, node)
         bindings.append(relax.VarBinding(b.var, replacement))
     return relax.DataflowBlock(bindings) if changed else None
 

@@ -16,7 +16,7 @@ plain data layout (one letter per dimension); conv1d/2d/3d (a transposed convolu
 padding means something else). Any other pad stays. A pad read by other ops stays for
 them; ``DeadCodeElimination`` removes it when the convolution was its only reader.
 
-Runs on op-level Relax, before LiftEmits (``aicf_tvm.pipeline.normalize``).
+Runs on op-level Relax, before LiftEmits (``aicf_tvm.driver.pipeline.normalize``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.relax.utils import copy_with_new_vars
 
 from aicf_tvm.emit import EMIT_ATTR, Emit
-from aicf_tvm.emit_graph import EmitGraph
+from aicf_tvm.emit_graph import EmitGraph, Node
+
+from .lift_emits import param_types
 
 _ACCUMULATING = {"relax.matmul", "relax.nn.conv2d"}
 
@@ -92,7 +94,7 @@ def _inline(bb: relax.BlockBuilder, func: relax.Function, args: list[Any], acc: 
 def build_group_function(graph: EmitGraph, group: Group) -> tuple[relax.Function, list[Any], list[int]]:
     inputs = group_inputs(graph, group.members)
     outputs = graph.outputs_of(group.members)
-    params = [relax.Var(f"p{i}", a.ty) for i, a in enumerate(inputs)]
+    params = [relax.Var(f"p{i}", ty) for i, ty in enumerate(param_types([a.ty for a in inputs]))]
     env: dict[Any, Any] = {}
     for a, p in zip(inputs, params):
         env[a] = p
@@ -117,6 +119,15 @@ def build_group_function(graph: EmitGraph, group: Group) -> tuple[relax.Function
     if defined:
         func = func.bind_symbolic_vars({v: tvm.tirx.Var(v.name, v.ty) for v in defined})
     return func, inputs, outputs
+
+
+def body_at_call_site(mod: tvm.IRModule, node: Node) -> relax.Call:
+    """The single op call of ``node``'s Emit applied to the node's arguments, the Emit
+    function's symbolic vars replaced by their values at the call (``d0`` by
+    ``batch * seq``), so it can be emitted in the caller."""
+    func = mod[node.callee]
+    bound = func.bind_params(dict(zip(func.params, node.value.args)))
+    return [b for blk in bound.body.blocks for b in blk.bindings][0].value
 
 
 def _lookup(env: dict, expr: Any) -> Any:

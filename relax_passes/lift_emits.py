@@ -8,17 +8,18 @@ non-tensor arguments stay inside it. Identical Emits share one function.
 
 Runs first, on a module straight from a frontend. Sound because the body of each
 function is the original call: the lifted module computes exactly what the input did
-(inlining every Emit function gives the input back). Structural bindings (tuples,
-tuple reads, aliases) and bindings outside dataflow blocks are left as they are; so
-is a call whose non-tensor arguments use a symbolic variable that its tensor
-arguments do not define (the private function could not bind it).
+(inlining every Emit function gives the input back). A tensor extent such as
+``batch * seq`` becomes a var of the function's own (``param_types``), bound at the
+call. Structural bindings (tuples, tuple reads, aliases) and bindings outside dataflow
+blocks are left as they are; so is a call whose non-tensor arguments use a symbolic
+variable that its tensor arguments do not define (the private function could not bind it).
 """
 
 from __future__ import annotations
 
 import tvm
 import tvm_ffi
-from tvm import relax
+from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from aicf_tvm.emit import EMIT_ATTR, emit_of
@@ -56,11 +57,49 @@ def _param_name(port: str) -> str:
     return port.replace(".", "_")
 
 
+def _is_var_in(var: tirx.Var, pool: list) -> bool:
+    return any(var.same_as(v) for v in pool)
+
+
+def param_types(types: list) -> list:
+    """Parameter types for tensors of ``types``, each extent that uses a symbolic var no
+    plain extent defines replaced by a fresh var (one per distinct extent).
+
+    A parameter typed ``(batch * seq, 128)`` does not define ``batch`` or ``seq``, so a
+    function taking it would have free vars; typed ``(d0, 128)`` it defines ``d0``, and a
+    call with a ``(batch * seq, 128)`` argument binds ``d0 = batch * seq``: the function
+    computes the same values for every binding."""
+    defined = [d for ty in types for d in _dims(ty) if isinstance(d, tirx.Var)]
+    fresh: list[tuple[tirx.PrimExpr, tirx.Var]] = []
+
+    def abstract(d: tirx.PrimExpr) -> tirx.PrimExpr:
+        if isinstance(d, (tirx.IntImm, tirx.Var)) or all(_is_var_in(v, defined) for v in tirx.analysis.undefined_vars(d)):
+            return d
+        for expr, var in fresh:
+            if tvm_ffi.structural_equal(expr, d):
+                return var
+        fresh.append((d, tirx.Var(f"d{len(fresh)}", d.ty)))
+        return fresh[-1][1]
+
+    out = []
+    for ty in types:
+        if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
+            ty = relax.TensorType(relax.ShapeExpr([abstract(d) for d in ty.shape.values]), ty.dtype, ty.vdevice)
+        out.append(ty)
+    return out
+
+
+def _dims(ty) -> list:
+    shape = getattr(ty, "shape", None)
+    return list(shape.values) if isinstance(shape, relax.ShapeExpr) else []
+
+
 def build_emit_function(call: relax.Call) -> tuple[relax.Function, tuple] | None:
     """The private Emit function for ``call`` and the arguments to call it with."""
     sig = split_call(call)
     emit = describe_call(call, sig)
-    params = [relax.Var(_param_name(p), a.ty) for p, a in zip(sig.port_names, sig.tensor_args)]
+    types = param_types([a.ty for a in sig.tensor_args])
+    params = [relax.Var(_param_name(p), ty) for p, ty in zip(sig.port_names, types)]
     it = iter(params)
     new_args = []
     for arg in call.args:

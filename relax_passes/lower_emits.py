@@ -9,7 +9,8 @@ Runs last among our passes, on a module whose Emits are final. Final-lowering AB
   contract gets ``scalar_view``; never where TVM's constant folding of the immediate
   would change the result or raise (``scalar_picks``);
 * ``LegalizeOps`` turns each Emit function's ops into TensorIR (conv2d in blocked
-  layouts through ``relax_passes.blocked_conv``) and ``FuseTIR`` merges
+  layouts through ``relax_passes.blocked_conv``, a reshape of symbolic shapes axis group
+  by axis group through ``legalize_reshape``) and ``FuseTIR`` merges
   it into one PrimFunc named after it; ``RewriteDataflowReshape`` turns reshape
   kernels into views, so the kernel list is what runs;
 * FuseTIR drops custom function attrs, so the Emit (kind, contract) is carried onto
@@ -36,6 +37,7 @@ from aicf_tvm.lattice import Flag
 
 from .blocked_conv import LEGALIZE_MAP
 from .group_rewrite import drop_unused_emits, with_blocks
+from .legalize_reshape import legalize_reshape
 
 _SCALAR_OK = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
               "relax.maximum", "relax.minimum"}
@@ -202,7 +204,7 @@ class LowerEmits:
         from tvm.relax import backend
 
         mod = tvm.transform.Sequential([backend.DispatchSampling(), backend.DispatchSortScan(),
-                                        relax.transform.LegalizeOps(LEGALIZE_MAP)])(mod)
+                                        relax.transform.LegalizeOps({**LEGALIZE_MAP, "relax.reshape": legalize_reshape})])(mod)
         mod = tvm.transform.Sequential([relax.transform.FuseTIR(),
                                         relax.transform.RewriteDataflowReshape()])(_demote_unfusable(mod))
         for gv, func in list(mod.functions_items()):

@@ -49,7 +49,7 @@ from aicf_tvm.propagation import analyze
 from aicf_tvm.report import Decision, FusionReport
 
 from .fuse_emits import _bytes, _Planner
-from .group_rewrite import drop_unused_emits, with_blocks
+from .group_rewrite import body_at_call_site, drop_unused_emits, with_blocks
 from .lift_emits import build_emit_function
 from .materialize_layouts import materialize_layouts
 
@@ -168,12 +168,9 @@ class _Inserter:
         (the old function's parameter type no longer fits)."""
         if node.body is None:
             return None
-        func = self.graph.mod[node.callee]
-        sub = {}
-        for p, a in zip(func.params, node.value.args):
-            sub[p] = next((v for k, v in swap.items() if k.same_as(a)), a)
-        args = [sub.get(a, a) for a in node.body.args]
-        call = self.bb.normalize(relax.Call(node.body.op, args, node.body.attrs, node.body.ty_args))
+        body = body_at_call_site(self.graph.mod, node)
+        args = [next((v for k, v in swap.items() if k.same_as(a)), a) for a in body.args]
+        call = self.bb.normalize(relax.Call(body.op, args, body.attrs, body.ty_args))
         built = build_emit_function(call)
         if built is None:
             return None

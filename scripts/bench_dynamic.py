@@ -41,7 +41,7 @@ SMALL_SHAPES = ((1, 16), (1, 64), (2, 100))
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="small models and shapes (a quick check)")
-    parser.add_argument("--models", nargs="+", default=["bert", "llama"], choices=["bert", "llama"])
+    parser.add_argument("--models", nargs="+", default=["bert", "llama"], choices=["bert", "gpt2", "llama"])
     parser.add_argument("--shapes", nargs="+", default=None, help="BATCHxSEQ, e.g. 1x16 4x128")
     parser.add_argument("--repeat", type=int, default=5, help="timeit repeats (the minimum is reported)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
@@ -73,7 +73,11 @@ def build(name: str, small: bool) -> Model:
         size = dict(hidden_size=128, num_attention_heads=2, intermediate_size=512) if small else {}
         config = tf.BertConfig(num_hidden_layers=1 if small else 4, **size)
         inner = tf.BertModel(config)
-    else:  # GPT-2 does not export with a dynamic batch (a view of its merged heads)
+    elif name == "gpt2":
+        size = dict(n_embd=128, n_head=2) if small else dict(n_embd=512, n_head=8)
+        config = tf.GPT2Config(n_layer=1 if small else 4, n_positions=512, **size)
+        inner = tf.GPT2Model(config)
+    else:
         size = (dict(hidden_size=128, intermediate_size=344, num_attention_heads=2, num_key_value_heads=1)
                 if small else dict(hidden_size=512, intermediate_size=1376, num_attention_heads=8,
                                    num_key_value_heads=4))

@@ -30,9 +30,11 @@ from relax_passes.bound_shapes import BoundShapes
 from relax_passes.channels_first import ChannelsFirst
 from relax_passes.fold_batch_norm import FoldBatchNorm
 from relax_passes.fold_pad import FoldPadIntoConv
+from relax_passes.implicit_broadcasts import ImplicitBroadcasts
 from relax_passes.normalize_indices import NormalizeIndices
 from relax_passes.prepack_weights import mark_layout_free, prepack_weights
 from relax_passes.rewrites import rewrite_passes
+from relax_passes.single_pointer_noalias import SinglePointerNoAlias
 from relax_passes.sink_reshapes import SinkReshapes
 from schedules import apply_default_schedules
 from schedules.cpu.common import float32_lanes
@@ -57,8 +59,10 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     our importers), fold what is computable at compile time (weights; batch-norm into conv
     weights where exact, ``relax_passes.FoldBatchNorm``, which decomposes every other
     batch-norm by its own ``training`` flag before TVM's inference decomposition could
-    misread it; zero pads into the convolutions that read them, ``relax_passes.FoldPadIntoConv``)
-    and move reshapes below the pointwise ops they feed (``relax_passes.SinkReshapes``)."""
+    misread it; zero pads into the convolutions that read them, ``relax_passes.FoldPadIntoConv``),
+    let ops broadcast their operands themselves instead of through an explicit broadcast
+    (``relax_passes.ImplicitBroadcasts``) and move reshapes below the pointwise ops they
+    feed (``relax_passes.SinkReshapes``)."""
     seq = [
         BoundShapes(),
         relax.transform.FoldConstant(),
@@ -68,6 +72,7 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
         relax.transform.FoldConstant(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
+        ImplicitBroadcasts(),
         SinkReshapes(),
         relax.transform.DeadCodeElimination(),
     ]
@@ -149,7 +154,8 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
 
 def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
     backend = _backend(target)
-    passes = [*backend.dataflow_lower_passes(target), *backend.finalize_passes(target)]
+    # the VM's shape function would switch off noalias for every kernel (see the pass)
+    passes = [*backend.dataflow_lower_passes(target), *backend.finalize_passes(target), SinglePointerNoAlias]
     with target:
         return tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes))
 

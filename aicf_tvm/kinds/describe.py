@@ -8,6 +8,7 @@ with. ``PropagateContracts`` refines it with strides, alias and numeric facts.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,7 +18,10 @@ from tvm import relax
 
 from ..contract import ContractFacts, EmitContract, PortFacts
 from ..emit import Emit, Interface, Port
-from ..lattice import Effect, MathTag, NumericFact, ShapeFact
+from ..lattice import (
+    AccumDtype, Determinism, Effect, MathTag, NumericFact, Rounding, ShapeFact,
+)
+from ..lattice.shape import mul_dims
 from ..tvm_values import to_python
 from .registry import BROADCAST, ELEMENTWISE, OPAQUE_RULE, KindRule, rule_for
 
@@ -42,11 +46,32 @@ def is_tensor_tuple(expr: Any) -> bool:
 
 
 def dim_value(d: Any):
+    """An extent as a fact dim: an int, or the expression as text; a product of vars and
+    constants in ``mul_dims``' canonical form (``batch * seq * 2`` is ``2*batch*seq``), the
+    form the shape lattice computes strides in, so equal products compare equal."""
     if isinstance(d, int):
         return d
     if isinstance(d, tvm.tirx.IntImm):
         return int(d.value)
-    return str(d).replace(" ", "")
+    factors = _product_factors(d)
+    if factors is not None:
+        out: Any = 1
+        for f in factors:
+            out = mul_dims(out, f)
+        return out
+    return re.sub(r"T\.int\d+\((-?\d+)\)", r"\1", str(d)).replace(" ", "")
+
+
+def _product_factors(d: Any) -> list | None:
+    """The var names and ints whose product ``d`` is, or None when it is not a product."""
+    if isinstance(d, tvm.tirx.IntImm):
+        return [int(d.value)]
+    if isinstance(d, tvm.tirx.Var):
+        return [d.name]
+    if isinstance(d, tvm.tirx.Mul):
+        a, b = _product_factors(d.a), _product_factors(d.b)
+        return None if a is None or b is None else a + b
+    return None
 
 
 _TYPE_SHAPES: dict[int, ShapeFact] = {}

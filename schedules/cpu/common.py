@@ -168,19 +168,42 @@ def provable_pow2_divisor(extent: tirx.Expr, limit: int) -> int:
     return lanes
 
 
+# Loop annotation asking TVM's LoopPartition to split the loop where a ``likely`` predicate
+# under it stops holding: the whole vectors of a symbolic extent, then its tail.
+PARTITION_HINT = "pragma_loop_partition_hint"
+
+
+def split_vector_tail(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> tuple[LoopRV, LoopRV]:
+    """``loop`` (a symbolic extent) split into (vectors, lanes) with the tail predicated.
+
+    The outer loop carries ``PARTITION_HINT``: lowering splits it into the iterations whose
+    vectors are whole, which ``VectorizeLoop`` keeps as vectors, and the last one, whose
+    predicate it scalarizes. Without the hint the predicate scalarizes every iteration (a
+    symbolic elementwise loop measured 8x slower than whole vectors)."""
+    outer, vec = sch.split(loop, factors=[None, lanes])
+    sch.annotate(outer, PARTITION_HINT, tirx.IntImm("int32", 1))
+    return outer, vec
+
+
+def has_partition_hint(sch: s_tir.Schedule, loop: LoopRV) -> bool:
+    return PARTITION_HINT in sch.get(loop).annotations
+
+
 def vectorize_innermost(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> LoopRV | None:
     """Vectorize ``loop`` (split to ``lanes`` first when longer); return the vector loop.
 
-    Splits only by a factor dividing the extent so no tail predicate blocks vectorization;
-    a symbolic extent is split only by a factor proven to divide it.  dlight's
-    ``auto_vectorize`` splits by ``lanes`` whatever the extent, leaving a tail predicate.
+    A static extent is split only by a factor dividing it, so no tail predicate blocks
+    vectorization; a symbolic one by ``lanes`` with the tail split off at lowering
+    (``split_vector_tail``), unless ``lanes`` provably divides it.  dlight's
+    ``auto_vectorize`` splits by ``lanes`` whatever the extent, leaving a tail predicate
+    on every iteration.
     """
     extent = loop_extent(sch, loop)
     if extent is None:
-        factor = provable_pow2_divisor(sch.get(loop).extent, lanes)
-        if factor < MIN_VECTOR_EXTENT:
-            return None
-        vec = sch.split(loop, factors=[None, factor])[1]
+        if provable_pow2_divisor(sch.get(loop).extent, lanes) == lanes:
+            vec = sch.split(loop, factors=[None, lanes])[1]
+        else:
+            vec = split_vector_tail(sch, loop, lanes)[1]
     elif extent < MIN_VECTOR_EXTENT:
         return None
     elif extent <= lanes:

@@ -9,8 +9,9 @@ the schedule half-rewritten; a block storing an immediate is never inlined acros
 ``schedules.constants``).  Each remaining block gets its loops fused into one, split
 into a parallel outer loop and a vectorized inner loop of one SIMD register.  The inner loop never crosses
 a row of the output unless the row length is a multiple of the vector, so the vector
-indices stay affine.  With symbolic extents the loops are not fused into one: the static
-innermost loop is vectorized and the outer loops fused into the parallel loop.  Rejected (None): any reduction block, a non-LLVM target, or a
+indices stay affine.  With symbolic extents the loops are not fused into one: the
+innermost loop is vectorized (a symbolic one with its tail split off at lowering,
+``split_vector_tail``) and the outer loops fused into the parallel loop.  Rejected (None): any reduction block, a non-LLVM target, or a
 function TensorIR cannot normalize.
 """
 
@@ -26,6 +27,7 @@ from ..constants import inlines_a_constant
 from .common import (
     MIN_PARALLEL_WORK,
     calls_scalar_math,
+    has_partition_hint,
     loop_extent,
     output_lanes,
     try_parallel,
@@ -53,6 +55,8 @@ def schedule_injective_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -
         # a symbolic innermost loop stays serial and contiguous (LLVM may vectorize it):
         # fused into the parallel loop it would cost a div/mod by ``seq`` per element
         outer = outer[:-1]
+    if outer and has_partition_hint(sch, outer[-1]):
+        outer = outer[:-1]  # the vectors of a symbolic extent: split at lowering, not fused
     if not outer or (work is not None and work < MIN_PARALLEL_WORK):
         return
     try_parallel(sch, sch.fuse(*outer) if len(outer) > 1 else outer[0])

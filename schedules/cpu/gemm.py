@@ -33,7 +33,7 @@ from tvm.sym.analyzer import Analyzer
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
-from .common import float32_lanes, num_cores, static_extent
+from .common import PARTITION_HINT, float32_lanes, num_cores, static_extent
 from .gemm_analysis import GemmTraits, IterRole, detect_gemm, normalize_gemm
 from .gemm_blocks import (
     find_reduction_block,
@@ -183,9 +183,11 @@ def schedule_gemm(
 
     epilogue = inline_consumers(sch, main)
     s, m_loop, n_loop, k_loop = sch.get_loops(main)
-    # a block of one tile (always for a symbolic extent) gets no inner block loop: its
-    # split would leave a predicate in the micro-kernel
-    mo, *mi, mr = _split(sch, m_loop, plan.mc, plan.mr)
+    # a block of one tile gets no inner block loop
+    if blocks_symbolic_m(plan):
+        mo, *mi, mr = _split_strips(sch, m_loop, plan.mc, plan.mr)
+    else:
+        mo, *mi, mr = _split(sch, m_loop, plan.mc, plan.mr)
     no, *ni, nr = _split(sch, n_loop, plan.nc, plan.nr)
     *ko, ki = sch.split(k_loop, [None, plan.kc]) if plan.kc is not None else [k_loop]
     nv, nl = sch.split(nr, [None, lanes])
@@ -203,6 +205,25 @@ def schedule_gemm(
     sch.vectorize(sch.get_loops(init)[-1])
     _place_epilogue(sch, main, epilogue, chunk, lanes)
     return plan
+
+
+def blocks_symbolic_m(plan: GemmPlan) -> bool:
+    """Whether a symbolic M (padded to whole strips) is blocked by ``mc`` rows."""
+    return plan.m_padded is None and plan.mc > plan.mr
+
+
+def _split_strips(sch: s_tir.Schedule, loop: LoopRV, block: int, tile: int) -> list[LoopRV]:
+    """A symbolic M padded to whole ``tile``-row strips, split into (blocks, strips, tile).
+
+    The strips split exactly; the blocks do not, and the predicate that ends the last one
+    is on the strip alone, with the strip loop carrying ``PARTITION_HINT``: lowering runs
+    each block's whole strips without it, and the strips past M skip their whole body
+    (``HoistIfThenElse`` lifts the strip's test above its K loop). A split of the rows
+    into blocks in one step would test every row inside the K loop instead."""
+    strips, rows = sch.split(loop, [None, tile])
+    blocks, strip = sch.split(strips, [None, block // tile])
+    sch.annotate(strip, PARTITION_HINT, tirx.IntImm("int32", 1))
+    return [blocks, strip, rows]
 
 
 def _split(sch: s_tir.Schedule, loop: LoopRV, block: int, tile: int) -> list[LoopRV]:

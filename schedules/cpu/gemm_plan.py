@@ -18,12 +18,15 @@ nr=64, kc=256 ran at 88-97% of OpenBLAS; kc=128 or nr=32 lost 10-20%). mr prefer
 of M in [max/2, max]: padding M costs a copy of A (for a conv, a second im2col pass).
 
 Symbolic extents (``batch * seq`` rows, an attention's key length) are padded at run time
-to whole tiles and blocked by exactly one tile, so every loop is ``ceil(extent / tile)``
-strips and no block predicate reaches the micro-kernel (a predicate there keeps LLVM from
-holding the C tile in registers and the vector loop from being one vector op):
+to whole tiles, so no predicate reaches a micro-kernel of whole tiles (a predicate there
+keeps LLVM from holding the C tile in registers and the vector loop from being one vector
+op):
 
 * M: ``mr`` is the widest register tile (no divisor to prefer), padded to a multiple of
-  ``mr``, ``mc == mr``;
+  ``mr``; the strips are blocked by ``SYMBOLIC_MC`` rows as a static M is (a B panel
+  serves a block of strips from L1, not one strip), the strips past M in the last block
+  split off at lowering (``gemm._split_strips``), except when the M strips are the
+  parallel loop (then ``mc == mr``);
 * N: ``nr`` is two vectors (a key length pads by at most 31 columns), ``nc == nr``,
   and the M strips run in parallel;
 * K: not blocked and not padded (``kc`` is all of K: the K loop is the reduction itself,
@@ -57,6 +60,8 @@ class GemmPlan:
 
 # Rows assumed when choosing mr for a symbolic M: enough for the widest register tile.
 SYMBOLIC_ROWS = 64
+# Rows of an M block when M is symbolic (a static M takes a divisor of it up to 96).
+SYMBOLIC_MC = 96
 
 
 def _ceil_to(value: int, factor: int) -> int:
@@ -128,7 +133,7 @@ def plan_gemm(
     m_padded = None if m is None else _ceil_to(m, mr)
     n_padded = None if n is None else _ceil_to(n, nr)
     k_padded, kc = (None, None) if k is None else _choose_kc(k)
-    mc = mr if m_padded is None else _largest_divisor_multiple(m_padded, mr, max(96, mr))
+    mc = max(mr, SYMBOLIC_MC // mr * mr) if m_padded is None else _largest_divisor_multiple(m_padded, mr, max(96, mr))
     if n_padded is None:
         nc, parallel_m = nr, True
     else:
@@ -138,6 +143,8 @@ def plan_gemm(
             nc = _largest_divisor_multiple(n_padded, nr, max(nr, n_padded // cores))
         chunks = (batch or 1) * (n_padded // nc)
         parallel_m = chunks < cores and (m_padded is None or m_padded // mc > 1)
+    if parallel_m and m_padded is None:
+        mc = mr  # the strips are the parallel loop: one per iteration
     # an im2col B is already stored [S, K, N]: packing it again would copy it twice; a
     # B of exactly one N panel read in place is already in the packed layout
     small_m = m is not None and m <= 2 * mr

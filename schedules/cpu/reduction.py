@@ -37,6 +37,7 @@ from .common import (
     bound_iters,
     calls_scalar_math,
     largest_pow2_divisor,
+    split_vector_tail,
     loop_extent,
     loop_kinds,
     nest_work,
@@ -186,8 +187,8 @@ def is_contiguous_spatial(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) ->
     """Whether ``loop`` is long, is bound to exactly one iterator, and that iterator
     indexes the contiguous axis of a read buffer."""
     extent = loop_extent(sch, loop)
-    if extent is None or extent < MIN_VECTOR_EXTENT:
-        return False
+    if extent is not None and extent < MIN_VECTOR_EXTENT:
+        return False  # a symbolic extent counts as long (its tail is split off)
     bound = bound_iters(sch, block, loop)
     return len(bound) == 1 and indexes_last_axis(sch.get(block), bound[0].var)
 
@@ -210,7 +211,10 @@ def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -
     last = spatial[-1]
     extent = loop_extent(sch, last)
     chains: list[LoopRV] = []
-    if extent > lanes:
+    if extent is None:
+        outer, last = split_vector_tail(sch, last, lanes)
+        spatial = [*spatial[:-1], outer, last]
+    elif extent > lanes:
         factor = largest_pow2_divisor(extent, lanes)
         if factor < MIN_VECTOR_EXTENT:
             return

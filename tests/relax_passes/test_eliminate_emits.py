@@ -8,6 +8,7 @@ import tvm
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
+from tvm.script import tirx as T
 
 import aicf_tvm
 from aicf_tvm import emit_of, verify_contracts
@@ -245,6 +246,40 @@ def test_reshape_of_contiguous_becomes_view_but_not_of_transposed():
     refused = [str(d) for d in report.refused]
     assert any("b.x.shape: [8x4] strides(1,8) ⋢ [8x4] contiguous" in r for r in refused)
     same_numbers(ReshapeViews, after, (4, 8))
+
+
+@I.ir_module
+class SymbolicViews:
+    @R.function
+    def main(x: R.Tensor(("n", 8), "float32"), y: R.Tensor(("m", 8), "float32")):
+        n, m = T.int64(), T.int64()
+        with R.dataflow():
+            a = R.reshape(x, R.shape([n * 2, 4]))  # x is contiguous: a view for every n
+            t = R.permute_dims(a, [1, 0])
+            b = R.expand_dims(t, [0])  # of a transpose: a copy for every n but 1
+            c = R.astype(y, "float32")  # identity for every m
+            d = R.reshape(R.reshape(y, R.shape([m * 8])), R.shape([m, 8]))  # back to y's shape
+            R.output(a, b, c, d)
+        return (a, b, c, d)
+
+
+def test_views_of_symbolic_shapes_are_decided_for_every_binding():
+    """Contiguity, identity casts and view chains proven with symbolic dims hold for every
+    binding of them: the same rules as for static shapes, none for the transpose."""
+    after, report = eliminate(SymbolicViews)
+    assert kinds(after) == ["expand_dims", "permute_dims"]  # only b's copy and the transpose
+    assert any("b.x.shape: [4x2*n] strides(1,4) ⋢ [4x2*n] contiguous" in str(d) for d in report.refused)
+    accepted = [d.note for d in report.accepted]
+    assert any("reshape of [nx8] contiguous" in n for n in accepted)
+    assert any("identity astype" in n for n in accepted)
+    assert any("view chain back to [mx8]" in n for n in accepted)
+    rng = np.random.default_rng(4)
+    for n, m in ((1, 3), (5, 2)):
+        x, y = rng.standard_normal((n, 8)).astype("float32"), rng.standard_normal((m, 8)).astype("float32")
+        got = run_vm(after, x, y)
+        want = [x.reshape(n * 2, 4), x.reshape(n * 2, 4).T[None], y, y]
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
 
 
 @I.ir_module

@@ -197,11 +197,14 @@ def test_plan_tiles_divide_the_padded_problem(m, n, k):
     assert plan.mr * plan.nr // plan.lanes + plan.nr // plan.lanes + 1 <= 32
 
 
-def test_plan_blocks_symbolic_extents_by_exactly_one_tile():
-    """A symbolic M or N gets no padded size and one tile per block (no predicate in the
-    micro-kernel); a symbolic K is not blocked."""
+def test_plan_blocks_symbolic_extents():
+    """A symbolic M or N gets no padded size; a symbolic N one tile per block, and then the
+    M strips are the parallel loop, one per iteration; a symbolic K is not blocked. Next to
+    a static N, a symbolic M is blocked like a static one (a B panel serves a block of
+    strips), the strips past M split off at lowering."""
     plan = plan_gemm(None, None, None, None, lanes=16, cores=2)
     assert (plan.m_padded, plan.n_padded, plan.k_padded, plan.kc) == (None, None, None, None)
     assert plan.mc == plan.mr and plan.nc == plan.nr == 32 and plan.parallel_m
     static_n = plan_gemm(None, None, 1024, 256, lanes=16, cores=2)
-    assert static_n.mc == static_n.mr and static_n.n_padded == 1024 and static_n.kc == 256
+    assert static_n.n_padded == 1024 and static_n.kc == 256 and not static_n.parallel_m
+    assert static_n.mc > static_n.mr and static_n.mc % static_n.mr == 0

@@ -92,6 +92,21 @@ def test_gemm_with_symbolic_rows_gets_the_gemm_rule(target):
         kernel.check({"x": x, "w": w, "b": b}, _gelu(x @ w.T + b))
 
 
+def test_gemm_with_symbolic_rows_blocks_strips_and_splits_off_the_rest(target):
+    """M = seq next to a static N is blocked by whole strips like a static M; the strips of
+    the last block past M are split off at lowering (the hint on the strip loop), so any
+    number of rows, around a block boundary and over several blocks, gives x @ w.T + b."""
+    seq = tirx.Var("seq", "int64")
+    kernel = Kernel(linear_bias_gelu(seq, 70, 128), target)
+    assert kernel.rule == "Gemm"
+    assert "pragma_loop_partition_hint" in kernel.script
+    rng = np.random.default_rng(10)
+    w, b = rng.standard_normal((128, 70), dtype=np.float32), rng.standard_normal(128, dtype=np.float32)
+    for rows in (1, 5, 95, 96, 97, 200, 385):
+        x = rng.standard_normal((rows, 70), dtype=np.float32)
+        kernel.check({"x": x, "w": w, "b": b}, _gelu(x @ w.T + b))
+
+
 @pytest.mark.parametrize("w_batched", [False, True], ids=["2d-weight", "batched-weight"])
 def test_batched_gemm_with_symbolic_batch_and_rows(target, w_batched):
     """A symbolic batch (S) and rows (I): ``x[batch, seq, 24] @ w[(batch,) 24, 48]``."""
@@ -114,6 +129,7 @@ def test_attention_scores_with_symbolic_query_and_key_length(target):
     kernel = Kernel(func, target)
     assert kernel.rule == "Gemm"
     rng = np.random.default_rng(2)
+    assert "T.vectorized" in kernel.script
     for rows in SIZES:
         q = rng.standard_normal((4, rows, 64), dtype=np.float32)
         k = rng.standard_normal((4, 64, rows), dtype=np.float32)
@@ -144,6 +160,7 @@ def test_softmax_over_symbolic_rows_and_length(target):
     func = only_primfunc(lambda bb, s: relax.op.nn.softmax(s, axis=-1), {"s": (4, seq, seq)})
     kernel = Kernel(func, target)
     assert kernel.rule == "Reduction"
+    assert "T.vectorized" in kernel.script and "pragma_loop_partition_hint" in kernel.script  # exp, normalize
     rng = np.random.default_rng(4)
     for rows in SIZES:
         s = rng.standard_normal((4, rows, rows), dtype=np.float32)

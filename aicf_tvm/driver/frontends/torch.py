@@ -8,6 +8,7 @@ dtype, and the exported program records it (``node.meta["val"]``). ``canonicaliz
 makes each such operand's cast explicit in the FX graph (an ``aten._to_copy`` node, which
 TVM translates to ``astype``), so the translator sees operands of the dtype PyTorch
 computes in. It runs on the decomposed (core ATen) graph, the one TVM translates.
+Before the decomposition, ``views_as_reshapes`` keeps a dynamic batch from breaking it.
 """
 
 from __future__ import annotations

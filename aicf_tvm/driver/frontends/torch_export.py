@@ -137,6 +137,8 @@ def _drop_constant_asserts(ep: Any, varying: set[Any]) -> None:
 
 
 def _decomposed(ep: Any, name: str) -> Any:
+    if views_as_reshapes(ep.graph):
+        ep.graph_module.recompile()
     try:
         return ep.run_decompositions()
     except Exception as err:  # noqa: BLE001 - torch.export's many error types
@@ -163,3 +165,25 @@ def _quiet(names: Sequence[str]) -> Iterator[None]:
     finally:
         for log, level in zip(loggers, levels):
             log.setLevel(level)
+
+
+def views_as_reshapes(graph: Any) -> int:
+    """Retarget every ``aten.view`` of a graph without mutation to ``aten.reshape``; returns
+    how many were retargeted.
+
+    With a dynamic batch, ``run_decompositions`` re-traces ``scaled_dot_product_attention``
+    through its math decomposition, whose output strides differ from the fused kernel's
+    that ``torch.export`` saw: ``o.transpose(1, 2).contiguous().view(-1, d)`` (GPT-2's
+    merged heads) then fails as a view of a non-viewable tensor. Without mutation a view
+    and a reshape give the same values (aliasing is unobservable), and a reshape is a view
+    wherever one is possible, so the decomposed graph is unchanged where it traced before.
+    """
+    import torch
+
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    if any(getattr(getattr(n.target, "_schema", None), "is_mutable", False) for n in calls):
+        return 0
+    views = [n for n in calls if n.target is torch.ops.aten.view.default]
+    for node in views:
+        node.target = torch.ops.aten.reshape.default
+    return len(views)

@@ -70,3 +70,37 @@ def test_the_bounds_survive_export(dynamic_model, tmp_path):
         np.testing.assert_allclose(loaded(ids), module(torch.from_numpy(ids)).numpy(), rtol=1e-4, atol=1e-5)
     with pytest.raises(aicf_tvm.InputError, match="outside its bounds"):
         loaded(np.zeros((2, 65), "int64"))
+
+
+class MergedHeads(torch.nn.Module):
+    """GPT-2's attention shape: heads split by a view, ``scaled_dot_product_attention``,
+    merged back and viewed as rows for the output projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (z.view(b, t, 2, 16).transpose(1, 2) for z in self.qkv(x).split(32, dim=2))
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(o.transpose(1, 2).contiguous().view(-1, 32)).view(b, t, 32)
+
+
+def test_merged_heads_with_a_dynamic_batch_match_pytorch():
+    """With batch and length dynamic, the decomposed attention's strides made the merged
+    heads' ``view`` fail inside ``run_decompositions``; the import retargets views to
+    reshapes (same values without mutation), and one module serves every shape."""
+    torch.manual_seed(1)
+    module = MergedHeads().eval()
+    dims = {0: torch.export.Dim("batch", min=1, max=4), 1: torch.export.Dim("seq", min=1, max=32)}
+    rng = np.random.default_rng(5)
+    example = torch.from_numpy(rng.standard_normal((2, 5, 32)).astype(np.float32))
+    mod = aicf_tvm.from_torch(module, (example,), dynamic_shapes=(dims,))
+    compiled = aicf_tvm.compile(mod, target=TARGET)
+    assert compiled.inputs[0].shape == ("batch", "seq", 32)
+    for batch, seq in ((1, 1), (3, 7), (4, 32)):
+        x = rng.standard_normal((batch, seq, 32)).astype(np.float32)
+        with torch.no_grad():
+            want = module(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(compiled(x), want, rtol=1e-4, atol=1e-5)
