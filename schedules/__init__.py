@@ -34,6 +34,7 @@ def default_rules(target: Target) -> list[ScheduleRule]:
         matmul_rules = [getattr(cpu, name, None) for name in ("Gemm", "BlockedConv2d", "Depthwise", "Conv2d")]
         return [
             *(rule() for rule in matmul_rules if rule is not None),
+            cpu.BlockedNorm(),
             cpu.Reduction(),
             cpu.Elementwise(),
             cpu.Fallback(),
