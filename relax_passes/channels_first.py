@@ -15,7 +15,8 @@ values at permuted indices:
 
 An island is rewritten only when it is closed: every use of its values is one of those
 ops or a closing permute (otherwise the channels-last values would still be needed and
-both would be computed). The NCHW form then joins the convolution chain around it, which
+both would be computed), and when it holds a Linear or a LayerNorm (the ops that gain;
+a bare permute pair is EliminateEmits' and fusion's business). The NCHW form then joins the convolution chain around it, which
 ``MaterializeEmits`` can block (NCHW16c) with no conversion at all; that is why the
 pipeline runs this pass only when blocked layouts are available. Runs on op-level Relax,
 before LiftEmits.
@@ -139,8 +140,9 @@ def closed_islands(block: relax.DataflowBlock) -> tuple[_Island, set]:
     for v in isl.nhw:
         if not isinstance(v, relax.DataflowVar):  # a block output: needed channels-last
             closed.discard(isl.root(v))
-    has_linear = {isl.root(b.var) for b in block.bindings if b.var in isl.nhw and _is_op(b.value, "relax.matmul")}
-    return isl, closed & has_linear
+    gains = {isl.root(b.var) for b in block.bindings if b.var in isl.nhw and (
+        _is_op(b.value, "relax.matmul") or _is_op(b.value, "relax.nn.layer_norm"))}
+    return isl, closed & gains
 
 
 def _nchw_call(value: relax.Call, args: list, channels: int) -> Optional[relax.Call]:
@@ -190,7 +192,8 @@ def rewrite_block(bb: relax.BlockBuilder, block: relax.DataflowBlock) -> Optiona
 
 @tvm.transform.module_pass(opt_level=0, name="ChannelsFirst")
 class ChannelsFirst:
-    """Rewrite closed channels-last islands of ``main`` (with a Linear) into NCHW ops."""
+    """Rewrite closed channels-last islands of ``main`` (with a Linear or a LayerNorm)
+    into NCHW ops."""
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
         if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:

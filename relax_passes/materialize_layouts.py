@@ -6,7 +6,8 @@ A *chain* is a connected set of single-op Emits that all have a blocked form
 on a plain input whose channels do not block, as a network's first convolution),
 elementwise and broadcast ops on activations of one shape (bias, activation, residual
 add), NCHW pools, spatial reductions that keep their dims (the global average pool) and
-LayerNorms over the channels (over ``(C/b, b)`` blocked),
+LayerNorms over the channels (over ``(C/b, b)`` blocked), and concatenations along the
+channels whose parts all take the output's block (then whole blocks are concatenated),
 linked by the activations they pass, at least one of them a convolution. Every
 activation of a chain has a static shape and channels the block divides; its block is
 the vector width when that divides the channels, else half of it.
@@ -123,6 +124,11 @@ def layout_form(call: Any, result: Any, lanes: int) -> Optional[Form]:
                 continue
             return None
         return Form("pointwise") if any(_static_4d(a) == out for a in tensors) else None
+    if name == "relax.concat" and int(call.attrs.axis) % 4 == 1 and isinstance(call.args[0], relax.Tuple):
+        parts = [_static_4d(f) for f in call.args[0].fields]
+        ok = all(p is not None and not isinstance(f, tvm.ir.Constant) and channel_block(p[1], lanes) ==
+                 channel_block(out[1], lanes) for p, f in zip(parts, call.args[0].fields))
+        return Form("concat") if ok else None  # whole channel blocks, one block size
     data = _static_4d(tensors[0]) if tensors else None
     if data is None or data[1] != out[1]:
         return None
@@ -185,7 +191,7 @@ def find_chains(graph: EmitGraph, lanes: int) -> list[Chain]:
         return i
 
     for i, form in forms.items():
-        for k, arg in enumerate(var2val[graph.nodes[i].var].args):
+        for k, arg in _operands(var2val[graph.nodes[i].var]):
             src = graph.node_of(arg)
             if src is not None and src.index in forms and not (form.plain_input and k == 0):
                 parent[root(i)] = root(src.index)
@@ -200,7 +206,7 @@ def find_chains(graph: EmitGraph, lanes: int) -> list[Chain]:
         inside = set(members)
         entries: list[Any] = []
         for i in members:
-            for k, arg in enumerate(var2val[graph.nodes[i].var].args):
+            for k, arg in _operands(var2val[graph.nodes[i].var]):
                 src = graph.node_of(arg)
                 is_act = _static_4d(arg) is not None and not isinstance(arg, tvm.ir.Constant)
                 if is_act and (src is None or src.index not in inside) and not (forms[i].plain_input and k == 0):
@@ -209,6 +215,14 @@ def find_chains(graph: EmitGraph, lanes: int) -> list[Chain]:
         exits = [i for i in members if graph.nodes[i].escapes or any(c not in inside for c in graph.nodes[i].consumers)]
         chains.append(Chain(members, {i: forms[i] for i in members}, entries, exits))
     return chains
+
+
+def _operands(call: relax.Call) -> list[tuple[int, Any]]:
+    """(argument position, expr) of every argument, a tuple's fields (concat's) each."""
+    out = []
+    for k, arg in enumerate(call.args):
+        out.extend((k, f) for f in arg.fields) if isinstance(arg, relax.Tuple) else out.append((k, arg))
+    return out
 
 
 def _nbytes(expr: Any) -> int:
@@ -273,14 +287,10 @@ class ChainRewriter:
             for k, arg in enumerate(call.args):
                 if chain.forms[i].plain_input and k == 0:
                     args.append(arg)
-                elif any(arg.same_as(e) for e in chain.entries) and arg not in self.blocked:
-                    var, binding = self._emit(relax.op.layout_transform(arg, index_map=blocking_map(self._block(arg))),
-                                              f"{getattr(arg, 'name', 'x')}_blocked")
-                    out.append(binding)
-                    self.blocked[arg] = var
-                    args.append(var)
+                elif isinstance(arg, relax.Tuple):
+                    args.append(relax.Tuple([self._operand(f, chain, out) for f in arg.fields]))
                 else:
-                    args.append(self._blocked_arg(arg, call, node.var, k, chain.forms[i]))
+                    args.append(self._blocked_arg(self._operand(arg, chain, out), call, node.var, k, chain.forms[i]))
             var, binding = self._emit(self._blocked_call(call, node.var, args, chain.forms[i]), f"{node.var.name}_blocked")
             out.append(binding)
             self.blocked[node.var] = var
@@ -289,6 +299,15 @@ class ChainRewriter:
                 out.append(self._emit(relax.op.layout_transform(var, index_map=unblocking_map(block)),
                                       "layout_transform", node.var)[1])
             self.replace[i] = out
+
+    def _operand(self, arg: Any, chain: Chain, out: list) -> Any:
+        """A chain activation's blocked var; an entering one blocked now (once)."""
+        if arg not in self.blocked and any(arg.same_as(e) for e in chain.entries):
+            var, binding = self._emit(relax.op.layout_transform(arg, index_map=blocking_map(self._block(arg))),
+                                      f"{getattr(arg, 'name', 'x')}_blocked")
+            out.append(binding)
+            self.blocked[arg] = var
+        return self.blocked.get(arg, arg)
 
     def _blocked_arg(self, arg: Any, call: relax.Call, result: Any, k: int, form: Form) -> Any:
         if arg in self.blocked:
@@ -324,6 +343,8 @@ class ChainRewriter:
         if name == "relax.nn.layer_norm":
             return relax.op.nn.layer_norm(args[0], args[1], args[2], axes=[1, 4], epsilon=a.epsilon, center=a.center,
                                           scale=a.scale)
+        if name == "relax.concat":  # the channel axis of NCHW (-3 there is H here)
+            return relax.op.concat(args[0], axis=1)
         if name in _SPATIAL_REDUCE:  # axes as NCHW names them (-1 is W there, the block here)
             return getattr(relax.op, name.removeprefix("relax."))(args[0], axis=[2, 3], keepdims=True)
         return relax.Call(call.op, args, call.attrs, call.ty_args)

@@ -35,6 +35,7 @@ def default_rules(target: Target) -> list[ScheduleRule]:
         return [
             *(rule() for rule in matmul_rules if rule is not None),
             cpu.Attention(),
+            cpu.BlockedNorm(),
             cpu.Reduction(),
             cpu.Elementwise(),
             cpu.Fallback(),

@@ -1,7 +1,8 @@
 """Default TensorIR schedule rules for LLVM CPU targets (dlight style).
 
-Order of use: Gemm, BlockedConv2d, Depthwise, Conv2d, Attention, Reduction, Elementwise, Fallback (each
-returns None for a PrimFunc it does not handle).  ``VectorizeMath`` runs after them: it turns the
+Order of use: Gemm, BlockedConv2d, Depthwise, Conv2d, Attention, BlockedNorm, Reduction,
+Elementwise, Fallback (each returns None for a PrimFunc it does not handle).  ``VectorizeMath``
+runs after them: it turns the
 float32 transcendental calls of vectorized loops into SIMD arithmetic (``vector_math``).
 """
 
@@ -12,8 +13,9 @@ from .depthwise import Depthwise
 from .elementwise import Elementwise
 from .fallback import Fallback
 from .gemm import Gemm
+from .norm_blocked import BlockedNorm
 from .reduction import Reduction
 from .vector_math import VectorizeMath
 
-__all__ = ["Attention", "BlockedConv2d", "Conv2d", "Depthwise", "Elementwise", "Fallback", "Gemm", "Reduction",
-           "VectorizeMath"]
+__all__ = ["Attention", "BlockedConv2d", "BlockedNorm", "Conv2d", "Depthwise", "Elementwise", "Fallback",
+           "Gemm", "Reduction", "VectorizeMath"]

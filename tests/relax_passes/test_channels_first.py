@@ -62,9 +62,9 @@ def test_island_whose_channels_last_values_leave_stays():
     assert op_names(ChannelsFirst()(mod)) == op_names(mod)
 
 
-def test_permute_pair_without_a_linear_layer_stays():
-    """Only islands with a Linear layer gain (they become 1x1 convolutions); a bare
-    permute -> relu -> permute is left to EliminateEmits and fusion."""
+def test_permute_pair_without_a_linear_layer_or_norm_stays():
+    """Only islands with a Linear layer or a LayerNorm gain (they join the blocked chain);
+    a bare permute -> relu -> permute is left to EliminateEmits and fusion."""
     x = relax.Var("x", relax.TensorType((1, 8, 4, 4), "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
@@ -74,6 +74,25 @@ def test_permute_pair_without_a_linear_layer_stays():
         bb.emit_func_output(out)
     mod = bb.get()
     assert op_names(ChannelsFirst()(mod)) == op_names(mod)
+
+
+def test_island_of_a_lone_layer_norm_becomes_a_norm_over_the_channels():
+    """ConvNeXt's downsampling LayerNorm: permute, LayerNorm(-1), permute back."""
+    rng = np.random.default_rng(3)
+    x = relax.Var("x", relax.TensorType((1, 16, 5, 5), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            p = bb.emit(relax.op.permute_dims(x, [0, 2, 3, 1]))
+            g, b = (relax.const(rng.standard_normal(16).astype("float32")) for _ in range(2))
+            n = bb.emit(relax.op.nn.layer_norm(p, g, b, axes=[-1]))
+            out = bb.emit_output(relax.op.permute_dims(n, [0, 3, 1, 2]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    after = ChannelsFirst()(mod)
+    assert op_names(after) == ["relax.nn.layer_norm"]
+    xv = rng.standard_normal((1, 16, 5, 5)).astype("float32")
+    np.testing.assert_allclose(run_vm(after, xv)[0], run_vm(mod, xv)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_compiled_block_runs_blocked_without_layout_conversions_inside():

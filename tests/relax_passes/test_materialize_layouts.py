@@ -28,7 +28,7 @@ def _const(rng: np.random.Generator, *shape: int) -> relax.Constant:
     return relax.const((rng.standard_normal(shape) * 0.3).astype("float32"))
 
 
-def residual_net(channels: int = 32, size: int = 16, mean_axes=(2, 3), seed: int = 0) -> tvm.IRModule:
+def residual_net(channels: int = 32, size: int = 32, mean_axes=(2, 3), seed: int = 0) -> tvm.IRModule:
     """conv(3 -> C, stride 2) + bias + relu, max pool, conv + bias + residual + relu,
     depthwise + bias + relu6, 1x1 conv (C -> 24), global mean, flatten: one chain, its
     input plain (3 channels do not block) and one exit (the mean, leaving for the reshape)."""
@@ -96,8 +96,8 @@ def test_blocked_model_matches_the_unoptimized_build_with_nan_and_inf():
     compiled = aicf_tvm.compile(mod, target=TARGET)
     assert {k.schedule for k in compiled.kernels if "conv" in k.kind} == {"BlockedConv2d"}
     rng = np.random.default_rng(1)
-    specials = special_input(rng, (1, 3, 16, 16))
-    for x in (specials, rng.standard_normal((1, 3, 16, 16)).astype("float32")):
+    specials = special_input(rng, (1, 3, 32, 32))
+    for x in (specials, rng.standard_normal((1, 3, 32, 32)).astype("float32")):
         np.testing.assert_allclose(np.asarray(compiled(x)), run_vm(mod, x)[0], rtol=1e-4, atol=1e-4)
 
 
@@ -106,7 +106,7 @@ def test_mean_over_negative_axes_reduces_the_spatial_axes_of_the_blocked_tensor(
     the blocked mean must reduce axes 2 and 3 (it once reduced W and the block)."""
     mod = residual_net(mean_axes=(-1, -2))
     rng = np.random.default_rng(2)
-    x = rng.standard_normal((1, 3, 16, 16)).astype("float32")
+    x = rng.standard_normal((1, 3, 32, 32)).astype("float32")
     got = np.asarray(aicf_tvm.compile(mod, target=TARGET)(x))
     np.testing.assert_allclose(got, run_vm(mod, x)[0], rtol=1e-4, atol=1e-4)
 
@@ -187,3 +187,27 @@ def test_inverse_layout_transform_pair_cancels():
     rng = np.random.default_rng(5)
     xv = special_input(rng, (1, 32, 4, 4))
     np.testing.assert_array_equal(run_vm(after, xv)[0], run_vm(bb.get(), xv)[0])
+
+
+def test_concat_along_channels_runs_blocked_with_its_axis_renamed():
+    """Two branches concatenated along the channels (axis -3 in NCHW, which is H of the
+    blocked tensor): whole blocks are concatenated on axis 1, the result is unchanged."""
+    rng = np.random.default_rng(6)
+    x = relax.Var("x", relax.TensorType((1, 16, 12, 12), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, _const(rng, 32, 16, 3, 3), padding=1))))
+            b = bb.emit(relax.op.nn.conv2d(x, _const(rng, 16, 16, 1, 1)))
+            c = bb.emit(relax.op.concat([a, b], axis=-3))
+            out = bb.emit_output(relax.op.nn.conv2d(c, _const(rng, 32, 48, 3, 3), padding=1))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    report = FusionReport()
+    after = MaterializeEmits(report=report, lanes=16)(lifted(mod))
+    [decision] = layout_decisions(report)
+    assert decision.accepted and len(decision.members) == 5
+    assert transforms(after) == [(None, "NCHW16c"), ("NCHW16c", None)]
+    xv = rng.standard_normal((1, 16, 12, 12)).astype("float32")
+    np.testing.assert_allclose(np.asarray(aicf_tvm.compile(mod, target=TARGET)(xv)), run_vm(mod, xv)[0],
+                               rtol=1e-4, atol=1e-4)

@@ -104,8 +104,8 @@ def test_is_idempotent():
 
 def test_cpu_rule_order():
     names = [type(rule).__name__ for rule in default_rules(TARGET)]
-    assert names[-3:] == ["Reduction", "Elementwise", "Fallback"]
-    expected_first = [n for n in ("Gemm", "Depthwise", "Conv2d") if hasattr(cpu_rules, n)]
+    assert names[-4:] == ["BlockedNorm", "Reduction", "Elementwise", "Fallback"]
+    expected_first = [n for n in ("Gemm", "BlockedConv2d", "Depthwise", "Conv2d") if hasattr(cpu_rules, n)]
     assert names[: len(expected_first)] == expected_first
 
 
