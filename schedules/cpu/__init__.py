@@ -15,4 +15,5 @@ from .norm_blocked import BlockedNorm
 from .reduction import Reduction
 from .vector_math import VectorizeMath
 
-__all__ = ["BlockedConv2d", "BlockedNorm", "Conv2d", "Depthwise", "Elementwise", "Fallback", "Gemm", "Reduction", "VectorizeMath"]
+__all__ = ["BlockedConv2d", "BlockedNorm", "Conv2d", "Depthwise", "Elementwise", "Fallback", "Gemm", "Reduction",
+           "VectorizeMath"]

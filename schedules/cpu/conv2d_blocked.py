@@ -34,7 +34,9 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
-from .gemm_blocks import find_reduction_block, inline_consumers, loop_extent, num_cores, schedule_injective, vector_lanes
+from .gemm_blocks import (
+    find_reduction_block, inline_consumers, loop_extent, num_cores, schedule_injective, vector_lanes,
+)
 
 # Accumulator vectors one register tile may hold (AVX-512 has 32 registers: the tile,
 # one weight vector per channel block and a broadcast must fit).
