@@ -1,6 +1,7 @@
 """Our Relax passes, one per module, usable in any TVM pipeline.
 
-BoundShapes, NormalizeIndices, FoldBatchNorm, FoldPadIntoConv, SinkReshapes (op level) -> LiftEmits -> PropagateContracts ->
+BoundShapes, NormalizeIndices, FoldBatchNorm, FoldPadIntoConv, SinkReshapes (op level)
+-> [ChannelsFirst, with blocked layouts] -> LiftEmits -> PropagateContracts ->
 (EliminateEmits, MaterializeEmits, FuseEmits)* -> LowerEmits -> (after scheduling) prepack_weights
 """
 

@@ -16,7 +16,8 @@ values at permuted indices:
 An island is rewritten only when it is closed: every use of its values is one of those
 ops or a closing permute (otherwise the channels-last values would still be needed and
 both would be computed), and when it holds a Linear or a LayerNorm (the ops that gain;
-a bare permute pair is EliminateEmits' and fusion's business). The NCHW form then joins the convolution chain around it, which
+a bare permute pair is EliminateEmits' and fusion's business). The NCHW form then joins
+the convolution chain around it, which
 ``MaterializeEmits`` can block (NCHW16c) with no conversion at all; that is why the
 pipeline runs this pass only when blocked layouts are available. Runs on op-level Relax,
 before LiftEmits.

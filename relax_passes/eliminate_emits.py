@@ -104,7 +104,8 @@ class _Rules:
                     return src.value.args[0], "inverse permute_dims pair cancels", []
         if kind == "layout_transform":
             src = self.producer(x)
-            if src is not None and src.emit is not None and src.emit.kind == "layout_transform" and src.body is not None:
+            moved = src is not None and src.emit is not None and src.emit.kind == "layout_transform"
+            if moved and src.body is not None:
                 first, second = transform_layouts(src.body), transform_layouts(body)
                 start = src.value.args[0]
                 if first and second and first == second[::-1] and _same_type(start, var):

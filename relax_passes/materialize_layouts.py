@@ -291,7 +291,8 @@ class ChainRewriter:
                     args.append(relax.Tuple([self._operand(f, chain, out) for f in arg.fields]))
                 else:
                     args.append(self._blocked_arg(self._operand(arg, chain, out), call, node.var, k, chain.forms[i]))
-            var, binding = self._emit(self._blocked_call(call, node.var, args, chain.forms[i]), f"{node.var.name}_blocked")
+            blocked_call = self._blocked_call(call, node.var, args, chain.forms[i])
+            var, binding = self._emit(blocked_call, f"{node.var.name}_blocked")
             out.append(binding)
             self.blocked[node.var] = var
             if i in exits:  # the NCHW value, under its own name, for the consumers outside
@@ -368,5 +369,6 @@ def materialize_layouts(bb: relax.BlockBuilder, graph: EmitGraph, lanes: int,
     return rewriter.bindings() if rewriter.replace else None
 
 
-__all__ = ["CONVERT_BYTES_PER_S", "CONVERT_SECONDS", "RATES", "Chain", "ChainRewriter", "blocked_per_channel", "blocked_weight",
+__all__ = ["CONVERT_BYTES_PER_S", "CONVERT_SECONDS", "RATES", "Chain", "ChainRewriter", "blocked_per_channel",
+           "blocked_weight",
            "channel_block", "find_chains", "judge", "layout_form", "materialize_layouts"]

@@ -106,7 +106,8 @@ def output_layout(call: Any, ins: Sequence[ShapeFact]) -> Optional[str]:
         return layout if all(f.layout == layout for f in full) else None
     if category == REDUCTION and ins and _keeps_blocks(call):
         return ins[0].layout
-    if category == NORM and name == "relax.nn.layer_norm" and ins and sorted(int(a) % 5 for a in call.attrs.axes) == [1, 4]:
+    over_blocks = name == "relax.nn.layer_norm" and sorted(int(a) % 5 for a in call.attrs.axes) == [1, 4]
+    if category == NORM and over_blocks and ins:
         return ins[0].layout  # over the channels of a blocked tensor: the same layout out
     return None
 

@@ -12,12 +12,12 @@ import tvm
 from tvm import relax
 
 import aicf_tvm
-from aicf_tvm.kinds.layouts import transform_layouts
+from aicf_tvm.emit_graph import EmitGraph
+from aicf_tvm.kinds.layouts import blocking_map, transform_layouts, unblocking_map
 from aicf_tvm.driver.pipeline import normalize
 from aicf_tvm.report import FusionReport
 from relax_passes import EliminateEmits, LiftEmits, MaterializeEmits, PropagateContracts
 from relax_passes.materialize_layouts import channel_block, find_chains, layout_form
-from aicf_tvm.emit_graph import EmitGraph
 
 from ..conftest import run_vm
 
@@ -170,8 +170,6 @@ def test_chain_members_exclude_ops_without_a_blocked_form():
 def test_inverse_layout_transform_pair_cancels():
     """NCHW -> NCHW16c -> NCHW is the input: EliminateEmits says so and removes both."""
     x = relax.Var("x", relax.TensorType((1, 32, 4, 4), "float32"))
-    from aicf_tvm.kinds.layouts import blocking_map, unblocking_map
-
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
