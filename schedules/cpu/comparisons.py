@@ -27,7 +27,8 @@ import tvm_ffi
 from tvm import tirx
 from tvm.ir import Expr
 from tvm.target import Target
-from tvm.tirx.transform import prim_func_pass
+
+from .llvm_pass import llvm_prim_func_pass
 
 # The ordered comparison that is true exactly where the key's is false, NaN aside.
 _COMPLEMENT = {
@@ -70,12 +71,4 @@ def nan_exact_comparisons(func: tirx.PrimFunc) -> tirx.PrimFunc:
 def NaNExactComparisons(target: Target | None = None) -> tvm.transform.Pass:  # noqa: N802 - a pass
     """PrimFunc pass applying ``nan_exact_comparisons`` to the PrimFuncs compiled for an LLVM
     target (the PrimFunc's ``target`` attr, else ``target``, else ``with target:``)."""
-
-    def _apply(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx: object) -> tirx.PrimFunc:
-        func_target = func.attrs.get("target") if func.attrs is not None else None
-        func_target = func_target or target or Target.current(allow_none=True)
-        if func_target is None or func_target.kind.name != "llvm":
-            return func
-        return nan_exact_comparisons(func)
-
-    return prim_func_pass(_apply, opt_level=0, name="NaNExactComparisons")
+    return llvm_prim_func_pass(nan_exact_comparisons, target, "NaNExactComparisons")

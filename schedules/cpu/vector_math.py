@@ -41,7 +41,8 @@ from tvm import ir, tirx
 from tvm.ir import Expr
 from tvm.target import Target
 from tvm.tirx.op import fma
-from tvm.tirx.transform import prim_func_pass
+
+from .llvm_pass import llvm_prim_func_pass
 
 F32, F64 = "float32", "float64"
 
@@ -286,12 +287,4 @@ def VectorizeMath(target: Target | None = None) -> tvm.transform.Pass:  # noqa: 
     The target is the PrimFunc's ``target`` attr, else ``target``, else the enclosing
     ``with target:``; other targets (CUDA has its own vector math) are left alone.
     """
-
-    def _apply(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx: object) -> tirx.PrimFunc:
-        func_target = func.attrs.get("target") if func.attrs is not None else None
-        func_target = func_target or target or Target.current(allow_none=True)
-        if func_target is None or func_target.kind.name != "llvm":
-            return func
-        return vectorize_math(func)
-
-    return prim_func_pass(_apply, opt_level=0, name="VectorizeMath")
+    return llvm_prim_func_pass(vectorize_math, target, "VectorizeMath")
