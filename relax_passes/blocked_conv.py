@@ -111,12 +111,22 @@ def is_blocked_form(data_shape, kernel_shape, groups: int, data_layout: str, ker
     return ib == obk and kb[0] == 1 and int(kernel_shape[1]) == 1 and groups == channels == int(kernel_shape[0]) * obk
 
 
+def _static_dims(expr: Any) -> list[int] | None:
+    """The dims of ``expr`` as ints, None when any is symbolic or the shape unknown.
+
+    ``MaterializeEmits`` blocks only static activations, so a symbolic shape is never
+    one of the blocked forms and takes TVM's own legalization."""
+    shape = expr.ty.shape
+    if shape is None or not all(isinstance(d, tirx.IntImm) for d in shape.values):
+        return None
+    return [int(d) for d in shape.values]
+
+
 def legalize_conv2d(bb: Any, call: Any) -> Any:
     """``relax.nn.conv2d`` -> call_tir: blocked forms here, every other one as TVM does."""
     a = call.attrs
     data, kernel = call.args
-    data_shape = [int(d) for d in data.ty.shape.values] if data.ty.shape is not None else None
-    kernel_shape = [int(d) for d in kernel.ty.shape.values] if kernel.ty.shape is not None else None
+    data_shape, kernel_shape = _static_dims(data), _static_dims(kernel)
     layouts = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout))
     if data_shape is None or kernel_shape is None or not is_blocked_form(
             data_shape, kernel_shape, int(a.groups), *layouts):

@@ -147,3 +147,25 @@ def test_only_the_two_blocked_forms_are_ours():
     assert not is_blocked_form([1, 2, 8, 8, 16], [4, 1, 3, 3, 16, 16], 2, "NCHW16c", "OIHW16i16o", "NCHW16c")
     assert not is_blocked_form([1, 2, 8, 8, 16], [4, 2, 3, 3, 8, 16], 1, "NCHW16c", "OIHW8i16o", "NCHW16c")
     assert not is_blocked_form([1, 3, 8, 8], [4, 3, 3, 3], 1, "NCHW", "OIHW", "NCHW")
+
+
+def test_a_grouped_convolution_with_a_symbolic_batch_takes_tvms_legalization():
+    """A symbolic dim is never blocked, so legalization must not need every dim static (it
+    called ``int()`` on the batch var). Checked end to end against torch."""
+    import aicf_tvm
+
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 3, 4, 2), "float32"))
+    w = relax.Var("w", relax.TensorType((3, 1, 1, 1), "float32"))
+    with bb.function("main", [x, w]):
+        out = bb.emit(relax.op.nn.conv2d(x, w, padding=1, groups=3))
+        bb.emit_func_output(out)
+    compiled = aicf_tvm.compile(bb.get(), target="llvm")
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((2, 3, 4, 2)).astype("float32")
+    weight = rng.standard_normal((3, 1, 1, 1)).astype("float32")
+    expected = torch.nn.functional.conv2d(torch.from_numpy(data), torch.from_numpy(weight), padding=1, groups=3)
+    got = compiled(data, weight)
+    np.testing.assert_allclose(np.asarray(got.numpy() if hasattr(got, "numpy") else got), expected.numpy(),
+                               rtol=1e-5, atol=1e-6)
