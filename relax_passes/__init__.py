@@ -6,6 +6,7 @@ BoundShapes, NormalizeIndices, FoldBatchNorm, FoldPadIntoConv, SinkReshapes (op 
 """
 
 from .bound_shapes import BoundShapes
+from .channels_first import ChannelsFirst
 from .eliminate_emits import EliminateEmits
 from .fold_batch_norm import FoldBatchNorm
 from .fold_pad import FoldPadIntoConv
@@ -17,5 +18,5 @@ from .normalize_indices import NormalizeIndices
 from .propagate_contracts import PropagateContracts
 from .sink_reshapes import SinkReshapes
 
-__all__ = ["BoundShapes", "EliminateEmits", "FoldBatchNorm", "FoldPadIntoConv", "FuseEmits", "LiftEmits",
-           "LowerEmits", "MaterializeEmits", "NormalizeIndices", "PropagateContracts", "SinkReshapes"]
+__all__ = ["BoundShapes", "ChannelsFirst", "EliminateEmits", "FoldBatchNorm", "FoldPadIntoConv", "FuseEmits",
+           "LiftEmits", "LowerEmits", "MaterializeEmits", "NormalizeIndices", "PropagateContracts", "SinkReshapes"]

@@ -53,6 +53,13 @@ def _is_op(value: Any, name: str) -> bool:
     return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == name
 
 
+def names_an_axis(call: relax.Call) -> bool:
+    """A pointwise op with an axis attr (prelu's channel axis): its meaning moves with the
+    layout, so it has no layout-free twin."""
+    attrs = call.attrs
+    return attrs is not None and any(hasattr(attrs, a) for a in ("axis", "axes"))
+
+
 def _per_channel(arg: Any, channels: int) -> bool:
     dims = _dims(arg)
     return isinstance(arg, tvm.ir.Constant) and dims is not None and len(dims) <= 4 and \
@@ -107,7 +114,7 @@ def _member(isl: _Island, var: Any, value: Any) -> Optional[list]:
         weight = value.args[1]
         ok = value.args[0] in isl.nhw and isinstance(weight, tvm.ir.Constant) and len(_dims(weight) or ()) == 2
         return inside if ok and len(out) == 2 else None
-    if rule_for(name).category in (ELEMENTWISE, BROADCAST):
+    if rule_for(name).category in (ELEMENTWISE, BROADCAST) and not names_an_axis(value):
         others = [a for a in tensors if a not in isl.nhw]
         same = all(_dims(a) == out for a in inside)
         return inside if same and all(_per_channel(a, channels) for a in others) else None

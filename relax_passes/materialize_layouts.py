@@ -41,6 +41,7 @@ from aicf_tvm.kinds.layouts import blocked, blocking_map, unblocking_map
 from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE, kind_name, rule_for
 from aicf_tvm.report import Decision, FusionReport
 
+from .channels_first import names_an_axis
 from .fuse_emits import op_view
 from .lift_emits import build_emit_function
 
@@ -117,6 +118,8 @@ def layout_form(call: Any, result: Any, lanes: int) -> Optional[Form]:
         return _conv_form(call, out, lanes)
     tensors = [a for a in call.args if isinstance(getattr(a, "ty", None), relax.TensorType)]
     if rule_for(name).category in (ELEMENTWISE, BROADCAST):
+        if names_an_axis(call):
+            return None
         for a in tensors:
             if _static_4d(a) == out and not isinstance(a, tvm.ir.Constant):
                 continue

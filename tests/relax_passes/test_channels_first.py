@@ -107,3 +107,21 @@ def test_compiled_block_runs_blocked_without_layout_conversions_inside():
     assert chain.accepted and "1 entering and 1 leaving" in chain.note and "3 convolutions" in chain.note
     x = rng.standard_normal((1, 64, 14, 14)).astype("float32")
     np.testing.assert_allclose(np.asarray(compiled(x)), run_vm(mod, x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_pointwise_op_with_a_channel_axis_keeps_the_island_channels_last():
+    """prelu(x, alpha, axis=3) names the NHWC channel axis: no NCHW twin without renaming
+    it, so the island stays (and the result is the model's)."""
+    rng = np.random.default_rng(4)
+    x = relax.Var("x", relax.TensorType((1, 8, 4, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            p = bb.emit(relax.op.permute_dims(x, [0, 2, 3, 1]))
+            g, b = (relax.const(rng.standard_normal(8).astype("float32")) for _ in range(2))
+            n = bb.emit(relax.op.nn.layer_norm(p, g, b, axes=[-1]))
+            a = bb.emit(relax.op.nn.prelu(n, relax.const(rng.uniform(0, 1, 8).astype("float32")), axis=3))
+            out = bb.emit_output(relax.op.permute_dims(a, [0, 3, 1, 2]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert op_names(ChannelsFirst()(mod)) == op_names(mod)

@@ -209,3 +209,29 @@ def test_concat_along_channels_runs_blocked_with_its_axis_renamed():
     xv = rng.standard_normal((1, 16, 12, 12)).astype("float32")
     np.testing.assert_allclose(np.asarray(aicf_tvm.compile(mod, target=TARGET)(xv)), run_vm(mod, xv)[0],
                                rtol=1e-4, atol=1e-4)
+
+
+def test_blocked_conv_candidate_requires_the_layout_fact_of_its_data():
+    """A blocked conv2d on a parameter (layout ⊤: nothing says it is stored NCHW16c) is not
+    fused: the candidate's requirement names the layout; on a blocked value it fuses."""
+    rng = np.random.default_rng(7)
+    x = relax.Var("x", relax.TensorType((1, 2, 6, 6, 16), "float32"))
+    p = relax.Var("p", relax.TensorType((1, 32, 6, 6), "float32"))
+    weight = _const(rng, 2, 2, 3, 3, 16, 16)
+    bias = _const(rng, 1, 2, 1, 1, 16)
+    layouts = {"data_layout": "NCHW16c", "kernel_layout": "OIHW16i16o", "out_layout": "NCHW16c"}
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, p]):
+        with bb.dataflow():
+            raw = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(
+                bb.emit(relax.op.nn.conv2d(x, weight, padding=1, **layouts)), bias))))
+            moved = bb.emit(relax.op.layout_transform(p, index_map=blocking_map(16)))
+            fact = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(
+                bb.emit(relax.op.nn.conv2d(moved, weight, padding=1, **layouts)), bias))))
+            out = bb.emit_output(relax.Tuple([raw, fact]))
+        bb.emit_func_output(out)
+    compiled = aicf_tvm.compile(bb.get(), target=TARGET)
+    convs = [d for d in compiled.report.decisions if d.candidate == "fused_conv2d_bias_act"]
+    refused = [d for d in convs if not d.accepted]
+    assert any(d.accepted for d in convs)
+    assert refused and any("NCHW16c" in str(f) for d in refused for f in d.failures), refused
