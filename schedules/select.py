@@ -15,11 +15,13 @@ moves the incomplete one into ``<file>.torn`` (so the next append starts a new l
 for a reader it ignores it.  A bad row anywhere else is corruption: ``TuningError``, and
 the file is left untouched.
 
-``aicf_tuning.json`` next to the database says, per signature, whether the best tuned
-record beat the default schedule when both were measured; when that file exists, only
-records of signatures it marks ``tuned`` are used, so the default rule keeps every other
-kernel (including the default's own seed record of a task the budget did not reach).  A PrimFunc that takes a record is
-marked scheduled with ``aicf.schedule = "tuned"`` and the default-rule pass leaves it alone.
+``aicf_tuning.json`` next to the database says, per signature, whether a tuned record
+beat the default schedule when both were measured again side by side, and names that
+record (``record_digest`` of its trace); when that file exists, only the named records of
+signatures it marks ``tuned`` are used, so the default rule keeps every other kernel
+(including the default's own seed record of a task the budget did not reach).  A PrimFunc
+that takes a record is marked scheduled with ``aicf.schedule = "tuned"`` and the
+default-rule pass leaves it alone.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ _LOG = logging.getLogger(__name__)
 
 SIGNATURE_ATTR = "aicf.signature"
 EMIT_ATTR = "aicf.emit"
+LAYOUT_FREE_ATTR = "layout_free_buffers"  # TVM's name, as in aicf_tvm.emit
 CHOICES_FILE = "aicf_tuning.json"
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
@@ -81,11 +84,23 @@ def signature_key(signature: dict) -> str:
     return f"{signature['kind']}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
+def record_digest(trace: Any) -> str:
+    """A short stable name for a record's trace (``aicf_tuning.json`` names the chosen one)."""
+    return hashlib.sha256(str(trace).encode()).hexdigest()[:16]
+
+
 def workload_of(func: tirx.PrimFunc, target: tvm.target.Target) -> tvm.IRModule | None:
-    """The MetaSchedule workload tuned and queried for ``func``; None if not an Emit kernel."""
+    """The MetaSchedule workload tuned and queried for ``func``; None if not an Emit kernel.
+
+    The workload keeps TVM's ``layout_free_buffers`` (the parameters every call passes a
+    constant, ``relax_passes.prepack_weights.mark_layout_free``): a kernel is tuned and
+    timed as it runs, on prepacked weights, and the key tells the two uses apart.
+    """
     signature = contract_signature(func, target)
     if signature is None:
         return None
+    if func.attrs is not None and LAYOUT_FREE_ATTR in func.attrs:
+        signature["layout_free"] = [int(i) for i in func.attrs[LAYOUT_FREE_ATTR]]
     for key in _DROPPED:
         if func.attrs is not None and key in func.attrs:
             func = func.without_attr(key)
@@ -245,6 +260,23 @@ def restore_attrs(scheduled: tirx.PrimFunc, original: tirx.PrimFunc) -> tirx.Pri
     return scheduled
 
 
+def _chosen_schedule(db: Any, workload: tvm.IRModule, target: tvm.target.Target, record: str | None) -> Any:
+    """The schedule of the record named ``record`` (``record_digest``), else the best one;
+    None when there is none."""
+    if record is None:
+        return db.query_schedule(workload, target=target, workload_name="main")
+    if not db.has_workload(workload):
+        return None
+    for candidate in db.get_top_k(db.commit_workload(workload), 1 << 30):
+        if record_digest(candidate.trace) == record:
+            sch = tvm.s_tir.Schedule(workload)
+            candidate.trace.apply_to_schedule(sch, remove_postproc=False)
+            return sch
+    _LOG.warning("the tuned record %s chosen for %s is not in the database: using the default rule",
+                 record, workload["main"].attrs[SIGNATURE_ATTR])
+    return None
+
+
 def apply_database(mod: tvm.IRModule, target: tvm.target.Target, database: Any) -> tvm.IRModule:
     """Replace each Emit PrimFunc whose signature has a winning record by its tuned schedule."""
     db = open_database(database)
@@ -259,10 +291,11 @@ def apply_database(mod: tvm.IRModule, target: tvm.target.Target, database: Any) 
         if workload is None:
             continue
         key = str(workload["main"].attrs[SIGNATURE_ATTR])
-        if judged and choices.get(key, {}).get("choice") != "tuned":
+        choice = choices.get(key, {})
+        if judged and choice.get("choice") != "tuned":
             continue  # not measured faster than the default rule (or not tuned): keep the rule
         try:
-            sch = db.query_schedule(workload, target=target, workload_name="main")
+            sch = _chosen_schedule(db, workload, target, choice.get("record"))
         except Exception as err:  # noqa: BLE001 - a record whose trace no longer replays
             # Kernel selection falls through to the default rule rather than failing the build.
             _LOG.warning("tuned record for %s does not replay (%s): using the default rule",

@@ -9,16 +9,22 @@ then, for one task:
    midway and started again loses nothing: MetaSchedule's JSON database appends every
    measured batch as it goes);
 2. measures the default rule's schedule with the same builder and runner and commits it
-   as a record, so the search starts with the default as its best measured point and
-   MetaSchedule's top record is never slower than it;
-3. runs MetaSchedule (evolutionary search, xgboost cost model) for the remaining trials;
-4. returns the outcome: default vs best tuned seconds and which one compile should use.
+   as a record, so the search starts with the default as its best measured point; when
+   the default rule has tunable design spaces (``tune_space``), the default plan's trace
+   in them is measured and committed too, so the search mutates around it;
+3. runs MetaSchedule (evolutionary search, xgboost cost model) for the remaining trials,
+   in our rule's design spaces when it has them, else in MetaSchedule's own;
+4. ``confirm``: measures the default and the best tuned records again, in turns, and
+   keeps a record only when it is still faster than the default by ``WIN_MARGIN`` (the
+   best of many noisy measurements is otherwise a lucky draw of an equal kernel); the
+   outcome names that record, so ``compile`` applies exactly it.
 
 A batch in which no candidate built raises ``TuningFailed`` with the builder's message.
 A candidate that crashes the runner's worker process (a segfault) or runs past
 ``runner_timeout`` seconds is recorded as failed (MetaSchedule commits it with run_secs
 1e10, which ``valid_records`` skips) and the search goes on: the runner kills its worker
 and starts a fresh one for the next candidate.
+Tasks are ordered by cost (estimated FLOPs times calls per inference), costliest first.
 The build function skips ``import tvm.s_tir.tensor_intrin`` on LLVM targets: that import
 alone takes 25-50 s per build worker here, longer than MetaSchedule's default builder
 timeout (docs/design.md §9); it applies ``NaNExactComparisons`` and ``VectorizeMath`` as ``compile`` does, so a candidate is
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib
 import importlib.util
 import logging
@@ -38,25 +45,30 @@ import os
 import shutil
 import sys
 import types
-from collections.abc import Callable, Iterator
+import statistics
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.analysis import estimate_tir_flops
 
 from . import default_rules
 from .cpu.comparisons import NaNExactComparisons
 from .cpu.vector_math import VectorizeMath
 from .remote import RemoteRunner, Tracker
-from .select import SIGNATURE_ATTR, contract_signature, workload_of
+from .select import SIGNATURE_ATTR, contract_signature, record_digest, workload_of
+from .tune_space import has_unplain_rewrite, space_generator, timed_form
 
 _LOG = logging.getLogger(__name__)
 WIN_MARGIN = 0.98  # a tuned record must beat the default by 2%: less is measurement noise
 FAILED_SECS = 1e9  # MetaSchedule stores failed candidates with run_secs of 1e10
+CONFIRM_TOP = 2  # the best tuned records measured again against the default
+CONFIRM_ROUNDS = 3  # turns of that measurement (the median of each kernel's is kept)
 
 
 class TuningFailed(RuntimeError):
@@ -72,10 +84,16 @@ class Task:
     signature: dict
     flops: float
     uses: list[tuple[str, str]] = field(default_factory=list)
+    calls: int = 0  # calls per inference, summed over the models
 
     @property
     def kind(self) -> str:
         return str(self.signature["kind"])
+
+    @property
+    def cost(self) -> float:
+        """Estimated FLOPs per inference: what a share of the trial budget follows."""
+        return self.flops * max(1, self.calls)
 
 
 @dataclass
@@ -89,21 +107,30 @@ class TaskOutcome:
     tuned_s: float | None
     choice: str  # "tuned" or "default"
     skipped: bool = False
+    record: str | None = None  # record_digest of the chosen record's trace
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "trials": self.trials, "default_s": self.default_s,
-                "tuned_s": self.tuned_s, "choice": self.choice}
+                "tuned_s": self.tuned_s, "choice": self.choice, "record": self.record}
+
+    @classmethod
+    def from_json(cls, key: str, entry: Mapping[str, Any], skipped: bool) -> "TaskOutcome":
+        """An outcome saved by an earlier run (``aicf_tuning.json``)."""
+        return cls(key, str(entry.get("kind", "")), int(entry.get("trials", 0)), entry.get("default_s"),
+                   entry.get("tuned_s"), str(entry.get("choice", "default")), skipped, entry.get("record"))
 
 
 def _flops(func: tirx.PrimFunc) -> float:
     try:
-        return float(tirx.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
-    except Exception:  # noqa: BLE001 - only used to order tasks
+        return float(estimate_tir_flops(tvm.IRModule({"main": func})))
+    except Exception:  # noqa: BLE001 - only used to order tasks and share trials
         return 0.0
 
 
-def extract_tasks(lowered: list[tuple[str, tvm.IRModule]], target: tvm.target.Target) -> list[Task]:
-    """Tasks of the Emit PrimFuncs of ``(model name, lowered module)`` pairs, costliest first."""
+def extract_tasks(lowered: list[tuple[str, tvm.IRModule]], target: tvm.target.Target,
+                  calls: Mapping[tuple[str, str], int] | None = None) -> list[Task]:
+    """Tasks of the Emit PrimFuncs of ``(model name, lowered module)`` pairs, costliest
+    first; ``calls`` maps (model, PrimFunc name) to its calls per inference (default 1)."""
     tasks: dict[int, Task] = {}
     for model, mod in lowered:
         for gv, func in mod.functions_items():
@@ -118,7 +145,8 @@ def extract_tasks(lowered: list[tuple[str, tvm.IRModule]], target: tvm.target.Ta
                 sig = contract_signature(func, target)
                 tasks[shash] = Task(key, workload, sig, _flops(workload["main"]))
             tasks[shash].uses.append((model, gv.name_hint))
-    return sorted(tasks.values(), key=lambda t: (-t.flops, t.key))
+            tasks[shash].calls += (calls or {}).get((model, gv.name_hint), 1)
+    return sorted(tasks.values(), key=lambda t: (-t.cost, t.key))
 
 
 def _build(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
@@ -249,54 +277,76 @@ def _replays(trace: Any, workload: tvm.IRModule, expected: tvm.IRModule) -> bool
         return False
 
 
-def measure(mod: tvm.IRModule, target: tvm.target.Target, builder: Any, runner: Any) -> tuple[float | None, str]:
-    """Mean seconds per call of ``mod`` on the tuning runner, or (None, the error)."""
-    (built,) = builder.build([ms.builder.BuilderInput(mod, target)])
-    if built.error_msg:
-        return None, str(built.error_msg)
+def measure(mods: list[tvm.IRModule], target: tvm.target.Target, builder: Any, runner: Any,
+            rounds: int = 1) -> list[float | str]:
+    """Seconds per call of each of ``mods`` on the tuning runner (the median over ``rounds``
+    turns, each measuring every module once, in order), or the error that stopped it."""
+    built = builder.build([ms.builder.BuilderInput(mod, target) for mod in mods])
+    device = "cuda" if "gpu" in target.keys else "cpu"
+    out: list[float | str] = [str(b.error_msg) if b.error_msg else "" for b in built]
+    runs: dict[int, list[float]] = {i: [] for i, b in enumerate(built) if not b.error_msg}
     try:
-        args = ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True)
-        device = "cuda" if "gpu" in target.keys else "cpu"
-        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, device, args)])
-        result = future.result()
+        for _ in range(rounds):
+            live = [i for i in runs if not out[i]]
+            inputs = [ms.runner.RunnerInput(built[i].artifact_path, device,
+                                            ms.arg_info.ArgInfo.from_entry_func(mods[i], remove_preproc=True))
+                      for i in live]
+            for i, future in zip(live, runner.run(inputs) if inputs else []):
+                result = future.result()
+                if result.error_msg:
+                    out[i] = str(result.error_msg)
+                else:
+                    runs[i].append(_mean(result.run_secs))
     finally:
-        shutil.rmtree(os.path.dirname(built.artifact_path), ignore_errors=True)
-    if result.error_msg:
-        return None, str(result.error_msg)
-    return _mean(result.run_secs), ""
+        for b in built:
+            if b.artifact_path:
+                shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
+    return [out[i] if out[i] or not runs.get(i) else statistics.median(runs[i]) for i in range(len(mods))]
 
 
 @dataclass(frozen=True)
 class Baseline:
-    """The default schedule of a task: its trace (as text) and measured seconds per call."""
+    """The default schedule of a task: its trace (as text), measured seconds per call, and
+    the traces seeded for it (the default's, the default plan's in the design spaces)."""
 
     trace: str | None
     secs: float | None
+    seeds: tuple[str, ...] = ()
 
 
-def seed_default(task: Task, target: tvm.target.Target, db: Any, tools: Tools) -> Baseline:
-    """Measure the default schedule and commit it as a record (once: a resumed run finds it)."""
+def seed_default(task: Task, target: tvm.target.Target, db: Any, tools: Tools,
+                 spaces: list[s_tir.Schedule] | None = None) -> Baseline:
+    """Measure the default schedule and the first design space (the default plan's trace,
+    when the rule has spaces) and commit each as a record, once: a resumed run finds them.
+
+    Both are timed as ``compile`` runs them, on prepacked weights (``timed_form``); a
+    default whose packing MetaSchedule could not take out is not committed (its search
+    would fail on it), and is measured again by a resumed run.
+    """
     sch = default_schedule(task.workload, target)
     if sch is None:
         return Baseline(None, None)
-    text = str(sch.trace)
-    for record in valid_records(db, task.workload):
-        if str(record.trace) == text:
-            return Baseline(text, _mean(record.run_secs))
-    secs, error = measure(sch.mod, target, tools.builder, tools.runner)
-    if secs is None:
-        _LOG.warning("default schedule of %s did not run: %s", task.key, error.strip()[-300:])
-        return Baseline(text, None)
-    if _replays(sch.trace, task.workload, sch.mod):
-        args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
-        record = ms.database.TuningRecord(sch.trace, db.commit_workload(task.workload), [secs], target, args)
-        db.commit_tuning_record(record)
-    return Baseline(text, secs)
+    seeds = [sch, *spaces[:1]]
+    texts = [str(s.trace) for s in seeds]
+    known = {str(r.trace): _mean(r.run_secs) for r in valid_records(db, task.workload)}
+    todo = [i for i, text in enumerate(texts) if text not in known]
+    timed = measure([timed_form(seeds[i].mod) for i in todo], target, tools.builder, tools.runner) if todo else []
+    for i, secs in zip(todo, timed):
+        if isinstance(secs, str):
+            _LOG.warning("seed %d of %s did not run: %s", i, task.key, secs.strip()[-300:])
+            continue
+        known[texts[i]] = secs
+        if _replays(seeds[i].trace, task.workload, seeds[i].mod) and not has_unplain_rewrite(seeds[i].mod):
+            args = ms.arg_info.ArgInfo.from_entry_func(seeds[i].mod, remove_preproc=True)
+            db.commit_tuning_record(ms.database.TuningRecord(
+                seeds[i].trace, db.commit_workload(task.workload), [secs], target, args))
+    return Baseline(texts[0], known.get(texts[0]), tuple(texts))
 
 
 def tuned_records(db: Any, task: Task, baseline: Baseline) -> list[Any]:
-    """The task's valid records other than the default schedule's, fastest first."""
-    return [r for r in valid_records(db, task.workload) if str(r.trace) != baseline.trace]
+    """The task's valid records other than the seeded ones, fastest first."""
+    seeds = set(baseline.seeds) | {baseline.trace}
+    return [r for r in valid_records(db, task.workload) if str(r.trace) not in seeds]
 
 
 @derived_object
@@ -319,8 +369,9 @@ class _Watch(ms.measure_callback.PyMeasureCallback):
 
 
 def search(task: Task, target: tvm.target.Target, db: Any, trials: int, tools: Tools, *, work_dir: str,
-           on_batch: Callable[[int], None], seed: int = 0) -> None:
-    """MetaSchedule's evolutionary search for ``trials`` more candidates of ``task``."""
+           on_batch: Callable[[int], None], seed: int = 0, spaces: list[s_tir.Schedule] | None = None) -> None:
+    """MetaSchedule's evolutionary search for ``trials`` more candidates of ``task``, in
+    ``spaces`` (our rule's design spaces) when given, else in MetaSchedule's own space."""
     watch = _Watch(on_batch)
     # MetaSchedule's population of 512 costs minutes per task on 2 cores; a few trials
     # cannot use more than a few dozen candidates.
@@ -328,7 +379,8 @@ def search(task: Task, target: tvm.target.Target, db: Any, trials: int, tools: T
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=population, init_min_unmeasured=min(50, population // 2))
     context = ms.TuneContext(
-        mod=task.workload, target=target, space_generator="post-order-apply",
+        mod=task.workload, target=target,
+        space_generator=space_generator(spaces) if spaces else "post-order-apply",
         search_strategy=strategy, task_name=task.key, rand_state=seed,
         num_threads=tools.cores,
     )
@@ -348,11 +400,36 @@ def search(task: Task, target: tvm.target.Target, db: Any, trials: int, tools: T
         )
 
 
-def outcome(task: Task, db: Any, baseline: Baseline, skipped: bool) -> TaskOutcome:
-    """Compare the best tuned record with the default schedule; keep the faster."""
+def _replayed(trace: Any, workload: tvm.IRModule) -> tvm.IRModule:
+    sch = s_tir.Schedule(workload)
+    trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch.mod
+
+
+def outcome(task: Task, target: tvm.target.Target, db: Any, baseline: Baseline, tools: Tools,
+            skipped: bool = False) -> TaskOutcome:
+    """Measure the default and the ``CONFIRM_TOP`` best tuned records again, in
+    ``CONFIRM_ROUNDS`` turns; keep the fastest record if it beats the default by
+    ``WIN_MARGIN`` (always when the default did not run), else the default."""
     tuned = tuned_records(db, task, baseline)
-    trials = len(tuned)
-    tuned_s = _mean(tuned[0].run_secs) if tuned else None
-    wins = tuned_s is not None and (baseline.secs is None or tuned_s < WIN_MARGIN * baseline.secs)
-    return TaskOutcome(task.key, task.kind, trials, baseline.secs, tuned_s,
-                       "tuned" if wins else "default", skipped)
+    result = TaskOutcome(task.key, task.kind, len(tuned), baseline.secs, None, "default", skipped)
+    if not tuned:
+        return result
+    default = default_schedule(task.workload, target)
+    best = tuned[:CONFIRM_TOP]
+    mods = [timed_form(_replayed(r.trace, task.workload)) for r in best]
+    if default is not None and baseline.secs is not None:
+        mods.append(timed_form(default.mod))
+    secs = measure(mods, target, tools.builder, tools.runner, rounds=CONFIRM_ROUNDS)
+    default_s = secs.pop() if len(secs) > len(best) else None
+    if isinstance(default_s, str):
+        _LOG.warning("default schedule of %s did not run again: %s", task.key, default_s.strip()[-300:])
+        default_s = None
+    ran = [(s, r) for s, r in zip(secs, best) if not isinstance(s, str)]
+    if not ran:
+        return result
+    tuned_s, record = min(ran, key=lambda x: x[0])
+    default_s = baseline.secs if default_s is None else default_s
+    wins = default_s is None or tuned_s < WIN_MARGIN * default_s
+    return TaskOutcome(task.key, task.kind, len(tuned), default_s, tuned_s, "tuned" if wins else "default",
+                       skipped, record_digest(record.trace) if wins else None)

@@ -136,10 +136,10 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
     ``VectorizeMath`` gains; both keep the ``exact`` contract, docs/numerics.md).
     """
     with target:
-        mod = kernels
+        mod = mark_layout_free(kernels)  # before the records: tuning saw the kernels marked
         if database is not None:  # records are keyed by the PrimFuncs as tuning saw them
             mod = apply_database(mod, target, database)
-        mod = apply_default_schedules(target)(mark_layout_free(mod))
+        mod = apply_default_schedules(target)(mod)
         mod, packed, refused = prepack_weights(mod)
         mod = NaNExactComparisons(target)(mod)  # what the schedules inlined keeps IEEE NaN results
         if vector_math:  # exp/erf/tanh/... as SIMD arithmetic, not one libm call per lane

@@ -1,11 +1,15 @@
 """``aicf_tvm.tune``: tune the Emit kernels of one or more models into a work dir.
 
 Every model is imported, optimized and lowered to Emit PrimFuncs exactly as ``compile``
-does (before any default schedule), their kernels become one task per contract signature
-across all models (``schedules.tune.extract_tasks``), costliest first, and each task is
-seeded with its measured default schedule and searched by MetaSchedule.  The work dir
-holds MetaSchedule's JSON database plus ``aicf_tuning.json`` (per signature: trials,
-default and tuned seconds, the choice); ``compile(..., database=work_dir)`` applies it.
+does (before any default schedule, constant weights marked layout-free), their kernels
+become one task per contract signature across all models (``schedules.tune.extract_tasks``),
+costliest first, and each task is seeded with its measured default schedule and searched
+by MetaSchedule, in our default rule's design spaces where it has them
+(``schedules.tune_space``).  The trials go to the tasks in proportion to their cost
+(FLOPs times calls per inference); a task whose share is under ``MIN_TRIALS`` gets none
+and keeps its default rule.  The work dir holds MetaSchedule's JSON database plus
+``aicf_tuning.json`` (per signature: trials, default and tuned seconds as measured again
+side by side, the choice and its record); ``compile(..., database=work_dir)`` applies it.
 Running again with the same arguments skips tasks that already have their trials; a run
 killed midway (even with ``kill -9``) leaves a database that loads and resumes.  A candidate
 that crashes or hangs the runner costs at most ``runner_timeout`` seconds and is recorded
@@ -21,6 +25,7 @@ import dataclasses
 import json
 import math
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +34,12 @@ from typing import Any
 import tvm
 from tqdm.auto import tqdm
 
+from relax_passes.lower_emits import kernel_calls
+from relax_passes.prepack_weights import mark_layout_free
 from schedules import tune as st
 from schedules.remote import RemoteError, Tracker
 from schedules.select import CHOICES_FILE, load_choices, open_database
+from schedules.tune_space import design_spaces
 
 from ..errors import TuningError
 from .frontends import load_model
@@ -66,7 +74,7 @@ class TuneResult:
             lines.append(f"  {t.key:40s} default {_ms(t.default_s):>12s}  tuned {_ms(t.tuned_s):>12s}"
                          f"  -> {t.choice}{note}")
         if self.untuned:
-            lines.append(f"  {len(self.untuned)} task(s) not tuned: trial budget spent")
+            lines.append(f"  {len(self.untuned)} task(s) not tuned: no trials left for them")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -78,8 +86,33 @@ def _ms(secs: float | None) -> str:
 
 
 def lower_for_tuning(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
-    """The Emit PrimFuncs before any schedule: ``compile``'s pipeline, stopped there."""
-    return run_pipeline(mod, target, until="kernels").kernels
+    """The Emit PrimFuncs before any schedule, constant weights marked layout-free:
+    ``compile``'s pipeline, stopped there (``compile`` marks them before it looks up a
+    record, so the workloads are keyed alike)."""
+    return mark_layout_free(run_pipeline(mod, target, until="kernels").kernels)
+
+
+MIN_TRIALS = 4  # fewer trials than this do not pay for a task's search and re-measurement
+
+
+def trial_shares(trials: int, costs: Sequence[float]) -> list[int]:
+    """``trials`` split in proportion to ``costs``: a task whose share would be under
+    ``MIN_TRIALS`` gets none and its share goes to the others; the rounding leftovers go
+    to the largest remainders.  Tasks of unknown cost (0) share evenly when all are."""
+    weights = list(costs) if any(c > 0 for c in costs) else [1.0] * len(costs)
+    active = [i for i, w in enumerate(weights) if w > 0]
+    while True:
+        total = sum(weights[i] for i in active)
+        exact = {i: trials * weights[i] / total for i in active}
+        small = [i for i in active if exact[i] < min(MIN_TRIALS, trials)]
+        if not small or len(small) == len(active):
+            break
+        active = [i for i in active if i not in small]
+    shares = {i: int(exact[i]) for i in active}
+    by_remainder = sorted(active, key=lambda i: (shares[i] - exact[i], i))
+    for i in by_remainder[: trials - sum(shares.values())]:
+        shares[i] += 1
+    return [shares.get(i, 0) for i in range(len(weights))]
 
 
 def _model_name(spec: Any, index: int) -> str:
@@ -101,7 +134,7 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
     """Tune the Emit kernels of ``models`` (one or a list of what ``load_model`` takes).
 
     ``trials`` caps the candidates measured in this run; each task gets ``trials_per_task``
-    (default: an even share of ``trials``).  A candidate still measuring after
+    (default: its share of ``trials`` by cost, ``trial_shares``).  A candidate still measuring after
     ``runner_timeout`` seconds (with ``rpc``: still in its session, upload and link
     included) is killed and recorded as failed.  With ``rpc="HOST:PORT"`` and ``key``,
     measure on that tracker's servers, ``workers`` sessions at once (default: one per
@@ -146,22 +179,24 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
         raise TuningError("tune: no model given")
     names = [_model_name(s, i) for i, s in enumerate(specs)]
     lowered = [(name, lower_for_tuning(load_model(s), tgt)) for name, s in zip(names, specs)]
-    tasks = st.extract_tasks(lowered, tgt)
+    calls = Counter((name, kernel) for name, mod in lowered for kernel in kernel_calls(mod["main"]))
+    tasks = st.extract_tasks(lowered, tgt, calls)
     if not tasks:
         raise TuningError(f"tune: {', '.join(names)} has no Emit kernels to tune")
 
     wdir = Path(work_dir)
     db = open_database(wdir, create=True)  # validates the files before anything is written
     choices = load_choices(wdir)
-    per_task = trials_per_task or max(1, trials // len(tasks))
+    shares = [trials_per_task] * len(tasks) if trials_per_task else trial_shares(trials, [t.cost for t in tasks])
     tools = st.Tools(tgt, builder_timeout, runner_timeout, tracker, workers)
     result = TuneResult(wdir, tgt, names, measured_on=where)
-    bar = tqdm(total=min(trials, per_task * len(tasks)), unit="trial", disable=not progress, desc="tune")
+    bar = tqdm(total=min(trials, sum(shares)), unit="trial", disable=not progress, desc="tune")
     with st.cpu_intrinsics_only(tgt), contextlib.closing(bar):
-        for index, task in enumerate(tasks):
+        for index, (task, share) in enumerate(zip(tasks, shares)):
             bar.set_description(f"tune {index + 1}/{len(tasks)} {task.kind}")
             try:
-                out = _tune_task(task, index, db, tools, per_task, trials - result.measured, result, bar)
+                out = _tune_task(task, index, db, tools, share, trials - result.measured, result, bar,
+                                 choices.get(task.key))
             except st.TuningFailed as err:
                 model, kernel = task.uses[0]
                 raise TuningError(f"tuning kernel {kernel} of {model} failed: {err}") from err
@@ -202,13 +237,20 @@ def _remote(rpc: str | None, key: str | None, workers: int | None, timeout_s: fl
 
 
 def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: int, result: TuneResult,
-               bar: Any) -> Any:
-    """Seed, search and judge one task; None when the run's trial budget is spent."""
-    baseline = st.seed_default(task, result.target, db, tools)
+               bar: Any, saved: dict | None) -> Any:
+    """Seed, search and judge one task; None when it gets no trials (then it is not even
+    seeded) or the run's are spent.  A task already searched for its trials keeps the
+    outcome an earlier run saved."""
+    if per_task <= 0:
+        return None
+    spaces = design_spaces(task.workload, result.target)
+    baseline = st.seed_default(task, result.target, db, tools, spaces)
     done = len(st.tuned_records(db, task, baseline))
     budget = min(per_task - done, left)
     if budget <= 0 and done < per_task:
         return None
+    if budget <= 0 and saved is not None:
+        return st.TaskOutcome.from_json(task.key, saved, skipped=True)
 
     def step(n: int) -> None:
         result.measured += n
@@ -216,5 +258,5 @@ def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: 
 
     if budget > 0:
         st.search(task, result.target, db, budget, tools, work_dir=str(result.work_dir), on_batch=step,
-                  seed=index)
-    return st.outcome(task, db, baseline, skipped=budget <= 0)
+                  seed=index, spaces=spaces)
+    return st.outcome(task, result.target, db, baseline, tools, skipped=budget <= 0)

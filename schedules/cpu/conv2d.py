@@ -24,7 +24,7 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
-from .gemm import looks_like_convolution, schedule_gemm
+from .gemm import gemm_spaces, looks_like_convolution, schedule_gemm
 from .gemm_analysis import IterRole, detect_gemm
 from .gemm_blocks import find_reduction_block
 
@@ -72,6 +72,7 @@ class Conv2d(CPUScheduleRule):
     """Default CPU schedule for a (fused) NCHW conv2d PrimFunc; None when not one.
 
     ``vector_axis``: ``"positions"`` (default: the output's y*W + x) or ``"channels"``.
+    ``tunable=True`` returns the GEMM kernel's tuning design spaces (``gemm.gemm_spaces``).
     """
 
     def __init__(self, vector_axis: str = "positions") -> None:
@@ -79,7 +80,8 @@ class Conv2d(CPUScheduleRule):
             raise ValueError(f"Conv2d(vector_axis={vector_axis!r}): use 'positions' or 'channels'")
         self.vector_axis = vector_axis
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+    def apply(self, func: tirx.PrimFunc, target: Target,
+              tunable: bool) -> s_tir.Schedule | list[s_tir.Schedule] | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         try:
@@ -108,6 +110,8 @@ class Conv2d(CPUScheduleRule):
         else:
             role = channels
         try:
+            if tunable:
+                return gemm_spaces(sch, main, traits, role, target) or None
             schedule_gemm(sch, main, traits, role, target)
         except Exception:  # noqa: BLE001  # ScheduleError / InternalError: not our shape
             return None

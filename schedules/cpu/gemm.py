@@ -27,14 +27,16 @@ module did not foresee raises inside ``apply``, which then returns None.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.sym.analyzer import Analyzer
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
-from .common import PARTITION_HINT, float32_lanes, num_cores, static_extent
-from .gemm_analysis import GemmTraits, IterRole, detect_gemm, normalize_gemm
+from .common import PARTITION_HINT, float32_lanes, loop_extent, num_cores, static_extent
+from .gemm_analysis import GemmTraits, IterRole, NormalizedGemm, detect_gemm, normalize_gemm
 from .gemm_blocks import (
     find_reduction_block,
     inline_consumers,
@@ -45,7 +47,7 @@ from .gemm_blocks import (
     schedule_injective,
     splits_into_vectors,
 )
-from .gemm_plan import GemmPlan, plan_gemm
+from .gemm_plan import GemmPlan, plan_candidates, plan_gemm
 
 
 def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole) -> IterRole:
@@ -114,6 +116,41 @@ def _schedule_im2col(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
     sch.parallel(sch.fuse(*loops[: max(1, len(loops) - 2)]))
 
 
+@dataclass(frozen=True)
+class GemmProblem:
+    """A GEMM block after ``normalize_gemm`` and producer inlining, before tiling: what
+    ``plan_gemm`` decides on (extents, None when symbolic; B's source layout)."""
+
+    norm: NormalizedGemm
+    dims: tuple[int | None, int | None, int | None, int | None]  # S, M, N, K
+    lanes: int
+    cores: int
+    b_contiguous_in_n: bool
+
+    def plan_args(self) -> tuple:
+        """``plan_gemm``'s / ``plan_candidates``' arguments for this problem."""
+        registers = 32 if self.lanes >= 16 else 16
+        return (*self.dims, self.lanes, self.cores, registers, self.b_contiguous_in_n, self.norm.b_im2col)
+
+
+def prepare_gemm(
+    sch: s_tir.Schedule, main: SBlockRV, traits: GemmTraits, vector_role: IterRole, target: Target
+) -> GemmProblem:
+    """Normalise the GEMM block ``main`` and inline the producers of its operand copies."""
+    lanes = float32_lanes(target)
+    norm = normalize_gemm(sch, main, traits, vector_role)
+    for copy, im2col in ((norm.a_copy, norm.a_im2col), (norm.b_copy, norm.b_im2col)):
+        if im2col:  # keep the padded input: inlined, im2col would test bounds per element
+            for producer in sch.get_producers(copy):
+                inline_producers(sch, producer)
+                schedule_injective(sch, producer, lanes)
+        else:
+            inline_producers(sch, copy)
+    dims = tuple(static_extent(iv.dom.extent) for iv in sch.get(main).iter_vars)
+    contiguous = norm.b_im2col or last_index_is_iter(sch, norm.b_copy, 1)
+    return GemmProblem(norm, dims, lanes, num_cores(target), contiguous)
+
+
 def schedule_gemm(
     sch: s_tir.Schedule,
     main: SBlockRV,
@@ -122,28 +159,45 @@ def schedule_gemm(
     target: Target,
 ) -> GemmPlan:
     """Schedule the GEMM block ``main`` (and its producers/consumers) in place."""
-    lanes, cores = float32_lanes(target), num_cores(target)
-    norm = normalize_gemm(sch, main, traits, vector_role)
+    problem = prepare_gemm(sch, main, traits, vector_role, target)
+    plan = plan_gemm(*problem.plan_args())
+    tile_gemm(sch, main, problem, plan, vector_role, sample=False)
+    return plan
+
+
+def gemm_spaces(
+    sch: s_tir.Schedule, main: SBlockRV, traits: GemmTraits, vector_role: IterRole, target: Target
+) -> list[s_tir.Schedule]:
+    """The tuning design spaces of ``main``: one schedule per ``plan_candidates`` plan, the
+    default first, each sampling its block sizes with the plan's as the decision."""
+    problem = prepare_gemm(sch, main, traits, vector_role, target)
+    spaces = []
+    for plan in plan_candidates(*problem.plan_args()):
+        space = sch.copy()
+        try:
+            tile_gemm(space, main, problem, plan, vector_role, sample=True)
+        except Exception:  # noqa: BLE001 - ScheduleError / InternalError: this plan does not fit
+            continue
+        spaces.append(space)
+    return spaces
+
+
+def tile_gemm(
+    sch: s_tir.Schedule,
+    main: SBlockRV,
+    problem: GemmProblem,
+    plan: GemmPlan,
+    vector_role: IterRole,
+    sample: bool,
+) -> None:
+    """Pad, pack and tile the prepared GEMM by ``plan``: the BLIS nest, the epilogue placed.
+
+    ``sample``: the block sizes of static extents are ``sample_perfect_tile`` decisions
+    (``plan``'s values), which MetaSchedule's search mutates; every loop level is then kept,
+    one tile per block included.
+    """
+    norm, lanes = problem.norm, problem.lanes
     a_copy, b_copy = norm.a_copy, norm.b_copy
-    for copy, im2col in ((a_copy, norm.a_im2col), (b_copy, norm.b_im2col)):
-        if im2col:  # keep the padded input: inlined, im2col would test bounds per element
-            for producer in sch.get_producers(copy):
-                inline_producers(sch, producer)
-                schedule_injective(sch, producer, lanes)
-        else:
-            inline_producers(sch, copy)
-    batch, m, n, k = (static_extent(iv.dom.extent) for iv in sch.get(main).iter_vars)
-    plan = plan_gemm(
-        batch,
-        m,
-        n,
-        k,
-        lanes,
-        cores,
-        registers=32 if lanes >= 16 else 16,
-        b_contiguous_in_n=norm.b_im2col or last_index_is_iter(sch, b_copy, 1),
-        b_im2col=norm.b_im2col,
-    )
     extents = [iv.dom.extent for iv in sch.get(main).iter_vars[1:]]
     factors = [
         _pad_factor(extent, padded, tile)
@@ -172,7 +226,7 @@ def schedule_gemm(
             b_copy, ("write", 0), lambda s, j, r: (s, j // plan.nr, r, j % plan.nr)
         )
         _schedule_pack(sch, b_copy, plan)
-        mark_prepack(sch, b_copy)  # a constant B: packed once, at compile time
+        mark_prepack(sch, b_copy, plain_only=sample)  # a constant B: packed once, at compile time
     elif not norm.b_im2col:
         sch.compute_inline(b_copy)  # small M, N-contiguous B: read in place
     if not norm.a_im2col:
@@ -183,13 +237,14 @@ def schedule_gemm(
 
     epilogue = inline_consumers(sch, main)
     s, m_loop, n_loop, k_loop = sch.get_loops(main)
-    # a block of one tile gets no inner block loop
+    # a block of one tile gets no inner block loop (unless its size is sampled); a
+    # symbolic M blocked by several strips splits off the strips past M at lowering
     if blocks_symbolic_m(plan):
         mo, *mi, mr = _split_strips(sch, m_loop, plan.mc, plan.mr)
     else:
-        mo, *mi, mr = _split(sch, m_loop, plan.mc, plan.mr)
-    no, *ni, nr = _split(sch, n_loop, plan.nc, plan.nr)
-    *ko, ki = sch.split(k_loop, [None, plan.kc]) if plan.kc is not None else [k_loop]
+        mo, *mi, mr = _split(sch, m_loop, plan.mc, plan.mr, sample)
+    no, *ni, nr = _split(sch, n_loop, plan.nc, plan.nr, sample)
+    *ko, ki = _split_k(sch, k_loop, plan.kc, sample)
     nv, nl = sch.split(nr, [None, lanes])
     if plan.parallel_m:
         sch.reorder(s, no, mo, *ko, *ni, *mi, ki, mr, nv, nl)
@@ -204,7 +259,6 @@ def schedule_gemm(
     init = sch.decompose_reduction(main, sch.get_loops(main)[1])  # ko, or the loop under the chunk
     sch.vectorize(sch.get_loops(init)[-1])
     _place_epilogue(sch, main, epilogue, chunk, lanes)
-    return plan
 
 
 def blocks_symbolic_m(plan: GemmPlan) -> bool:
@@ -226,12 +280,30 @@ def _split_strips(sch: s_tir.Schedule, loop: LoopRV, block: int, tile: int) -> l
     return [blocks, strip, rows]
 
 
-def _split(sch: s_tir.Schedule, loop: LoopRV, block: int, tile: int) -> list[LoopRV]:
+def _split(sch: s_tir.Schedule, loop: LoopRV, block: int, tile: int, sample: bool) -> list[LoopRV]:
     """``loop`` split into (outer, inner blocks, tile), the middle loop only when a block
-    holds more than one tile."""
+    holds more than one tile; with ``sample`` (and a static extent) the block size is a
+    tiling decision and the middle loop is always there."""
+    extent = loop_extent(sch, loop)
+    if sample and extent is not None:
+        outer, inner = sch.split(loop, [None, tile])
+        blocks = sch.sample_perfect_tile(
+            outer, n=2, max_innermost_factor=extent // tile, decision=[extent // block, block // tile])
+        return [*sch.split(outer, blocks), inner]
     if block == tile:
         return list(sch.split(loop, [None, tile]))
     return list(sch.split(loop, [None, block // tile, tile]))
+
+
+def _split_k(sch: s_tir.Schedule, loop: LoopRV, kc: int | None, sample: bool) -> list[LoopRV]:
+    """The K loop split into (K blocks, kc); not split when K is symbolic (``kc`` None)."""
+    if kc is None:
+        return [loop]
+    extent = loop_extent(sch, loop)
+    if sample and extent is not None:
+        return list(sch.split(loop, sch.sample_perfect_tile(
+            loop, n=2, max_innermost_factor=extent, decision=[extent // kc, kc])))
+    return list(sch.split(loop, [None, kc]))
 
 
 def _pad_factor(extent: tirx.Expr, padded: int | None, tile: int) -> int:
@@ -277,9 +349,14 @@ def _place_epilogue(
 
 
 class Gemm(CPUScheduleRule):
-    """Default CPU schedule for a (batched, fused) matmul PrimFunc; None when not one."""
+    """Default CPU schedule for a (batched, fused) matmul PrimFunc; None when not one.
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+    ``tunable=True`` returns the tuning design spaces instead (``gemm_spaces``), the
+    default plan's first.
+    """
+
+    def apply(self, func: tirx.PrimFunc, target: Target,
+              tunable: bool) -> s_tir.Schedule | list[s_tir.Schedule] | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         try:
@@ -298,6 +375,8 @@ class Gemm(CPUScheduleRule):
         innermost = [r for r in traits.out if r in (IterRole.I, IterRole.J)][-1]
         vector_role = choose_vector_role(traits, float32_lanes(target), innermost)
         try:
+            if tunable:
+                return gemm_spaces(sch, main, traits, vector_role, target) or None
             schedule_gemm(sch, main, traits, vector_role, target)
         except Exception:  # noqa: BLE001 - ScheduleError / InternalError: not our shape
             return None

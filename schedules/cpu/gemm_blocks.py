@@ -108,15 +108,26 @@ def schedule_injective(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None
     sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
 
 
-def mark_prepack(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+def is_plain_copy(block: s_tir.SBlock) -> bool:
+    """Whether ``block`` stores one load indexed by plain variables: the only layout rewrite
+    TVM's ``RemoveWeightLayoutRewriteBlock`` can take out of a kernel, which MetaSchedule
+    does to time a kernel as it runs on a prepacked weight (a padded packing, an
+    ``if_then_else``, makes it fail an internal check)."""
+    body = block.body
+    return (isinstance(body, tirx.BufferStore) and isinstance(body.value, ir.TensorLoad)
+            and all(isinstance(i, tirx.Var) for i in body.value.indices))
+
+
+def mark_prepack(sch: s_tir.Schedule, block: SBlockRV, plain_only: bool = False) -> bool:
     """Mark ``block`` as a compile-time layout rewrite when it reads exactly one buffer and
     that buffer is a parameter every caller passes a constant (``LAYOUT_FREE_ATTR``, set by
-    ``relax_passes.prepack_weights.mark_layout_free``); True if marked."""
+    ``relax_passes.prepack_weights.mark_layout_free``); True if marked.  ``plain_only``
+    (tuning's design spaces): only a plain copy, which MetaSchedule can time prepacked."""
     func = sch.mod["main"]
     if func.attrs is None or LAYOUT_FREE_ATTR not in func.attrs:
         return False
     stmt = sch.get(block)
-    if len(stmt.reads) != 1 or len(stmt.writes) != 1:
+    if len(stmt.reads) != 1 or len(stmt.writes) != 1 or (plain_only and not is_plain_copy(stmt)):
         return False
     source = stmt.reads[0].source
     if not any(source.same_as(func.params[int(i)]) for i in func.attrs[LAYOUT_FREE_ATTR]):

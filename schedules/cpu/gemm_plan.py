@@ -31,6 +31,12 @@ op):
   and the M strips run in parallel;
 * K: not blocked and not padded (``kc`` is all of K: the K loop is the reduction itself,
   and an attention's K is at most a few hundred).
+
+``plan_candidates`` is the tuning space around that plan (``aicf tune``): the default plan
+first, then the other register tiles (``nr`` of 1..4 vectors, ``mr`` near the rule's pick
+and the widest that fits), the other packing choice and the other parallel split.  The
+block sizes ``mc``, ``nc``, ``kc`` are not enumerated here: the tunable schedule samples
+them (``gemm.tile_gemm``), with this plan's values as the starting decision.
 """
 
 from __future__ import annotations
@@ -87,10 +93,15 @@ def _choose_nr(n: int, lanes: int, registers: int) -> int:
     return min(candidates, key=lambda nr: (_ceil_to(n, nr), -nr))
 
 
-def _choose_mr(m: int, nr: int, lanes: int, registers: int) -> int:
-    # accumulators + B vectors + one broadcast must fit, with a little slack
+def _max_mr(nr: int, lanes: int, registers: int) -> int:
+    """The most rows of an ``nr``-wide register tile: accumulators + B vectors + one
+    broadcast must fit, with a little slack."""
     max_mr = max(1, (registers - nr // lanes - 2) // (nr // lanes))
-    max_mr = min(max_mr, 6 if nr >= 4 * lanes else 8 if nr >= 3 * lanes else 14)
+    return min(max_mr, 6 if nr >= 4 * lanes else 8 if nr >= 3 * lanes else 14)
+
+
+def _choose_mr(m: int, nr: int, lanes: int, registers: int) -> int:
+    max_mr = _max_mr(nr, lanes, registers)
     if m <= max_mr:
         return m
     # a divisor of m avoids padding A (for im2col that is a second copy of it)
@@ -121,34 +132,45 @@ def plan_gemm(
     registers: int = 32,
     b_contiguous_in_n: bool = False,
     b_im2col: bool = False,
+    *,
+    nr: int | None = None,
+    mr: int | None = None,
+    pack_b: bool | None = None,
+    parallel_m: bool | None = None,
 ) -> GemmPlan:
     """Tile sizes for ``C[batch, m, n] += A[batch, m, k] * B[batch, n, k]``; None is symbolic.
 
     ``b_contiguous_in_n`` says B's source is stored with N innermost: then a small-M GEMM
     reads it in place instead of packing (packing costs as much as the math when M is tiny).
     A symbolic extent has no padded size here (the kernel pads it at run time).
+    ``nr``, ``mr``, ``pack_b`` and ``parallel_m`` override the rule's choice (tuning); the
+    other sizes follow from them by the same rules.
     """
-    nr = 2 * lanes if n is None else _choose_nr(n, lanes, registers)
-    mr = _choose_mr(SYMBOLIC_ROWS if m is None else m, nr, lanes, registers)
+    if nr is None:
+        nr = 2 * lanes if n is None else _choose_nr(n, lanes, registers)
+    if mr is None:
+        mr = _choose_mr(SYMBOLIC_ROWS if m is None else m, nr, lanes, registers)
     m_padded = None if m is None else _ceil_to(m, mr)
     n_padded = None if n is None else _ceil_to(n, nr)
     k_padded, kc = (None, None) if k is None else _choose_kc(k)
     mc = max(mr, SYMBOLIC_MC // mr * mr) if m_padded is None else _largest_divisor_multiple(m_padded, mr, max(96, mr))
     if n_padded is None:
-        nc, parallel_m = nr, True
+        nc, parallel = nr, True
     else:
         nc = _largest_divisor_multiple(n_padded, nr, 512)
         chunks = (batch or 1) * (n_padded // nc)
         if chunks < cores:
             nc = _largest_divisor_multiple(n_padded, nr, max(nr, n_padded // cores))
         chunks = (batch or 1) * (n_padded // nc)
-        parallel_m = chunks < cores and (m_padded is None or m_padded // mc > 1)
+        parallel = chunks < cores and (m_padded is None or m_padded // mc > 1)
+    parallel_m = parallel if parallel_m is None else parallel_m
     if parallel_m and m_padded is None:
         mc = mr  # the strips are the parallel loop: one per iteration
-    # an im2col B is already stored [S, K, N]: packing it again would copy it twice; a
-    # B of exactly one N panel read in place is already in the packed layout
-    small_m = m is not None and m <= 2 * mr
-    pack_b = not b_im2col and not (b_contiguous_in_n and (small_m or n_padded == nr))
+    if pack_b is None:
+        # an im2col B is already stored [S, K, N]: packing it again would copy it twice; a
+        # B of exactly one N panel read in place is already in the packed layout
+        small_m = m is not None and m <= 2 * mr
+        pack_b = not b_im2col and not (b_contiguous_in_n and (small_m or n_padded == nr))
     return GemmPlan(
         mr=mr,
         nr=nr,
@@ -162,3 +184,38 @@ def plan_gemm(
         parallel_m=parallel_m,
         pack_b=pack_b,
     )
+
+
+def plan_candidates(
+    batch: int | None,
+    m: int | None,
+    n: int | None,
+    k: int | None,
+    lanes: int,
+    cores: int,
+    registers: int = 32,
+    b_contiguous_in_n: bool = False,
+    b_im2col: bool = False,
+) -> list[GemmPlan]:
+    """The default plan, then its neighbours: each other register tile (every ``nr`` with
+    its own rule-chosen ``mr`` and its widest ``mr``; for the default ``nr`` also ``mr``
+    one row either side), and on the default tile the other packing choice and the other
+    parallel split.  Packing is only dropped for a B stored with N innermost (read in
+    place it is then a vector load per row) and never added for an im2col B."""
+    args = (batch, m, n, k, lanes, cores, registers, b_contiguous_in_n, b_im2col)
+    default = plan_gemm(*args)
+    rows = SYMBOLIC_ROWS if m is None else m
+    tiles = []
+    for vectors in range(4 if registers >= 32 else 2, 0, -1):
+        nr = vectors * lanes
+        widest = _max_mr(nr, lanes, registers)
+        mrs = {_choose_mr(rows, nr, lanes, registers), widest}
+        if nr == default.nr:
+            mrs |= {default.mr - 1, default.mr + 1}
+        tiles += [(nr, mr) for mr in sorted(mrs) if 1 <= mr <= widest]
+    plans = [default] + [plan_gemm(*args, nr=nr, mr=mr) for nr, mr in tiles]
+    tile = {"nr": default.nr, "mr": default.mr}
+    if b_contiguous_in_n and not b_im2col:
+        plans.append(plan_gemm(*args, **tile, pack_b=not default.pack_b))
+    plans.append(plan_gemm(*args, **tile, parallel_m=not default.parallel_m))
+    return list(dict.fromkeys(plans))

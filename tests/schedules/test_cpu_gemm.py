@@ -20,7 +20,7 @@ from tvm.relax.dpl import is_op, wildcard
 from schedules.cpu.gemm import Gemm
 from schedules.cpu.gemm_analysis import IterRole, detect_gemm
 from schedules.cpu.gemm_blocks import find_reduction_block
-from schedules.cpu.gemm_plan import plan_gemm
+from schedules.cpu.gemm_plan import plan_candidates, plan_gemm
 from ..helpers import relax_main
 
 F32 = "float32"
@@ -208,3 +208,30 @@ def test_plan_blocks_symbolic_extents():
     static_n = plan_gemm(None, None, 1024, 256, lanes=16, cores=2)
     assert static_n.n_padded == 1024 and static_n.kc == 256 and not static_n.parallel_m
     assert static_n.mc > static_n.mr and static_n.mc % static_n.mr == 0
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "b_contiguous_in_n", "b_im2col"),
+    [(128, 768, 3072, False, False), (7, 33, 65, False, False), (4, 256, 512, True, False),
+     (64, 196, 576, False, True), (None, 1024, 256, False, False)],
+)
+def test_plan_candidates_start_with_the_default_and_stay_legal(m, n, k, b_contiguous_in_n, b_im2col):
+    """The tuning space around the rule: its own plan first, then distinct plans that each
+    tile the padded problem, fit the registers, and pack B only where packing is possible
+    (never an im2col B) and needed (a B not stored N-innermost is always packed)."""
+    args = (1, m, n, k, 16, 2, 32, b_contiguous_in_n, b_im2col)
+    plans = plan_candidates(*args)
+    assert plans[0] == plan_gemm(*args)
+    assert len(plans) == len(set(plans)) > 4
+    for plan in plans:
+        assert plan.nr % plan.lanes == 0 and plan.mc % plan.mr == 0 and plan.nc % plan.nr == 0
+        assert plan.mr * plan.nr // plan.lanes + plan.nr // plan.lanes + 1 <= 32
+        if plan.m_padded is not None:
+            assert plan.m_padded >= m and plan.m_padded % plan.mc == 0
+        assert plan.n_padded >= n and plan.n_padded % plan.nc == 0
+        if b_im2col:
+            assert not plan.pack_b
+        elif not b_contiguous_in_n:
+            assert plan.pack_b
+    assert {p.nr for p in plans} == {16, 32, 48, 64}
+    assert {p.parallel_m for p in plans} == {True, False}
