@@ -2,29 +2,19 @@
 
 ``extract_tasks`` turns lowered modules (after ``LowerEmits``, before any schedule) into
 tasks: one per distinct ``select.workload_of`` workload, which is keyed by the Emit's
-contract signature, so a kernel shared by several models is tuned once.  ``tune_task``
-then, for one task:
-
-1. skips it when the database already holds ``trials`` records for it (a run killed
-   midway and started again loses nothing: MetaSchedule's JSON database appends every
-   measured batch as it goes);
-2. measures the default rule's schedule with the same builder and runner and commits it
-   as a record, so the search starts with the default as its best measured point; when
-   the default rule has tunable design spaces (``tune_space``), the default plan's trace
-   in them is measured and committed too, so the search mutates around it;
-3. runs MetaSchedule (evolutionary search, xgboost cost model) for the remaining trials,
-   in our rule's design spaces when it has them, else in MetaSchedule's own;
-4. ``confirm``: measures the default and the best tuned records again, in turns, and
-   keeps a record only when it is still faster than the default by ``WIN_MARGIN`` (the
-   best of many noisy measurements is otherwise a lucky draw of an equal kernel); the
-   outcome names that record, so ``compile`` applies exactly it.
+contract signature, so a kernel shared by several models is tuned once; they are ordered
+by cost (estimated FLOPs times calls per inference), costliest first.  A task is seeded
+with its measured default schedule (``tune_measure``), then ``search`` runs MetaSchedule
+(evolutionary search, xgboost cost model) for its trials: in our default rule's design
+spaces when it has them (``tune_space``), else in MetaSchedule's own.  A run killed
+midway and started again loses nothing: MetaSchedule's JSON database appends every
+measured batch as it goes.
 
 A batch in which no candidate built raises ``TuningFailed`` with the builder's message.
 A candidate that crashes the runner's worker process (a segfault) or runs past
 ``runner_timeout`` seconds is recorded as failed (MetaSchedule commits it with run_secs
 1e10, which ``valid_records`` skips) and the search goes on: the runner kills its worker
 and starts a fresh one for the next candidate.
-Tasks are ordered by cost (estimated FLOPs times calls per inference), costliest first.
 The build function skips ``import tvm.s_tir.tensor_intrin`` on LLVM targets: that import
 alone takes 25-50 s per build worker here, longer than MetaSchedule's default builder
 timeout (docs/design.md §9); it applies ``NaNExactComparisons`` and ``VectorizeMath`` as ``compile`` does, so a candidate is
@@ -37,15 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import importlib
 import importlib.util
 import logging
 import os
-import shutil
 import sys
 import types
-import statistics
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,14 +48,11 @@ from . import default_rules
 from .cpu.comparisons import NaNExactComparisons
 from .cpu.vector_math import VectorizeMath
 from .remote import RemoteRunner, Tracker
-from .select import SIGNATURE_ATTR, contract_signature, record_digest, workload_of
-from .tune_space import has_unplain_rewrite, space_generator, timed_form
+from .select import SIGNATURE_ATTR, contract_signature, workload_of
+from .tune_space import space_generator
 
 _LOG = logging.getLogger(__name__)
-WIN_MARGIN = 0.98  # a tuned record must beat the default by 2%: less is measurement noise
 FAILED_SECS = 1e9  # MetaSchedule stores failed candidates with run_secs of 1e10
-CONFIRM_TOP = 2  # the best tuned records measured again against the default
-CONFIRM_ROUNDS = 3  # turns of that measurement (the median of each kernel's is kept)
 
 
 class TuningFailed(RuntimeError):
@@ -94,30 +78,6 @@ class Task:
     def cost(self) -> float:
         """Estimated FLOPs per inference: what a share of the trial budget follows."""
         return self.flops * max(1, self.calls)
-
-
-@dataclass
-class TaskOutcome:
-    """What tuning one task found: seconds per call of the default and of the best record."""
-
-    key: str
-    kind: str
-    trials: int
-    default_s: float | None
-    tuned_s: float | None
-    choice: str  # "tuned" or "default"
-    skipped: bool = False
-    record: str | None = None  # record_digest of the chosen record's trace
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "trials": self.trials, "default_s": self.default_s,
-                "tuned_s": self.tuned_s, "choice": self.choice, "record": self.record}
-
-    @classmethod
-    def from_json(cls, key: str, entry: Mapping[str, Any], skipped: bool) -> "TaskOutcome":
-        """An outcome saved by an earlier run (``aicf_tuning.json``)."""
-        return cls(key, str(entry.get("kind", "")), int(entry.get("trials", 0)), entry.get("default_s"),
-                   entry.get("tuned_s"), str(entry.get("choice", "default")), skipped, entry.get("record"))
 
 
 def _flops(func: tirx.PrimFunc) -> float:
@@ -267,88 +227,6 @@ def default_schedule(workload: tvm.IRModule, target: tvm.target.Target) -> Any:
     return None
 
 
-def _replays(trace: Any, workload: tvm.IRModule, expected: tvm.IRModule) -> bool:
-    """Whether ``trace`` rebuilds ``expected`` from ``workload`` (then it can be a record)."""
-    try:
-        sch = tvm.s_tir.Schedule(workload)
-        trace.apply_to_schedule(sch, remove_postproc=False)
-        return bool(tvm_ffi.structural_equal(sch.mod, expected))
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def measure(mods: list[tvm.IRModule], target: tvm.target.Target, builder: Any, runner: Any,
-            rounds: int = 1) -> list[float | str]:
-    """Seconds per call of each of ``mods`` on the tuning runner (the median over ``rounds``
-    turns, each measuring every module once, in order), or the error that stopped it."""
-    built = builder.build([ms.builder.BuilderInput(mod, target) for mod in mods])
-    device = "cuda" if "gpu" in target.keys else "cpu"
-    out: list[float | str] = [str(b.error_msg) if b.error_msg else "" for b in built]
-    runs: dict[int, list[float]] = {i: [] for i, b in enumerate(built) if not b.error_msg}
-    try:
-        for _ in range(rounds):
-            live = [i for i in runs if not out[i]]
-            inputs = [ms.runner.RunnerInput(built[i].artifact_path, device,
-                                            ms.arg_info.ArgInfo.from_entry_func(mods[i], remove_preproc=True))
-                      for i in live]
-            for i, future in zip(live, runner.run(inputs) if inputs else []):
-                result = future.result()
-                if result.error_msg:
-                    out[i] = str(result.error_msg)
-                else:
-                    runs[i].append(_mean(result.run_secs))
-    finally:
-        for b in built:
-            if b.artifact_path:
-                shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
-    return [out[i] if out[i] or not runs.get(i) else statistics.median(runs[i]) for i in range(len(mods))]
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """The default schedule of a task: its trace (as text), measured seconds per call, and
-    the traces seeded for it (the default's, the default plan's in the design spaces)."""
-
-    trace: str | None
-    secs: float | None
-    seeds: tuple[str, ...] = ()
-
-
-def seed_default(task: Task, target: tvm.target.Target, db: Any, tools: Tools,
-                 spaces: list[s_tir.Schedule] | None = None) -> Baseline:
-    """Measure the default schedule and the first design space (the default plan's trace,
-    when the rule has spaces) and commit each as a record, once: a resumed run finds them.
-
-    Both are timed as ``compile`` runs them, on prepacked weights (``timed_form``); a
-    default whose packing MetaSchedule could not take out is not committed (its search
-    would fail on it), and is measured again by a resumed run.
-    """
-    sch = default_schedule(task.workload, target)
-    if sch is None:
-        return Baseline(None, None)
-    seeds = [sch, *spaces[:1]]
-    texts = [str(s.trace) for s in seeds]
-    known = {str(r.trace): _mean(r.run_secs) for r in valid_records(db, task.workload)}
-    todo = [i for i, text in enumerate(texts) if text not in known]
-    timed = measure([timed_form(seeds[i].mod) for i in todo], target, tools.builder, tools.runner) if todo else []
-    for i, secs in zip(todo, timed):
-        if isinstance(secs, str):
-            _LOG.warning("seed %d of %s did not run: %s", i, task.key, secs.strip()[-300:])
-            continue
-        known[texts[i]] = secs
-        if _replays(seeds[i].trace, task.workload, seeds[i].mod) and not has_unplain_rewrite(seeds[i].mod):
-            args = ms.arg_info.ArgInfo.from_entry_func(seeds[i].mod, remove_preproc=True)
-            db.commit_tuning_record(ms.database.TuningRecord(
-                seeds[i].trace, db.commit_workload(task.workload), [secs], target, args))
-    return Baseline(texts[0], known.get(texts[0]), tuple(texts))
-
-
-def tuned_records(db: Any, task: Task, baseline: Baseline) -> list[Any]:
-    """The task's valid records other than the seeded ones, fastest first."""
-    seeds = set(baseline.seeds) | {baseline.trace}
-    return [r for r in valid_records(db, task.workload) if str(r.trace) not in seeds]
-
-
 @derived_object
 class _Watch(ms.measure_callback.PyMeasureCallback):
     """Counts measured candidates (for progress) and keeps the first failure message."""
@@ -374,8 +252,11 @@ def search(task: Task, target: tvm.target.Target, db: Any, trials: int, tools: T
     ``spaces`` (our rule's design spaces) when given, else in MetaSchedule's own space."""
     watch = _Watch(on_batch)
     # MetaSchedule's population of 512 costs minutes per task on 2 cores; a few trials
-    # cannot use more than a few dozen candidates.
-    population = min(512, max(64, 16 * trials))
+    # cannot use more than a few dozen candidates.  Our spaces vary three block sizes per
+    # structural choice, and each replay re-runs the rule's layout rewrites: a population
+    # of 64 covers them, measured 8 at a time so that the cost model learns in between.
+    population = 64 if spaces else min(512, max(64, 16 * trials))
+    per_iter = min(trials, 8 if spaces else 16)
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=population, init_min_unmeasured=min(50, population // 2))
     context = ms.TuneContext(
@@ -386,7 +267,7 @@ def search(task: Task, target: tvm.target.Target, db: Any, trials: int, tools: T
     )
     ms.tune_tasks(
         tasks=[context], task_weights=[1.0], work_dir=work_dir, max_trials_global=trials,
-        max_trials_per_task=trials, num_trials_per_iter=min(trials, 16), builder=tools.builder,
+        max_trials_per_task=trials, num_trials_per_iter=per_iter, builder=tools.builder,
         runner=tools.runner, database=db, cost_model=tools.cost_model,
         measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), watch],
         task_scheduler="round-robin",
@@ -398,38 +279,3 @@ def search(task: Task, target: tvm.target.Target, db: Any, trials: int, tools: T
             f"task {task.key}: none of {len(watch.errors)} candidates built and ran ({detail}); "
             "if this is a builder timeout, raise builder_timeout"
         )
-
-
-def _replayed(trace: Any, workload: tvm.IRModule) -> tvm.IRModule:
-    sch = s_tir.Schedule(workload)
-    trace.apply_to_schedule(sch, remove_postproc=False)
-    return sch.mod
-
-
-def outcome(task: Task, target: tvm.target.Target, db: Any, baseline: Baseline, tools: Tools,
-            skipped: bool = False) -> TaskOutcome:
-    """Measure the default and the ``CONFIRM_TOP`` best tuned records again, in
-    ``CONFIRM_ROUNDS`` turns; keep the fastest record if it beats the default by
-    ``WIN_MARGIN`` (always when the default did not run), else the default."""
-    tuned = tuned_records(db, task, baseline)
-    result = TaskOutcome(task.key, task.kind, len(tuned), baseline.secs, None, "default", skipped)
-    if not tuned:
-        return result
-    default = default_schedule(task.workload, target)
-    best = tuned[:CONFIRM_TOP]
-    mods = [timed_form(_replayed(r.trace, task.workload)) for r in best]
-    if default is not None and baseline.secs is not None:
-        mods.append(timed_form(default.mod))
-    secs = measure(mods, target, tools.builder, tools.runner, rounds=CONFIRM_ROUNDS)
-    default_s = secs.pop() if len(secs) > len(best) else None
-    if isinstance(default_s, str):
-        _LOG.warning("default schedule of %s did not run again: %s", task.key, default_s.strip()[-300:])
-        default_s = None
-    ran = [(s, r) for s, r in zip(secs, best) if not isinstance(s, str)]
-    if not ran:
-        return result
-    tuned_s, record = min(ran, key=lambda x: x[0])
-    default_s = baseline.secs if default_s is None else default_s
-    wins = default_s is None or tuned_s < WIN_MARGIN * default_s
-    return TaskOutcome(task.key, task.kind, len(tuned), default_s, tuned_s, "tuned" if wins else "default",
-                       skipped, record_digest(record.trace) if wins else None)

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from relax_passes.lower_emits import kernel_calls
 from relax_passes.prepack_weights import mark_layout_free
 from schedules import tune as st
+from schedules import tune_measure as sm
 from schedules.remote import RemoteError, Tracker
 from schedules.select import CHOICES_FILE, load_choices, open_database
 from schedules.tune_space import design_spaces
@@ -244,19 +245,23 @@ def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: 
     if per_task <= 0:
         return None
     spaces = design_spaces(task.workload, result.target)
-    baseline = st.seed_default(task, result.target, db, tools, spaces)
-    done = len(st.tuned_records(db, task, baseline))
+    baseline = sm.seed_default(task, result.target, db, tools, spaces)
+    done = len(sm.tuned_records(db, task, baseline))
     budget = min(per_task - done, left)
     if budget <= 0 and done < per_task:
         return None
     if budget <= 0 and saved is not None:
-        return st.TaskOutcome.from_json(task.key, saved, skipped=True)
+        return sm.TaskOutcome.from_json(task.key, saved, skipped=True)
 
     def step(n: int) -> None:
         result.measured += n
         bar.update(n)
 
+    if budget > 1 and spaces:  # half the trials to our structural neighbours, half to the search
+        measured = sm.measure_spaces(task, result.target, db, tools, spaces, budget // 2)
+        step(measured)
+        budget -= measured
     if budget > 0:
         st.search(task, result.target, db, budget, tools, work_dir=str(result.work_dir), on_batch=step,
                   seed=index, spaces=spaces)
-    return st.outcome(task, result.target, db, baseline, tools, skipped=budget <= 0)
+    return sm.outcome(task, result.target, db, baseline, tools, skipped=done >= per_task)

@@ -33,8 +33,8 @@ op):
   and an attention's K is at most a few hundred).
 
 ``plan_candidates`` is the tuning space around that plan (``aicf tune``): the default plan
-first, then the other register tiles (``nr`` of 1..4 vectors, ``mr`` near the rule's pick
-and the widest that fits), the other packing choice and the other parallel split.  The
+first, then its neighbours (``mr`` near the rule's pick and the widest that fits, the other
+parallel split and packing choice, ``nr`` of 1..4 vectors).  The
 block sizes ``mc``, ``nc``, ``kc`` are not enumerated here: the tunable schedule samples
 them (``gemm.tile_gemm``), with this plan's values as the starting decision.
 """
@@ -197,25 +197,25 @@ def plan_candidates(
     b_contiguous_in_n: bool = False,
     b_im2col: bool = False,
 ) -> list[GemmPlan]:
-    """The default plan, then its neighbours: each other register tile (every ``nr`` with
-    its own rule-chosen ``mr`` and its widest ``mr``; for the default ``nr`` also ``mr``
-    one row either side), and on the default tile the other packing choice and the other
-    parallel split.  Packing is only dropped for a B stored with N innermost (read in
-    place it is then a vector load per row) and never added for an im2col B."""
+    """The default plan, then its neighbours, nearest first: ``mr`` one row either side
+    and the widest ``mr`` of the default ``nr``; the other parallel split and the other
+    packing choice on the default tile; every other ``nr`` with its rule-chosen and its
+    widest ``mr``.  Packing is only dropped for a B stored with N innermost (read in place
+    it is then a vector load per row) and never added for an im2col B."""
     args = (batch, m, n, k, lanes, cores, registers, b_contiguous_in_n, b_im2col)
     default = plan_gemm(*args)
     rows = SYMBOLIC_ROWS if m is None else m
-    tiles = []
-    for vectors in range(4 if registers >= 32 else 2, 0, -1):
-        nr = vectors * lanes
+
+    def tiles(nr: int, mrs: list[int]) -> list[GemmPlan]:
         widest = _max_mr(nr, lanes, registers)
-        mrs = {_choose_mr(rows, nr, lanes, registers), widest}
-        if nr == default.nr:
-            mrs |= {default.mr - 1, default.mr + 1}
-        tiles += [(nr, mr) for mr in sorted(mrs) if 1 <= mr <= widest]
-    plans = [default] + [plan_gemm(*args, nr=nr, mr=mr) for nr, mr in tiles]
+        return [plan_gemm(*args, nr=nr, mr=mr) for mr in [*mrs, widest] if 1 <= mr <= widest]
+
+    plans = [default, *tiles(default.nr, [default.mr - 1, default.mr + 1])]
     tile = {"nr": default.nr, "mr": default.mr}
+    plans.append(plan_gemm(*args, **tile, parallel_m=not default.parallel_m))
     if b_contiguous_in_n and not b_im2col:
         plans.append(plan_gemm(*args, **tile, pack_b=not default.pack_b))
-    plans.append(plan_gemm(*args, **tile, parallel_m=not default.parallel_m))
+    for vectors in range(4 if registers >= 32 else 2, 0, -1):
+        if vectors * lanes != default.nr:
+            plans += tiles(vectors * lanes, [_choose_mr(rows, vectors * lanes, lanes, registers)])
     return list(dict.fromkeys(plans))

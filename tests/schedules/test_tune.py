@@ -71,11 +71,33 @@ class TestWorkload:
         func = tvm.tirx.PrimFunc([], tvm.tirx.Evaluate(0))
         assert workload_of(func, target()) is None
 
+    def test_constant_weights_are_in_the_workload_and_its_key(self):
+        """Tuning lowers as compile does, weights marked layout-free, so a kernel is timed
+        on its prepacked weight; the same kernel fed an activation is another workload."""
+        (a,) = emit_funcs(gemm_model([(128, 96)]))
+        workload = workload_of(a, target())
+        assert [int(i) for i in workload["main"].attrs["layout_free_buffers"]] == [1, 2]  # w, b
+        unmarked = workload_of(a.without_attr("layout_free_buffers"), target())
+        assert unmarked["main"].attrs[SIGNATURE_ATTR] != workload["main"].attrs[SIGNATURE_ATTR]
+
     def test_key_names_the_kind(self):
         assert signature_key({"kind": "fused_gemm_bias_act", "ports": []}).startswith("fused_gemm_bias_act-")
 
 
 class TestExtractTasks:
+    def test_tasks_are_ordered_by_flops_times_calls(self):
+        """Each GEMM's FLOPs are at least its 2*M*N*K multiply-adds; a smaller kernel
+        called often enough per inference comes first."""
+        lowered = lower_for_tuning(gemm_model([(128, 96), (96, 32)]), target())
+        names = {int(f.params[1].ty.shape[1]): gv.name_hint for gv, f in lowered.functions_items()
+                 if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and "aicf.emit" in f.attrs}
+        once = extract_tasks([("m", lowered)], target())
+        assert [int(t.workload["main"].params[1].ty.shape[1]) for t in once] == [96, 32]
+        assert once[0].flops >= 2 * 64 * 96 * 128 and once[1].flops >= 2 * 64 * 32 * 96
+        often = extract_tasks([("m", lowered)], target(), {("m", names[32]): 10})
+        assert [int(t.workload["main"].params[1].ty.shape[1]) for t in often] == [32, 96]
+        assert often[0].calls == 10 and often[0].cost == 10 * often[0].flops
+
     def test_one_task_per_signature_across_models(self):
         """The 128->96 GEMM appears in both models: one task, used twice."""
         mods = [("one", lower_for_tuning(gemm_model([(128, 96)]), target())),
@@ -85,6 +107,31 @@ class TestExtractTasks:
         shared = [t for t in tasks if len(t.uses) == 2]
         assert len(shared) == 1 and {m for m, _ in shared[0].uses} == {"one", "two"}
         assert tasks[0].flops >= tasks[1].flops  # costliest first
+
+
+class TestChosenRecord:
+    def test_the_named_record_is_applied_not_the_fastest_stored(self):
+        """aicf_tuning.json names the record that won when measured again; the database's
+        top record (a lucky first measurement) is not the one compile must replay."""
+        from tvm.s_tir import meta_schedule as ms
+
+        from schedules.select import _chosen_schedule, record_digest
+        from schedules.tune_space import design_spaces
+
+        (func,) = emit_funcs(gemm_model([(128, 96)]))
+        workload = workload_of(func, target())
+        first, second = design_spaces(workload, target())[:2]
+        db = ms.database.MemoryDatabase()
+        token = db.commit_workload(workload)
+        args = ms.arg_info.ArgInfo.from_entry_func(first.mod, remove_preproc=True)
+        for space, secs in ((first, 1e-9), (second, 1e-3)):
+            db.commit_tuning_record(ms.database.TuningRecord(space.trace, token, [secs], target(), args))
+        chosen = _chosen_schedule(db, workload, target(), record_digest(second.trace))
+        assert tvm_ffi.structural_equal(chosen.mod, second.mod)
+        assert not tvm_ffi.structural_equal(chosen.mod, first.mod)
+        best = _chosen_schedule(db, workload, target(), None)  # no name: MetaSchedule's best
+        assert tvm_ffi.structural_equal(best.mod, first.mod)
+        assert _chosen_schedule(db, workload, target(), "0" * 16) is None
 
 
 class TestOpenDatabase:

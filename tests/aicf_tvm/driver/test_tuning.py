@@ -1,7 +1,8 @@
 """End to end: ``aicf_tvm.tune`` writes records that ``compile(database=...)`` applies.
 
 Kept tiny (one 64x128x96 GEMM, at most 6 measured candidates, a raised builder timeout)
-because it really runs MetaSchedule: about two minutes on 2 busy cores.
+because it really runs MetaSchedule: about two minutes on 2 busy cores.  The GEMM is
+searched in our rule's design spaces (``schedules.tune_space``).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import shutil
 
 import numpy as np
 import pytest
+import tvm
 
 import aicf_tvm
 from aicf_tvm.errors import TuningError
-from schedules.tune import WIN_MARGIN
+from schedules.tune_measure import WIN_MARGIN
 from tests.schedules.test_tune import gemm_model
 
 TRIALS = 4
@@ -51,9 +53,64 @@ def test_writes_records_and_measures_the_default(tuned):
     assert task.default_s is not None and task.tuned_s is not None
     assert task.choice == ("tuned" if task.tuned_s < WIN_MARGIN * task.default_s else "default")
     lines = (work_dir / "database_tuning_record.json").read_text().splitlines()
-    assert len(lines) == TRIALS + 1  # the searched candidates and the default schedule
+    assert len(lines) == TRIALS + 2  # the searched candidates, the default and its plan's trace
     summary = json.loads((work_dir / "aicf_tuning.json").read_text())["tasks"]
     assert summary[task.key]["choice"] == task.choice
+    assert (summary[task.key]["record"] is None) == (task.choice == "default")
+
+
+def test_search_stays_in_our_rules_space(tuned):
+    """Every searched candidate is our GEMM rule's schedule (its reindex and packing, its
+    sampled block sizes), not MetaSchedule's multi-level tiling (which samples unrolling)."""
+    work_dir, _ = tuned
+    rows = [json.loads(line) for line in (work_dir / "database_tuning_record.json").read_text().splitlines()]
+    kinds = [[inst[0] for inst in row[1][0][0]] for row in rows]
+    searched = [k for k in kinds if "SamplePerfectTile" in k]
+    assert len(searched) == TRIALS + 1  # all but the default rule's untuned schedule
+    for k in searched:
+        assert {"ReIndex", "TransformLayout"} <= set(k) and "SampleCategorical" not in k
+
+
+def _slowed(workload, target):
+    """Our default plan's kernel with K blocked by 1: C goes through memory once per k, a
+    much slower kernel than the default."""
+    from schedules.tune_space import design_spaces
+
+    trace = design_spaces(workload, target)[0].trace
+    k_tile = [i for i in trace.insts if i.kind.name == "SamplePerfectTile"][-1]
+    k = int(workload["main"].params[0].ty.shape[-1])
+    sch = tvm.s_tir.Schedule(workload)
+    trace.with_decision(k_tile, [k, 1], remove_postproc=True).apply_to_schedule(sch, remove_postproc=True)
+    return sch
+
+
+def test_a_lucky_measurement_is_not_chosen(model, tuned, tmp_path):
+    """A record stored with a lucky time (1 ns) for a kernel slower than the default: the
+    outcome measures it again side by side with the default, and it is not the choice."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from aicf_tvm.driver.targets import resolve_target
+    from aicf_tvm.driver.tuning import lower_for_tuning
+    from schedules.select import open_database, record_digest
+    from schedules.tune import extract_tasks
+
+    work_dir, _ = tuned
+    copy = copy_of(work_dir, tmp_path)
+    (copy / "aicf_tuning.json").unlink()  # no saved outcome: the next run judges again
+    target = resolve_target("llvm")
+    (task,) = extract_tasks([("m", lower_for_tuning(model, target))], target)
+    slow = _slowed(task.workload, target)
+    db = open_database(copy, create=True)
+    args = ms.arg_info.ArgInfo.from_entry_func(slow.mod, remove_preproc=True)
+    db.commit_tuning_record(ms.database.TuningRecord(slow.trace, db.commit_workload(task.workload), [1e-9],
+                                                     target, args))
+    del db
+    again = aicf_tvm.tune(model, trials=TRIALS + 1, trials_per_task=TRIALS + 1, work_dir=copy, progress=False)
+    (outcome,) = again.tasks
+    assert again.measured == 0 and outcome.skipped
+    assert outcome.record != record_digest(slow.trace) and outcome.tuned_s > 1e-6
+    summary = json.loads((copy / "aicf_tuning.json").read_text())["tasks"][outcome.key]
+    assert summary["record"] == outcome.record
 
 
 def test_compile_keeps_the_faster_of_default_and_tuned(model, tuned):
@@ -83,7 +140,8 @@ def test_a_searched_record_replays_correctly(model, tuned):
     from aicf_tvm.driver.targets import resolve_target
     from aicf_tvm.driver.tuning import lower_for_tuning
     from schedules.select import open_database
-    from schedules.tune import Baseline, default_schedule, extract_tasks, tuned_records
+    from schedules.tune import default_schedule, extract_tasks
+    from schedules.tune_measure import Baseline, tuned_records
 
     work_dir, _ = tuned
     target = resolve_target("llvm")
@@ -136,3 +194,16 @@ def test_no_candidate_built_raises(model, tmp_path):
     """A builder timeout shorter than any build fails every candidate: say so."""
     with pytest.raises(TuningError, match="built.*builder_timeout"):
         aicf_tvm.tune(model, trials=2, work_dir=tmp_path / "w", builder_timeout=0.001, progress=False)
+
+
+def test_trials_go_to_tasks_by_cost():
+    """Shares follow cost; a task whose share would be under MIN_TRIALS gets none and the
+    others get its trials; with no cost known the split is even; never more than given."""
+    from aicf_tvm.driver.tuning import MIN_TRIALS, trial_shares
+
+    assert trial_shares(40, [3e9, 1e9, 0.0]) == [30, 10, 0]
+    shares = trial_shares(48, [7e9, 7e9, 7e9, 2e9, 1e6, 1e5])
+    assert shares[4:] == [0, 0] and sum(shares) == 48 and all(s >= MIN_TRIALS for s in shares[:4])
+    assert shares[0] > shares[3]
+    assert trial_shares(9, [0.0, 0.0, 0.0]) == [3, 3, 3]
+    assert sum(trial_shares(2, [5.0, 4.0, 3.0])) == 2
