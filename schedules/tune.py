@@ -246,6 +246,24 @@ class _Watch(ms.measure_callback.PyMeasureCallback):
         self.on_batch(len(measure_candidates))
 
 
+def _warm_start(context: ms.TuneContext, db: Any, task: Task, cost_model: Any) -> None:
+    """Train the cost model on the task's records measured outside this search (the seeds,
+    the structural neighbours, an earlier run's candidates): the search's first picks then
+    follow what is known near the default instead of an untrained model's guesses, and
+    those records, the population's measured parents, are the ones it mutates most."""
+    candidates, results = [], []
+    for record in valid_records(db, task.workload):
+        sch = s_tir.Schedule(task.workload)
+        try:
+            record.trace.apply_to_schedule(sch, remove_postproc=False)
+        except Exception:  # noqa: BLE001 - a record that no longer replays teaches nothing
+            continue
+        candidates.append(ms.MeasureCandidate(sch, record.args_info))
+        results.append(ms.runner.RunnerResult(run_secs=list(record.run_secs), error_msg=None))
+    if candidates:
+        cost_model.update(context, candidates, results)
+
+
 def search(task: Task, target: tvm.target.Target, db: Any, trials: int, tools: Tools, *, work_dir: str,
            on_batch: Callable[[int], None], seed: int = 0, spaces: list[s_tir.Schedule] | None = None) -> None:
     """MetaSchedule's evolutionary search for ``trials`` more candidates of ``task``, in
@@ -265,6 +283,7 @@ def search(task: Task, target: tvm.target.Target, db: Any, trials: int, tools: T
         search_strategy=strategy, task_name=task.key, rand_state=seed,
         num_threads=tools.cores,
     )
+    _warm_start(context, db, task, tools.cost_model)
     ms.tune_tasks(
         tasks=[context], task_weights=[1.0], work_dir=work_dir, max_trials_global=trials,
         max_trials_per_task=trials, num_trials_per_iter=per_iter, builder=tools.builder,

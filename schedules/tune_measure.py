@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,7 @@ from .tune_space import has_unplain_rewrite, timed_form
 _LOG = logging.getLogger(__name__)
 WIN_MARGIN = 0.98  # a tuned record must beat the default by 2%: less is measurement noise
 CONFIRM_TOP = 2  # the best tuned records measured again against the default
-CONFIRM_ROUNDS = 3  # turns of that measurement (the median of each kernel's is kept)
+CONFIRM_ROUNDS = 3  # turns of that measurement (each kernel's fastest turn is kept)
 
 
 @dataclass
@@ -74,8 +73,9 @@ def _replays(trace: Any, workload: tvm.IRModule, expected: tvm.IRModule) -> bool
 
 def measure(mods: list[tvm.IRModule], target: tvm.target.Target, builder: Any, runner: Any,
             rounds: int = 1) -> list[float | str]:
-    """Seconds per call of each of ``mods`` on the tuning runner (the median over ``rounds``
-    turns, each measuring every module once, in order), or the error that stopped it."""
+    """Seconds per call of each of ``mods`` on the tuning runner, or the error that stopped
+    it: the fastest of ``rounds`` turns, each measuring every module once, in order (on a
+    shared machine a neighbour only ever adds time, and it hurts all modules alike)."""
     built = builder.build([ms.builder.BuilderInput(mod, target) for mod in mods])
     device = "cuda" if "gpu" in target.keys else "cpu"
     out: list[float | str] = [str(b.error_msg) if b.error_msg else "" for b in built]
@@ -96,7 +96,7 @@ def measure(mods: list[tvm.IRModule], target: tvm.target.Target, builder: Any, r
         for b in built:
             if b.artifact_path:
                 shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
-    return [out[i] if out[i] or not runs.get(i) else statistics.median(runs[i]) for i in range(len(mods))]
+    return [out[i] if out[i] or not runs.get(i) else min(runs[i]) for i in range(len(mods))]
 
 
 @dataclass(frozen=True)
