@@ -246,7 +246,13 @@ def load_choices(work_dir: Any) -> dict[str, dict]:
     if not isinstance(data, dict) or not isinstance(data.get("tasks", {}), dict):
         raise TuningError(f"tuning summary {path} is corrupt (not an object with 'tasks'); "
                           "it was left untouched")
-    return data.get("tasks", {})
+    tasks = data.get("tasks", {})
+    for key, entry in tasks.items():
+        if not (isinstance(entry, dict) and entry.get("choice") in ("tuned", "default")
+                and isinstance(entry.get("record"), (str, type(None)))):
+            raise TuningError(f"tuning summary {path} is corrupt (task {key!r} has no 'choice' of "
+                              "'tuned' or 'default', or a 'record' that is not a name); it was left untouched")
+    return tasks
 
 
 def restore_attrs(scheduled: tirx.PrimFunc, original: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -28,12 +28,14 @@ import pytest
 import aicf_tvm
 from aicf_tvm.errors import TuningError
 from schedules.remote import Tracker, is_lost_server
+from schedules.tune_measure import CONFIRM_ROUNDS, CONFIRM_TOP
 from tests.schedules.test_tune import gemm_model
 
 pytestmark = pytest.mark.skipif(os.environ.get("AICF_SKIP_RPC") == "1", reason="AICF_SKIP_RPC=1")
 pytest.importorskip("tornado", reason="TVM's RPC tracker needs tornado (pip install -e '.[test]')")
 
 TRIALS = 4
+CONFIRMING = (CONFIRM_TOP + 1) * CONFIRM_ROUNDS  # measurements of the final side-by-side check
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 120  # a guard against a process that never comes up, not a timing
 SERVER = Path(__file__).with_name("rpc_server.py")
@@ -153,9 +155,10 @@ def test_tunes_across_two_servers(tmp_path):
     assert "rpc" in result.measured_on and "2 server(s)" in result.measured_on
     assert task.trials == TRIALS and task.default_s is not None
     recs = records(tmp_path / "work")
-    assert len(recs) == TRIALS + 1 and all(run_secs(r) < 1e9 for r in recs)
-    # every record was timed by a server: the default, then the searched candidates
-    assert sum(measured) == TRIALS + 1, measured
+    assert len(recs) == TRIALS + 2 and all(run_secs(r) < 1e9 for r in recs)
+    # every record was timed by a server (the two seeds, then the candidates), and so were
+    # the best records and the default, measured again side by side
+    assert sum(measured) == TRIALS + 2 + CONFIRMING, measured
     assert all(n >= 1 for n in measured), measured
 
 
@@ -201,11 +204,11 @@ def test_losing_a_server_midway_loses_no_record(tmp_path, caplog):
     lost = [r for r in caplog.records if "measurement lost with its RPC server" in r.getMessage()]
     assert len(lost) == 1, [r.getMessage() for r in caplog.records]
     assert held == 1  # the default schedule's, never finished
-    assert survived == TRIALS + 1  # that one again, and every candidate
+    assert survived == TRIALS + 2 + CONFIRMING  # that one again, the other seed, every candidate, the re-measuring
     (task,) = outcome["result"].tasks
     recs = records(tmp_path / "work")
     assert task.trials == TRIALS and task.default_s is not None
-    assert len(recs) == TRIALS + 1 and all(run_secs(r) < 1e9 for r in recs)
+    assert len(recs) == TRIALS + 2 and all(run_secs(r) < 1e9 for r in recs)
 
 
 def test_unreachable_tracker_and_bad_address_are_clear_errors(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -146,6 +147,14 @@ class TestOpenDatabase:
     def test_corrupt_summary_raises(self, tmp_path):
         (tmp_path / "aicf_tuning.json").write_text("[1, 2")
         with pytest.raises(TuningError, match="aicf_tuning.json is corrupt"):
+            open_database(tmp_path)
+
+    @pytest.mark.parametrize("entry", [5, {"choice": "maybe"}, {"choice": "tuned", "record": 7}])
+    def test_corrupt_summary_entry_raises(self, tmp_path, entry):
+        """A task entry compile cannot read (no choice, a record that is not a name) is
+        corruption, not a crash inside kernel selection."""
+        (tmp_path / "aicf_tuning.json").write_text(json.dumps({"tasks": {"gemm-0123": entry}}))
+        with pytest.raises(TuningError, match="'gemm-0123'"):
             open_database(tmp_path)
 
     def test_missing_dir_raises_unless_created(self, tmp_path):
