@@ -97,18 +97,18 @@ MIN_TRIALS = 4  # fewer trials than this do not pay for a task's search and re-m
 
 
 def trial_shares(trials: int, costs: Sequence[float]) -> list[int]:
-    """``trials`` split in proportion to ``costs``: a task whose share would be under
-    ``MIN_TRIALS`` gets none and its share goes to the others; the rounding leftovers go
-    to the largest remainders.  Tasks of unknown cost (0) share evenly when all are."""
+    """``trials`` split in proportion to ``costs``: while a share would be under
+    ``MIN_TRIALS`` (or all of ``trials``, when fewer), the cheapest task gets none and its
+    share goes to the others; the rounding leftovers go to the largest remainders.  Tasks
+    of unknown cost (0) share evenly when all are."""
     weights = list(costs) if any(c > 0 for c in costs) else [1.0] * len(costs)
-    active = [i for i, w in enumerate(weights) if w > 0]
+    active = sorted((i for i, w in enumerate(weights) if w > 0), key=lambda i: (-weights[i], i))
     while True:
         total = sum(weights[i] for i in active)
         exact = {i: trials * weights[i] / total for i in active}
-        small = [i for i in active if exact[i] < min(MIN_TRIALS, trials)]
-        if not small or len(small) == len(active):
+        if len(active) == 1 or exact[active[-1]] >= min(MIN_TRIALS, trials):
             break
-        active = [i for i in active if i not in small]
+        active.pop()
     shares = {i: int(exact[i]) for i in active}
     by_remainder = sorted(active, key=lambda i: (shares[i] - exact[i], i))
     for i in by_remainder[: trials - sum(shares.values())]:

@@ -207,5 +207,6 @@ def test_trials_go_to_tasks_by_cost():
     shares = trial_shares(48, [7e9, 7e9, 7e9, 2e9, 1e6, 1e5])
     assert shares[4:] == [0, 0] and sum(shares) == 48 and all(s >= MIN_TRIALS for s in shares[:4])
     assert shares[0] > shares[3]
-    assert trial_shares(9, [0.0, 0.0, 0.0]) == [3, 3, 3]
-    assert sum(trial_shares(2, [5.0, 4.0, 3.0])) == 2
+    assert trial_shares(12, [0.0, 0.0, 0.0]) == [4, 4, 4]
+    assert trial_shares(4, [4.0, 5.0, 3.0]) == [0, 4, 0]  # too few to share: the costliest
+    assert trial_shares(2, [5.0, 4.0, 3.0]) == [2, 0, 0]
