@@ -6,11 +6,12 @@ the search then starts from the default as its best measured point and mutates a
 it.  ``measure_spaces`` measures the other spaces' own traces (the default's structural
 neighbours, with its block sizes) as the first candidates.  ``outcome`` measures the
 default and the ``CONFIRM_TOP`` best tuned records again, in turns, and keeps a record
-only when it is still faster than the default by ``WIN_MARGIN``: the best of many noisy
-measurements is otherwise a lucky draw of an equal kernel.  It names that record
-(``select.record_digest``), so ``compile`` applies exactly it.
+only when, turn by turn, it is still faster than the default by ``WIN_MARGIN``: the best
+of many noisy measurements is otherwise a lucky draw of an equal kernel.  It names that
+record (``select.record_digest``), so ``compile`` applies exactly it.
 
-Every kernel is timed in its ``tune_space.timed_form``, on prepacked weights.
+Every kernel is timed in its ``tune_space.timed_form``, on prepacked weights, by the
+fastest of its repeats (``tune.fastest_repeat``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,13 +30,13 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
 from .select import record_digest
-from .tune import FAILED_SECS, Task, Tools, TuningFailed, _mean, default_schedule, valid_records
+from .tune import FAILED_SECS, Task, Tools, TuningFailed, default_schedule, mean_secs, valid_records
 from .tune_space import has_unplain_rewrite, timed_form
 
 _LOG = logging.getLogger(__name__)
 WIN_MARGIN = 0.98  # a tuned record must beat the default by 2%: less is measurement noise
 CONFIRM_TOP = 2  # the best tuned records measured again against the default
-CONFIRM_ROUNDS = 3  # turns of that measurement (each kernel's fastest turn is kept)
+CONFIRM_ROUNDS = 5  # turns of that measurement, each timing every kernel once
 
 
 @dataclass
@@ -72,17 +74,16 @@ def _replays(trace: Any, workload: tvm.IRModule, expected: tvm.IRModule) -> bool
 
 
 def measure(mods: list[tvm.IRModule], target: tvm.target.Target, builder: Any, runner: Any,
-            rounds: int = 1) -> list[float | str]:
-    """Seconds per call of each of ``mods`` on the tuning runner, or the error that stopped
-    it: the fastest of ``rounds`` turns, each measuring every module once, in order (on a
-    shared machine a neighbour only ever adds time, and it hurts all modules alike)."""
+            rounds: int = 1) -> list[list[float] | str]:
+    """Seconds per call of each of ``mods`` on the tuning runner in each of ``rounds`` turns
+    (a turn measures every module once, in order, so that the n-th values of two modules
+    were taken close in time), or the error that stopped a module."""
     built = builder.build([ms.builder.BuilderInput(mod, target) for mod in mods])
     device = "cuda" if "gpu" in target.keys else "cpu"
-    out: list[float | str] = [str(b.error_msg) if b.error_msg else "" for b in built]
-    runs: dict[int, list[float]] = {i: [] for i, b in enumerate(built) if not b.error_msg}
+    out: list[list[float] | str] = [str(b.error_msg) if b.error_msg else [] for b in built]
     try:
         for _ in range(rounds):
-            live = [i for i in runs if not out[i]]
+            live = [i for i, o in enumerate(out) if not isinstance(o, str)]
             inputs = [ms.runner.RunnerInput(built[i].artifact_path, device,
                                             ms.arg_info.ArgInfo.from_entry_func(mods[i], remove_preproc=True))
                       for i in live]
@@ -91,12 +92,12 @@ def measure(mods: list[tvm.IRModule], target: tvm.target.Target, builder: Any, r
                 if result.error_msg:
                     out[i] = str(result.error_msg)
                 else:
-                    runs[i].append(_mean(result.run_secs))
+                    out[i].append(mean_secs(result.run_secs))
     finally:
         for b in built:
             if b.artifact_path:
                 shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
-    return [out[i] if out[i] or not runs.get(i) else min(runs[i]) for i in range(len(mods))]
+    return out
 
 
 @dataclass(frozen=True)
@@ -123,14 +124,14 @@ def seed_default(task: Task, target: tvm.target.Target, db: Any, tools: Tools,
         return Baseline(None, None)
     seeds = [sch, *spaces[:1]]
     texts = [str(s.trace) for s in seeds]
-    known = {str(r.trace): _mean(r.run_secs) for r in valid_records(db, task.workload)}
+    known = {str(r.trace): mean_secs(r.run_secs) for r in valid_records(db, task.workload)}
     todo = [i for i, text in enumerate(texts) if text not in known]
     timed = measure([timed_form(seeds[i].mod) for i in todo], target, tools.builder, tools.runner) if todo else []
-    for i, secs in zip(todo, timed):
-        if isinstance(secs, str):
-            _LOG.warning("seed %d of %s did not run: %s", i, task.key, secs.strip()[-300:])
+    for i, runs in zip(todo, timed):
+        if isinstance(runs, str):
+            _LOG.warning("seed %d of %s did not run: %s", i, task.key, runs.strip()[-300:])
             continue
-        known[texts[i]] = secs
+        secs = known[texts[i]] = runs[0]
         if _replays(seeds[i].trace, task.workload, seeds[i].mod) and not has_unplain_rewrite(seeds[i].mod):
             args = ms.arg_info.ArgInfo.from_entry_func(seeds[i].mod, remove_preproc=True)
             db.commit_tuning_record(ms.database.TuningRecord(
@@ -152,7 +153,7 @@ def measure_spaces(task: Task, target: tvm.target.Target, db: Any, tools: Tools,
     secs = measure([timed_form(s.mod) for s in todo], target, tools.builder, tools.runner)
     for space, result in zip(todo, secs):
         args = ms.arg_info.ArgInfo.from_entry_func(space.mod, remove_preproc=True)
-        run = [FAILED_SECS * 10] if isinstance(result, str) else [result]
+        run = [FAILED_SECS * 10] if isinstance(result, str) else result
         db.commit_tuning_record(ms.database.TuningRecord(space.trace, token, run, target, args))
     errors = [r for r in secs if isinstance(r, str)]
     if len(errors) == len(secs):
@@ -168,36 +169,51 @@ def tuned_records(db: Any, task: Task, baseline: Baseline) -> list[Any]:
     return [r for r in valid_records(db, task.workload) if str(r.trace) not in seeds]
 
 
-def _replayed(trace: Any, workload: tvm.IRModule) -> tvm.IRModule:
+def _replayed(trace: Any, workload: tvm.IRModule) -> tvm.IRModule | None:
+    """The kernel ``trace`` builds from ``workload``; None if it no longer replays."""
     sch = s_tir.Schedule(workload)
-    trace.apply_to_schedule(sch, remove_postproc=False)
+    try:
+        trace.apply_to_schedule(sch, remove_postproc=False)
+    except Exception:  # noqa: BLE001 - such a record cannot be chosen: compile could not use it
+        return None
     return sch.mod
 
 
 def outcome(task: Task, target: tvm.target.Target, db: Any, baseline: Baseline, tools: Tools,
             skipped: bool = False) -> TaskOutcome:
-    """Measure the default and the ``CONFIRM_TOP`` best tuned records again, in
-    ``CONFIRM_ROUNDS`` turns; keep the fastest record if it beats the default by
-    ``WIN_MARGIN`` (always when the default did not run), else the default."""
+    """Measure the ``CONFIRM_TOP`` best tuned records and the default again, in
+    ``CONFIRM_ROUNDS`` turns, and keep the record whose time over the default's, turn by
+    turn, has the lowest median, if that is under ``WIN_MARGIN`` (any record that runs when
+    the default did not); else the default.  Paired turns cancel what a shared machine adds
+    to both alike; the times reported are each kernel's fastest turn."""
     tuned = tuned_records(db, task, baseline)
     result = TaskOutcome(task.key, task.kind, len(tuned), baseline.secs, None, "default", skipped)
-    if not tuned:
-        return result
     default = default_schedule(task.workload, target)
-    best = tuned[:CONFIRM_TOP]
-    mods = [timed_form(_replayed(r.trace, task.workload)) for r in best]
+    best, mods = [], []
+    for record in tuned:
+        if len(best) == CONFIRM_TOP:
+            break
+        mod = _replayed(record.trace, task.workload)
+        if mod is not None:
+            best.append(record)
+            mods.append(timed_form(mod))
+    if not best:
+        return result
     if default is not None and baseline.secs is not None:
         mods.append(timed_form(default.mod))
-    secs = measure(mods, target, tools.builder, tools.runner, rounds=CONFIRM_ROUNDS)
-    default_s = secs.pop() if len(secs) > len(best) else None
-    if isinstance(default_s, str):
-        _LOG.warning("default schedule of %s did not run again: %s", task.key, default_s.strip()[-300:])
-        default_s = None
-    ran = [(s, r) for s, r in zip(secs, best) if not isinstance(s, str)]
+    runs = measure(mods, target, tools.builder, tools.runner, rounds=CONFIRM_ROUNDS)
+    default_runs = runs.pop() if len(runs) > len(best) else None
+    if isinstance(default_runs, str):
+        _LOG.warning("default schedule of %s did not run again: %s", task.key, default_runs.strip()[-300:])
+    ran = [(r, record) for r, record in zip(runs, best) if not isinstance(r, str)]
     if not ran:
         return result
-    tuned_s, record = min(ran, key=lambda x: x[0])
-    default_s = baseline.secs if default_s is None else default_s
-    wins = default_s is None or tuned_s < WIN_MARGIN * default_s
-    return TaskOutcome(task.key, task.kind, len(tuned), default_s, tuned_s, "tuned" if wins else "default",
-                       skipped, record_digest(record.trace) if wins else None)
+    if not isinstance(default_runs, list):  # the default does not run: any tuned record wins
+        tuned_runs, record = min(ran, key=lambda x: min(x[0]))
+        return TaskOutcome(task.key, task.kind, len(tuned), baseline.secs, min(tuned_runs), "tuned", skipped,
+                           record_digest(record.trace))
+    ratio, index = min((statistics.median(t / d for t, d in zip(r, default_runs)), i) for i, (r, _) in enumerate(ran))
+    tuned_runs, record = ran[index]
+    wins = ratio < WIN_MARGIN
+    return TaskOutcome(task.key, task.kind, len(tuned), min(default_runs), min(tuned_runs),
+                       "tuned" if wins else "default", skipped, record_digest(record.trace) if wins else None)

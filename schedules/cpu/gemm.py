@@ -23,6 +23,12 @@ The schedule, after ``normalize_gemm`` has rewritten the block to
 
 Every step is a TensorIR primitive that checks its own preconditions, so a shape this
 module did not foresee raises inside ``apply``, which then returns None.
+
+``prepare_gemm`` does the normalisation and inlining, ``tile_gemm`` steps 1-4 for a given
+plan.  ``apply(..., tunable=True)`` forks the prepared schedule once per
+``gemm_plan.plan_candidates`` plan (``gemm_spaces``) and samples the block sizes there:
+those are the design spaces ``aicf tune`` searches (``schedules.tune_space``).  Untuned,
+nothing is sampled and the schedule is the one described above.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ def test_writes_records_and_measures_the_default(tuned):
     assert task.choice == ("tuned" if task.tuned_s < WIN_MARGIN * task.default_s else "default")
     lines = (work_dir / "database_tuning_record.json").read_text().splitlines()
     assert len(lines) == TRIALS + 2  # the searched candidates, the default and its plan's trace
+    assert all(len(json.loads(line)[1][1]) == 1 for line in lines)  # each its fastest repeat
     summary = json.loads((work_dir / "aicf_tuning.json").read_text())["tasks"]
     assert summary[task.key]["choice"] == task.choice
     assert (summary[task.key]["record"] is None) == (task.choice == "default")

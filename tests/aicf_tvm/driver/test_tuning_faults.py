@@ -34,6 +34,7 @@ from aicf_tvm.driver.cli import main
 from aicf_tvm.errors import TuningError
 from schedules import tune as st
 from schedules.select import RECORD_FILE, WORKLOAD_FILE, open_database
+from schedules.tune_measure import CONFIRM_ROUNDS, CONFIRM_TOP
 from tests.schedules.test_tune import gemm_model
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -147,7 +148,7 @@ def test_crashing_and_hanging_candidates_are_recorded_as_failed(faulty_runner, w
     result = aicf_tvm.tune(model(), trials=trials, trials_per_task=trials, work_dir=work_dir,
                            runner_timeout=RUNNER_TIMEOUT, progress=False)
     calls = log.read_text().splitlines()
-    confirm = ["ok"] * 9  # the 2 best records and the default, measured again 3 times
+    confirm = ["ok"] * (CONFIRM_TOP + 1) * CONFIRM_ROUNDS  # the best records and the default, again
     assert calls == ["ok"] * 5 + ["crash", "hang", "ok"] + confirm  # went on after both, one at a time
     assert timeouts == [RUNNER_TIMEOUT]
     assert len(errors) == len(calls), errors
