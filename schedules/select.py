@@ -41,11 +41,12 @@ from tvm import tirx
 from aicf_tvm.errors import TuningError
 from aicf_tvm.tvm_values import to_python
 
+from .cpu.gemm_blocks import LAYOUT_FREE_ATTR
+
 _LOG = logging.getLogger(__name__)
 
 SIGNATURE_ATTR = "aicf.signature"
 EMIT_ATTR = "aicf.emit"
-LAYOUT_FREE_ATTR = "layout_free_buffers"  # TVM's name, as in aicf_tvm.emit
 CHOICES_FILE = "aicf_tuning.json"
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"

@@ -185,7 +185,7 @@ def outcome(task: Task, target: tvm.target.Target, db: Any, baseline: Baseline, 
     ``CONFIRM_ROUNDS`` turns, and keep the record whose time over the default's, turn by
     turn, has the lowest median, if that is under ``WIN_MARGIN`` (any record that runs when
     the default did not); else the default.  Paired turns cancel what a shared machine adds
-    to both alike; the times reported are each kernel's fastest turn."""
+    to both alike; the times reported are each kernel's median turn."""
     tuned = tuned_records(db, task, baseline)
     result = TaskOutcome(task.key, task.kind, len(tuned), baseline.secs, None, "default", skipped)
     default = default_schedule(task.workload, target)
@@ -209,11 +209,12 @@ def outcome(task: Task, target: tvm.target.Target, db: Any, baseline: Baseline, 
     if not ran:
         return result
     if not isinstance(default_runs, list):  # the default does not run: any tuned record wins
-        tuned_runs, record = min(ran, key=lambda x: min(x[0]))
-        return TaskOutcome(task.key, task.kind, len(tuned), baseline.secs, min(tuned_runs), "tuned", skipped,
-                           record_digest(record.trace))
+        tuned_runs, record = min(ran, key=lambda x: statistics.median(x[0]))
+        return TaskOutcome(task.key, task.kind, len(tuned), baseline.secs, statistics.median(tuned_runs),
+                           "tuned", skipped, record_digest(record.trace))
     ratio, index = min((statistics.median(t / d for t, d in zip(r, default_runs)), i) for i, (r, _) in enumerate(ran))
     tuned_runs, record = ran[index]
     wins = ratio < WIN_MARGIN
-    return TaskOutcome(task.key, task.kind, len(tuned), min(default_runs), min(tuned_runs),
-                       "tuned" if wins else "default", skipped, record_digest(record.trace) if wins else None)
+    return TaskOutcome(task.key, task.kind, len(tuned), statistics.median(default_runs),
+                       statistics.median(tuned_runs), "tuned" if wins else "default", skipped,
+                       record_digest(record.trace) if wins else None)
