@@ -4,7 +4,7 @@ of the tuning process, and the torn last row such a kill can leave in the databa
 The faults are real: the runner's timing function, shipped by cloudpickle to MetaSchedule's
 runner worker, kills that process with SIGSEGV or sleeps for an hour on chosen calls; the
 killed run is a separate process sent SIGKILL.  Each test tunes one 16x32x32 GEMM with a
-few trials (20-40 s each on 2 cores).
+few trials (30-90 s each on 2 busy cores).
 """
 
 from __future__ import annotations
