@@ -1,13 +1,25 @@
 """Legalization of conv2d in blocked layouts (``NCHW16c``), which TVM's own conv2d
 legalization refuses ("channel chunk ... cannot be legalized by TOPI").
 
-Two forms, the ones ``MaterializeEmits`` writes (``relax_passes.materialize_layouts``):
+Three forms, the ones ``MaterializeEmits`` writes (``relax_passes.materialize_layouts``):
 
 * dense (``groups == 1``): data ``NCHW{ib}c`` (or plain ``NCHW``: a network's first
   convolution reads its input as is), kernel ``OIHW{ib}i{ob}o`` (``OIHW1i{ob}o`` for plain
   data), output ``NCHW{ob}c``::
 
       out[n, o, y, x, j] = sum(c, r, q, i) pad[n, c, y*s + r*d, x*s + q*d, i] * w[o, c, r, q, i, j]
+
+* grouped (``1 < groups``, each group's input and output channels, ``C/groups`` and
+  ``O/groups``, multiples of ``ib`` and ``ob``): data ``NCHW{ib}c``, kernel
+  ``OIHW{ib}i{ob}o`` whose I dimension is one group's input channels (``C/groups``, as
+  in OIHW), output ``NCHW{ob}c``. Output block ``o`` lies in group ``g = o // (O/groups/ob)``
+  and reduces over that group's ``K = C/groups/ib`` input blocks only::
+
+      out[n, o, y, x, j] = sum(c < K, r, q, i) pad[n, g*K + c, y*s + r*d, x*s + q*d, i] * w[o, c, r, q, i, j]
+
+  Because the blocks divide the group widths, no block holds channels of two groups:
+  channel ``(g*K + c)*ib + i`` is the group's input channel ``c*ib + i``, as the plain
+  grouped convolution reads it.
 
 * depthwise (``groups`` == channels == output channels): data and output ``NCHW{b}c``,
   kernel ``OIHW1i{b}o``::
@@ -71,7 +83,7 @@ def conv2d_blocked(data: te.Tensor, kernel: te.Tensor, strides, padding, dilatio
     ib = data_block(data_layout)
     sh, sw = (int(s) for s in strides)
     dh, dw = (int(d) for d in dilation)
-    blocks, kin, kh, kw, _, ob = (int(d) for d in kernel.shape)
+    blocks, kin, kh, kw, kib, ob = (int(d) for d in kernel.shape)
     pad = _padded(data, tuple(int(p) for p in padding), 2)
     height = (int(pad.shape[2]) - dh * (kh - 1) - 1) // sh + 1
     width = (int(pad.shape[3]) - dw * (kw - 1) - 1) // sw + 1
@@ -82,7 +94,7 @@ def conv2d_blocked(data: te.Tensor, kernel: te.Tensor, strides, padding, dilatio
     def cast(x: Any) -> Any:
         return x.astype(out_dtype) if x.dtype != out_dtype else x
 
-    if groups > 1:  # depthwise: channel o*b + j reads its own input channel
+    if groups > 1 and kib == 1:  # depthwise: channel o*b + j reads its own input channel
         return te.compute(shape, lambda n, o, y, x, j: te.sum(
             cast(pad[n, o, y * sh + r * dh, x * sw + q * dw, j]) * cast(kernel[o, 0, r, q, 0, j]),
             axis=[r, q]), name="conv2d_nchwc", tag="conv2d_nchwc")
@@ -92,14 +104,19 @@ def conv2d_blocked(data: te.Tensor, kernel: te.Tensor, strides, padding, dilatio
             cast(pad[n, c, y * sh + r * dh, x * sw + q * dw]) * cast(kernel[o, c, r, q, 0, j]),
             axis=[c, r, q]), name="conv2d_nchwc", tag="conv2d_nchwc")
     i = te.reduce_axis((0, ib), "ri")
+    per_group = blocks // groups  # output blocks per group
+
+    def block(o: Any) -> Any:  # input block c of output block o's group (dense: one group)
+        return o // per_group * kin + c if groups > 1 else c
+
     return te.compute(shape, lambda n, o, y, x, j: te.sum(
-        cast(pad[n, c, y * sh + r * dh, x * sw + q * dw, i]) * cast(kernel[o, c, r, q, i, j]),
+        cast(pad[n, block(o), y * sh + r * dh, x * sw + q * dw, i]) * cast(kernel[o, c, r, q, i, j]),
         axis=[c, r, q, i]), name="conv2d_nchwc", tag="conv2d_nchwc")
 
 
 def is_blocked_form(data_shape, kernel_shape, groups: int, data_layout: str, kernel_layout: str,
                     out_layout: str) -> bool:
-    """Whether the layouts and shapes are one of the two forms of the module docstring."""
+    """Whether the layouts and shapes are one of the three forms of the module docstring."""
     ib, kb, obk = data_block(data_layout), kernel_blocks(kernel_layout), data_block(out_layout)
     if ib is None or kb is None or not obk or kb[1] != obk or len(kernel_shape) != 6:
         return False
@@ -108,6 +125,10 @@ def is_blocked_form(data_shape, kernel_shape, groups: int, data_layout: str, ker
     if groups == 1:
         return kb[0] == max(ib, 1) and int(kernel_shape[4]) == kb[0]
     channels = data_shape[1] * ib if ib else 0
+    if ib > 1 and kb[0] == ib == int(kernel_shape[4]):  # grouped: whole blocks per group
+        outputs = int(kernel_shape[0]) * obk
+        return (channels % groups == 0 and int(kernel_shape[1]) * ib == channels // groups
+                and outputs % groups == 0 and (outputs // groups) % obk == 0)
     return ib == obk and kb[0] == 1 and int(kernel_shape[1]) == 1 and groups == channels == int(kernel_shape[0]) * obk
 
 

@@ -2,13 +2,14 @@
 convolutions, chosen by cost, converted at the chains' boundaries only (docs/design.md §6).
 
 A *chain* is a connected set of single-op Emits that all have a blocked form
-(``layout_form``): NCHW convolutions with a constant weight (dense, depthwise, or dense
-on a plain input whose channels do not block, as a network's first convolution),
-elementwise and broadcast ops on activations of one shape (bias, activation, residual
-add), NCHW pools, spatial reductions that keep their dims (the global average pool) and
-LayerNorms over the channels (over ``(C/b, b)`` blocked), and concatenations along the
-channels whose parts all take the output's block (then whole blocks are concatenated),
-linked by the activations they pass, at least one of them a convolution. Every
+(``layout_form``): NCHW convolutions with a constant weight (dense, depthwise, grouped
+with both group widths multiples of the blocks, or dense on a plain input whose channels
+do not block, as a network's first convolution), elementwise and broadcast ops on
+activations of one shape (bias, activation, residual add), NCHW pools, spatial reductions
+that keep their dims (the global average pool) and LayerNorms over the channels (over
+``(C/b, b)`` blocked), and concatenations along the channels whose parts all take the
+output's block (then whole blocks are concatenated), linked by the activations they
+pass, at least one of them a convolution. Every
 activation of a chain has a static shape and channels the block divides; its block is
 the vector width when that divides the channels, else half of it.
 
@@ -18,12 +19,14 @@ activations that cross the boundary (``CONVERT_BYTES_PER_S``). When the saving i
 every member is rewritten to its blocked form, each activation entering the chain gets one
 blocking ``layout_transform`` Emit and each value leaving it one unblocking Emit, bound to
 the original variable so consumers outside are unchanged. Constants are converted now:
-weights to ``OIHW{i}i{o}o``, per-channel operands to ``[1, C/b, 1, 1, b]``. Every chain,
+weights to ``OIHW{i}i{o}o`` (a grouped one's I is a group's input channels, as in OIHW,
+so it packs as a dense one), per-channel operands to ``[1, C/b, 1, 1, b]``. Every chain,
 taken or not, is in the report with both times and the bytes converted.
 
 Sound: a blocked op reads channel ``c`` at ``[.., c // b, .., c % b]`` of operands stored
 exactly so, so it computes the same values as the NCHW op (the same sums of the same
-products; pointwise ops are per element); the transforms are bijections (``b`` divides
+products; pointwise ops are per element; a grouped convolution's blocks never straddle
+two groups); the transforms are bijections (``b`` divides
 the channels: no padding) and their inverses at the exits restore the NCHW values.
 """
 
@@ -157,9 +160,12 @@ def _conv_form(call: Any, out: tuple, lanes: int) -> Optional[Form]:
     o, i, kh, kw = (int(d) for d in weight.ty.shape.values)
     gflop = 2.0 * out[0] * o * i * kh * kw * out[2] * out[3] / 1e9
     groups = int(a.groups)
-    if groups > 1:
-        ok = groups == x[1] == o and i == 1 and channel_block(x[1], lanes) == channel_block(o, lanes)
-        return Form("depthwise", gflop) if ok else None
+    if groups > 1 and groups == x[1] == o and i == 1:
+        return Form("depthwise", gflop) if channel_block(x[1], lanes) == channel_block(o, lanes) else None
+    if groups > 1:  # grouped: the blocks must divide both group widths (no block spans two groups)
+        ib, ob = channel_block(x[1], lanes), channel_block(o, lanes)
+        ok = ib is not None and ob is not None and i % ib == 0 and (o // groups) % ob == 0
+        return Form("grouped", gflop) if ok else None
     if channel_block(x[1], lanes) is None:
         return Form("plain_input", gflop, plain_input=True)
     return Form("1x1" if kh == kw == 1 else "dense", gflop)

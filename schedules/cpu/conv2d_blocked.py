@@ -4,7 +4,8 @@ vectorised over the channel block.
 Accepts a static-shape PrimFunc whose single reduction block writes a 5-D
 ``out[n, o, y, x, j]`` (``j`` the output channel block, at most four vectors wide) as
 ``relax_passes.blocked_conv`` computes it: dense (reduction ``(c, r, q, i)``, or
-``(c, r, q)`` for a plain NCHW input) or depthwise (reduction ``(r, q)``), with injective
+``(c, r, q)`` for a plain NCHW input), grouped (reduction ``(c, r, q, i)`` over the input
+blocks of the output block's group) or depthwise (reduction ``(r, q)``), with injective
 producers (the padding block) and consumers (bias, activation, residual add). Anything
 else gets None.
 
@@ -21,6 +22,10 @@ one broadcast per ``vb`` FMAs and one weight vector per ``wb`` FMAs (the GEMM
 micro-kernel with the output channels as its vector axis and the output columns as its
 rows), so the input needs no im2col copy and the output no transpose. The padded input
 is one separate parallel pass (a copy of the input, cheap beside a dense convolution).
+
+Grouped runs the same nest: ``c`` ranges over the group's input blocks, read at
+``g*K + c`` (``g = o // (blocks per group)``), and the ``vb`` blocks of a tile are taken
+within one group (``vb`` divides the blocks per group) so they share the broadcast.
 
 Depthwise, per channel block (or, with few blocks, per block and output row): the pad of
 the plane is computed in the task, then ``acc[wb, b] += in[.., y*s + r, x*s + q, :] *
@@ -69,6 +74,18 @@ def _largest_divisor(total: int, limit: int) -> int:
     return max(d for d in range(1, min(total, limit) + 1) if total % d == 0)
 
 
+def blocks_per_group(sch: s_tir.Schedule, main: SBlockRV) -> int:
+    """Output channel blocks per group of a dense or grouped conv block: its output blocks
+    divided by the groups, the data's channel blocks over the blocks one output reduces."""
+    stmt = sch.get(main)
+    out_blocks = int(stmt.iter_vars[1].dom.extent)
+    data = [r.source for r in stmt.reads if len(r.region) == 5]
+    if len(data) != 1:  # plain NCHW data: one group
+        return out_blocks
+    groups = int(data[0].shape[1]) // int(stmt.iter_vars[5].dom.extent)
+    return out_blocks // max(groups, 1)
+
+
 def register_tile(blocks: int, width: int, vectors_per_block: int) -> tuple[int, int]:
     """(channel blocks, output columns) of the register tile: two channel blocks when
     they divide and fit, and the widest divisor of the width that fits beside them."""
@@ -97,7 +114,8 @@ def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
         schedule_injective(sch, producer, lanes)
     n, o, y, x, j, *reduction = sch.get_loops(main)
     block = loop_extent(sch, j)
-    vb, wb = register_tile(loop_extent(sch, o), loop_extent(sch, x), -(-block // lanes))
+    # the tile's channel blocks within one group: blocks per group in place of the blocks
+    vb, wb = register_tile(blocks_per_group(sch, main), loop_extent(sch, x), -(-block // lanes))
     oo, oi = sch.split(o, [None, vb])
     xo, xi = sch.split(x, [None, wb])
     sch.reorder(n, oo, y, xo, *reduction, xi, oi, j)

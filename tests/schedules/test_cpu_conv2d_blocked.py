@@ -6,7 +6,8 @@ residual add) are built from Relax on blocked operands, legalized with our map, 
 with ``BlockedConv2d``, run on the host CPU and compared with PyTorch's NCHW convolution
 in float64 on the same values (blocked afterwards). Widths 7, 9, 14, 56 exercise one- and
 several-tile rows; stride, dilation, asymmetric padding, blocks of 8 and 16, a plain NCHW
-input and depthwise kernels (split by planes and by rows) are each covered.
+input, depthwise kernels (split by planes and by rows) and grouped kernels (group
+widths 16, 32 and 64, register tiles within one group) are each covered.
 """
 
 from __future__ import annotations
@@ -52,11 +53,11 @@ def blocked_primfunc(build, shapes: dict) -> tvm.tirx.PrimFunc:
 
 
 def blocked_case(c, h, o, k, stride=1, padding=0, dilation=1, depthwise=False, ib=16, ob=16,
-                 residual=False, relu6=False, seed=0, w=None):
+                 residual=False, relu6=False, seed=0, w=None, groups=1):
     """(PrimFunc, blocked inputs, blocked expected) for act(conv(x, w) + b [+ r])."""
     rng = np.random.default_rng(seed)
     wd = w or h
-    groups = c if depthwise else 1
+    groups = c if depthwise else groups
     x = rng.standard_normal((1, c, h, wd)).astype("float32")
     weight = rng.standard_normal((o, c // groups, k, k)).astype("float32")
     bias = rng.standard_normal((1, o, 1, 1)).astype("float32")
@@ -101,6 +102,16 @@ CASES = {
                                       "depthwise": True},
     "depthwise-7x7-block8-residual": {"c": 24, "h": 14, "o": 24, "k": 7, "padding": 3, "depthwise": True,
                                       "ib": 8, "ob": 8, "residual": True},
+    # grouped: group widths 64 (RegNet), 32 and 16 (one block per group, tiles of one block)
+    "grouped-width64-3x3": {"c": 128, "h": 14, "o": 128, "k": 3, "padding": 1, "groups": 2},
+    "grouped-width64-3x3-stride2-residual": {"c": 192, "h": 15, "o": 192, "k": 3, "stride": 2, "padding": 1,
+                                             "groups": 3, "residual": True},
+    "grouped-width32-1x1-relu6": {"c": 64, "h": 9, "o": 96, "k": 1, "groups": 2, "relu6": True},
+    "grouped-width16-3x3-stride2": {"c": 64, "h": 14, "o": 64, "k": 3, "stride": 2, "padding": (0, 0, 1, 1),
+                                    "groups": 4},
+    "grouped-width16-1x1-stride2": {"c": 64, "h": 14, "o": 32, "k": 1, "stride": 2, "groups": 2},
+    "grouped-blocks-8-to-16-dilation2": {"c": 48, "h": 9, "o": 96, "k": 3, "padding": 2, "dilation": 2,
+                                         "groups": 3, "ib": 8},
 }
 
 
@@ -138,13 +149,19 @@ def test_register_tile_fits_the_accumulators():
     assert register_tile(blocks=2, width=13, vectors_per_block=2) == (2, 1)
 
 
-def test_only_the_two_blocked_forms_are_ours():
-    """Grouped (not depthwise) kernels, mismatched blocks and plain layouts go to TVM's own
-    legalization (which refuses blocked layouts)."""
+def test_only_the_three_blocked_forms_are_ours():
+    """Dense, grouped with whole blocks per group, depthwise; mismatched blocks, a kernel
+    whose I is not one group's channels, groups that split a block and plain layouts go to
+    TVM's own legalization (which refuses blocked layouts)."""
     assert is_blocked_form([1, 2, 8, 8, 16], [4, 2, 3, 3, 16, 16], 1, "NCHW16c", "OIHW16i16o", "NCHW16c")
     assert is_blocked_form([1, 2, 8, 8, 16], [2, 1, 3, 3, 1, 16], 32, "NCHW16c", "OIHW1i16o", "NCHW16c")
     assert is_blocked_form([1, 3, 8, 8], [4, 3, 3, 3, 1, 16], 1, "NCHW", "OIHW1i16o", "NCHW16c")
-    assert not is_blocked_form([1, 2, 8, 8, 16], [4, 1, 3, 3, 16, 16], 2, "NCHW16c", "OIHW16i16o", "NCHW16c")
+    assert is_blocked_form([1, 2, 8, 8, 16], [4, 1, 3, 3, 16, 16], 2, "NCHW16c", "OIHW16i16o", "NCHW16c")
+    assert is_blocked_form([1, 6, 8, 8, 8], [6, 2, 3, 3, 8, 16], 3, "NCHW8c", "OIHW8i16o", "NCHW16c")
+    assert not is_blocked_form([1, 2, 8, 8, 16], [4, 2, 3, 3, 16, 16], 2, "NCHW16c", "OIHW16i16o", "NCHW16c")
+    assert not is_blocked_form([1, 2, 8, 8, 16], [3, 1, 3, 3, 16, 16], 2, "NCHW16c", "OIHW16i16o", "NCHW16c")
+    assert not is_blocked_form([1, 3, 8, 8, 16], [4, 1, 3, 3, 16, 16], 2, "NCHW16c", "OIHW16i16o", "NCHW16c")
+    assert not is_blocked_form([1, 4, 8, 8, 16], [4, 1, 3, 3, 16, 16], 8, "NCHW16c", "OIHW16i16o", "NCHW16c")
     assert not is_blocked_form([1, 2, 8, 8, 16], [4, 2, 3, 3, 8, 16], 1, "NCHW16c", "OIHW8i16o", "NCHW16c")
     assert not is_blocked_form([1, 3, 8, 8], [4, 3, 3, 3], 1, "NCHW", "OIHW", "NCHW")
 
