@@ -50,11 +50,14 @@ from .lift_emits import build_emit_function
 
 # GFLOP/s of one core for the default CPU rules, float32: medians over ResNet-50 and
 # MobileNetV2 layers on the AVX-512 host (Conv2d and Depthwise for NCHW, BlockedConv2d
-# blocked), as ``scripts/bench_conv_layouts.py`` measures them.
+# blocked), as ``scripts/bench_conv_layouts.py`` measures them; "grouped" over RegNetY
+# (group width 64) and ResNeXt (width 16) layers, measured later on a loaded host, when the
+# dense classes read 65 / 86 and 1x1 53 / 105 (NCHW / blocked) there.
 RATES = {
     ("NCHW", "dense"): 51.0, ("NCHW", "1x1"): 39.0, ("NCHW", "depthwise"): 21.0, ("NCHW", "plain_input"): 39.0,
+    ("NCHW", "grouped"): 46.0,
     ("blocked", "dense"): 94.0, ("blocked", "1x1"): 100.0, ("blocked", "depthwise"): 39.0,
-    ("blocked", "plain_input"): 86.0,
+    ("blocked", "plain_input"): 86.0, ("blocked", "grouped"): 128.0,
 }
 # A layout_transform reads and writes each byte once, and costs a kernel launch (the
 # thread pool's fork and join) besides.

@@ -1,7 +1,7 @@
-"""NCHW against blocked (NCHW16c) convolutions on ResNet-50 and MobileNetV2 layers: the
-measurements behind ``relax_passes.materialize_layouts.RATES``.
+"""NCHW against blocked (NCHW16c) convolutions on ResNet-50, MobileNetV2 and RegNet /
+ResNeXt (grouped) layers: the measurements behind ``relax_passes.materialize_layouts.RATES``.
 
-Run: python scripts/bench_conv_layouts.py [--threads 1]
+Run: python scripts/bench_conv_layouts.py [--threads 1] [--kinds grouped ...]
 
 Each layer is conv + bias + ReLU built from Relax, fused into one PrimFunc, scheduled by
 the default rules (Conv2d / Depthwise for NCHW, BlockedConv2d blocked), checked against
@@ -36,6 +36,9 @@ LAYERS = [
     (512, 7, 2048, 1, 1, 0, 1), (1024, 14, 256, 1, 1, 0, 1), (3, 224, 32, 3, 2, 1, 1), (32, 112, 32, 3, 1, 1, 32),
     (16, 112, 96, 1, 1, 0, 1), (96, 112, 96, 3, 2, 1, 96), (144, 56, 144, 3, 1, 1, 144), (144, 56, 24, 1, 1, 0, 1),
     (24, 56, 144, 1, 1, 0, 1), (576, 14, 576, 3, 1, 1, 576), (960, 7, 160, 1, 1, 0, 1), (96, 56, 96, 7, 1, 3, 96),
+    # grouped: RegNetY-4GF (group width 64) and ResNeXt-50 32x4d's wider stages (width 16)
+    (128, 56, 128, 3, 1, 1, 2), (192, 28, 192, 3, 1, 1, 3), (512, 28, 512, 3, 2, 1, 8), (512, 14, 512, 3, 1, 1, 8),
+    (1088, 7, 1088, 3, 1, 1, 17), (512, 14, 512, 3, 1, 1, 32), (1024, 7, 1024, 3, 1, 1, 32),
 ]
 
 
@@ -67,6 +70,13 @@ def to_blocked(a: np.ndarray, b: int) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
 
 
+def layer_kind(c, h, o, k, s, p, g, lanes: int) -> str:
+    """The RATES class of a layer, as ``materialize_layouts.layout_form`` names it."""
+    if g > 1:
+        return "depthwise" if g == c else "grouped"
+    return "plain_input" if channel_block(c, lanes) is None else "1x1" if k == 1 else "dense"
+
+
 def layer(c, h, o, k, s, p, g, lanes: int) -> tuple[str, float, float]:
     """(class, NCHW GFLOP/s, blocked GFLOP/s) of one layer, both checked against torch."""
     rng = np.random.default_rng(0)
@@ -76,7 +86,7 @@ def layer(c, h, o, k, s, p, g, lanes: int) -> tuple[str, float, float]:
     want = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), stride=s, padding=p,
                                                  groups=g) + torch.from_numpy(b)).numpy()
     ib, ob = channel_block(c, lanes), channel_block(o, lanes)
-    kind = "depthwise" if g > 1 else "plain_input" if ib is None else "1x1" if k == 1 else "dense"
+    kind = layer_kind(c, h, o, k, s, p, g, lanes)
     kb = 1 if kind in ("depthwise", "plain_input") else ib
 
     def conv(layouts):
@@ -100,11 +110,14 @@ def layer(c, h, o, k, s, p, g, lanes: int) -> tuple[str, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--kinds", nargs="*", help="only these layer classes (dense, 1x1, grouped, ...)")
     args = parser.parse_args()
     use_threads(args.threads)
     lanes = int(tvm.target.codegen.llvm_get_vector_width(TARGET)) // 32
     by_kind: dict[str, list[tuple[float, float]]] = {}
     for shape in LAYERS:
+        if args.kinds and layer_kind(*shape, lanes) not in args.kinds:
+            continue
         kind, plain, fast = layer(*shape, lanes)
         by_kind.setdefault(kind, []).append((plain, fast))
         print(f"C{shape[0]:<5} {shape[1]:>3}x{shape[1]:<3} O{shape[2]:<5} k{shape[3]} s{shape[4]} g{shape[6]:<4} "
