@@ -5,7 +5,8 @@ A *chain* is a connected set of single-op Emits that all have a blocked form
 (``layout_form``): NCHW convolutions with a constant weight (dense, depthwise, grouped
 with both group widths multiples of the blocks, or dense on a plain input whose channels
 do not block, as a network's first convolution), elementwise and broadcast ops on
-activations of one shape (bias, activation, residual add), NCHW pools, spatial reductions
+activations of one shape (bias, activation, residual add) or of one shape and its
+``[N, C, 1, 1]`` (a squeeze-and-excitation scale), NCHW pools, spatial reductions
 that keep their dims (the global average pool) and LayerNorms over the channels (over
 ``(C/b, b)`` blocked), and concatenations along the channels whose parts all take the
 output's block (then whole blocks are concatenated), linked by the activations they
@@ -107,6 +108,12 @@ def _per_channel(arg: Any, channels: int) -> bool:
     return dims in ((1, channels, 1, 1), (channels, 1, 1))
 
 
+def _per_sample(out: tuple[int, ...]) -> tuple[int, ...]:
+    """``[N, C, 1, 1]`` of an ``[N, C, H, W]`` activation: blocked to ``[N, C/b, 1, 1, b]``
+    with ``out``'s block, it broadcasts over ``H, W`` as it did in NCHW."""
+    return (out[0], out[1], 1, 1)
+
+
 def _scalar_like(arg: Any) -> bool:
     dims = arg.ty.shape.values if arg.ty.shape is not None else None
     return dims is not None and all(isinstance(d, tvm.tirx.IntImm) and int(d) == 1 for d in dims)
@@ -127,8 +134,8 @@ def layout_form(call: Any, result: Any, lanes: int) -> Optional[Form]:
         if names_an_axis(call):
             return None
         for a in tensors:
-            if _static_4d(a) == out and not isinstance(a, tvm.ir.Constant):
-                continue
+            if _static_4d(a) in (out, _per_sample(out)) and not isinstance(a, tvm.ir.Constant):
+                continue  # an activation of this shape, or one value per (sample, channel): SE's scale
             if isinstance(a, tvm.ir.Constant) and (_per_channel(a, out[1]) or _scalar_like(a)):
                 continue
             return None
