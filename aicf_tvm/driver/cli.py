@@ -51,6 +51,53 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _shape_arg(text: str) -> tuple[str, list[int | str]]:
+    """argparse type of ``--shape NAME=D0,D1,...``: each dim a size, a name (symbolic, one
+    size per name across the inputs) or ``?`` (the model's own dim)."""
+    name, sep, dims = text.partition("=")
+    if not sep or not name or not dims:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected INPUT=D0,D1,... (a size, a dim name or ?)")
+    out: list[int | str] = []
+    for dim in dims.split(","):
+        dim = dim.strip()
+        if dim.isdigit():
+            out.append(int(dim))
+        elif dim == "?" or dim.isidentifier():
+            out.append(dim)
+        else:
+            raise argparse.ArgumentTypeError(f"{text!r}: dim {dim!r} is neither a size, a name nor ?")
+    return name, out
+
+
+def _dim_arg(text: str) -> tuple[str, tuple[int | None, int | None]]:
+    """argparse type of ``--dim NAME=LOW:HIGH`` (either side may be left out: ``seq=:512``)."""
+    name, sep, span = text.partition("=")
+    low, colon, high = span.partition(":")
+    try:
+        bounds = (int(low) if low else None, int(high) if high else None)
+    except ValueError:
+        bounds = None
+    if not sep or not name.isidentifier() or not colon or bounds is None or bounds == (None, None) \
+            or any(b is not None and b < 0 for b in bounds):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected DIM=LOW:HIGH with sizes >= 0, e.g. seq=1:512")
+    return name, bounds
+
+
+def _model_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``load_model``'s shapes= and bounds= from --shape and --dim (given once each)."""
+    shapes: dict[str, list[int | str]] = {}
+    for name, dims in args.shape or []:
+        if name in shapes:
+            raise InputError(f"--shape {name}: given twice")
+        shapes[name] = dims
+    bounds: dict[str, tuple[int | None, int | None]] = {}
+    for name, span in args.dim or []:
+        if name in bounds:
+            raise InputError(f"--dim {name}: given twice")
+        bounds[name] = span
+    return {"shapes": shapes or None, "bounds": bounds or None}
+
+
 def _status(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -125,7 +172,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         raise TuningError(f"--database {args.database}: no such directory")
     if not Path(args.output).resolve().parent.is_dir():
         raise AicfError(f"-o {args.output}: directory {Path(args.output).parent} does not exist")
-    mod = load_model(args.model)
+    mod = load_model(args.model, **_model_args(args))
     _status(f"aicf: compiling {args.model} for {describe(target)} ...")
     model = aicf_compile(mod, target, database=args.database)
     path = model.export(args.output)
@@ -177,7 +224,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from .frontends import load_model
     from .pipeline import run_pipeline
 
-    mod = load_model(args.model)
+    mod = load_model(args.model, **_model_args(args))
     report = None
     text = ""
     if not args.no_fusion:
@@ -198,7 +245,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise TuningError("aicf tune: this installation has no aicf_tvm.driver.tuning module") from err
 
     target = resolve_target(args.target)
-    result = tune(args.models, target=target, trials=args.trials, work_dir=args.work_dir,
+    result = tune(args.models, target=target, trials=args.trials, work_dir=args.work_dir, **_model_args(args),
                   runner_timeout=args.runner_timeout, rpc=args.rpc, key=args.key, workers=args.workers,
                   threads=args.threads)
     if result is not None:
@@ -221,6 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CPU threads TVM runs with (default: TVM_NUM_THREADS, else every CPU "
                              "this process may use, at most the target's num-cores)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    shapes = argparse.ArgumentParser(add_help=False)
+    shapes.add_argument("--shape", action="append", type=_shape_arg, metavar="INPUT=D0,D1,...",
+                        help="an ONNX input's shape: each dim a size, a name (symbolic: one size per "
+                             "name across the inputs) or ? (the model's); e.g. input_ids=1,seq")
+    shapes.add_argument("--dim", action="append", type=_dim_arg, metavar="DIM=LOW:HIGH",
+                        help="bounds of a symbolic dim, checked at every call (e.g. seq=1:512)")
 
     p = sub.add_parser("demo", parents=[common], help="compile a built-in model, check it against TVM, time both")
     p.add_argument("--model", default="encoder_layer", help="a built-in model (default: encoder_layer)")
@@ -228,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance of the check")
     p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the check")
 
-    p = sub.add_parser("compile", parents=[common], help="compile a model to a deployable shared library")
+    p = sub.add_parser("compile", parents=[common, shapes], help="compile a model to a deployable shared library")
     p.add_argument("model", help=MODEL_HELP)
     p.add_argument("-o", "--output", required=True, help="the shared library to write (out.so)")
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
@@ -240,14 +293,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=None, metavar="DIR", help="write each output to DIR/NAME.npy")
     p.add_argument("--device", default=None, help="a TVM device such as cpu or cuda:0 (default: by target)")
 
-    p = sub.add_parser("explain", parents=[common],
+    p = sub.add_parser("explain", parents=[common, shapes],
                        help="print the Emit table, contracts and fusion decisions of a model")
     p.add_argument("model", help=MODEL_HELP)
     p.add_argument("--no-fusion", action="store_true", help="only the Emit table (skip the fusion passes)")
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
     p.add_argument("--database", default=None, metavar="DIR", help="a tuning work dir (`aicf tune`)")
 
-    p = sub.add_parser("tune", parents=[common], help="tune the kernels of models with MetaSchedule")
+    p = sub.add_parser("tune", parents=[common, shapes], help="tune the kernels of models with MetaSchedule")
     p.add_argument("models", nargs="+", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
     p.add_argument("--trials", type=_positive_int, default=64, help="measured candidates in all (default: 64)")

@@ -5,7 +5,8 @@ keeps that name for the ``tirx.Var`` and for the ``tir_var_*_bound`` attrs. The 
 ``Dim("seq", max=512)``, so errors and specs should say ``seq``: this maps each symbol back
 to the ``Dim`` of the first example argument that carries it and renames the var and the
 bounds. A symbol that no ``Dim`` names (derived dims such as ``2*seq`` are expressions, not
-symbols) keeps torch's name.
+symbols) keeps torch's name. ``with_dim_bounds`` sets the bounds of symbolic dims the
+user gives by name (``--dim``, ``bounds=``) on any imported model.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 import tvm
 from tvm import relax, tirx
+
+from ..errors import InputError
 
 
 def torch_dim_names(ep: Any, dynamic_shapes: Any) -> dict[str, str]:
@@ -66,4 +69,35 @@ def rename_dims(mod: tvm.IRModule, names: Mapping[str, str]) -> tvm.IRModule:
     return out
 
 
-__all__ = ["rename_dims", "torch_dim_names"]
+def with_dim_bounds(mod: tvm.IRModule, bounds: Mapping[str, tuple[int | None, int | None]]) -> tvm.IRModule:
+    """``mod`` with ``bounds`` (``{dim: (lower, upper)}``, None for no bound) on main's
+    symbolic dims as the ``tir_var_*_bound`` attrs ``torch.export`` gives, merged with
+    those already there: ``BoundShapes`` simplifies under them, the compiled model checks
+    them at every call. A name that is no symbolic dim of main is an error naming the
+    dims there are."""
+    if not bounds:
+        return mod
+    func = mod["main"]
+    dims = sorted({v.name for v in relax.analysis.defined_symbolic_vars(func)})
+    attrs = dict(func.attrs) if func.attrs is not None else {}
+    merged = {key: {str(k): int(v) for k, v in dict(attrs.get(key, {})).items()}
+              for key in ("tir_var_lower_bound", "tir_var_upper_bound")}
+    for dim, (low, high) in bounds.items():
+        if dim not in dims:
+            raise InputError(f"dim {dim}: not a symbolic dim of the model ("
+                             f"{'its symbolic dims are: ' + ', '.join(dims) if dims else 'it has none'})")
+        if low is not None and high is not None and low > high:
+            raise InputError(f"dim {dim}: lower bound {low} is above the upper bound {high}")
+        if low is not None:
+            merged["tir_var_lower_bound"][dim] = int(low)
+        if high is not None:
+            merged["tir_var_upper_bound"][dim] = int(high)
+    for key, values in merged.items():
+        if values:
+            func = func.with_attr(key, values)
+    out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else mod
+    out["main"] = func
+    return out
+
+
+__all__ = ["rename_dims", "torch_dim_names", "with_dim_bounds"]

@@ -131,8 +131,10 @@ def _save_choices(work_dir: Path, target: tvm.target.Target, choices: dict) -> N
 def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "aicf_tuning", *,
          trials_per_task: int | None = None, builder_timeout: float = 300, runner_timeout: float = 60,
          progress: bool = True, rpc: str | None = None, key: str | None = None,
-         workers: int | None = None, threads: int | None = None) -> TuneResult:
-    """Tune the Emit kernels of ``models`` (one or a list of what ``load_model`` takes).
+         workers: int | None = None, threads: int | None = None,
+         shapes: Any = None, bounds: Any = None) -> TuneResult:
+    """Tune the Emit kernels of ``models`` (one or a list of what ``load_model`` takes, with
+    its ``shapes`` and ``bounds``).
 
     ``trials`` caps the candidates measured in this run; each task gets ``trials_per_task``
     (default: its share of ``trials`` by cost, ``trial_shares``).  A candidate still measuring after
@@ -149,7 +151,7 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
     tgt = resolve_target(target)
     with _worker_threads(thread_count(threads, tgt.export())):
         return _tune(specs_or(models), tgt, trials, work_dir, trials_per_task, builder_timeout,
-                     runner_timeout, progress, rpc, key, workers)
+                     runner_timeout, progress, rpc, key, workers, {"shapes": shapes, "bounds": bounds})
 
 
 @contextlib.contextmanager
@@ -174,12 +176,12 @@ def specs_or(models: Any) -> list:
 
 def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: int | None,
           builder_timeout: float, runner_timeout: float, progress: bool, rpc: str | None,
-          key: str | None, workers: int | None) -> TuneResult:
+          key: str | None, workers: int | None, load_args: dict) -> TuneResult:
     tracker, workers, where = _remote(rpc, key, workers, runner_timeout)
     if not specs:
         raise TuningError("tune: no model given")
     names = [_model_name(s, i) for i, s in enumerate(specs)]
-    lowered = [(name, lower_for_tuning(load_model(s), tgt)) for name, s in zip(names, specs)]
+    lowered = [(name, lower_for_tuning(load_model(s, **load_args), tgt)) for name, s in zip(names, specs)]
     calls = Counter((name, kernel) for name, mod in lowered for kernel in kernel_calls(mod["main"]))
     tasks = st.extract_tasks(lowered, tgt, calls)
     if not tasks:

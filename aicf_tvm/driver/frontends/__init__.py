@@ -16,30 +16,48 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tvm
 
 from ...errors import UnsupportedModelError
 from .. import models
+from ..symbolic import with_dim_bounds
 from .onnx import from_onnx
 from .torch import from_torch
 
 __all__ = ["from_onnx", "from_torch", "load_model"]
 
 
-def load_model(spec: Any) -> tvm.IRModule:
+def load_model(spec: Any, shapes: Mapping[str, Sequence[int | str]] | None = None,
+               bounds: Mapping[str, tuple[int | None, int | None]] | None = None) -> tvm.IRModule:
     """A Relax module from: an IRModule; an ``nn.Module`` spec; an ONNX path;
-    a built-in model name; or ``package.module:function`` returning an IRModule."""
+    a built-in model name; or ``package.module:function`` returning an IRModule.
+
+    ``shapes`` sets input shapes of an ONNX model (``from_onnx``); ``bounds`` bounds the
+    symbolic dims of any of them (``aicf_tvm.driver.symbolic.with_dim_bounds``)."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, (str, tvm.IRModule)) or (isinstance(spec, str) and _is_onnx(spec)):
+        return from_onnx(spec, shapes, bounds)
+    if shapes:
+        raise UnsupportedModelError(f"{spec if isinstance(spec, str) else 'the module'}: input shapes can be "
+                                    "set for ONNX models only (the others fix their own)")
+    return with_dim_bounds(_load_other(spec), bounds or {})
+
+
+def _is_onnx(text: str) -> bool:
+    return text not in models.BUILTIN_MODELS and (text.endswith(".onnx") or os.path.exists(text))
+
+
+def _load_other(spec: Any) -> tvm.IRModule:
+    """An IRModule, a built-in model or ``package.module:function`` (``load_model``)."""
     if isinstance(spec, tvm.IRModule):
         return spec
-    if not isinstance(spec, (str, os.PathLike)):
-        return from_onnx(spec)
-    text = os.fspath(spec)
+    text = spec
     if text in models.BUILTIN_MODELS:
         return models.BUILTIN_MODELS[text]()
-    if text.endswith(".onnx") or os.path.exists(text):
-        return from_onnx(text)
     if ":" in text:
         mod_name, _, attr = text.partition(":")
         try:

@@ -3,9 +3,12 @@
 Input dims: a ``dim_value`` is static; a named ``dim_param`` becomes one ``tirx.Var`` per
 name, shared by every input that names it (``batch`` of ``input_ids`` and of
 ``attention_mask`` is one size); an unnamed dynamic dim becomes a fresh var of its own
-(two unnamed dims need not agree). ``shapes=`` pins any input's shape. The pinned shapes
-are written into the graph before ``fold_shapes`` so that shape computations on them fold
-to constants (see ``onnx_fold``).
+(two unnamed dims need not agree). ``shapes=`` sets any input's shape: an int pins a dim,
+a name makes it symbolic (one var per name across the inputs, the model's own names
+included), ``"?"`` keeps the model's dim. The shapes are written into the graph before
+``fold_shapes`` so that shape computations on pinned dims fold to constants (see
+``onnx_fold``). ``bounds=`` gives symbolic dims their ``(lower, upper)`` bounds (see
+``aicf_tvm.driver.symbolic.with_dim_bounds``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import tvm
 from tvm import relax, tirx
 
 from ...errors import UnsupportedModelError
+from ..symbolic import with_dim_bounds
 from .common import first_line, normalize_import
 from .onnx_fold import fold_shapes
 
@@ -52,33 +56,52 @@ def real_inputs(model: Any) -> list[Any]:
     return [i for i in model.graph.input if i.name not in inits]
 
 
-def input_shapes(model: Any, shapes: Mapping[str, Sequence[int]] | None = None,
+def input_shapes(model: Any, shapes: Mapping[str, Sequence[int | str]] | None = None,
                  name: str = "<model>") -> dict[str, list[Dim]]:
     """Each real input's shape, dynamic dims as ``tirx.Var`` (module docstring); inputs of
-    unknown rank and not pinned are left out (TVM's frontend gives them no static shape)."""
+    unknown rank and not given a shape are left out (TVM's frontend gives them no static
+    shape)."""
     inputs = real_inputs(model)
     unknown = sorted(set(shapes or {}) - {i.name for i in inputs})
     if unknown:
         raise UnsupportedModelError(f"{name}: shapes= names {', '.join(unknown)}, not an input; the inputs are: "
                                     f"{', '.join(i.name for i in inputs)}")
     named: dict[str, tirx.Var] = {}
+
+    def var(dim_name: str) -> tirx.Var:
+        return named.setdefault(dim_name, tirx.Var(dim_name, "int64"))
+
     result: dict[str, list[Dim]] = {}
     for inp in inputs:
         tensor = inp.type.tensor_type
+        own = [
+            d.dim_value if d.HasField("dim_value") else var(d.dim_param) if d.dim_param
+            else tirx.Var(f"{inp.name}_dim{k}", "int64")
+            for k, d in enumerate(tensor.shape.dim)
+        ] if tensor.HasField("shape") else None
         if shapes and inp.name in shapes:
-            pinned = [int(d) for d in shapes[inp.name]]
-            if tensor.HasField("shape") and len(tensor.shape.dim) != len(pinned):
-                raise UnsupportedModelError(f"{name}: input {inp.name} has rank {len(tensor.shape.dim)}, "
-                                            f"shapes= gives {pinned}")
-            result[inp.name] = pinned
-        elif tensor.HasField("shape"):
-            result[inp.name] = [
-                d.dim_value if d.HasField("dim_value")
-                else named.setdefault(d.dim_param, tirx.Var(d.dim_param, "int64")) if d.dim_param
-                else tirx.Var(f"{inp.name}_dim{k}", "int64")
-                for k, d in enumerate(tensor.shape.dim)
-            ]
+            given = list(shapes[inp.name])
+            if own is not None and len(own) != len(given):
+                raise UnsupportedModelError(f"{name}: input {inp.name} has rank {len(own)}, "
+                                            f"shapes= gives {given}")
+            if own is None and "?" in given:
+                raise UnsupportedModelError(f"{name}: input {inp.name} has no shape in the model to keep "
+                                            f"'?' dims of (shapes= gives {given})")
+            result[inp.name] = [_given_dim(d, own[k] if own else None, var, inp.name) for k, d in enumerate(given)]
+        elif own is not None:
+            result[inp.name] = own
     return result
+
+
+def _given_dim(dim: int | str, own: Dim | None, var: Any, input_name: str) -> Dim:
+    """One dim of ``shapes=``: an int pins it, ``"?"`` keeps the model's, a name is symbolic."""
+    if isinstance(dim, str) and dim == "?":
+        return own
+    if isinstance(dim, str):
+        if not dim.isidentifier():
+            raise UnsupportedModelError(f"input {input_name}: dim {dim!r} is neither a size, '?' nor a name")
+        return var(dim)
+    return int(dim)
 
 
 def _with_shapes(model: Any, shape_dict: Mapping[str, Sequence[Dim]]) -> Any:
@@ -100,9 +123,11 @@ def _with_shapes(model: Any, shape_dict: Mapping[str, Sequence[Dim]]) -> Any:
     return out
 
 
-def from_onnx(path_or_model: Any, shapes: Mapping[str, Sequence[int]] | None = None) -> tvm.IRModule:
+def from_onnx(path_or_model: Any, shapes: Mapping[str, Sequence[int | str]] | None = None,
+              bounds: Mapping[str, tuple[int | None, int | None]] | None = None) -> tvm.IRModule:
     """Import an ONNX model (path, bytes or ``onnx.ModelProto``) with TVM's ONNX frontend,
-    after ONNX shape inference and folding of shape subgraphs."""
+    after ONNX shape inference and folding of shape subgraphs (``shapes=``, ``bounds=``:
+    the module docstring)."""
     model, name = _load_onnx(path_or_model)
     shape_dict = input_shapes(model, shapes, name)
     prepared = fold_shapes(_with_shapes(model, shape_dict))
@@ -112,7 +137,7 @@ def from_onnx(path_or_model: Any, shapes: Mapping[str, Sequence[int]] | None = N
     except Exception as err:  # noqa: BLE001 - the frontend raises many kinds
         raise UnsupportedModelError(f"{name}: the ONNX frontend failed: {type(err).__name__}: "
                                     f"{first_line(err)}") from err
-    return normalize_import(mod)
+    return normalize_import(with_dim_bounds(mod, bounds or {}))
 
 
 def _check_ops(model: Any, name: str) -> None:

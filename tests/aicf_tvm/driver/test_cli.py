@@ -120,6 +120,59 @@ def test_run_writes_each_output_of_a_nested_tuple_under_its_name(tmp_path, capsy
         np.testing.assert_allclose(np.load(tmp_path / "out" / f"{name}.npy"), want, rtol=1e-5, atol=1e-6)
 
 
+def _static_linear_onnx() -> onnx.ModelProto:
+    """y = relu(x @ w) with x declared [4, 8]: a model exported with a fixed shape."""
+    from onnx import numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(12).standard_normal((8, 6)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_compile_with_a_symbolic_dim_runs_every_size_in_its_bounds(tmp_path, capsys):
+    """``--shape x=rows,?`` makes the fixed first dim symbolic (the second kept), ``--dim``
+    bounds it: one library runs any row count in the bounds (numpy's values) and refuses
+    one outside them."""
+    model_path = tmp_path / "linear.onnx"
+    onnx.save(_static_linear_onnx(), model_path)
+    lib = tmp_path / "linear.so"
+    assert main(["compile", str(model_path), "-o", str(lib), "--shape", "x=rows,?", "--dim", "rows=1:64"]) == 0
+    assert "inputs   x: float32['rows', 8]" in capsys.readouterr().out
+    w = onnx.numpy_helper.to_array(_static_linear_onnx().graph.initializer[0])
+    rng = np.random.default_rng(13)
+    for rows in (1, 5, 64):
+        x = rng.standard_normal((rows, 8)).astype(np.float32)
+        np.save(tmp_path / "x.npy", x)
+        assert main(["run", str(lib), "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / "out")]) == 0
+        capsys.readouterr()
+        np.testing.assert_allclose(np.load(tmp_path / "out" / "output.npy"), np.maximum(x @ w, 0), rtol=1e-5,
+                                   atol=1e-5)
+    np.save(tmp_path / "x.npy", np.zeros((65, 8), np.float32))
+    line = _error_line(capsys, ["run", str(lib), "--input", f"x={tmp_path / 'x.npy'}"])
+    assert "input x: dim rows = 65 is outside its bounds [1, 64]" in line
+
+
+@pytest.mark.parametrize(("flag", "culprit"), [
+    (["--shape", "x=rows;8"], "dim 'rows;8' is neither a size, a name nor ?"),
+    (["--dim", "rows=64"], "expected DIM=LOW:HIGH"),
+])
+def test_malformed_shape_or_dim_flag_is_a_usage_error(tmp_path, capsys, flag, culprit):
+    with pytest.raises(SystemExit) as exit_:
+        main(["compile", "encoder_layer_small", "-o", str(tmp_path / "a.so"), *flag])
+    assert exit_.value.code == 2 and culprit in capsys.readouterr().err
+
+
+def test_dim_of_a_model_without_it_names_the_dims_there_are(tmp_path, capsys):
+    onnx.save(_static_linear_onnx(), tmp_path / "linear.onnx")
+    line = _error_line(capsys, ["compile", str(tmp_path / "linear.onnx"), "-o", str(tmp_path / "a.so"),
+                                "--shape", "x=rows,8", "--dim", "seq=1:64"])
+    assert "dim seq: not a symbolic dim of the model (its symbolic dims are: rows)" in line
+    line = _error_line(capsys, ["compile", "encoder_layer_small", "-o", str(tmp_path / "a.so"), "--shape", "x=1,16"])
+    assert "input shapes can be set for ONNX models only" in line
+
+
 # --- bad input: one line naming the culprit, exit code 1 ---------------------------------------
 
 def test_missing_model_file(capsys, tmp_path):

@@ -319,6 +319,28 @@ def test_shapes_pin_an_input_and_must_name_one():
         aicf_tvm.from_onnx(DYNAMIC, shapes={"a": [2]})
 
 
+def test_shapes_name_or_keep_dims_and_bounds_bound_them():
+    """A name in ``shapes=`` makes the dim symbolic (one var per name, shared with the
+    model's own names), ``?`` keeps the model's dim, ``bounds=`` becomes the bounds the
+    compiled model checks; a bound on no dim of the model names the ones there are."""
+    mod = aicf_tvm.from_onnx(DYNAMIC, shapes={"a": ["n", "?"], "b": ["n", 4], "c": ["batch", "?"]},
+                             bounds={"n": (1, 8)})
+    a, b, c = (p.ty.shape[0] for p in mod["main"].params)
+    assert a.same_as(b) and a.name == "n" and c.name == "batch" and not c.same_as(a)
+    compiled = aicf_tvm.compile(mod)
+    assert compiled.dim_bounds == {"n": [1, 8]} and compiled.inputs[0].shape == ("n", 4)
+    rng = np.random.default_rng(14)
+    x, y, z = (rng.standard_normal(shape).astype(np.float32) for shape in ((3, 4), (3, 4), (2, 4)))
+    got = compiled(a=x, b=y, c=z)
+    np.testing.assert_array_equal(got[0], x + y)
+    np.testing.assert_array_equal(got[1], -z)
+    with pytest.raises(aicf_tvm.InputError, match=r"dim n = 9 is outside its bounds \[1, 8\]"):
+        compiled(a=np.zeros((9, 4), np.float32), b=np.zeros((9, 4), np.float32), c=z)
+    with pytest.raises(aicf_tvm.InputError, match=r"dim seq: not a symbolic dim of the model \(its symbolic "
+                                                  r"dims are: batch, c_dim0\)"):
+        aicf_tvm.from_onnx(DYNAMIC, bounds={"seq": (1, 8)})
+
+
 def test_bool_arithmetic_and_comparisons_compute_on_zero_and_one():
     """TVM's LLVM codegen has no bool add or compare: ``mask + mask`` is a logical or,
     ``mask * mask`` an and, ``max`` an or, ``mask < mask`` an order on False < True."""
