@@ -12,7 +12,8 @@ function is the original call: the lifted module computes exactly what the input
 ``batch * seq`` becomes a var of the function's own (``param_types``), bound at the
 call. Structural bindings (tuples, tuple reads, aliases) and bindings outside dataflow
 blocks are left as they are; so is a call whose non-tensor arguments use a symbolic
-variable that its tensor arguments do not define (the private function could not bind it).
+variable that its tensor arguments do not define, or a value of the caller (a shape such as
+``shape_to_tensor``'s): the private function could not bind them.
 """
 
 from __future__ import annotations
@@ -117,8 +118,8 @@ def build_emit_function(call: relax.Call) -> tuple[relax.Function, tuple] | None
             out = bb.emit_output(body_call)
         bb.emit_func_output(out)
     func = bb.finalize()["emit"]
-    if relax.analysis.free_symbolic_vars(func):
-        return None
+    if relax.analysis.free_symbolic_vars(func) or relax.analysis.free_vars(func):
+        return None  # a var of the caller (a shape value, a symbolic dim) it cannot bind
     defined = relax.analysis.defined_symbolic_vars(func)
     if defined:  # each function must define its own symbolic variables
         func = func.bind_symbolic_vars({v: tvm.tirx.Var(v.name, v.ty) for v in defined})

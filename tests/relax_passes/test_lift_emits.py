@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
@@ -129,6 +130,38 @@ class TestTuplesAndSymbolicShapes:
         x = np.random.default_rng(0).standard_normal((3, 8)).astype("float32")
         for got, want in zip(run_vm(LiftEmits()(WithTupleAndSymbolic), x), run_vm(WithTupleAndSymbolic, x)):
             np.testing.assert_array_equal(got, want)
+
+
+@I.ir_module
+class CompoundExtents:
+    @R.function
+    def main(x: R.Tensor(("b", "s", 8), "float32"), w: R.Tensor((8, 4), "float32")):
+        b, s = T.int64(), T.int64()
+        with R.dataflow():
+            rows = R.reshape(x, R.shape([b * s, 8]))
+            y = R.matmul(rows, w)  # rows of b * s: defined by no plain extent
+            shape = R.shape_of(y)
+            t = R.shape_to_tensor(shape)  # the caller's shape value: stays a plain call
+            R.output(y, t)
+        return (y, t)
+
+
+def test_compound_extents_become_the_emits_own_vars():
+    """The matmul over ``b * s`` rows lifts with a parameter ``(d0, 8)`` of its own, bound
+    at the call (``d0 = b * s``: the caller's result type is unchanged); ``shape_to_tensor``
+    of the caller's shape value would be a free var of an Emit function and stays a call."""
+    after = LiftEmits()(CompoundExtents)
+    verify_contracts(after)
+    matmul = after["emit_matmul"]
+    d0, k = matmul.params[0].ty.shape.values
+    assert isinstance(d0, tvm.tirx.Var) and d0.name == "d0" and int(k) == 8
+    y, t = (b for b in after["main"].body.blocks[0].bindings if b.var.name in ("y", "t"))
+    assert isinstance(y.value.op, relax.GlobalVar) and str(y.var.ty.shape) == "R.shape([b * s, 4])"
+    assert t.value.op.name == "relax.shape_to_tensor"
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((2, 3, 8)).astype("float32"), rng.standard_normal((8, 4)).astype("float32")
+    for got, want in zip(run_vm(after, x, w), run_vm(CompoundExtents, x, w)):
+        np.testing.assert_array_equal(got, want)
 
 
 @I.ir_module
