@@ -87,14 +87,27 @@ def _flops(func: tirx.PrimFunc) -> float:
         return 0.0
 
 
+def symbolic_dims(func: tirx.PrimFunc) -> list[str]:
+    """Names of the symbolic extents of ``func``'s buffer parameters (none: static)."""
+    names: list[str] = []
+    for param in func.params:
+        for dim in getattr(getattr(param, "ty", None), "shape", None) or []:
+            for var in tirx.analysis.undefined_vars(dim) if not isinstance(dim, tirx.IntImm) else []:
+                if var.name not in names:
+                    names.append(var.name)
+    return names
+
+
 def extract_tasks(lowered: list[tuple[str, tvm.IRModule]], target: tvm.target.Target,
                   calls: Mapping[tuple[str, str], int] | None = None) -> list[Task]:
-    """Tasks of the Emit PrimFuncs of ``(model name, lowered module)`` pairs, costliest
-    first; ``calls`` maps (model, PrimFunc name) to its calls per inference (default 1)."""
+    """Tasks of the static Emit PrimFuncs of ``(model name, lowered module)`` pairs,
+    costliest first; ``calls`` maps (model, PrimFunc name) to its calls per inference
+    (default 1). MetaSchedule measures on arguments of one shape, so a kernel with
+    symbolic extents (``symbolic_dims``) is not a task: it keeps its default schedule."""
     tasks: dict[int, Task] = {}
     for model, mod in lowered:
         for gv, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc):
+            if not isinstance(func, tirx.PrimFunc) or symbolic_dims(func):
                 continue
             workload = workload_of(func, target)
             if workload is None:

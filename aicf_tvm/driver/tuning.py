@@ -59,6 +59,7 @@ class TuneResult:
     tasks: list[Any] = field(default_factory=list)  # schedules.tune.TaskOutcome
     measured: int = 0  # candidates measured by this run (the default baselines excluded)
     untuned: list[str] = field(default_factory=list)  # task keys left for lack of budget
+    symbolic: list[str] = field(default_factory=list)  # "model: kernel (dims)" not tuned: symbolic extents
     measured_on: str = "this machine"  # or "rpc HOST:PORT key KEY (N servers)"
 
     @property
@@ -76,6 +77,9 @@ class TuneResult:
                          f"  -> {t.choice}{note}")
         if self.untuned:
             lines.append(f"  {len(self.untuned)} task(s) not tuned: no trials left for them")
+        if self.symbolic:
+            lines.append(f"  {len(self.symbolic)} kernel(s) with symbolic extents keep their default schedule: "
+                         + ", ".join(self.symbolic))
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -182,9 +186,15 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
         raise TuningError("tune: no model given")
     names = [_model_name(s, i) for i, s in enumerate(specs)]
     lowered = [(name, lower_for_tuning(load_model(s, **load_args), tgt)) for name, s in zip(names, specs)]
+    symbolic = [f"{name}: {gv.name_hint} ({', '.join(st.symbolic_dims(f))})" for name, mod in lowered
+                for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and st.symbolic_dims(f)]
     calls = Counter((name, kernel) for name, mod in lowered for kernel in kernel_calls(mod["main"]))
     tasks = st.extract_tasks(lowered, tgt, calls)
     if not tasks:
+        if symbolic:
+            raise TuningError(f"tune: every kernel of {', '.join(names)} has symbolic extents, and MetaSchedule "
+                              "measures one shape; pin the dims to tune for (--shape INPUT=D0,D1,...): the "
+                              "records then serve a compile with the same shapes")
         raise TuningError(f"tune: {', '.join(names)} has no Emit kernels to tune")
 
     wdir = Path(work_dir)
@@ -192,7 +202,7 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
     choices = load_choices(wdir)
     shares = [trials_per_task] * len(tasks) if trials_per_task else trial_shares(trials, [t.cost for t in tasks])
     tools = st.Tools(tgt, builder_timeout, runner_timeout, tracker, workers)
-    result = TuneResult(wdir, tgt, names, measured_on=where)
+    result = TuneResult(wdir, tgt, names, measured_on=where, symbolic=symbolic)
     bar = tqdm(total=min(trials, sum(shares)), unit="trial", disable=not progress, desc="tune")
     with st.cpu_intrinsics_only(tgt), contextlib.closing(bar):
         for index, (task, share) in enumerate(zip(tasks, shares)):

@@ -211,3 +211,26 @@ def test_trials_go_to_tasks_by_cost():
     assert trial_shares(12, [0.0, 0.0, 0.0]) == [4, 4, 4]
     assert trial_shares(4, [4.0, 5.0, 3.0]) == [0, 4, 0]  # too few to share: the costliest
     assert trial_shares(2, [5.0, 4.0, 3.0]) == [2, 0, 0]
+
+
+def test_a_model_whose_kernels_are_all_symbolic_says_how_to_tune_it(tmp_path):
+    """MetaSchedule measures one shape: a kernel with symbolic extents is no task (it keeps
+    its default schedule), and a model with only such kernels is refused before anything
+    builds, naming the way to pin the dims."""
+    from tvm import relax, tirx
+
+    from aicf_tvm.driver.targets import resolve_target
+    from aicf_tvm.driver.tuning import lower_for_tuning
+    from schedules.tune import symbolic_dims
+    from tests.helpers import relax_main
+
+    rows = tirx.Var("rows", "int64")
+    x = relax.Var("x", relax.TensorType([rows, 16], "float32"))
+    w = relax.const(np.random.default_rng(15).standard_normal((16, 8)).astype("float32"))
+    mod = relax_main([x], lambda bb, x: relax.op.nn.relu(bb.emit(relax.op.matmul(x, w))))
+    kernels = [f for _, f in lower_for_tuning(mod, resolve_target("llvm")).functions_items()
+               if isinstance(f, tirx.PrimFunc)]
+    assert kernels and all(symbolic_dims(f) == ["rows"] for f in kernels)
+    with pytest.raises(TuningError, match=r"every kernel of model0 has symbolic extents.*--shape INPUT=D0,D1"):
+        aicf_tvm.tune(mod, trials=1, work_dir=tmp_path / "wd", progress=False)
+    assert not (tmp_path / "wd").exists()
