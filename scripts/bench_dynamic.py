@@ -2,10 +2,11 @@
 
 Usage::
 
-    python scripts/bench_dynamic.py [--small] [--models bert llama] [--shapes 1x16 1x64 ...]
+    python scripts/bench_dynamic.py [--small] [--models bert gpt2 llama] [--shapes 1x16 1x64 ...]
                                     [--repeat 5] [--threads N] [--tol 1e-3]
 
-Each model (random weights, seeded; all-ones attention mask) is compiled once with a
+Each model (a BERT encoder, GPT-2 and LLaMA-style decoders; random weights, seeded; all-ones
+attention mask) is compiled once with a
 dynamic batch and sequence length (``Dim("batch", max=8)``, ``Dim("seq", max=512)``) and
 once per static shape, and exported once to ONNX with dynamic axes
 (``torch.onnx.export(dynamo=False)``) for ONNX Runtime (CPU EP, every graph optimization,
@@ -41,7 +42,7 @@ SMALL_SHAPES = ((1, 16), (1, 64), (2, 100))
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="small models and shapes (a quick check)")
-    parser.add_argument("--models", nargs="+", default=["bert", "llama"], choices=["bert", "gpt2", "llama"])
+    parser.add_argument("--models", nargs="+", default=["bert", "gpt2", "llama"], choices=["bert", "gpt2", "llama"])
     parser.add_argument("--shapes", nargs="+", default=None, help="BATCHxSEQ, e.g. 1x16 4x128")
     parser.add_argument("--repeat", type=int, default=5, help="timeit repeats (the minimum is reported)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),

@@ -167,6 +167,14 @@ def _quiet(names: Sequence[str]) -> Iterator[None]:
             log.setLevel(level)
 
 
+def _metadata_only() -> frozenset:
+    """In-place ops that write no tensor data (``detach_``: autograd metadata, which
+    ``torch.export`` leaves on lifted constants)."""
+    import torch
+
+    return frozenset({torch.ops.aten.detach_.default})
+
+
 def views_as_reshapes(graph: Any) -> int:
     """Retarget every ``aten.view`` of a graph without mutation to ``aten.reshape``; returns
     how many were retargeted.
@@ -177,11 +185,14 @@ def views_as_reshapes(graph: Any) -> int:
     merged heads) then fails as a view of a non-viewable tensor. Without mutation a view
     and a reshape give the same values (aliasing is unobservable), and a reshape is a view
     wherever one is possible, so the decomposed graph is unchanged where it traced before.
+    In-place ops that write no data (``detach_``) do not count as mutation.
     """
     import torch
 
     calls = [n for n in graph.nodes if n.op == "call_function"]
-    if any(getattr(getattr(n.target, "_schema", None), "is_mutable", False) for n in calls):
+    metadata_only = _metadata_only()
+    if any(getattr(getattr(n.target, "_schema", None), "is_mutable", False) and n.target not in metadata_only
+           for n in calls):
         return 0
     views = [n for n in calls if n.target is torch.ops.aten.view.default]
     for node in views:

@@ -104,3 +104,31 @@ def test_merged_heads_with_a_dynamic_batch_match_pytorch():
         with torch.no_grad():
             want = module(torch.from_numpy(x)).numpy()
         np.testing.assert_allclose(compiled(x), want, rtol=1e-4, atol=1e-5)
+
+
+def test_gpt2_with_a_dynamic_batch_and_length_matches_pytorch():
+    """GPT-2 (all-ones mask) with ``batch`` and ``seq`` dynamic: its exported graph holds a
+    ``detach_`` (no data written) besides the merged heads' ``view``; one module serves
+    every (batch, seq) in the bounds."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(2)
+    cfg = transformers.GPT2Config(vocab_size=60, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    inner = transformers.GPT2Model(cfg).eval()
+
+    class Text(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = inner
+
+        def forward(self, ids, mask):
+            return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    dims = {0: torch.export.Dim("batch", min=1, max=4), 1: torch.export.Dim("seq", min=1, max=64)}
+    rng = np.random.default_rng(6)
+    example = (torch.from_numpy(rng.integers(0, 60, (2, 5))), torch.ones((2, 5), dtype=torch.int64))
+    compiled = aicf_tvm.compile(aicf_tvm.from_torch(Text(), example, dynamic_shapes=(dims, dims)), target=TARGET)
+    for batch, seq in ((1, 1), (3, 17)):
+        ids, mask = rng.integers(0, 60, (batch, seq)), np.ones((batch, seq), np.int64)
+        with torch.no_grad():
+            want = Text()(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        np.testing.assert_allclose(compiled(ids, mask), want, rtol=1e-4, atol=1e-5)
