@@ -6,14 +6,14 @@ Usage::
                                     [--repeat 5] [--threads N] [--tol 1e-3]
 
 Each model (a BERT encoder, GPT-2 and LLaMA-style decoders; random weights, seeded; all-ones
-attention mask) is compiled once with a
-dynamic batch and sequence length (``Dim("batch", max=8)``, ``Dim("seq", max=512)``) and
-once per static shape, and exported once to ONNX with dynamic axes
-(``torch.onnx.export(dynamo=False)``) for ONNX Runtime (CPU EP, every graph optimization,
-``--threads`` intra-op threads, spinning off).  Per (batch, seq): the latency of each
-(``timeit``, the minimum over ``--repeat`` repeats: the machine is shared, the minimum is
-the least disturbed run), ours-dynamic / ours-static and ours-dynamic / ORT, and whether
-every output matches PyTorch (``max|a-b| / max|ref| <= --tol``; ``MISMATCH`` otherwise).
+attention mask) is compiled once with a dynamic batch and sequence length
+(``Dim("batch", max=8)``, ``Dim("seq", max=512)``) and once per static shape, and exported
+once to ONNX with dynamic axes (``torch.onnx.export(dynamo=False)``) for ONNX Runtime (CPU
+EP, every graph optimization, ``--threads`` intra-op threads, spinning off).  Per (batch,
+seq): the latency of each (``timeit``, the minimum over ``--repeat`` repeats: the machine
+is shared, the minimum is the least disturbed run), ours-dynamic / ours-static and
+ours-dynamic / ORT (and their geometric means over the shapes), and whether every output
+matches PyTorch (``max|a-b| / max|ref| <= --tol``; ``MISMATCH`` otherwise).
 The three engines are timed in turn on the same inputs, so a noisy neighbour shifts the
 ratios less than the absolute numbers.  ``--small`` shrinks the models and the shapes to a
 quick check (a few minutes on 2 cores).
@@ -22,6 +22,7 @@ quick check (a few minutes on 2 cores).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -153,6 +154,7 @@ def bench(model: Model, args: argparse.Namespace, work: Path) -> list[str]:
     session = ort_session(model, inputs(model, 2, 16, 0), args.threads, work)
     rows = [f"{model.name}: dynamic compile {dyn_s:.1f} s, kernels: "
             + ", ".join(sorted({k.schedule for k in dynamic.kernels}))]
+    ratios: list[tuple[float, float]] = []
     for batch, seq in args.shapes:
         ids, mask = inputs(model, batch, seq, seq)
         with torch.no_grad():
@@ -174,6 +176,9 @@ def bench(model: Model, args: argparse.Namespace, work: Path) -> list[str]:
             + ("ok" if not bad else "MISMATCH " + ", ".join(f"{n}={errors[n]:.1e}" for n in bad))
         )
         print(rows[-1], flush=True)
+        ratios.append((times["dynamic"] / times["static"], times["dynamic"] / times["ort"]))
+    means = [math.exp(sum(math.log(r[k]) for r in ratios) / len(ratios)) for k in (0, 1)]
+    rows.append(f"  geometric mean  dyn/static {means[0]:5.2f}  dyn/ORT {means[1]:5.2f}")
     return rows
 
 
