@@ -54,7 +54,9 @@ MAX_ROUNDS = 4
 
 
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
-    """Simplify symbolic shapes under their bounds (``relax_passes.BoundShapes``), make every
+    """Put pure bindings into dataflow blocks (``relax.transform.ConvertToDataflow``: a
+    module built with ``BlockBuilder`` outside ``bb.dataflow()`` would otherwise keep every
+    op out of the Emit passes, which lift only dataflow blocks), simplify symbolic shapes under their bounds (``relax_passes.BoundShapes``), make every
     gather read in bounds (``relax_passes.NormalizeIndices``: modules need not come through
     our importers), fold what is computable at compile time (weights; batch-norm into conv
     weights where exact, ``relax_passes.FoldBatchNorm``, which decomposes every other
@@ -64,6 +66,7 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     (``relax_passes.ImplicitBroadcasts``) and move reshapes below the pointwise ops they
     feed (``relax_passes.SinkReshapes``)."""
     seq = [
+        relax.transform.ConvertToDataflow(min_size=1),
         BoundShapes(),
         relax.transform.FoldConstant(),
         NormalizeIndices(),

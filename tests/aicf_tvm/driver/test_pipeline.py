@@ -129,3 +129,25 @@ def test_torch_eval_conv_batch_norm_folds_into_one_kernel(affine):
     with torch.no_grad():
         want = model(x).numpy()
     np.testing.assert_allclose(compiled(x.numpy()), want, rtol=1e-4, atol=1e-4)
+
+
+def test_ops_bound_outside_a_dataflow_block_are_lifted_and_fused():
+    """A BlockBuilder function without ``bb.dataflow()``: its matmul + bias is one fused
+    GEMM kernel (it ran as TVM's separate transpose, matmul and add kernels), and right."""
+    import aicf_tvm
+    from tvm import relax
+
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((48, 32)).astype("float32")
+    bias = rng.standard_normal((48,)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 32), "float32"))
+    with bb.function("main", [x]):
+        y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(relax.const(weight))))
+        bb.emit_func_output(bb.emit(relax.op.add(y, relax.const(bias))))
+    compiled = aicf_tvm.compile(bb.get(), target="llvm")
+    assert [k.kind for k in compiled.kernels] == ["fused_gemm_bias_act"]
+    data = rng.standard_normal((1, 16, 32)).astype("float32")
+    got = compiled(data)
+    got = got.numpy() if hasattr(got, "numpy") else np.asarray(got)
+    np.testing.assert_allclose(got, data @ weight.T + bias, rtol=1e-5, atol=1e-5)
