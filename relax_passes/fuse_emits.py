@@ -45,25 +45,11 @@ from aicf_tvm.lattice import Effect
 from aicf_tvm.propagation import analyze
 from aicf_tvm.report import Decision, FusionReport
 
-from .generic_groups import ANCHORS, CHAINABLE, GenericGrouping, finish_groups
+from .generic_groups import ANCHORS, CHAINABLE, STRUCTURAL_VIEWS, GenericGrouping, finish_groups, is_structural_view
 from .group_rewrite import _ACCUMULATING, Group, rewrite_function
 
 K_READ, K_WRITE = Effect("Read"), Effect("Write")
 _CHAINABLE, _ANCHORS = CHAINABLE, ANCHORS
-
-
-# Plain view bindings left in the block by EliminateEmits (a reshape of contiguous
-# storage): pure Relax ops a library match may take as members, so a pattern sees through
-# them (e.g. the head split of attention).
-STRUCTURAL_VIEWS = frozenset({"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.permute_dims",
-                              "relax.broadcast_to"})
-
-
-def is_structural_view(node: Any) -> bool:
-    """Whether ``node`` is a plain (non-Emit) view op binding of a tensor."""
-    v = node.value
-    return (node.emit is None and isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
-            and v.op.name in STRUCTURAL_VIEWS and isinstance(node.var.ty, relax.TensorType))
 
 
 def op_view(graph: EmitGraph) -> tuple[dict, dict]:
@@ -332,4 +318,4 @@ class FuseEmits:
         return rewrite_function(mod, self.func_name, plan)
 
 
-__all__ = ["FuseEmits", "op_view"]
+__all__ = ["STRUCTURAL_VIEWS", "FuseEmits", "is_structural_view", "op_view"]

@@ -22,8 +22,9 @@ computed; convexity and effects are judged on the final members.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
+import tvm
 from tvm import relax
 
 from aicf_tvm.emit_graph import EmitGraph
@@ -36,6 +37,28 @@ EPILOGUE = {K.ELEMENTWISE, K.BROADCAST}
 CHAINABLE = {K.ELEMENTWISE, K.BROADCAST, K.INJECTIVE, K.VIEW}
 ANCHORS = {K.REDUCTION, K.POOL, K.NORM, K.SOFTMAX, K.MATMUL, K.CONV}
 LIBRARY = "library"
+STRUCTURAL = "structural"  # EmitGraph's category of a plain (non-Emit) binding
+
+# Plain view bindings left in the block by EliminateEmits (a reshape of contiguous
+# storage): pure Relax ops a library match may take as members, so a pattern sees through
+# them (e.g. the head split of attention).
+STRUCTURAL_VIEWS = frozenset({"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.permute_dims",
+                              "relax.broadcast_to"})
+# Those that keep the row-major element order: a group may pass through one (Linear's
+# [B*S, N] -> [B, S, N] between its GEMM and the activation) but never ends with one,
+# since outside a group the view costs nothing.
+_ORDER_KEEPING_VIEWS = frozenset({"relax.reshape", "relax.expand_dims", "relax.squeeze"})
+
+
+def is_structural_view(node: Any) -> bool:
+    """Whether ``node`` is a plain (non-Emit) view op binding of a tensor."""
+    v = node.value
+    return (node.emit is None and isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
+            and v.op.name in STRUCTURAL_VIEWS and isinstance(node.var.ty, relax.TensorType))
+
+
+def _is_passable_view(node: Any) -> bool:
+    return is_structural_view(node) and node.value.op.name in _ORDER_KEEPING_VIEWS
 
 
 class GenericGrouping:
@@ -63,6 +86,8 @@ class GenericGrouping:
     def _join_as(self, cat: str, k: int, n_producers: int) -> str | None:
         """The category group ``k`` has once a ``cat`` Emit joins it; None: it may not."""
         acat = self.anchor_cat[k]
+        if cat == STRUCTURAL:
+            return acat
         if acat in ANCHORS or acat == LIBRARY:
             return acat if cat in EPILOGUE else None
         if acat == K.ELEMENTWISE and cat in ANCHORS - {K.MATMUL, K.CONV} and n_producers == 1:
@@ -108,11 +133,14 @@ class GenericGrouping:
 
     @staticmethod
     def _is_groupable(node) -> bool:
+        if _is_passable_view(node):
+            return True
         return (node.emit is not None and not node.is_opaque and node.category != "fused"
                 and isinstance(node.var.ty, relax.TensorType))  # tuple results stay their own Emit
 
     def _roll_back(self, k: int) -> list[int]:
-        """Drop group ``k``'s newest joins until it has one output and is convex."""
+        """Drop group ``k``'s newest joins until it has one output, is convex and does not
+        end with a view."""
         members, released = self.groups[k].members, []
         while len(members) > self.base[k] and not self._settled(members):
             released.append(members.pop())
@@ -123,7 +151,8 @@ class GenericGrouping:
         return released
 
     def _settled(self, members: list[int]) -> bool:
-        return len(self.graph.outputs_of(members)) == 1 and self.graph.is_convex(members)
+        return (len(self.graph.outputs_of(members)) == 1 and self.graph.is_convex(members)
+                and not _is_passable_view(self.graph.nodes[members[-1]]))
 
     def joined(self, k: int) -> list[int]:
         """The members the sweep added to library group ``k``."""
