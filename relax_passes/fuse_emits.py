@@ -45,11 +45,10 @@ from aicf_tvm.lattice import Effect
 from aicf_tvm.propagation import analyze
 from aicf_tvm.report import Decision, FusionReport
 
-from .generic_groups import ANCHORS, CHAINABLE, STRUCTURAL_VIEWS, GenericGrouping, finish_groups, is_structural_view
+from .generic_groups import STRUCTURAL_VIEWS, GenericGrouping, finish_groups, is_structural_view
 from .group_rewrite import _ACCUMULATING, Group, rewrite_function
 
 K_READ, K_WRITE = Effect("Read"), Effect("Write")
-_CHAINABLE, _ANCHORS = CHAINABLE, ANCHORS
 
 
 def op_view(graph: EmitGraph) -> tuple[dict, dict]:
