@@ -12,10 +12,12 @@ LowerEmits; re-propagate afterwards.
    to the report with the failing component and both lattice values.
 3. The planner takes legal matches by benefit (intermediate bytes removed), never
    two that overlap: sorting makes it O(n log n) in the number of matches.
-4. What is left is grouped generically, in one topological sweep: elementwise,
-   broadcast, injective and view Emits join the group of their single-consumer
-   producer (``fused_elementwise``); an elementwise epilogue joins a reduction, pool,
-   norm, GEMM or convolution group (``fused_reduce_epilogue`` for a plain reduction).
+4. What is left is grouped generically (``generic_groups``): elementwise, broadcast,
+   injective and view Emits join the group of a producer (``fused_elementwise``); an
+   elementwise epilogue joins a reduction, pool, norm, GEMM or convolution group
+   (``fused_reduce_epilogue`` for a plain reduction), a DAG of them (a decomposed
+   tanh-GELU reading the GEMM output three times) too, when its values stay inside the
+   group: every group ends with one output, convex.
 
 Sound because a fused Emit's body inlines its members' bodies in order: it computes
 exactly what S computed (with intermediates in their own dtypes); the only change a
@@ -34,7 +36,6 @@ from aicf_tvm.contract import ContractFacts, EmitContract, PortFacts
 from aicf_tvm.emit import Emit, Interface, Port
 from aicf_tvm.emit_graph import EmitGraph
 from aicf_tvm.facts import FactTable
-from aicf_tvm.kinds import registry as K
 from aicf_tvm.kinds.transfer import ALLOC_ALIGN, abi_of, fresh_shape
 from aicf_tvm.library import DEFAULT_CANDIDATES, Candidate, Match
 from aicf_tvm.library.legality import (
@@ -44,26 +45,10 @@ from aicf_tvm.lattice import Effect
 from aicf_tvm.propagation import analyze
 from aicf_tvm.report import Decision, FusionReport
 
+from .generic_groups import STRUCTURAL_VIEWS, GenericGrouping, finish_groups, is_structural_view
 from .group_rewrite import _ACCUMULATING, Group, rewrite_function
 
 K_READ, K_WRITE = Effect("Read"), Effect("Write")
-_EPILOGUE = {K.ELEMENTWISE, K.BROADCAST}
-_CHAINABLE = {K.ELEMENTWISE, K.BROADCAST, K.INJECTIVE, K.VIEW}
-_ANCHORS = {K.REDUCTION, K.POOL, K.NORM, K.SOFTMAX, K.MATMUL, K.CONV}
-
-
-# Plain view bindings left in the block by EliminateEmits (a reshape of contiguous
-# storage): pure Relax ops a library match may take as members, so a pattern sees through
-# them (e.g. the head split of attention).
-STRUCTURAL_VIEWS = frozenset({"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.permute_dims",
-                              "relax.broadcast_to"})
-
-
-def is_structural_view(node: Any) -> bool:
-    """Whether ``node`` is a plain (non-Emit) view op binding of a tensor."""
-    v = node.value
-    return (node.emit is None and isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
-            and v.op.name in STRUCTURAL_VIEWS and isinstance(node.var.ty, relax.TensorType))
 
 
 def op_view(graph: EmitGraph) -> tuple[dict, dict]:
@@ -236,48 +221,9 @@ class _Planner:
         return g
 
     def _generic(self, groups: list[Group], taken: dict[int, int]) -> list[Group]:
-        nodes = self.graph.nodes
-        anchor_cat: dict[int, str] = {k: "library" for k in range(len(groups))}
-        for node in nodes:
-            if node.index in taken or node.emit is None or node.is_opaque or node.category == "fused":
-                continue
-            if not isinstance(node.var.ty, relax.TensorType):  # tuple results stay their own Emit
-                continue
-            cat = node.category
-            joined = None
-            for p in node.producers:
-                pn = nodes[p]
-                if p not in taken or pn.consumers != [node.index] or pn.escapes:
-                    continue
-                k = taken[p]
-                acat = anchor_cat[k]
-                ok = (cat in _EPILOGUE) if acat in _ANCHORS or acat == "library" else (cat in _CHAINABLE)
-                if acat == K.ELEMENTWISE and cat in _ANCHORS - {K.MATMUL, K.CONV} and len(node.producers) == 1:
-                    ok, anchor_cat[k] = True, cat  # an elementwise prologue of a reduction
-                if ok and len(self.graph.outputs_of(groups[k].members)) == 1:
-                    joined = k
-                    break
-            if joined is None:
-                if cat in _CHAINABLE or cat in _ANCHORS:
-                    taken[node.index] = len(groups)
-                    anchor_cat[len(groups)] = K.ELEMENTWISE if cat in _CHAINABLE else cat
-                    groups.append(Group([node.index], ""))
-                continue
-            taken[node.index] = joined
-            groups[joined].members.append(node.index)
-        out = []
-        for k, g in enumerate(groups):
-            if len(g.members) < 2:
-                continue
-            if not g.name:
-                g.name = "fused_elementwise" if anchor_cat[k] == K.ELEMENTWISE else "fused_reduce_epilogue"
-                decision = self._judge_generic(g)
-                self.report.add(decision)
-                if not decision.accepted:
-                    continue
-                g.make_emit = self._generic_emit(g.name)
-            out.append(g)
-        return out
+        grouping = GenericGrouping(self.graph, groups, taken)
+        grouping.run()
+        return finish_groups(grouping, self.report, self._judge_generic, self._generic_emit)
 
     def _judge_generic(self, g: Group) -> Decision:
         names = tuple(self.graph.nodes[i].var.name for i in g.members)
@@ -371,4 +317,4 @@ class FuseEmits:
         return rewrite_function(mod, self.func_name, plan)
 
 
-__all__ = ["FuseEmits", "op_view"]
+__all__ = ["STRUCTURAL_VIEWS", "FuseEmits", "is_structural_view", "op_view"]

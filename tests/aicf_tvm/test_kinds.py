@@ -20,7 +20,7 @@ from aicf_tvm.kinds import registry, table
 from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE, EXTERN, INJECTIVE, REDUCTION, SCAN, register
 from aicf_tvm.lattice import Effect
 from relax_passes import LiftEmits
-from relax_passes.fuse_emits import _ANCHORS, _CHAINABLE
+from relax_passes.generic_groups import ANCHORS as _ANCHORS, CHAINABLE as _CHAINABLE
 
 from ..conftest import LIGHT_MODELS, light_model_path
 

@@ -360,8 +360,9 @@ def test_module_without_candidates_is_unchanged():
 
 
 def test_multi_consumer_intermediate_is_exported():
-    """A matmul whose result is also used elsewhere still fuses with its bias add; the
-    fused Emit returns both values (the intermediate is needed outside)."""
+    """A matmul whose result is also a block output still fuses with its bias add; the
+    fused Emit returns both values (the intermediate is needed outside), and ``u``, which
+    reads both, stays outside (the group is closed: joining would make a third output)."""
     @I.ir_module
     class Shared:
         @R.function
@@ -370,8 +371,8 @@ def test_multi_consumer_intermediate_is_exported():
                 y = R.matmul(x, w)
                 z = R.add(y, b)
                 u = R.multiply(y, z)
-                R.output(u)
-            return u
+                R.output(u, y)
+            return (u, y)
 
     after, report = fuse(Shared)
     assert "fused_gemm_bias_act" in fused_kinds(after)
