@@ -58,7 +58,12 @@ def is_structural_view(node: Any) -> bool:
 
 
 def _is_passable_view(node: Any) -> bool:
-    return is_structural_view(node) and node.value.op.name in _ORDER_KEEPING_VIEWS
+    """An order-keeping view of a static shape: a symbolic target shape names the caller's
+    dims (``[batch, seq, n]``), which the group function's parameters need not define
+    (their extents may be compound, ``batch * seq``), so such a view stays outside."""
+    shape = node.var.ty.shape if isinstance(node.var.ty, relax.TensorType) else None
+    return (is_structural_view(node) and node.value.op.name in _ORDER_KEEPING_VIEWS and shape is not None
+            and all(isinstance(d, tvm.tirx.IntImm) for d in shape.values))
 
 
 class GenericGrouping:

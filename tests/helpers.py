@@ -225,3 +225,20 @@ def relax_main(params: Sequence[Any], body: Callable[..., Any]) -> Any:
             out = bb.emit_output(body(bb, *params))
         bb.emit_func_output(out)
     return bb.get()
+
+
+def last_hidden_state(model: Any, **kwargs: Any) -> Any:
+    """A ``transformers`` text model as ``forward(ids, mask) -> last_hidden_state`` (the
+    mask positional, ``kwargs`` such as ``use_cache=False`` passed through): the form
+    ``torch.export`` captures with a tokenizer's two outputs."""
+    import torch
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: Any, mask: Any) -> Any:
+            return self.model(input_ids=ids, attention_mask=mask, **kwargs).last_hidden_state
+
+    return LastHidden().eval()

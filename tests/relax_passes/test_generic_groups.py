@@ -12,6 +12,7 @@ import aicf_tvm
 from aicf_tvm import emit_of
 
 from ..conftest import run_vm
+from ..helpers import last_hidden_state
 from .helpers import special_floats
 from .test_fuse_emits import fuse, fused_kinds
 
@@ -189,23 +190,16 @@ def test_gpt2_mlp_activation_joins_the_c_fc_gemm():
     cfg = transformers.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=2, n_positions=16)
     model = transformers.GPT2Model(cfg).eval()
 
-    class LastHidden(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids, mask):
-            return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
-
     rng = np.random.default_rng(15)
     ids, other = (torch.from_numpy(rng.integers(0, 50, (1, 8))) for _ in range(2))
     mask = torch.ones((1, 8), dtype=torch.int64)
-    compiled = aicf_tvm.compile(aicf_tvm.from_torch(LastHidden(), (ids, mask)), target=TARGET)
+    wrapped = last_hidden_state(model)
+    compiled = aicf_tvm.compile(aicf_tvm.from_torch(wrapped, (ids, mask)), target=TARGET)
     gelu = [d for d in compiled.report.accepted
             if d.candidate == "epilogue" and "fused_gemm_bias_act" in d.note and len(d.members) >= 8]
     assert len(gelu) == 2
     with torch.no_grad():
-        want, other_want = LastHidden()(ids, mask).numpy(), LastHidden()(other, mask).numpy()
+        want, other_want = wrapped(ids, mask).numpy(), wrapped(other, mask).numpy()
     assert not np.allclose(want, other_want)
     np.testing.assert_allclose(compiled(ids.numpy(), mask.numpy()), want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(compiled(other.numpy(), mask.numpy()), other_want, rtol=1e-4, atol=1e-5)

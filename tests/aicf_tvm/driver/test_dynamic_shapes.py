@@ -7,6 +7,8 @@ import pytest
 
 import aicf_tvm
 
+from ...helpers import last_hidden_state
+
 torch = pytest.importorskip("torch")
 
 TARGET = {"kind": "llvm", "num-cores": 2}
@@ -115,20 +117,13 @@ def test_gpt2_with_a_dynamic_batch_and_length_matches_pytorch():
     cfg = transformers.GPT2Config(vocab_size=60, n_embd=32, n_layer=1, n_head=2, n_positions=64)
     inner = transformers.GPT2Model(cfg).eval()
 
-    class Text(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = inner
-
-        def forward(self, ids, mask):
-            return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
-
     dims = {0: torch.export.Dim("batch", min=1, max=4), 1: torch.export.Dim("seq", min=1, max=64)}
     rng = np.random.default_rng(6)
     example = (torch.from_numpy(rng.integers(0, 60, (2, 5))), torch.ones((2, 5), dtype=torch.int64))
-    compiled = aicf_tvm.compile(aicf_tvm.from_torch(Text(), example, dynamic_shapes=(dims, dims)), target=TARGET)
+    wrapped = last_hidden_state(inner)
+    compiled = aicf_tvm.compile(aicf_tvm.from_torch(wrapped, example, dynamic_shapes=(dims, dims)), target=TARGET)
     for batch, seq in ((1, 1), (3, 17)):
         ids, mask = rng.integers(0, 60, (batch, seq)), np.ones((batch, seq), np.int64)
         with torch.no_grad():
-            want = Text()(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+            want = wrapped(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
         np.testing.assert_allclose(compiled(ids, mask), want, rtol=1e-4, atol=1e-5)

@@ -12,7 +12,7 @@ import aicf_tvm
 from aicf_tvm import UnsupportedModelError
 from aicf_tvm.driver.frontends import load_model
 
-from ...helpers import assert_matches_reference, ort_function, torch_function
+from ...helpers import assert_matches_reference, last_hidden_state, ort_function, torch_function
 from .test_cli import unsupported_op_model
 
 
@@ -210,20 +210,13 @@ def test_tiny_gpt2_called_as_the_docs_call_it_matches_torch():
     cfg = transformers.GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2, n_positions=16)
     model = transformers.GPT2Model(cfg).eval()
 
-    class LastHidden(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids, mask):
-            return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
-
     rng = np.random.default_rng(9)
     ids, other = (torch.from_numpy(rng.integers(0, 50, (1, 6))) for _ in range(2))
     mask = torch.ones((1, 6), dtype=torch.int64)
-    compiled = aicf_tvm.compile(aicf_tvm.from_torch(LastHidden(), (ids, mask)))
+    wrapped = last_hidden_state(model)
+    compiled = aicf_tvm.compile(aicf_tvm.from_torch(wrapped, (ids, mask)))
     with torch.no_grad():
-        want, other_want = LastHidden()(ids, mask).numpy(), LastHidden()(other, mask).numpy()
+        want, other_want = wrapped(ids, mask).numpy(), wrapped(other, mask).numpy()
     assert not np.allclose(want, other_want)
     np.testing.assert_allclose(compiled(ids.numpy(), mask.numpy()), want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(compiled(other.numpy(), mask.numpy()), other_want, rtol=1e-4, atol=1e-5)

@@ -21,6 +21,7 @@ from tvm.script import relax as R
 import aicf_tvm
 
 from ...conftest import run_vm
+from ...helpers import last_hidden_state
 
 TARGET = {"kind": "llvm", "num-cores": 2}
 S, H, D = 8, 4, 8
@@ -199,15 +200,7 @@ def test_transformers_attention_is_one_kernel_and_matches_torch(name):
     torch.manual_seed(0)
     model = _hf_models()[name]().eval()
 
-    class LastHidden(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids, mask):
-            return self.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-
-    wrapped = LastHidden().eval()
+    wrapped = last_hidden_state(model, use_cache=False).eval()
     seq = 16
     ids = torch.randint(0, 1000, (1, seq))
     masks = [torch.ones(1, seq, dtype=torch.int64), torch.tensor([[1] * 11 + [0] * 5]),
