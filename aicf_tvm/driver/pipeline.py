@@ -39,6 +39,7 @@ from relax_passes.sink_reshapes import SinkReshapes
 from schedules import apply_default_schedules
 from schedules.cpu.common import float32_lanes
 from schedules.cpu.comparisons import NaNExactComparisons
+from schedules.cpu.parallel_guard import tir_pipeline
 from schedules.cpu.vector_math import VectorizeMath
 from schedules.select import apply_database
 
@@ -159,8 +160,11 @@ def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
     backend = _backend(target)
     # the VM's shape function would switch off noalias for every kernel (see the pass)
     passes = [*backend.dataflow_lower_passes(target), *backend.finalize_passes(target), SinglePointerNoAlias]
+    # CPU kernels decide per call whether a symbolic-size parallel loop is worth the pool
+    tir = "default" if "gpu" in target.keys else tir_pipeline()
     with target:
-        return tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes))
+        return tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes),
+                           tir_pipeline=tir)
 
 
 STAGES = ("optimize", "kernels", "schedule", "build")
