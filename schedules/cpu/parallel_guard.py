@@ -37,6 +37,9 @@ from tvm.target import Target
 from .common import MIN_PARALLEL_WORK
 from .llvm_pass import llvm_prim_func_pass
 
+# Marks the parallel loop of a guard (so a second run leaves it).
+GUARDED = "aicf.work_guarded"
+
 
 def nest_work(stmt: tirx.Stmt) -> Expr | None:
     """Statement instances the nest executes, as an int64 expression (both branches of an
@@ -98,7 +101,7 @@ def _has_parallel(stmt: tirx.Stmt) -> bool:
 def guard_condition(loop: tirx.For) -> Expr | None:
     """``work >= MIN_PARALLEL_WORK`` for a parallel ``loop`` of symbolic work; None where
     the loop is to stay as it is (module docstring)."""
-    if loop.kind != tirx.ForKind.PARALLEL or _has_parallel(loop.body):
+    if loop.kind != tirx.ForKind.PARALLEL or GUARDED in loop.annotations or _has_parallel(loop.body):
         return None
     work = nest_work(loop)
     if work is None:
@@ -123,7 +126,9 @@ def _guard(loop: tirx.For) -> tirx.Stmt:
     condition = guard_condition(loop)
     if condition is None:
         return loop
-    return tirx.IfThenElse(condition, loop, _serial_copy(loop))
+    annotations = {**loop.annotations, GUARDED: True}
+    parallel = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, annotations=annotations)
+    return tirx.IfThenElse(condition, parallel, _serial_copy(loop))
 
 
 def guard_small_parallel(func: tirx.PrimFunc) -> tirx.PrimFunc:
