@@ -115,11 +115,37 @@ def guard_condition(loop: tirx.For) -> Expr | None:
     return work >= tirx.const(MIN_PARALLEL_WORK, "int64")
 
 
-def _serial_copy(loop: tirx.For) -> tirx.For:
-    """``loop`` as a serial loop with fresh variable and buffer definitions."""
+def _serial_copy(loop: tirx.For) -> tirx.Stmt:
+    """``loop`` as a serial loop with fresh variable and buffer definitions, its body's
+    buffers of loop-invariant shape allocated once before it (``_hoist_allocations``)."""
     serial = tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body,
                       annotations=loop.annotations)
-    return s_tir.renew_defs(tirx.PrimFunc([], serial)).body
+    return _hoist_allocations(s_tir.renew_defs(tirx.PrimFunc([], serial)).body)
+
+
+def _hoist_allocations(loop: tirx.For) -> tirx.Stmt:
+    """The buffers ``loop``'s body allocates first thing, of a shape defined outside the
+    loop, allocated before the loop instead: one allocation per call, not one heap
+    workspace per iteration (a symbolic size is never a stack allocation).  Serial
+    iterations reuse the buffer; a buffer's contents are never read before the iteration
+    that allocated it writes them (TIR allocates uninitialized memory)."""
+    body = loop.body
+    if not isinstance(body, tirx.SeqStmt):
+        return loop
+    inside = _defined_inside(loop)
+    hoisted, rest = [], []
+    for stmt in body.seq:
+        if not rest and isinstance(stmt, tirx.AllocBuffer) and not any(
+            v.same_as(d) for extent in stmt.buffer.shape for v in tirx.analysis.undefined_vars(extent) for d in inside
+        ):
+            hoisted.append(stmt)
+        else:
+            rest.append(stmt)
+    if not hoisted:
+        return loop
+    inner = rest[0] if len(rest) == 1 else tirx.SeqStmt(rest)
+    moved = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, inner, annotations=loop.annotations)
+    return tirx.SeqStmt([*hoisted, moved])
 
 
 def _guard(loop: tirx.For) -> tirx.Stmt:

@@ -75,6 +75,30 @@ def test_guards_parallel_loop_of_symbolic_work():
         assert bool(value.value) == (rows * 64 >= MIN_PARALLEL_WORK), rows
 
 
+@T.prim_func
+def row_buffer(a: T.handle, b: T.handle):
+    n = T.int64()
+    A = T.match_buffer(a, (n * n,), "float32")
+    B = T.match_buffer(b, (n * n,), "float32")
+    for i in T.parallel(n):
+        C = T.alloc_buffer((n,))
+        for j in range(n):
+            C[j] = A[i * n + j] * T.float32(2)
+        for j in range(n):
+            B[i * n + j] = C[n - j - T.int64(1)]
+
+
+def test_serial_copy_allocates_a_row_buffer_once():
+    """A buffer of symbolic size is a heap workspace: per iteration in the parallel loop
+    (each thread its own), once before the serial one."""
+    (guard,) = _ifs(guard_small_parallel(row_buffer).body)
+    assert isinstance(guard.then_case.body.seq[0], tirx.AllocBuffer)
+    serial = guard.else_case
+    assert isinstance(serial, tirx.SeqStmt) and isinstance(serial.seq[0], tirx.AllocBuffer)
+    assert isinstance(serial.seq[1], tirx.For) and serial.seq[1].kind == tirx.ForKind.SERIAL
+    assert not any(isinstance(s, tirx.AllocBuffer) for s in serial.seq[1].body.seq)
+
+
 def test_leaves_constant_work_alone():
     """The schedule decided a constant extent already."""
     tvm.ir.assert_structural_equal(guard_small_parallel(constant_rows), constant_rows)
@@ -130,3 +154,34 @@ def test_guarded_build_matches_numpy(rows):
     b = tvm.runtime.tensor(rng.standard_normal((rows, 48)).astype("float32"))
     lib(tvm.runtime.tensor(a), b)
     np.testing.assert_allclose(b.numpy(), a / a.max(axis=1, keepdims=True), rtol=1e-6)
+
+
+@T.prim_func(s_tir=True)
+def reversed_rows(a: T.handle, b: T.handle):
+    """b[i, j] = 2 * a[i, n - 1 - j] through a per-row intermediate of symbolic size."""
+    n = T.int64()
+    A = T.match_buffer(a, (n, n), "float32")
+    B = T.match_buffer(b, (n, n), "float32")
+    C = T.sblock_alloc_buffer((n, n))
+    for i in T.parallel(n):
+        for j in range(n):
+            with T.sblock("double"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                C[vi, vj] = A[vi, vj] * T.float32(2)
+        for j in range(n):
+            with T.sblock("reverse"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                B[vi, vj] = C[vi, n - vj - T.int64(1)]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 17, 45, 46, 100])
+def test_guarded_row_buffer_matches_numpy(rows):
+    """The row buffer hoisted out of the serial loop (below 46 rows) and per iteration in
+    the parallel one (46 x 46 x 2 stores >= 4096)."""
+    target = Target({"kind": "llvm"})
+    lib = tvm.tirx.build(tvm.IRModule({"main": reversed_rows}), target, pipeline=tir_pipeline())
+    rng = np.random.default_rng(100 + rows)
+    a = rng.standard_normal((rows, rows)).astype("float32")
+    b = tvm.runtime.tensor(rng.standard_normal((rows, rows)).astype("float32"))
+    lib(tvm.runtime.tensor(a), b)
+    np.testing.assert_array_equal(b.numpy(), 2 * a[:, ::-1])
