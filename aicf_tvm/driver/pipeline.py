@@ -5,7 +5,8 @@ MaterializeEmits, PropagateContracts)* to a bounded fixpoint -> LowerEmits ->
 kernel selection (tuned record, else default rule, else fallback) -> NaNExactComparisons
 (float comparisons that inlining made NaN-wrong) -> VectorizeMath (float32 transcendental
 calls as vectorizable arithmetic) -> the backend's own dataflow
-lowering -> ``tvm.compile``. ``verify_contracts`` runs after every step
+lowering -> ``tvm.compile`` (CPU kernels with ``GuardSmallParallel``: a parallel loop of
+symbolic work runs serially on calls too small for the thread pool). ``verify_contracts`` runs after every step
 under ``AICF_DEBUG=1``.
 
 ``compile``, ``aicf explain``, tuning (which stops at LowerEmits, so it measures exactly

@@ -8,8 +8,8 @@ pool launch (about 1.5-2 us here) on every call, also at a sequence of 16 where 
 twin runs serially in 0.3 us.
 
 ``GuardSmallParallel`` makes the choice per call: each parallel loop whose work (the
-statement instances of its nest, a vector store counting its lanes, as ``nest_work``
-counts them before vectorization) is symbolic becomes::
+statement instances of its nest, ``symbolic_work``: a vector store counts its lanes, as
+``common.nest_work`` counts a constant nest before vectorization) is symbolic becomes::
 
     if work >= MIN_PARALLEL_WORK: <the parallel loop>
     else: <the same loop, serial>
@@ -41,27 +41,27 @@ from .llvm_pass import llvm_prim_func_pass
 GUARDED = "aicf.work_guarded"
 
 
-def nest_work(stmt: tirx.Stmt) -> Expr | None:
+def symbolic_work(stmt: tirx.Stmt) -> Expr | None:
     """Statement instances the nest executes, as an int64 expression (both branches of an
     ``if`` counted: an upper bound); None when it holds a loop of unknown trip count."""
     if isinstance(stmt, tirx.For):
-        inner = nest_work(stmt.body)
+        inner = symbolic_work(stmt.body)
         return None if inner is None else tirx.Cast("int64", stmt.extent) * inner
     if isinstance(stmt, tirx.SeqStmt):
         total = tirx.const(0, "int64")
         for part in stmt.seq:
-            work = nest_work(part)
+            work = symbolic_work(part)
             if work is None:
                 return None
             total = total + work
         return total
     if isinstance(stmt, tirx.IfThenElse):
-        parts = [nest_work(s) for s in (stmt.then_case, stmt.else_case) if s is not None]
+        parts = [symbolic_work(s) for s in (stmt.then_case, stmt.else_case) if s is not None]
         if any(part is None for part in parts):
             return None
         return sum(parts[1:], parts[0])
     if isinstance(stmt, tirx.AttrStmt):
-        return nest_work(stmt.body)
+        return symbolic_work(stmt.body)
     if isinstance(stmt, tirx.While):
         return None
     if isinstance(stmt, tirx.BufferStore):
@@ -103,7 +103,7 @@ def guard_condition(loop: tirx.For) -> Expr | None:
     the loop is to stay as it is (module docstring)."""
     if loop.kind != tirx.ForKind.PARALLEL or GUARDED in loop.annotations or _has_parallel(loop.body):
         return None
-    work = nest_work(loop)
+    work = symbolic_work(loop)
     if work is None:
         return None
     work = tvm.sym.Analyzer().simplify(work)

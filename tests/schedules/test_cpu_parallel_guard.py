@@ -18,7 +18,7 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from schedules.cpu.common import MIN_PARALLEL_WORK
-from schedules.cpu.parallel_guard import guard_small_parallel, nest_work, tir_pipeline
+from schedules.cpu.parallel_guard import guard_small_parallel, symbolic_work, tir_pipeline
 
 
 @T.prim_func
@@ -115,13 +115,13 @@ def test_is_idempotent():
     assert [loop.kind for loop in _loops(once.body)].count(tirx.ForKind.PARALLEL) == 1
 
 
-def test_nest_work_counts_vector_lanes():
+def test_symbolic_work_counts_vector_lanes():
     @T.prim_func
     def vector(A: T.Buffer((64,), "float32")):
         for i in range(4):
             A[T.Ramp(i * 16, 1, 16)] = T.Broadcast(T.float32(0), 16)
 
-    assert tvm.sym.Analyzer().simplify(nest_work(vector.body)).value == 64
+    assert tvm.sym.Analyzer().simplify(symbolic_work(vector.body)).value == 64
 
 
 @T.prim_func(s_tir=True)
