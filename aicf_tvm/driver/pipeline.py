@@ -28,6 +28,7 @@ from tvm import relax
 
 from relax_passes import FuseEmits, LiftEmits, LowerEmits, PropagateContracts
 from relax_passes.bound_shapes import BoundShapes
+from relax_passes.bounded_tables import PrecomputeBoundedTables
 from relax_passes.channels_first import ChannelsFirst
 from relax_passes.fold_batch_norm import FoldBatchNorm
 from relax_passes.fold_pad import FoldPadIntoConv
@@ -60,7 +61,9 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     module built with ``BlockBuilder`` outside ``bb.dataflow()`` would otherwise keep every
     op out of the Emit passes, which lift only dataflow blocks), simplify symbolic shapes under their bounds (``relax_passes.BoundShapes``), make every
     gather read in bounds (``relax_passes.NormalizeIndices``: modules need not come through
-    our importers), fold what is computable at compile time (weights; batch-norm into conv
+    our importers), precompute float tables of bounded ``arange`` positions up to the bound
+    (``relax_passes.PrecomputeBoundedTables``: a dynamic build's rotary tables), fold what
+    is computable at compile time (weights; batch-norm into conv
     weights where exact, ``relax_passes.FoldBatchNorm``, which decomposes every other
     batch-norm by its own ``training`` flag before TVM's inference decomposition could
     misread it; zero pads into the convolutions that read them, ``relax_passes.FoldPadIntoConv``),
@@ -72,6 +75,7 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
         BoundShapes(),
         relax.transform.FoldConstant(),
         NormalizeIndices(),
+        PrecomputeBoundedTables(),
         FoldBatchNorm(),
         FoldPadIntoConv(),
         relax.transform.FoldConstant(),
