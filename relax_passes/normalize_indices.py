@@ -13,6 +13,11 @@ Per call, on op-level Relax (in the importers, and in ``compile``'s normalize):
   outside is an ``UnsupportedModelError`` naming the op (PyTorch and ONNX reject it too).
   A take under ``wrap``/``clip`` has the mode applied to the constant. The result is a
   take in ``fast`` mode: its indices are proven in range.
+* indices proven in ``[0, n)``: left as they are.  The proof follows views (expand_dims,
+  reshape, broadcast_to, squeeze, permute_dims) and ``+ 0`` back to ``arange(0, m, 1)``
+  with ``m <= n`` (PyTorch's mask builders index a ``[batch, seq]`` mask by
+  ``arange(batch)`` and ``arange(seq)``: wrapped, a dynamic-shape build ran six more
+  kernels per call for the bound tensors and the ``floor_mod``);
 * any other indices: a ``fast`` take becomes ``wrap``; a gather gets its indices wrapped,
   ``floor_mod(indices, n)``, unless they are already (this pass ran before).
 * ``take(mode="nan")`` defines every index: left alone.
@@ -93,7 +98,7 @@ class _IndexNormalizer(PyExprMutator):
     def wrapped(self, indices: relax.Expr, extents: list[Extent]) -> relax.Expr:
         """``floor_mod(indices, extents)`` (broadcast on the last axis when several), or the
         indices themselves when they are that already."""
-        if self._is_wrapped(indices, extents):
+        if self._is_wrapped(indices, extents) or self._in_range(indices, extents):
             return indices
         dtype = str(indices.ty.dtype)
         static = static_extents(extents)
@@ -113,6 +118,28 @@ class _IndexNormalizer(PyExprMutator):
         return bound is not None and len(bound) == len(extents) and all(
             tvm.sym.Analyzer().can_prove_equal(a, b) for a, b in zip(bound, extents))
 
+    def _in_range(self, indices: relax.Expr, extents: list[Extent]) -> bool:
+        """Whether every index is proven in ``[0, extents[0])`` (one extent only)."""
+        end = self._arange_end(indices)
+        return end is not None and len(extents) == 1 and tvm.sym.Analyzer().can_prove(end <= extents[0])
+
+    def _arange_end(self, expr: relax.Expr) -> tvm.ir.Expr | None:
+        """``m`` when every element of ``expr`` is a value of ``arange(0, m, 1)`` (so in
+        ``[0, m)``), through views and ``+ 0``; None when that is not proven."""
+        value = self._bound_value(expr)
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return None
+        name = value.op.name
+        if name in _VALUE_VIEWS:
+            return self._arange_end(value.args[0])
+        if name == "relax.add" and _is_int_zero(value.args[1]):
+            return self._arange_end(value.args[0])
+        if name == "relax.arange" and len(value.args) == 3:
+            start, end, step = value.args
+            if _is_int(start, 0) and _is_int(step, 1) and str(end.ty).startswith("int"):
+                return end
+        return None
+
     def _bound_value(self, expr: relax.Expr) -> Any:
         return self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
 
@@ -129,6 +156,22 @@ class _IndexNormalizer(PyExprMutator):
             shape = value.args[0]
             return list(shape.values) if isinstance(shape, relax.ShapeExpr) else None
         return None
+
+
+# Ops whose every output element is an element of their first operand.
+_VALUE_VIEWS = frozenset({"relax.expand_dims", "relax.reshape", "relax.broadcast_to", "relax.squeeze",
+                          "relax.permute_dims"})
+
+
+def _is_int(expr: Any, value: int) -> bool:
+    return isinstance(expr, tirx.IntImm) and int(expr.value) == value
+
+
+def _is_int_zero(expr: relax.Expr) -> bool:
+    """An integer constant whose every element is 0."""
+    if not isinstance(expr, tvm.ir.Constant) or not str(expr.ty.dtype).startswith(("int", "uint")):
+        return False
+    return not np.any(expr.value.numpy())
 
 
 def _take(self: _IndexNormalizer, call: relax.Call) -> relax.Expr:

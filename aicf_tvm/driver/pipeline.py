@@ -5,7 +5,8 @@ MaterializeEmits, PropagateContracts)* to a bounded fixpoint -> LowerEmits ->
 kernel selection (tuned record, else default rule, else fallback) -> NaNExactComparisons
 (float comparisons that inlining made NaN-wrong) -> VectorizeMath (float32 transcendental
 calls as vectorizable arithmetic) -> the backend's own dataflow
-lowering -> ``tvm.compile``. ``verify_contracts`` runs after every step
+lowering -> ``tvm.compile`` (CPU kernels with ``GuardSmallParallel``: a parallel loop of
+symbolic work runs serially on calls too small for the thread pool). ``verify_contracts`` runs after every step
 under ``AICF_DEBUG=1``.
 
 ``compile``, ``aicf explain``, tuning (which stops at LowerEmits, so it measures exactly
@@ -27,6 +28,7 @@ from tvm import relax
 
 from relax_passes import FuseEmits, LiftEmits, LowerEmits, PropagateContracts
 from relax_passes.bound_shapes import BoundShapes
+from relax_passes.bounded_tables import PrecomputeBoundedTables
 from relax_passes.channels_first import ChannelsFirst
 from relax_passes.fold_batch_norm import FoldBatchNorm
 from relax_passes.fold_pad import FoldPadIntoConv
@@ -39,6 +41,7 @@ from relax_passes.sink_reshapes import SinkReshapes
 from schedules import apply_default_schedules
 from schedules.cpu.common import float32_lanes
 from schedules.cpu.comparisons import NaNExactComparisons
+from schedules.cpu.parallel_guard import tir_pipeline
 from schedules.cpu.vector_math import VectorizeMath
 from schedules.select import apply_database
 
@@ -58,7 +61,9 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     module built with ``BlockBuilder`` outside ``bb.dataflow()`` would otherwise keep every
     op out of the Emit passes, which lift only dataflow blocks), simplify symbolic shapes under their bounds (``relax_passes.BoundShapes``), make every
     gather read in bounds (``relax_passes.NormalizeIndices``: modules need not come through
-    our importers), fold what is computable at compile time (weights; batch-norm into conv
+    our importers), precompute float tables of bounded ``arange`` positions up to the bound
+    (``relax_passes.PrecomputeBoundedTables``: a dynamic build's rotary tables), fold what
+    is computable at compile time (weights; batch-norm into conv
     weights where exact, ``relax_passes.FoldBatchNorm``, which decomposes every other
     batch-norm by its own ``training`` flag before TVM's inference decomposition could
     misread it; zero pads into the convolutions that read them, ``relax_passes.FoldPadIntoConv``),
@@ -70,6 +75,7 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
         BoundShapes(),
         relax.transform.FoldConstant(),
         NormalizeIndices(),
+        PrecomputeBoundedTables(),
         FoldBatchNorm(),
         FoldPadIntoConv(),
         relax.transform.FoldConstant(),
@@ -159,8 +165,11 @@ def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
     backend = _backend(target)
     # the VM's shape function would switch off noalias for every kernel (see the pass)
     passes = [*backend.dataflow_lower_passes(target), *backend.finalize_passes(target), SinglePointerNoAlias]
+    # CPU kernels decide per call whether a symbolic-size parallel loop is worth the pool
+    tir = "default" if "gpu" in target.keys else tir_pipeline()
     with target:
-        return tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes))
+        return tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes),
+                           tir_pipeline=tir)
 
 
 STAGES = ("optimize", "kernels", "schedule", "build")

@@ -174,3 +174,43 @@ def test_scatter_elements_spanning_the_other_axes_matches_numpy():
     for a, b, c in np.ndindex(2, 2, 3):
         want[idx[a, b, c], b, c] = upd[a, b, c]
     np.testing.assert_array_equal(compiled(data, idx, upd), want)
+
+
+def _arange_mask_module(row_end_offset: int) -> tvm.IRModule:
+    """``mask[arange(b)[:, None], arange(s + offset)[None, :]]`` on a ``[b, s]`` mask, the
+    indexing PyTorch's attention-mask builders emit (the column arange through ``+ 0`` and
+    expand_dims, as exported)."""
+    b, s = tirx.Var("b", "int64"), tirx.Var("s", "int64")
+    mask = relax.Var("mask", relax.TensorType((b, s), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [mask]):
+        with bb.dataflow():
+            rows = bb.emit(relax.op.expand_dims(relax.op.arange(0, b, 1, "int64"), [1]))
+            cols = bb.emit(relax.op.arange(0, s + row_end_offset, 1, "int64"))
+            cols = bb.emit(relax.op.expand_dims(relax.op.add(cols, relax.const(0, "int64")), [0]))
+            out = bb.emit_output(relax.op.index_tensor(mask, relax.Tuple([rows, cols])))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _count_calls(mod: tvm.IRModule, op_name: str) -> int:
+    found = []
+    relax.analysis.post_order_visit(
+        mod["main"], lambda e: found.append(isinstance(e, relax.Call) and getattr(e.op, "name", "") == op_name))
+    return sum(found)
+
+
+def test_arange_indices_within_the_axis_are_not_wrapped():
+    """``arange(0, m, 1)`` holds 0..m-1: in bounds of an axis of m, through views and + 0."""
+    got = NormalizeIndices()(_arange_mask_module(0))
+    assert _count_calls(got, "relax.floor_mod") == 0
+    rng = np.random.default_rng(5)
+    for shape in [(1, 1), (2, 7), (3, 16)]:
+        mask = rng.standard_normal(shape).astype("float32")
+        np.testing.assert_array_equal(run_vm(got, mask)[0], mask)
+
+
+def test_arange_past_the_axis_is_still_wrapped():
+    """``arange(0, s + 1)`` on an axis of s reaches index s: it stays wrapped."""
+    got = NormalizeIndices()(_arange_mask_module(1))
+    assert _count_calls(got, "relax.floor_mod") == 1
