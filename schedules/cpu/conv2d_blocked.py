@@ -20,11 +20,11 @@ Dense, per task of ``(n, block of output-channel blocks, output row)`` in parall
 
 one broadcast per ``vb`` FMAs and one weight vector per ``wb`` FMAs (the GEMM
 micro-kernel with the output channels as its vector axis and the output columns as its
-rows), so the input needs no im2col copy and the output no transpose. When the input
-overflows a core's cache and the weights fit it, a task is ``(n, output row)`` and runs
-every channel tile in turn (``rows_outermost``): the row's input is then read from
-memory once, not once per channel tile. The padded input
+rows), so the input needs no im2col copy and the output no transpose. The padded input
 is one separate parallel pass (a copy of the input, cheap beside a dense convolution).
+When the input overflows a core's cache and the weights fit it, a task is instead
+``(n, output row)`` running every channel tile in turn (``rows_outermost``): the input
+is then read from memory once, not once per channel tile.
 
 Grouped runs the same nest: ``c`` ranges over the group's input blocks, read at
 ``g*K + c`` (``g = o // (blocks per group)``), and the ``vb`` blocks of a tile are taken
@@ -148,14 +148,10 @@ def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
     vb, wb = register_tile(blocks_per_group(sch, main), loop_extent(sch, x), -(-block // lanes))
     oo, oi = sch.split(o, [None, vb])
     xo, xi = sch.split(x, [None, wb])
-    if rows_outermost(sch, main, target):
-        sch.reorder(n, y, oo, xo, *reduction, xi, oi, j)
-        _place_epilogue(sch, main, xo)
-        sch.parallel(sch.fuse(n, y))
-    else:
-        sch.reorder(n, oo, y, xo, *reduction, xi, oi, j)
-        _place_epilogue(sch, main, xo)
-        sch.parallel(sch.fuse(n, oo, y))
+    by_rows = rows_outermost(sch, main, target)
+    sch.reorder(n, *((y, oo) if by_rows else (oo, y)), xo, *reduction, xi, oi, j)
+    _place_epilogue(sch, main, xo)
+    sch.parallel(sch.fuse(n, y) if by_rows else sch.fuse(n, oo, y))
     sch.unroll(xi)
     sch.unroll(oi)
     sch.vectorize(j)
