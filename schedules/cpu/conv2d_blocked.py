@@ -22,6 +22,9 @@ one broadcast per ``vb`` FMAs and one weight vector per ``wb`` FMAs (the GEMM
 micro-kernel with the output channels as its vector axis and the output columns as its
 rows), so the input needs no im2col copy and the output no transpose. The padded input
 is one separate parallel pass (a copy of the input, cheap beside a dense convolution).
+When the input overflows a core's cache and the weights fit it, a task is instead
+``(n, output row)`` running every channel tile in turn (``rows_outermost``): the input
+is then read from memory once, not once per channel tile.
 
 Grouped runs the same nest: ``c`` ranges over the group's input blocks, read at
 ``g*K + c`` (``g = o // (blocks per group)``), and the ``vb`` blocks of a tile are taken
@@ -33,6 +36,8 @@ w[o, 0, r, q, 0, :]``: one contiguous vector load per FMA.
 """
 
 from __future__ import annotations
+
+import math
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
@@ -47,8 +52,11 @@ from .gemm_blocks import find_reduction_block, inline_consumers, schedule_inject
 _ACCUMULATORS = 28
 # Widest register block over output columns.
 _MAX_COLUMNS = 14
-# Parallel tasks wanted per core before depthwise tasks are split by rows.
+# Parallel tasks wanted per core before depthwise tasks are split by rows (and before
+# dense tasks may go by rows alone).
 _TASKS_PER_CORE = 4
+# A core's share of the cache the input and weights of a task are re-read from (L2).
+_CACHE_BYTES = 1 << 20
 
 
 def blocked_conv_block(sch: s_tir.Schedule) -> tuple[SBlockRV, bool] | None:
@@ -108,6 +116,28 @@ def _place_epilogue(sch: s_tir.Schedule, main: SBlockRV, at: LoopRV) -> None:
     sch.vectorize(loops[-1])
 
 
+def _bytes(buffer: tirx.Buffer) -> int:
+    return math.prod(int(d) for d in buffer.shape) * buffer.dtype.bits // 8
+
+
+def rows_outermost(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> bool:
+    """Whether the dense tasks go by output row, each running every output-channel tile.
+
+    By (channel tile, row) the input is read once per channel tile and the weights once;
+    by row it is the input once and the weights once per row. The second wins when the
+    input overflows a core's cache share (re-read from memory per tile: a 1x1 256 -> 512
+    at 56x56 reads 3 MB sixteen times) while the weights fit it (re-read from cache),
+    and there are rows enough to balance the cores."""
+    stmt = sch.get(main)
+    weights = [r.source for r in stmt.reads if len(r.region) == 6]
+    data = [r.source for r in stmt.reads if len(r.region) != 6]
+    if len(weights) != 1 or len(data) != 1:
+        return False
+    rows = int(stmt.iter_vars[0].dom.extent) * int(stmt.iter_vars[2].dom.extent)
+    return (_bytes(data[0]) > _CACHE_BYTES >= _bytes(weights[0])
+            and rows >= _TASKS_PER_CORE * num_cores(target))
+
+
 def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
     lanes = float32_lanes(target)
     for producer in sch.get_producers(main):
@@ -118,9 +148,10 @@ def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
     vb, wb = register_tile(blocks_per_group(sch, main), loop_extent(sch, x), -(-block // lanes))
     oo, oi = sch.split(o, [None, vb])
     xo, xi = sch.split(x, [None, wb])
-    sch.reorder(n, oo, y, xo, *reduction, xi, oi, j)
+    by_rows = rows_outermost(sch, main, target)
+    sch.reorder(n, *((y, oo) if by_rows else (oo, y)), xo, *reduction, xi, oi, j)
     _place_epilogue(sch, main, xo)
-    sch.parallel(sch.fuse(n, oo, y))
+    sch.parallel(sch.fuse(n, y) if by_rows else sch.fuse(n, oo, y))
     sch.unroll(xi)
     sch.unroll(oi)
     sch.vectorize(j)

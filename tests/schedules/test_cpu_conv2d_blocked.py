@@ -7,7 +7,8 @@ with ``BlockedConv2d``, run on the host CPU and compared with PyTorch's NCHW con
 in float64 on the same values (blocked afterwards). Widths 7, 9, 14, 56 exercise one- and
 several-tile rows; stride, dilation, asymmetric padding, blocks of 8 and 16, a plain NCHW
 input, depthwise kernels (split by planes and by rows) and grouped kernels (group
-widths 16, 32 and 64, register tiles within one group) are each covered.
+widths 16, 32 and 64, register tiles within one group) are each covered, as are tasks
+by output row (an input over the cache share) and by channel tile and row.
 """
 
 from __future__ import annotations
@@ -112,6 +113,11 @@ CASES = {
     "grouped-width16-1x1-stride2": {"c": 64, "h": 14, "o": 32, "k": 1, "stride": 2, "groups": 2},
     "grouped-blocks-8-to-16-dilation2": {"c": 48, "h": 9, "o": 96, "k": 3, "padding": 2, "dilation": 2,
                                          "groups": 3, "ib": 8},
+    # inputs over the cache share, weights within it: tasks by output row
+    "rows-1x1-stride2-residual": {"c": 256, "h": 56, "o": 64, "k": 1, "stride": 2, "residual": True},
+    "rows-3x3-odd-width-45": {"c": 128, "h": 45, "o": 64, "k": 3, "padding": 1},
+    # too few rows to balance the cores: tasks by channel tile and row
+    "wide-input-7x7-output": {"c": 2048, "h": 14, "o": 64, "k": 1, "stride": 2},
 }
 
 
@@ -122,6 +128,21 @@ def test_blocked_conv_matches_torch(target, case):
     assert sch is not None, "the rule declined a blocked conv2d"
     got = run_scheduled(sch, target, arrays, expected.shape)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.sqrt(expected.size))
+
+
+@pytest.mark.parametrize(("case", "tasks"), [
+    ({"c": 256, "h": 56, "o": 64, "k": 1, "stride": 2}, 28),  # 3 MB input, 64 KB weights: rows
+    ({"c": 64, "h": 28, "o": 128, "k": 1}, 4 * 28),  # 200 KB input: channel tiles x rows
+    ({"c": 2048, "h": 14, "o": 64, "k": 1, "stride": 2}, 2 * 7),  # 7 rows cannot feed 2 cores x 4
+])
+def test_dense_tasks_go_by_row_when_the_input_overflows_the_cache(target, case, tasks):
+    """By (channel tile, row) every tile re-reads the whole input; when that overflows
+    the cache and the weights do not, a task is one row running every tile."""
+    func, _, _ = blocked_case(**case)
+    sch = BlockedConv2d().apply(func, target, False)
+    outer = sch.get_loops(sch.get_sblock("conv2d_nchwc_update"))[0]
+    assert sch.get(outer).kind == tvm.tirx.ForKind.PARALLEL
+    assert int(sch.get(outer).extent) == tasks
 
 
 def test_default_rules_give_blocked_convolutions_the_direct_schedule(target):
