@@ -47,3 +47,19 @@ def to_python(value: Any, other: Callable[[Any], Any] = str) -> Any:
     if isinstance(value, relax.Tuple):
         return [to_python(v, other) for v in value.fields]
     return other(value)
+
+
+def static_shape(ty: Any) -> tuple[int, ...] | None:
+    """The dims of a Relax type as ints; None when the shape is unknown or any dim symbolic."""
+    import tvm
+    from tvm import relax
+
+    shape = getattr(ty, "shape", None)
+    if not isinstance(shape, relax.ShapeExpr):
+        return None
+    dims = []
+    for d in shape.values:
+        if not isinstance(d, tvm.tirx.IntImm):
+            return None
+        dims.append(int(d.value))
+    return tuple(dims)

@@ -41,6 +41,8 @@ from typing import Any
 import tvm
 from tvm import te, tirx
 
+from aicf_tvm.tvm_values import static_shape
+
 _DATA = re.compile(r"^NCHW(?:(\d+)c)?$")
 _KERNEL = re.compile(r"^OIHW(\d+)i(\d+)o$")
 
@@ -132,22 +134,13 @@ def is_blocked_form(data_shape, kernel_shape, groups: int, data_layout: str, ker
     return ib == obk and kb[0] == 1 and int(kernel_shape[1]) == 1 and groups == channels == int(kernel_shape[0]) * obk
 
 
-def _static_dims(expr: Any) -> list[int] | None:
-    """The dims of ``expr`` as ints, None when any is symbolic or the shape unknown.
-
-    ``MaterializeEmits`` blocks only static activations, so a symbolic shape is never
-    one of the blocked forms and takes TVM's own legalization."""
-    shape = expr.ty.shape
-    if shape is None or not all(isinstance(d, tirx.IntImm) for d in shape.values):
-        return None
-    return [int(d) for d in shape.values]
-
-
 def legalize_conv2d(bb: Any, call: Any) -> Any:
     """``relax.nn.conv2d`` -> call_tir: blocked forms here, every other one as TVM does."""
     a = call.attrs
     data, kernel = call.args
-    data_shape, kernel_shape = _static_dims(data), _static_dims(kernel)
+    # MaterializeEmits blocks only static activations: a symbolic shape (None here) is never
+    # one of the blocked forms and takes TVM's own legalization
+    data_shape, kernel_shape = static_shape(data.ty), static_shape(kernel.ty)
     layouts = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout))
     if data_shape is None or kernel_shape is None or not is_blocked_form(
             data_shape, kernel_shape, int(a.groups), *layouts):

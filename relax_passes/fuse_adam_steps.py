@@ -43,10 +43,10 @@ from aicf_tvm.library.adam import (
     WRITTEN,
     fused_adam_kernel,
     fused_emit,
-    static_shape,
 )
 from aicf_tvm.propagation import analyze
 from aicf_tvm.report import Decision, FusionReport
+from aicf_tvm.tvm_values import static_shape
 
 from .lift_adam_steps import caller_paths
 from .group_rewrite import drop_unused_emits, with_blocks

@@ -44,6 +44,7 @@ from aicf_tvm.emit_graph import EmitGraph
 from aicf_tvm.kinds.layouts import blocked, blocking_map, unblocking_map
 from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE, kind_name, rule_for
 from aicf_tvm.report import Decision, FusionReport
+from aicf_tvm.tvm_values import static_shape
 
 from .channels_first import names_an_axis
 from .fuse_emits import op_view
@@ -78,10 +79,7 @@ def channel_block(channels: int, lanes: int) -> Optional[int]:
 
 def _dims(expr: Any) -> Optional[tuple[int, ...]]:
     ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    values = ty.shape.values
-    return tuple(int(d) for d in values) if all(isinstance(d, tvm.tirx.IntImm) for d in values) else None
+    return static_shape(ty) if isinstance(ty, relax.TensorType) else None
 
 
 def _static_4d(expr: Any) -> Optional[tuple[int, ...]]:

@@ -21,6 +21,7 @@ from tvm import relax, tirx
 from ..contract import ContractFacts, EmitContract, PortFacts
 from ..emit import Emit, Interface, Port
 from ..kinds.describe import type_shape
+from ..tvm_values import static_shape
 from ..lattice import (
     READ,
     READWRITE,
@@ -123,17 +124,5 @@ def fused_adam_kernel(shapes: Sequence[tuple[int, ...]], dtype: str, attrs: dict
     return ib.get()
 
 
-def static_shape(ty: Any) -> tuple[int, ...] | None:
-    shape = getattr(ty, "shape", None)
-    if not isinstance(shape, relax.ShapeExpr):
-        return None
-    dims = []
-    for d in shape.values:
-        if not isinstance(d, tvm.tirx.IntImm):
-            return None
-        dims.append(int(d.value))
-    return tuple(dims)
-
-
 __all__ = ["ADAM_KINDS", "ADAM_PORTS", "ATTRS", "DISTINCT_INPUTS_ATTR", "WRITTEN", "adam_step_emit", "adam_step_function",
-           "fused_adam_kernel", "fused_emit", "static_shape"]
+           "fused_adam_kernel", "fused_emit"]
