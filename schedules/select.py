@@ -21,7 +21,10 @@ record (``record_digest`` of its trace); when that file exists, only the named r
 signatures it marks ``tuned`` are used, so the default rule keeps every other kernel
 (including the default's own seed record of a task the budget did not reach).  A PrimFunc
 that takes a record is marked scheduled with ``aicf.schedule = "tuned"`` and the
-default-rule pass leaves it alone.
+default-rule pass leaves it alone.  A kernel with symbolic extents has no record: its
+entry's ``plan`` names a choice of its rule (``tune_symbolic``), which schedules it, marked
+``aicf.schedule = "tuned <rule>(<choice>)"``; a choice the rule no longer offers for the
+kernel keeps the default rule.
 """
 
 from __future__ import annotations
@@ -253,7 +256,20 @@ def load_choices(work_dir: Any) -> dict[str, dict]:
                 and isinstance(entry.get("record"), (str, type(None)))):
             raise TuningError(f"tuning summary {path} is corrupt (task {key!r} has no 'choice' of "
                               "'tuned' or 'default', or a 'record' that is not a name); it was left untouched")
+        if "plan" in entry and not _is_plan(entry["plan"], tuned=entry["choice"] == "tuned"):
+            raise TuningError(f"tuning summary {path} is corrupt (task {key!r}, a kernel with symbolic extents: "
+                              f"its 'plan' {entry['plan']!r} is not a rule name and a choice of integer and "
+                              "true/false fields); it was left untouched")
     return tasks
+
+
+def _is_plan(plan: Any, tuned: bool) -> bool:
+    """Whether ``plan`` is a saved rule choice (``tune_symbolic``): None unless ``tuned``."""
+    if plan is None:
+        return not tuned
+    choice = plan.get("choice") if isinstance(plan, dict) else None
+    return (isinstance(plan.get("rule"), str) and isinstance(choice, dict) and bool(choice)
+            and all(isinstance(k, str) and isinstance(v, (int, bool)) for k, v in choice.items()))
 
 
 def restore_attrs(scheduled: tirx.PrimFunc, original: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -284,6 +300,19 @@ def _chosen_schedule(db: Any, workload: tvm.IRModule, target: tvm.target.Target,
     return None
 
 
+def _by_choice(func: tirx.PrimFunc, target: tvm.target.Target, plan: dict, name: str) -> tirx.PrimFunc | None:
+    """``func`` scheduled by its rule with the saved choice (``tune_symbolic``), marked
+    with it; None (and a warning) when the rule no longer offers that choice for it."""
+    from .tune_symbolic import apply_choice, choice_label
+
+    sch = apply_choice(func, target, plan)
+    if sch is None:
+        _LOG.warning("the tuned choice %s for %s is not one its rule offers for it: using the default rule",
+                     choice_label(plan), name)
+        return None
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("aicf.schedule", choice_label(plan))
+
+
 def apply_database(mod: tvm.IRModule, target: tvm.target.Target, database: Any) -> tvm.IRModule:
     """Replace each Emit PrimFunc whose signature has a winning record by its tuned schedule."""
     db = open_database(database)
@@ -301,6 +330,11 @@ def apply_database(mod: tvm.IRModule, target: tvm.target.Target, database: Any) 
         choice = choices.get(key, {})
         if judged and choice.get("choice") != "tuned":
             continue  # not measured faster than the default rule (or not tuned): keep the rule
+        if choice.get("plan") is not None:  # symbolic extents: the rule schedules by the choice
+            scheduled = _by_choice(func, target, choice["plan"], gv.name_hint)
+            if scheduled is not None:
+                updates[gv] = scheduled
+            continue
         try:
             sch = _chosen_schedule(db, workload, target, choice.get("record"))
         except Exception as err:  # noqa: BLE001 - a record whose trace no longer replays

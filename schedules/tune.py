@@ -1,5 +1,8 @@
 """MetaSchedule tuning of Emit PrimFuncs, one task per contract signature (docs/design.md §7).
 
+A kernel with symbolic extents is tuned in its rule's choices instead, timed at
+representative bindings of its dims (``tune_symbolic``).
+
 ``extract_tasks`` turns lowered modules (after ``LowerEmits``, before any schedule) into
 tasks: one per distinct ``select.workload_of`` workload, which is keyed by the Emit's
 contract signature, so a kernel shared by several models is tuned once; they are ordered
@@ -30,6 +33,7 @@ import functools
 import importlib
 import importlib.util
 import logging
+import math
 import os
 import sys
 import types
@@ -46,6 +50,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from . import default_rules
 from .cpu.comparisons import NaNExactComparisons
+from .cpu.parallel_guard import tir_pipeline
 from .cpu.vector_math import VectorizeMath
 from .remote import RemoteRunner, Tracker
 from .select import SIGNATURE_ATTR, contract_signature, workload_of
@@ -69,6 +74,8 @@ class Task:
     flops: float
     uses: list[tuple[str, str]] = field(default_factory=list)
     calls: int = 0  # calls per inference, summed over the models
+    # symbolic extents: the bindings it is timed at (``tune_symbolic``); empty: static
+    bindings: list[dict[str, int]] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -99,24 +106,33 @@ def symbolic_dims(func: tirx.PrimFunc) -> list[str]:
 
 
 def extract_tasks(lowered: list[tuple[str, tvm.IRModule]], target: tvm.target.Target,
-                  calls: Mapping[tuple[str, str], int] | None = None) -> list[Task]:
-    """Tasks of the static Emit PrimFuncs of ``(model name, lowered module)`` pairs,
-    costliest first; ``calls`` maps (model, PrimFunc name) to its calls per inference
-    (default 1). MetaSchedule measures on arguments of one shape, so a kernel with
-    symbolic extents (``symbolic_dims``) is not a task: it keeps its default schedule."""
+                  calls: Mapping[tuple[str, str], int] | None = None,
+                  bindings: Mapping[tuple[str, str], list[dict[str, int]]] | None = None) -> list[Task]:
+    """Tasks of the Emit PrimFuncs of ``(model name, lowered module)`` pairs, costliest
+    first; ``calls`` maps (model, PrimFunc name) to its calls per inference (default 1).
+    A kernel with symbolic extents (``symbolic_dims``) is a task only when ``bindings``
+    gives the bindings to time it at and its default rule offers choices
+    (``tune_symbolic``); otherwise it keeps its default schedule."""
+    from .tune_symbolic import tunable_rule
+
     tasks: dict[int, Task] = {}
     for model, mod in lowered:
         for gv, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc) or symbolic_dims(func):
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            timed_at = (bindings or {}).get((model, gv.name_hint), []) if symbolic_dims(func) else []
+            if symbolic_dims(func) and not timed_at:
                 continue
             workload = workload_of(func, target)
-            if workload is None:
+            if workload is None or (timed_at and tunable_rule(workload["main"], target) is None):
                 continue
             shash = tvm_ffi.structural_hash(workload)
             if shash not in tasks:
                 key = str(workload["main"].attrs[SIGNATURE_ATTR])
                 sig = contract_signature(func, target)
-                tasks[shash] = Task(key, workload, sig, _flops(workload["main"]))
+                # a symbolic extent counts as 1 in TVM's estimate: scaled by the largest binding
+                scale = math.prod(timed_at[-1].values()) if timed_at else 1
+                tasks[shash] = Task(key, workload, sig, _flops(workload["main"]) * scale, bindings=timed_at)
             tasks[shash].uses.append((model, gv.name_hint))
             tasks[shash].calls += (calls or {}).get((model, gv.name_hint), 1)
     return sorted(tasks.values(), key=lambda t: (-t.cost, t.key))
@@ -131,6 +147,8 @@ def _build(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     mod = VectorizeMath(target)(NaNExactComparisons(target)(mod))  # as compile builds the chosen schedule
+    if target.kind.name == "llvm":  # compile's TIR pipeline: a symbolic kernel's parallel loops guarded
+        return tvm_build(mod, target=target, pipeline=tir_pipeline())
     return tvm_build(mod, target=target)
 
 

@@ -51,16 +51,24 @@ class TaskOutcome:
     choice: str  # "tuned" or "default"
     skipped: bool = False
     record: str | None = None  # record_digest of the chosen record's trace
+    # a kernel with symbolic extents (``tune_symbolic``): the bindings timed ("rows=16"),
+    # and the chosen rule choice ({"rule": ..., "choice": {...}}) instead of a record
+    bindings: list[str] | None = None
+    plan: dict | None = None
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "trials": self.trials, "default_s": self.default_s,
-                "tuned_s": self.tuned_s, "choice": self.choice, "record": self.record}
+        out = {"kind": self.kind, "trials": self.trials, "default_s": self.default_s,
+               "tuned_s": self.tuned_s, "choice": self.choice, "record": self.record}
+        if self.bindings is not None:
+            out |= {"bindings": self.bindings, "plan": self.plan}
+        return out
 
     @classmethod
     def from_json(cls, key: str, entry: Mapping[str, Any], skipped: bool) -> "TaskOutcome":
         """An outcome saved by an earlier run (``aicf_tuning.json``)."""
         return cls(key, str(entry.get("kind", "")), int(entry.get("trials", 0)), entry.get("default_s"),
-                   entry.get("tuned_s"), str(entry.get("choice", "default")), skipped, entry.get("record"))
+                   entry.get("tuned_s"), str(entry.get("choice", "default")), skipped, entry.get("record"),
+                   entry.get("bindings"), entry.get("plan"))
 
 
 def _replays(trace: Any, workload: tvm.IRModule, expected: tvm.IRModule) -> bool:

@@ -7,7 +7,9 @@ costliest first, and each task is seeded with its measured default schedule and 
 by MetaSchedule, in our default rule's design spaces where it has them
 (``schedules.tune_space``).  The trials go to the tasks in proportion to their cost
 (FLOPs times calls per inference); a task whose share is under ``MIN_TRIALS`` gets none
-and keeps its default rule.  The work dir holds MetaSchedule's JSON database plus
+and keeps its default rule.  A kernel with symbolic extents is tuned in its rule's choices, each timed at representative
+bindings of the model's dims (``schedules.tune_symbolic``); one whose rule has none keeps
+its default schedule.  The work dir holds MetaSchedule's JSON database plus
 ``aicf_tuning.json`` (per signature: trials, default and tuned seconds as measured again
 side by side, the choice and its record); ``compile(..., database=work_dir)`` applies it.
 Running again with the same arguments skips tasks that already have their trials; a run
@@ -34,6 +36,7 @@ from typing import Any
 import tvm
 from tqdm.auto import tqdm
 
+from relax_passes.bound_shapes import bounds_of
 from relax_passes.lower_emits import kernel_calls
 from relax_passes.prepack_weights import mark_layout_free
 from schedules import tune as st
@@ -41,6 +44,7 @@ from schedules import tune_measure as sm
 from schedules.remote import RemoteError, Tracker
 from schedules.select import CHOICES_FILE, load_choices, open_database
 from schedules.tune_space import design_spaces
+from schedules.tune_symbolic import choice_label, kernel_bindings, task_choices, tune_choices
 
 from ..errors import TuningError
 from .frontends import load_model
@@ -59,7 +63,8 @@ class TuneResult:
     tasks: list[Any] = field(default_factory=list)  # schedules.tune.TaskOutcome
     measured: int = 0  # candidates measured by this run (the default baselines excluded)
     untuned: list[str] = field(default_factory=list)  # task keys left for lack of budget
-    symbolic: list[str] = field(default_factory=list)  # "model: kernel (dims)" not tuned: symbolic extents
+    # "model: kernel (dims)" not tuned: symbolic extents, and a rule without tunable choices
+    symbolic: list[str] = field(default_factory=list)
     measured_on: str = "this machine"  # or "rpc HOST:PORT key KEY (N servers)"
 
     @property
@@ -75,10 +80,14 @@ class TuneResult:
             note = " (resumed: already tuned)" if t.skipped else ""
             lines.append(f"  {t.key:40s} default {_ms(t.default_s):>12s}  tuned {_ms(t.tuned_s):>12s}"
                          f"  -> {t.choice}{note}")
+            if t.bindings is not None:  # symbolic extents: times are geometric means over the bindings
+                chosen = f": {choice_label(t.plan)}" if t.plan else ""
+                lines.append(f"    symbolic, timed at {' | '.join(t.bindings)}{chosen}")
         if self.untuned:
             lines.append(f"  {len(self.untuned)} task(s) not tuned: no trials left for them")
         if self.symbolic:
-            lines.append(f"  {len(self.symbolic)} kernel(s) with symbolic extents keep their default schedule: "
+            lines.append(f"  {len(self.symbolic)} kernel(s) with symbolic extents and no tunable choices "
+                         "keep their default schedule: "
                          + ", ".join(self.symbolic))
         return "\n".join(lines)
 
@@ -186,15 +195,19 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
         raise TuningError("tune: no model given")
     names = [_model_name(s, i) for i, s in enumerate(specs)]
     lowered = [(name, lower_for_tuning(load_model(s, **load_args), tgt)) for name, s in zip(names, specs)]
-    symbolic = [f"{name}: {gv.name_hint} ({', '.join(st.symbolic_dims(f))})" for name, mod in lowered
-                for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and st.symbolic_dims(f)]
     calls = Counter((name, kernel) for name, mod in lowered for kernel in kernel_calls(mod["main"]))
-    tasks = st.extract_tasks(lowered, tgt, calls)
+    bindings = {(name, kernel): b for name, mod in lowered
+                for kernel, b in kernel_bindings(mod, bounds_of(mod["main"])).items()}
+    tasks = st.extract_tasks(lowered, tgt, calls, bindings)
+    in_tasks = {use for t in tasks for use in t.uses}
+    symbolic = [f"{name}: {gv.name_hint} ({', '.join(st.symbolic_dims(f))})" for name, mod in lowered
+                for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and st.symbolic_dims(f)
+                and (name, gv.name_hint) not in in_tasks]
     if not tasks:
         if symbolic:
-            raise TuningError(f"tune: every kernel of {', '.join(names)} has symbolic extents, and MetaSchedule "
-                              "measures one shape; pin the dims to tune for (--shape INPUT=D0,D1,...): the "
-                              "records then serve a compile with the same shapes")
+            raise TuningError(f"tune: every kernel of {', '.join(names)} has symbolic extents and a default "
+                              "rule with no tunable choices; pin the dims to tune for (--shape "
+                              "INPUT=D0,D1,...): the records then serve a compile with the same shapes")
         raise TuningError(f"tune: {', '.join(names)} has no Emit kernels to tune")
 
     wdir = Path(work_dir)
@@ -256,6 +269,8 @@ def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: 
     outcome an earlier run saved."""
     if per_task <= 0:
         return None
+    if task.bindings:
+        return _tune_symbolic_task(task, tools, per_task, left, result, bar, saved)
     spaces = design_spaces(task.workload, result.target)
     baseline = sm.seed_default(task, result.target, db, tools, spaces)
     done = len(sm.tuned_records(db, task, baseline))
@@ -277,3 +292,24 @@ def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: 
         st.search(task, result.target, db, budget, tools, work_dir=str(result.work_dir), on_batch=step,
                   seed=index, spaces=spaces)
     return sm.outcome(task, result.target, db, baseline, tools, skipped=done >= per_task)
+
+
+def _tune_symbolic_task(task: Any, tools: Any, per_task: int, left: int, result: TuneResult, bar: Any,
+                        saved: dict | None) -> Any:
+    """Time the rule choices of a kernel with symbolic extents at its bindings
+    (``schedules.tune_symbolic``); an outcome saved for as many trials is kept."""
+    rule, choices = task_choices(task, result.target)
+    wanted = min(per_task, len(choices) - 1)  # the candidates besides the default
+    if wanted <= 0:
+        return None
+    if saved is not None and "plan" in saved and int(saved.get("trials", 0)) >= wanted:
+        return sm.TaskOutcome.from_json(task.key, saved, skipped=True)
+    budget = min(wanted, left)
+    if budget <= 0:
+        return None
+
+    def step(n: int) -> None:
+        result.measured += n
+        bar.update(n)
+
+    return tune_choices(task, result.target, tools, budget, step, rule, choices)

@@ -28,12 +28,17 @@ module did not foresee raises inside ``apply``, which then returns None.
 plan.  ``apply(..., tunable=True)`` forks the prepared schedule once per
 ``gemm_plan.plan_candidates`` plan (``gemm_spaces``) and samples the block sizes there:
 those are the design spaces ``aicf tune`` searches (``schedules.tune_space``).  Untuned,
-nothing is sampled and the schedule is the one described above.
+nothing is sampled and the schedule is the one described above.  ``Gemm.choices`` gives
+each candidate plan's complete schedule (nothing sampled) with its ``plan_choice``, and
+``Gemm.apply_choice`` schedules by one of them: a kernel with symbolic extents is tuned and
+compiled that way (``schedules.tune_symbolic``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
@@ -53,7 +58,7 @@ from .gemm_blocks import (
     schedule_injective,
     splits_into_vectors,
 )
-from .gemm_plan import GemmPlan, plan_candidates, plan_gemm
+from .gemm_plan import GemmPlan, chosen_plan, plan_candidates, plan_choice, plan_gemm
 
 
 def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole) -> IterRole:
@@ -163,12 +168,33 @@ def schedule_gemm(
     traits: GemmTraits,
     vector_role: IterRole,
     target: Target,
+    choice: Mapping[str, Any] | None = None,
 ) -> GemmPlan:
-    """Schedule the GEMM block ``main`` (and its producers/consumers) in place."""
+    """Schedule the GEMM block ``main`` (and its producers/consumers) in place, by the
+    default plan or the candidate ``choice`` names (ValueError when none does)."""
     problem = prepare_gemm(sch, main, traits, vector_role, target)
-    plan = plan_gemm(*problem.plan_args())
+    plan = plan_gemm(*problem.plan_args()) if choice is None else chosen_plan(choice, *problem.plan_args())
+    if plan is None:
+        raise ValueError(f"{dict(choice or {})} is not a plan candidate of this GEMM")
     tile_gemm(sch, main, problem, plan, vector_role, sample=False)
     return plan
+
+
+def plan_schedules(
+    sch: s_tir.Schedule, main: SBlockRV, traits: GemmTraits, vector_role: IterRole, target: Target
+) -> list[tuple[dict, s_tir.Schedule]]:
+    """Each ``plan_candidates`` plan's complete schedule (nothing sampled) with its
+    ``plan_choice``, the default plan's first; a plan that does not fit is left out."""
+    problem = prepare_gemm(sch, main, traits, vector_role, target)
+    out = []
+    for plan in plan_candidates(*problem.plan_args()):
+        space = sch.copy()
+        try:
+            tile_gemm(space, main, problem, plan, vector_role, sample=False)
+        except Exception:  # noqa: BLE001 - ScheduleError / InternalError: this plan does not fit
+            continue
+        out.append((plan_choice(plan), space))
+    return out
 
 
 def gemm_spaces(
@@ -361,8 +387,8 @@ class Gemm(CPUScheduleRule):
     default plan's first.
     """
 
-    def apply(self, func: tirx.PrimFunc, target: Target,
-              tunable: bool) -> s_tir.Schedule | list[s_tir.Schedule] | None:
+    def _found(self, func: tirx.PrimFunc, target: Target) -> tuple | None:
+        """(schedule, GEMM block, traits, vector role) when ``func`` is this rule's."""
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         try:
@@ -379,14 +405,41 @@ class Gemm(CPUScheduleRule):
             return None  # Conv2d owns those (it picks the GEMM orientation per shape)
         # on a tie, vectorise the output's innermost axis: the epilogue stores are vectors
         innermost = [r for r in traits.out if r in (IterRole.I, IterRole.J)][-1]
-        vector_role = choose_vector_role(traits, float32_lanes(target), innermost)
+        return sch, main, traits, choose_vector_role(traits, float32_lanes(target), innermost)
+
+    def apply(self, func: tirx.PrimFunc, target: Target,
+              tunable: bool) -> s_tir.Schedule | list[s_tir.Schedule] | None:
+        found = self._found(func, target)
+        if found is None:
+            return None
         try:
             if tunable:
-                return gemm_spaces(sch, main, traits, vector_role, target) or None
-            schedule_gemm(sch, main, traits, vector_role, target)
+                return gemm_spaces(*found, target) or None
+            schedule_gemm(*found, target)
         except Exception:  # noqa: BLE001 - ScheduleError / InternalError: not our shape
             return None
-        return sch
+        return found[0]
+
+    def choices(self, func: tirx.PrimFunc, target: Target) -> list[tuple[dict, s_tir.Schedule]]:
+        """Every candidate plan's schedule of ``func`` with its choice, the default's first
+        (``plan_schedules``); empty when ``func`` is not this rule's."""
+        found = self._found(func, target)
+        try:
+            return plan_schedules(*found, target) if found is not None else []
+        except Exception:  # noqa: BLE001 - ScheduleError / InternalError: not our shape
+            return []
+
+    def apply_choice(self, func: tirx.PrimFunc, target: Target, choice: Mapping[str, Any]) -> s_tir.Schedule | None:
+        """``func`` scheduled by the candidate plan ``choice`` names; None when ``func`` is
+        not this rule's, no candidate of it is named so, or that plan does not fit."""
+        found = self._found(func, target)
+        if found is None:
+            return None
+        try:
+            schedule_gemm(*found, target, choice=choice)
+        except Exception:  # noqa: BLE001 - ValueError / ScheduleError: keep the default
+            return None
+        return found[0]
 
 
 def looks_like_convolution(block: s_tir.SBlock) -> bool:

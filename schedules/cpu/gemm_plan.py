@@ -36,12 +36,17 @@ op):
 first, then its neighbours (``mr`` near the rule's pick and the widest that fits, the other
 parallel split and packing choice, ``nr`` of 1..4 vectors).  The
 block sizes ``mc``, ``nc``, ``kc`` are not enumerated here: the tunable schedule samples
-them (``gemm.tile_gemm``), with this plan's values as the starting decision.
+them (``gemm.tile_gemm``), with this plan's values as the starting decision.  A kernel with
+symbolic extents is tuned in these plans alone (``schedules.tune_symbolic``): a plan is
+named by ``plan_choice`` (the fields the candidates vary), which ``aicf_tuning.json``
+stores and ``compile`` looks up among the candidates again (``chosen_plan``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -219,3 +224,20 @@ def plan_candidates(
         if vectors * lanes != default.nr:
             plans += tiles(vectors * lanes, [_choose_mr(rows, vectors * lanes, lanes, registers)])
     return list(dict.fromkeys(plans))
+
+
+CHOICE_FIELDS = ("mr", "nr", "pack_b", "parallel_m")  # what plan_candidates varies
+
+
+def plan_choice(plan: GemmPlan) -> dict[str, Any]:
+    """The fields that tell ``plan`` from the other candidates (JSON-able)."""
+    return {name: getattr(plan, name) for name in CHOICE_FIELDS}
+
+
+def chosen_plan(choice: Mapping[str, Any], *args: Any) -> GemmPlan | None:
+    """The candidate of ``plan_candidates(*args)`` that ``choice`` names; None when none
+    does (the choice was made for another problem or target, or edited)."""
+    for plan in plan_candidates(*args):
+        if plan_choice(plan) == dict(choice):
+            return plan
+    return None
