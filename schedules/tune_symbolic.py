@@ -134,9 +134,10 @@ def arg_infos(mod: tvm.IRModule, binding: Mapping[str, int]) -> list[ms.arg_info
 
 
 def measure_at(mods: list[tvm.IRModule], bindings: list[Binding], target: tvm.target.Target,
-               builder: Any, runner: Any, rounds: int) -> list[list[list[float]] | str]:
+               tools: Tools, rounds: int) -> list[list[list[float]] | str]:
     """Per module, its seconds per call at each binding in each of ``rounds`` turns (a turn
     times every module at every binding once), or the error that stopped it."""
+    builder, runner = tools.builder, tools.runner
     built = builder.build([ms.builder.BuilderInput(mod, target) for mod in mods])
     device = "cuda" if "gpu" in target.keys else "cpu"
     out: list[Any] = [str(b.error_msg) if b.error_msg else [] for b in built]
@@ -190,7 +191,7 @@ def tune_choices(task: Task, target: tvm.target.Target, tools: Tools, budget: in
         return result
     (_, default), candidates = choices[0], choices[1:1 + budget]
     mods = [timed_form(s.mod) for s in (default, *(s for _, s in candidates))]
-    screen = measure_at(mods, task.bindings, target, tools.builder, tools.runner, rounds=1)
+    screen = measure_at(mods, task.bindings, target, tools, rounds=1)
     on_batch(len(candidates))
     if isinstance(screen[0], str):
         raise TuningFailed(f"task {task.key}: the default schedule did not run ({screen[0].strip()[-300:]})")
@@ -199,8 +200,8 @@ def tune_choices(task: Task, target: tvm.target.Target, tools: Tools, budget: in
     if not ran:
         return result
     best = [i for i, _ in sorted(ran, key=lambda x: x[1])[:CONFIRM_TOP]]
-    confirm = measure_at([mods[0], *(mods[1 + i] for i in best)], task.bindings, target, tools.builder,
-                         tools.runner, rounds=CONFIRM_ROUNDS)
+    confirm = measure_at([mods[0], *(mods[1 + i] for i in best)], task.bindings, target, tools,
+                         rounds=CONFIRM_ROUNDS)
     if isinstance(confirm[0], str):
         return result
     judged = [(statistics.median(_ratio(t, d) for t, d in zip(runs, confirm[0])), i, runs)

@@ -218,10 +218,10 @@ def test_trials_go_to_tasks_by_cost():
     assert trial_shares(2, [5.0, 4.0, 3.0]) == [2, 0, 0]
 
 
-def test_a_model_whose_kernels_are_all_symbolic_says_how_to_tune_it(tmp_path):
-    """MetaSchedule measures one shape: a kernel with symbolic extents is no task (it keeps
-    its default schedule), and a model with only such kernels is refused before anything
-    builds, naming the way to pin the dims."""
+def test_a_model_whose_kernels_are_all_symbolic_and_untunable_says_how_to_tune_it(tmp_path):
+    """A kernel with symbolic extents is tuned in its rule's choices (test_tuning_symbolic);
+    one whose rule has none (an elementwise kernel) keeps its default schedule, and a model
+    with only such kernels is refused before anything builds, naming the way to pin the dims."""
     from tvm import relax, tirx
 
     from aicf_tvm.driver.targets import resolve_target
@@ -231,12 +231,13 @@ def test_a_model_whose_kernels_are_all_symbolic_says_how_to_tune_it(tmp_path):
 
     rows = tirx.Var("rows", "int64")
     x = relax.Var("x", relax.TensorType([rows, 16], "float32"))
-    w = relax.const(np.random.default_rng(15).standard_normal((16, 8)).astype("float32"))
-    mod = relax_main([x], lambda bb, x: relax.op.nn.relu(bb.emit(relax.op.matmul(x, w))))
+    y = relax.Var("y", relax.TensorType([rows, 16], "float32"))
+    mod = relax_main([x, y], lambda bb, x, y: relax.op.nn.relu(bb.emit(relax.op.add(x, y))))
     kernels = [f for _, f in lower_for_tuning(mod, resolve_target("llvm")).functions_items()
                if isinstance(f, tirx.PrimFunc)]
     assert kernels and all(symbolic_dims(f) == ["rows"] for f in kernels)
-    with pytest.raises(TuningError, match=r"every kernel of model0 has symbolic extents.*--shape INPUT=D0,D1"):
+    with pytest.raises(TuningError, match=r"every kernel of model0 has symbolic extents and a default rule "
+                                          r"with no tunable choices.*--shape INPUT=D0,D1"):
         aicf_tvm.tune(mod, trials=1, work_dir=tmp_path / "wd", progress=False)
     assert not (tmp_path / "wd").exists()
 
