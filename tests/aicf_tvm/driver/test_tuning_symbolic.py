@@ -103,7 +103,9 @@ def test_a_real_run_times_the_choices_at_representative_bindings(model, weights,
     assert_runs_right(compiled, weights)
 
 
-def test_compile_schedules_the_symbolic_kernel_by_the_chosen_plan(monkeypatch, model, weights, tmp_path):
+@pytest.mark.parametrize("differs_in", ["parallel_m", "pack_b", "nr"])
+def test_compile_schedules_the_symbolic_kernel_by_the_chosen_plan(monkeypatch, model, weights, tmp_path,
+                                                                  differs_in):
     """A choice that is not the default's, made faster at every binding: it is saved, and
     compile schedules the symbolic kernel by it (another kernel than the default's) and
     runs it right at every row count in the bounds; a second run resumes it."""
@@ -113,8 +115,9 @@ def test_compile_schedules_the_symbolic_kernel_by_the_chosen_plan(monkeypatch, m
         return 1e-5 * (0.5 if choice == forced else 1.0 if choice == choices[0] else 1.5)
 
     choices = stub_timing(monkeypatch, model, seconds)
-    forced = choices[2]
-    result = aicf_tvm.tune(model, trials=4, trials_per_task=4, work_dir=tmp_path, progress=False)
+    forced = next(c for c in choices if c[differs_in] != choices[0][differs_in])
+    trials = choices.index(forced)  # the candidates up to the forced one
+    result = aicf_tvm.tune(model, trials=trials, trials_per_task=trials, work_dir=tmp_path, progress=False)
     (task,) = result.tasks
     assert task.choice == "tuned" and task.plan == {"rule": "Gemm", "choice": forced}
     assert math.isclose(task.tuned_s / task.default_s, 0.5)
@@ -125,7 +128,7 @@ def test_compile_schedules_the_symbolic_kernel_by_the_chosen_plan(monkeypatch, m
     ours, theirs = compiled.kernels[0].name, default.kernels[0].name
     assert not tvm_ffi.structural_equal(compiled.lowered[ours], default.lowered[theirs])
     assert_runs_right(compiled, weights)
-    again = aicf_tvm.tune(model, trials=4, trials_per_task=4, work_dir=tmp_path, progress=False)
+    again = aicf_tvm.tune(model, trials=trials, trials_per_task=trials, work_dir=tmp_path, progress=False)
     assert again.measured == 0 and again.tasks[0].skipped and again.tasks[0].plan == task.plan
 
 
