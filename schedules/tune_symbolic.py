@@ -69,12 +69,43 @@ def model_bindings(func: relax.Function, bounds: Mapping[str, tuple[int | None, 
 
 def _tensor_shapes(ty: Any) -> list[list[Any]]:
     fields = ty.fields if isinstance(ty, relax.TupleType) else [ty]
-    return [list(f.shape.values) if isinstance(getattr(f, "shape", None), relax.ShapeExpr) else [] for f in fields]
+    return [list(f.shape.values) if isinstance(getattr(f, "shape", None), relax.ShapeExpr) else []
+            for f in fields]
 
 
-def kernel_bindings(mod: tvm.IRModule, bounds: Mapping[str, tuple[int | None, int | None]]) -> dict[str, list[Binding]]:
+def _extents_at_call(call: relax.Call, func: tirx.PrimFunc) -> dict[str, Any] | None:
+    """``{kernel var name: its value at the call, in the model's dims}``; None when an
+    extent of ``func`` is no bare dim of an argument's or the result's shape."""
+    if not isinstance(call.args[1], relax.Tuple):
+        return None
+    shapes = [s for arg in call.args[1].fields for s in _tensor_shapes(arg.ty)] + _tensor_shapes(call.ty)
+    params = [getattr(p.ty, "shape", None) for p in func.params]
+    if len(shapes) != len(params) or any(p is None for p in params):
+        return None
+    site: dict[str, Any] = {}
+    for dims, values in zip(params, shapes):
+        for dim, value in zip(dims, values if len(values) == len(dims) else []):
+            if isinstance(dim, tirx.Var):
+                site.setdefault(dim.name, value)
+    names = {v.name for dims in params for d in dims for v in tirx.analysis.undefined_vars(d)}
+    return {name: site[name] for name in sorted(names)} if names and names <= set(site) else None
+
+
+def _evaluated(extents: Mapping[str, Any], binding: Mapping[Any, int]) -> Binding | None:
+    """The extents at one binding of the model's dims; None if one is not a constant then."""
+    analyzer = sym.Analyzer()
+    for var, value in binding.items():
+        analyzer.bind(var, tvm.ir.Range.from_min_extent(value, 1))
+    values = {name: analyzer.simplify(expr) for name, expr in extents.items()}
+    if not all(isinstance(v, tirx.IntImm) for v in values.values()):
+        return None
+    return {name: int(v.value) for name, v in values.items()}
+
+
+def kernel_bindings(mod: tvm.IRModule,
+                    bounds: Mapping[str, tuple[int | None, int | None]]) -> dict[str, list[Binding]]:
     """``{PrimFunc name: bindings of its symbolic extents}`` for the kernels ``main`` calls
-    with symbolic extents, each extent evaluated from its call site at the model's
+    with symbolic extents, each extent evaluated from its (first) call site at the model's
     representative bindings.  A kernel with an extent its arguments' shapes do not give
     (a scalar parameter) is left out: it cannot be timed on tensors alone."""
     main = mod["main"]
@@ -86,27 +117,11 @@ def kernel_bindings(mod: tvm.IRModule, bounds: Mapping[str, tuple[int | None, in
             if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
                     and call.op.name == "relax.call_tir") or call.args[0].name_hint in out:
                 continue
-            func = mod[call.args[0]]
-            shapes = [s for arg in call.args[1].fields for s in _tensor_shapes(arg.ty)] + _tensor_shapes(call.ty)
-            params = [getattr(p.ty, "shape", None) for p in func.params]
-            if len(shapes) != len(params) or any(p is None for p in params):
-                continue
-            site: dict[str, Any] = {}
-            for dims, values in zip(params, shapes):
-                for dim, value in zip(dims, values if len(values) == len(dims) else []):
-                    if isinstance(dim, tirx.Var):
-                        site.setdefault(dim.name, value)
-            names = {v.name for dims in params for d in dims for v in tirx.analysis.undefined_vars(d)}
-            if names and names <= set(site):
-                out[call.args[0].name_hint] = [_evaluated(site, names, b) for b in bindings]
+            extents = _extents_at_call(call, mod[call.args[0]])
+            values = [_evaluated(extents, b) for b in bindings] if extents else []
+            if values and all(v is not None for v in values):
+                out[call.args[0].name_hint] = values
     return out
-
-
-def _evaluated(site: Mapping[str, Any], names: set[str], binding: Mapping[Any, int]) -> Binding:
-    analyzer = sym.Analyzer()
-    for var, value in binding.items():
-        analyzer.bind(var, tvm.ir.Range.from_min_extent(value, 1))
-    return {name: int(analyzer.simplify(site[name])) for name in sorted(names)}
 
 
 def tunable_rule(func: tirx.PrimFunc, target: tvm.target.Target) -> Any:

@@ -7,9 +7,10 @@ costliest first, and each task is seeded with its measured default schedule and 
 by MetaSchedule, in our default rule's design spaces where it has them
 (``schedules.tune_space``).  The trials go to the tasks in proportion to their cost
 (FLOPs times calls per inference); a task whose share is under ``MIN_TRIALS`` gets none
-and keeps its default rule.  A kernel with symbolic extents is tuned in its rule's choices, each timed at representative
-bindings of the model's dims (``schedules.tune_symbolic``); one whose rule has none keeps
-its default schedule.  The work dir holds MetaSchedule's JSON database plus
+and keeps its default rule.  A kernel with symbolic extents is tuned in its rule's
+choices, each timed at representative bindings of the model's dims
+(``schedules.tune_symbolic``); one whose rule has none keeps its default schedule.  The
+work dir holds MetaSchedule's JSON database plus
 ``aicf_tuning.json`` (per signature: trials, default and tuned seconds as measured again
 side by side, the choice and its record); ``compile(..., database=work_dir)`` applies it.
 Running again with the same arguments skips tasks that already have their trials; a run

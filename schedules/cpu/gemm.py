@@ -429,7 +429,8 @@ class Gemm(CPUScheduleRule):
         except Exception:  # noqa: BLE001 - ScheduleError / InternalError: not our shape
             return []
 
-    def apply_choice(self, func: tirx.PrimFunc, target: Target, choice: Mapping[str, Any]) -> s_tir.Schedule | None:
+    def apply_choice(self, func: tirx.PrimFunc, target: Target,
+                     choice: Mapping[str, Any]) -> s_tir.Schedule | None:
         """``func`` scheduled by the candidate plan ``choice`` names; None when ``func`` is
         not this rule's, no candidate of it is named so, or that plan does not fit."""
         found = self._found(func, target)
