@@ -31,11 +31,12 @@ def explain(mod: tvm.IRModule, report: Any = None) -> str:
 
 def kernel_selection(lowered: tvm.IRModule, target: Any) -> str:
     """Per kernel of a lowered module: its Emit kind and where its schedule came from
-    (a tuned record, one of our default rules, or none)."""
+    (a tuned record, a tuned choice of our rule for a kernel with symbolic extents, one of
+    our default rules, or none)."""
     kernels = kernels_of(lowered)
     rows = [("#", "kernel", "Emit kind", "schedule")]
     rows += [(str(i), k.name, k.kind, k.schedule) for i, k in enumerate(kernels)]
     widths = [max(len(r[c]) for r in rows) for c in range(4)]
-    lines = [f"kernel selection for {describe(target)}: tuned record > default rule > fallback"]
+    lines = [f"kernel selection for {describe(target)}: tuned record or choice > default rule > fallback"]
     lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     return "\n".join(lines)

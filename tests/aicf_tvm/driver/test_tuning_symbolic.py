@@ -199,6 +199,9 @@ def test_cli_tunes_a_dynamic_onnx_model(monkeypatch, tmp_path, capsys):
     assert main(["tune", str(tmp_path / "linear.onnx"), "--work-dir", str(work), "--trials", "4", *dims]) == 0
     out = capsys.readouterr().out
     assert "symbolic, timed at rows=1 | rows=8 | rows=64: tuned Gemm(" in out
+    assert main(["explain", str(tmp_path / "linear.onnx"), "--database", str(work), *dims]) == 0
+    table = capsys.readouterr().out.split("kernel selection for")[1].splitlines()[2:]
+    assert len(table) == 1 and table[0].rstrip().endswith(")") and "  tuned Gemm(mr=" in table[0]
     lib = tmp_path / "linear.so"
     assert main(["compile", str(tmp_path / "linear.onnx"), "-o", str(lib), "--database", str(work), *dims]) == 0
     w = onnx.numpy_helper.to_array(_static_linear_onnx().graph.initializer[0])
