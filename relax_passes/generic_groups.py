@@ -31,7 +31,8 @@ from aicf_tvm.emit_graph import EmitGraph
 from aicf_tvm.kinds import registry as K
 from aicf_tvm.report import Decision, FusionReport
 
-from .group_rewrite import Group
+from .group_rewrite import Group, group_inputs
+from .lift_emits import defined_vars
 
 EPILOGUE = {K.ELEMENTWISE, K.BROADCAST}
 CHAINABLE = {K.ELEMENTWISE, K.BROADCAST, K.INJECTIVE, K.VIEW}
@@ -58,12 +59,27 @@ def is_structural_view(node: Any) -> bool:
 
 
 def _is_passable_view(node: Any) -> bool:
-    """An order-keeping view of a static shape: a symbolic target shape names the caller's
-    dims (``[batch, seq, n]``), which the group function's parameters need not define
-    (their extents may be compound, ``batch * seq``), so such a view stays outside."""
+    """An order-keeping view of a known shape: the group may pass through it (its target
+    shape's vars are checked on the whole group, ``names_only_defined_vars``)."""
     shape = node.var.ty.shape if isinstance(node.var.ty, relax.TensorType) else None
-    return (is_structural_view(node) and node.value.op.name in _ORDER_KEEPING_VIEWS and shape is not None
-            and all(isinstance(d, tvm.tirx.IntImm) for d in shape.values))
+    return is_structural_view(node) and node.value.op.name in _ORDER_KEEPING_VIEWS and shape is not None
+
+
+def names_only_defined_vars(graph: EmitGraph, members: list[int]) -> bool:
+    """Whether every symbolic var a member view's target shape names (``[batch, seq, n]``)
+    is defined by the group function's parameters, as a whole extent of a boundary input.
+
+    The group's function re-emits the view with that shape; a var its parameters do not
+    define (they may only have the compound ``batch * seq`` of the GEMM's input) would be
+    free in it. A defined var is bound at every call to the caller's value of it, so the
+    view computes what it computed outside, for every binding of the dims."""
+    views = [graph.nodes[i] for i in members if is_structural_view(graph.nodes[i])]
+    named = [v for node in views for a in node.value.args if isinstance(a, relax.ShapeExpr)
+             for d in a.values for v in tvm.tirx.analysis.undefined_vars(d)]
+    if not named:
+        return True
+    defined = defined_vars([a.ty for a in group_inputs(graph, members)])
+    return all(any(v.same_as(d) for d in defined) for v in named)
 
 
 class GenericGrouping:
@@ -144,8 +160,8 @@ class GenericGrouping:
                 and isinstance(node.var.ty, relax.TensorType))  # tuple results stay their own Emit
 
     def _roll_back(self, k: int) -> list[int]:
-        """Drop group ``k``'s newest joins until it has one output, is convex and does not
-        end with a view."""
+        """Drop group ``k``'s newest joins until it has one output, is convex, does not
+        end with a view and names no symbolic var its parameters leave undefined."""
         members, released = self.groups[k].members, []
         while len(members) > self.base[k] and not self._settled(members):
             released.append(members.pop())
@@ -157,7 +173,8 @@ class GenericGrouping:
 
     def _settled(self, members: list[int]) -> bool:
         return (len(self.graph.outputs_of(members)) == 1 and self.graph.is_convex(members)
-                and not _is_passable_view(self.graph.nodes[members[-1]]))
+                and not _is_passable_view(self.graph.nodes[members[-1]])
+                and names_only_defined_vars(self.graph, members))
 
     def joined(self, k: int) -> list[int]:
         """The members the sweep added to library group ``k``."""
