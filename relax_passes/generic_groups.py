@@ -22,6 +22,8 @@ computed; convexity and effects are judged on the final members.
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Any, Callable
 
 import tvm
@@ -59,10 +61,27 @@ def is_structural_view(node: Any) -> bool:
 
 
 def _is_passable_view(node: Any) -> bool:
-    """An order-keeping view of a known shape: the group may pass through it (its target
-    shape's vars are checked on the whole group, ``names_only_defined_vars``)."""
+    """An order-keeping view of a known shape that provably keeps the element count: the
+    group may pass through it (its target shape's vars are checked on the whole group,
+    ``names_only_defined_vars``)."""
     shape = node.var.ty.shape if isinstance(node.var.ty, relax.TensorType) else None
-    return is_structural_view(node) and node.value.op.name in _ORDER_KEEPING_VIEWS and shape is not None
+    return (is_structural_view(node) and node.value.op.name in _ORDER_KEEPING_VIEWS and shape is not None
+            and keeps_element_count(node.value))
+
+
+def keeps_element_count(call: relax.Call) -> bool:
+    """Whether a view call provably has as many elements out as in, for every binding of
+    the symbolic dims. Relax accepts a reshape of ``[m, k]`` to ``[b, s, k]`` unless the
+    counts provably differ; a group's kernel walks the view's elements as its producer's
+    (a GEMM's rows as ``[b, s]``), which is the same computation only when the counts are
+    equal, so a count not proven equal keeps the reshape outside."""
+    if call.op.name != "relax.reshape":
+        return True  # expand_dims and squeeze derive their shape from the input's
+    src, dst = call.args[0].ty, call.ty
+    if not isinstance(src, relax.TensorType) or src.shape is None or dst.shape is None:
+        return False
+    count = [functools.reduce(operator.mul, t.shape.values, tvm.tirx.IntImm("int64", 1)) for t in (src, dst)]
+    return bool(tvm.sym.Analyzer().can_prove_equal(*count))
 
 
 def names_only_defined_vars(graph: EmitGraph, members: list[int]) -> bool:
