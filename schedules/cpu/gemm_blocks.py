@@ -94,7 +94,8 @@ def iterate_as_read(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer) -
         return False
     indices = [rng.min for rng in region if not isinstance(rng.min, tirx.IntImm)]
     try:
-        sch.transform_block_layout(block, tirx.IndexMap([iv.var for iv in stmt.iter_vars], indices, None))
+        index_map = tirx.IndexMap([iv.var for iv in stmt.iter_vars], indices, None)
+        sch.transform_block_layout(block, index_map)
     except (s_tir.ScheduleError, ValueError):
         return False
     return True

@@ -259,7 +259,8 @@ def test_symbolic_rows_epilogues_join_their_gemms():
     assert sorted(len(d.members) for d in groups) == [3, 5]  # matmul, view, add / matmul, view, silu, *up
     rng = np.random.default_rng(21)
     for b, s in _BINDINGS:
-        args = [rng.standard_normal(sh).astype("float32") for sh in ((b, s, _K), (_K, _N), (_K, _N), (_N, _K))]
+        shapes = ((b, s, _K), (_K, _N), (_K, _N), (_N, _K))
+        args = [rng.standard_normal(sh).astype("float32") for sh in shapes]
         if b * s == 64:
             args[0][1, 3, :3] = np.inf, -np.inf, np.nan
         got = compiled(*args)
@@ -286,9 +287,12 @@ def test_view_of_an_unproven_row_count_stays_outside():
     compiled = aicf_tvm.compile(bb.get(), target=TARGET)
     kinds = [k.kind for k in compiled.kernels]
     assert kinds.count("matmul") == 1 and "add" in kinds and "fused_reduce_epilogue" not in kinds
+    refused = [d for d in compiled.report.refused if d.candidate == "epilogue"]
+    assert len(refused) == 1 and "element counts not proven" in refused[0].note
     rng = np.random.default_rng(22)
     for bind_b, bind_s in _BINDINGS:
-        args = [rng.standard_normal(sh).astype("float32") for sh in ((bind_b, bind_s, _K), (bind_b * bind_s, _N), (_N, _K))]
+        shapes = ((bind_b, bind_s, _K), (bind_b * bind_s, _N), (_N, _K))
+        args = [rng.standard_normal(sh).astype("float32") for sh in shapes]
         want = args[0] + (args[1].astype(np.float64) @ args[2]).reshape(args[0].shape)
         np.testing.assert_allclose(compiled(*args), want, rtol=1e-4, atol=1e-4)
 
@@ -309,6 +313,8 @@ def test_view_naming_vars_no_input_defines_stays_outside():
         bb.emit_func_output(out)
     compiled = aicf_tvm.compile(bb.get(), target=TARGET)
     assert sorted(_gemm_kernels(compiled)) == ["fused_elementwise", "matmul"]
+    refused = [d for d in compiled.report.refused if d.candidate == "epilogue"]
+    assert len(refused) == 1 and "names b, s, which no input of the group defines" in refused[0].note
     rng = np.random.default_rng(23)
     for bind_b, bind_s in _BINDINGS:
         args = [rng.standard_normal(sh).astype("float32") for sh in ((bind_b, bind_s, _K), (_K, _N))]

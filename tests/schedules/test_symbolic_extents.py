@@ -195,7 +195,8 @@ def test_epilogue_behind_a_row_view_runs_in_the_gemm_tiles(target, silu):
     assert kernel.rule == "Gemm"
     rng = np.random.default_rng(2)
     for b, t in [(1, 1), (1, 7), (2, 32)]:
-        x, w, r = (rng.standard_normal(shape, dtype=np.float32) for shape in ((b * t, 24), (24, 40), (b, t, 40)))
+        shapes = ((b * t, 24), (24, 40), (b, t, 40))
+        x, w, r = (rng.standard_normal(shape, dtype=np.float32) for shape in shapes)
         if b * t > 1:
             x[1, :3] = np.inf, -np.inf, np.nan
         with np.errstate(over="ignore", invalid="ignore"):
