@@ -89,6 +89,8 @@ def iterate_as_read(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer) -
     region = next((r.region for r in stmt.reads if r.source.same_as(buffer)), None)
     if region is None or any(iv.iter_type != tirx.IterVar.DataPar for iv in stmt.iter_vars):
         return False
+    if not all(isinstance(rng.extent, tirx.IntImm) and rng.extent.value == 1 for rng in region):
+        return False  # reads a range per element, not one element
     innermost = region[-1].min
     if not isinstance(innermost, tirx.Var) or not stmt.writes[0].region[-1].min.same_as(innermost):
         return False
