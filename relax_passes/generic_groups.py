@@ -15,6 +15,12 @@ that is convex (every prefix is a state the sweep passed through; its first memb
 the library match, is always kept). Rolled-back members are swept again among
 themselves, into fresh groups only; the released set shrinks every round, so it ends.
 
+A group passes through an order-keeping view between its members (Linear's
+``[B * S, N] -> [B, S, N]`` between a GEMM and its epilogue) when the view's element count
+is proven equal for every binding of the symbolic dims, and when the group's inputs define
+every var the view's target shape names (the group's function must not have free vars);
+a group rolled back for the latter is reported.
+
 Sound because a group's function inlines its members' bodies in program order (each
 intermediate in its own dtype): joining changes where values live, never what is
 computed; convexity and effects are judged on the final members.
@@ -22,6 +28,8 @@ computed; convexity and effects are judged on the final members.
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Any, Callable
 
 import tvm
@@ -31,7 +39,8 @@ from aicf_tvm.emit_graph import EmitGraph
 from aicf_tvm.kinds import registry as K
 from aicf_tvm.report import Decision, FusionReport
 
-from .group_rewrite import Group
+from .group_rewrite import Group, group_inputs
+from .lift_emits import defined_vars
 
 EPILOGUE = {K.ELEMENTWISE, K.BROADCAST}
 CHAINABLE = {K.ELEMENTWISE, K.BROADCAST, K.INJECTIVE, K.VIEW}
@@ -58,12 +67,63 @@ def is_structural_view(node: Any) -> bool:
 
 
 def _is_passable_view(node: Any) -> bool:
-    """An order-keeping view of a static shape: a symbolic target shape names the caller's
-    dims (``[batch, seq, n]``), which the group function's parameters need not define
-    (their extents may be compound, ``batch * seq``), so such a view stays outside."""
+    """An order-keeping view of a known shape that provably keeps the element count: the
+    group may pass through it (its target shape's vars are checked on the whole group,
+    ``undefined_view_vars``)."""
     shape = node.var.ty.shape if isinstance(node.var.ty, relax.TensorType) else None
     return (is_structural_view(node) and node.value.op.name in _ORDER_KEEPING_VIEWS and shape is not None
-            and all(isinstance(d, tvm.tirx.IntImm) for d in shape.values))
+            and keeps_element_count(node.value))
+
+
+def _dims(ty: Any) -> str:
+    """A tensor type's dims as the report shows shapes (``[bxsx24]``)."""
+    shape = getattr(ty, "shape", None)
+    if not isinstance(shape, relax.ShapeExpr):
+        return "[?]"
+    dims = (str(int(d)) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in shape.values)
+    return f"[{'x'.join(dims)}]"
+
+
+def _is_unproven_reshape(node: Any) -> bool:
+    return (is_structural_view(node) and node.value.op.name == "relax.reshape"
+            and not keeps_element_count(node.value))
+
+
+def keeps_element_count(call: relax.Call) -> bool:
+    """Whether a view call provably has as many elements out as in, for every binding of
+    the symbolic dims. Relax accepts a reshape of ``[m, k]`` to ``[b, s, k]`` unless the
+    counts provably differ; a group's kernel walks the view's elements as its producer's
+    (a GEMM's rows as ``[b, s]``), which is the same computation only when the counts are
+    equal, so a count not proven equal keeps the reshape outside."""
+    if call.op.name != "relax.reshape":
+        return True  # expand_dims and squeeze derive their shape from the input's
+    src, dst = call.args[0].ty, call.ty
+    if not isinstance(src, relax.TensorType) or src.shape is None or dst.shape is None:
+        return False
+    one = tvm.tirx.IntImm("int64", 1)
+    count = [functools.reduce(operator.mul, t.shape.values, one) for t in (src, dst)]
+    return bool(tvm.sym.Analyzer().can_prove_equal(*count))
+
+
+def undefined_view_vars(graph: EmitGraph, members: list[int]) -> list[tvm.tirx.Var]:
+    """The symbolic vars member views' target shapes name (``[batch, seq, n]``) that the
+    group function's parameters leave undefined (not a whole extent of a boundary input).
+
+    The group's function re-emits the view with that shape; a var its parameters do not
+    define (they may only have the compound ``batch * seq`` of the GEMM's input) would be
+    free in it. A defined var is bound at every call to the caller's value of it, so the
+    view computes what it computed outside, for every binding of the dims."""
+    views = [graph.nodes[i] for i in members if is_structural_view(graph.nodes[i])]
+    named = [v for node in views for a in node.value.args if isinstance(a, relax.ShapeExpr)
+             for d in a.values for v in tvm.tirx.analysis.undefined_vars(d)]
+    if not named:
+        return []
+    defined = defined_vars([a.ty for a in group_inputs(graph, members)])
+    out: list[tvm.tirx.Var] = []
+    for v in named:
+        if not any(v.same_as(d) for d in defined + out):
+            out.append(v)
+    return out
 
 
 class GenericGrouping:
@@ -76,6 +136,7 @@ class GenericGrouping:
         self.base: dict[int, int] = {k: len(g.members) for k, g in enumerate(groups)}
         self.prologue_at: dict[int, int] = {}  # group -> member count when a reduction joined
         self.closed: set[int] = set()
+        self.refusals: list[Decision] = []  # joins rolled back for a view's free vars
 
     def run(self) -> list[Group]:
         todo = [n.index for n in self.graph.nodes]
@@ -128,6 +189,10 @@ class GenericGrouping:
                 if k is not None:
                     taken[i] = k
                     self.groups[k].members.append(i)
+            elif i not in taken and any(p in taken for p in node.producers) and _is_unproven_reshape(node):
+                src, dst = (_dims(t) for t in (node.value.args[0].ty, node.var.ty))
+                self.refusals.append(Decision("epilogue", (node.var.name,), False, note=(
+                    f"reshape {src} -> {dst}: equal element counts not proven for every binding")))
             # i is decided: a group that holds a producer but not i has an output for sure,
             # and so has i's group when i is a block output or a consumer is decided elsewhere
             for p in node.producers:
@@ -144,20 +209,28 @@ class GenericGrouping:
                 and isinstance(node.var.ty, relax.TensorType))  # tuple results stay their own Emit
 
     def _roll_back(self, k: int) -> list[int]:
-        """Drop group ``k``'s newest joins until it has one output, is convex and does not
-        end with a view."""
+        """Drop group ``k``'s newest joins until it has one output, is convex, does not
+        end with a view and names no symbolic var its parameters leave undefined."""
         members, released = self.groups[k].members, []
+        free = undefined_view_vars(self.graph, members)
+        if free and not self._settled(members, views=False):
+            free = []  # rolled back for another reason first: not the view's vars to report
         while len(members) > self.base[k] and not self._settled(members):
             released.append(members.pop())
             del self.taken[released[-1]]
             if self.prologue_at.get(k) == len(members):
                 self.anchor_cat[k] = K.ELEMENTWISE
         self.closed.add(k)
+        if free and released:
+            names = tuple(self.graph.nodes[i].var.name for i in reversed(released))
+            self.refusals.append(Decision("epilogue", names, False, note=(
+                f"a view names {', '.join(v.name for v in free)}, which no input of the group defines")))
         return released
 
-    def _settled(self, members: list[int]) -> bool:
+    def _settled(self, members: list[int], views: bool = True) -> bool:
         return (len(self.graph.outputs_of(members)) == 1 and self.graph.is_convex(members)
-                and not _is_passable_view(self.graph.nodes[members[-1]]))
+                and not _is_passable_view(self.graph.nodes[members[-1]])
+                and not (views and undefined_view_vars(self.graph, members)))
 
     def joined(self, k: int) -> list[int]:
         """The members the sweep added to library group ``k``."""
@@ -168,6 +241,8 @@ def finish_groups(grouping: GenericGrouping, report: FusionReport,
                   judge: Callable[[Group], Decision], make_emit: Callable[[str], object]) -> list[Group]:
     """Name, judge and report the groups; drop single members and refused groups."""
     graph, out = grouping.graph, []
+    for decision in grouping.refusals:
+        report.add(decision)
     for k, g in enumerate(grouping.groups):
         if len(g.members) < 2:
             continue

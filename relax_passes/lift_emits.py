@@ -62,6 +62,12 @@ def _is_var_in(var: tirx.Var, pool: list) -> bool:
     return any(var.same_as(v) for v in pool)
 
 
+def defined_vars(types: list) -> list[tirx.Var]:
+    """The symbolic vars that parameters of ``types`` define: those that are a whole extent
+    (``batch`` in ``(batch, seq * 2)``; ``seq`` is only constrained there, not defined)."""
+    return [d for ty in types for d in _dims(ty) if isinstance(d, tirx.Var)]
+
+
 def param_types(types: list) -> list:
     """Parameter types for tensors of ``types``, each extent that uses a symbolic var no
     plain extent defines replaced by a fresh var (one per distinct extent).
@@ -70,7 +76,7 @@ def param_types(types: list) -> list:
     function taking it would have free vars; typed ``(d0, 128)`` it defines ``d0``, and a
     call with a ``(batch * seq, 128)`` argument binds ``d0 = batch * seq``: the function
     computes the same values for every binding."""
-    defined = [d for ty in types for d in _dims(ty) if isinstance(d, tirx.Var)]
+    defined = defined_vars(types)
     fresh: list[tuple[tirx.PrimExpr, tirx.Var]] = []
 
     def abstract(d: tirx.PrimExpr) -> tirx.PrimExpr:

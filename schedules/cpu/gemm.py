@@ -17,9 +17,11 @@ The schedule, after ``normalize_gemm`` has rewritten the block to
 3. the BLIS loop nest (``gemm_plan`` docstring), ``mr`` unrolled and ``nr`` vectorised,
    the init split off with ``decompose_reduction``;
 4. consumers are inlined into one epilogue block, placed after the reduction of each
-   parallel chunk (``reverse_compute_at``) when it reads C at plain indices, otherwise
-   (fused batch axes, conv positions y*W + x) run as a separate parallel pass: TVM 0.27's
-   ``reverse_compute_at`` silently under-covers fused indices (see ``reads_plainly``).
+   parallel chunk (``reverse_compute_at``) when it reads C at plain indices; one that
+   reads C's rows through a view (``C[b * s + t, n]``) is first iterated over C's rows
+   (``gemm_blocks.iterate_as_read``); otherwise (conv positions y*W + x under an NCHW
+   store) it runs as a separate parallel pass: TVM 0.27's ``reverse_compute_at``
+   silently under-covers fused indices (see ``reads_plainly``).
 
 Every step is a TensorIR primitive that checks its own preconditions, so a shape this
 module did not foresee raises inside ``apply``, which then returns None.
@@ -53,6 +55,7 @@ from .gemm_blocks import (
     inline_consumers,
     inline_producers,
     is_plain_load,
+    iterate_as_read,
     last_index_is_iter,
     mark_prepack,
     schedule_injective,
@@ -367,6 +370,8 @@ def _place_epilogue(
     sch: s_tir.Schedule, main: SBlockRV, epilogue: list[SBlockRV], chunk: LoopRV, lanes: int
 ) -> None:
     result = sch.get(main).writes[0].source
+    if len(epilogue) == 1 and not reads_plainly(sch.get(epilogue[0]), result):
+        iterate_as_read(sch, epilogue[0], result)
     if len(epilogue) == 1 and reads_plainly(sch.get(epilogue[0]), result):
         try:
             sch.reverse_compute_at(epilogue[0], chunk)

@@ -73,6 +73,36 @@ def inline_consumers(sch: s_tir.Schedule, block: SBlockRV) -> list[SBlockRV]:
     return sch.get_consumers(block)
 
 
+def iterate_as_read(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer) -> bool:
+    """Re-index ``block``'s iteration space by the indices it reads ``buffer`` at, so it reads
+    ``buffer`` at plain iters; whether it did.
+
+    An epilogue behind a view reads the GEMM's rows at a fused index: ``C[b * s + t, n]``
+    over iters ``(b, t, n)``. Iterating it over ``(m, n) = (b * s + t, n)`` instead (its other
+    accesses become ``x[m // s, m % s, n]``) makes that read plain, so it can run inside the
+    GEMM's row loop. Only where the block stores its innermost axis where it reads it (a
+    conv2d's NCHW epilogue, ``out[n, f, y, x]`` from ``C[y * W + x, f]``, would store across
+    channels inside the GEMM's tile). ``transform_block_layout`` refuses a map that is not a
+    bijection of the iteration space (a read that skips or repeats iters), for every value
+    of the symbolic extents, and leaves the block as it was."""
+    stmt = sch.get(block)
+    region = next((r.region for r in stmt.reads if r.source.same_as(buffer)), None)
+    if region is None or any(iv.iter_type != tirx.IterVar.DataPar for iv in stmt.iter_vars):
+        return False
+    if not all(isinstance(rng.extent, tirx.IntImm) and rng.extent.value == 1 for rng in region):
+        return False  # reads a range per element, not one element
+    innermost = region[-1].min
+    if not isinstance(innermost, tirx.Var) or not stmt.writes[0].region[-1].min.same_as(innermost):
+        return False
+    indices = [rng.min for rng in region if not isinstance(rng.min, tirx.IntImm)]
+    try:
+        index_map = tirx.IndexMap([iv.var for iv in stmt.iter_vars], indices, None)
+        sch.transform_block_layout(block, index_map)
+    except (s_tir.ScheduleError, ValueError):
+        return False
+    return True
+
+
 def is_plain_load(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     body = sch.get(block).body
     return isinstance(body, tirx.BufferStore) and isinstance(body.value, ir.TensorLoad)

@@ -203,3 +203,120 @@ def test_gpt2_mlp_activation_joins_the_c_fc_gemm():
     assert not np.allclose(want, other_want)
     np.testing.assert_allclose(compiled(ids.numpy(), mask.numpy()), want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(compiled(other.numpy(), mask.numpy()), other_want, rtol=1e-4, atol=1e-5)
+
+
+# --- symbolic row counts: Linear's [B*S, N] -> [B, S, N] view inside a GEMM group -------
+
+_K, _N = 24, 40
+_BINDINGS = ((1, 1), (1, 7), (2, 32))  # (b, s): GEMM rows M = b * s = 1, 7, 64
+
+
+def _llama_mlp() -> tvm.IRModule:
+    """LLaMA's MLP over symbolic ``b``, ``s``: ``x + down(silu(gate(h)) * up(h))`` with each
+    GEMM on ``[b * s, k]`` rows and its output viewed back as ``[b, s, n]``."""
+    b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
+    op = relax.op
+    x = relax.Var("x", relax.TensorType((b, s, _K), "float32"))
+    ws = [relax.Var(n, relax.TensorType(sh, "float32"))
+          for n, sh in (("w_gate", (_K, _N)), ("w_up", (_K, _N)), ("w_down", (_N, _K)))]
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, *ws]):
+        with bb.dataflow():
+            h = bb.emit(op.reshape(x, (b * s, _K)))
+            gate = bb.emit(op.reshape(bb.emit(op.matmul(h, ws[0])), (b, s, _N)))
+            up = bb.emit(op.reshape(bb.emit(op.matmul(h, ws[1])), (b, s, _N)))
+            act = bb.emit(op.multiply(bb.emit(op.multiply(gate, bb.emit(op.sigmoid(gate)))), up))
+            rows = bb.emit(op.reshape(act, (b * s, _N)))
+            down = bb.emit(op.reshape(bb.emit(op.matmul(rows, ws[2])), (b, s, _K)))
+            out = bb.emit_output(bb.emit(op.add(x, down)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _mlp_reference(x, w_gate, w_up, w_down) -> np.ndarray:
+    h = x.astype(np.float64).reshape(-1, _K)
+    g = h @ w_gate
+    with np.errstate(over="ignore", invalid="ignore"):
+        return x + (g / (1 + np.exp(-g)) * (h @ w_up) @ w_down).reshape(x.shape)
+
+
+def _gemm_kernels(compiled) -> list[str]:
+    return [k.kind for k in compiled.kernels if k.kind in {"matmul", "fused_reduce_epilogue",
+                                                            "fused_gemm_bias_act", "fused_elementwise"}]
+
+
+def test_symbolic_rows_epilogues_join_their_gemms():
+    """With symbolic ``b``, ``s`` the epilogues join their GEMMs as with static shapes:
+    ``silu(gate) * up`` joins the gate GEMM, ``x + down`` the down GEMM, through the view
+    ``[b * s, n] -> [b, s, n]`` (its vars defined by ``up`` and ``x``, inputs of the groups;
+    its element count proven equal), so no elementwise kernel is left. One build serves
+    M = 1, 7, 64, matching numpy in float64 and the unoptimized TVM build; a row of x with
+    +inf, -inf and NaN spreads as it does there."""
+    mod = _llama_mlp()
+    compiled = aicf_tvm.compile(mod, target=TARGET)
+    assert sorted(_gemm_kernels(compiled)) == ["fused_reduce_epilogue", "fused_reduce_epilogue", "matmul"]
+    groups = [d for d in compiled.report.accepted if d.candidate == "fused_reduce_epilogue"]
+    assert sorted(len(d.members) for d in groups) == [3, 5]  # matmul, view, add / matmul, view, silu, *up
+    rng = np.random.default_rng(21)
+    for b, s in _BINDINGS:
+        shapes = ((b, s, _K), (_K, _N), (_K, _N), (_N, _K))
+        args = [rng.standard_normal(sh).astype("float32") for sh in shapes]
+        if b * s == 64:
+            args[0][1, 3, :3] = np.inf, -np.inf, np.nan
+        got = compiled(*args)
+        np.testing.assert_allclose(got, _mlp_reference(*args), rtol=1e-4, atol=1e-4, err_msg=f"b={b}, s={s}")
+        np.testing.assert_allclose(got, run_vm(mod, *args)[0], rtol=1e-4, atol=1e-4, err_msg=f"b={b}, s={s}")
+    assert np.isnan(got[1, 3]).all() and np.isfinite(got[0]).all()
+
+
+def test_view_of_an_unproven_row_count_stays_outside():
+    """``x + reshape(y @ w, [b, s, k])`` with ``y: [m, n]``: nothing proves ``m == b * s``
+    (Relax accepts the reshape since the counts do not provably differ), and the GEMM's
+    kernel would walk its rows as ``[b, s]``, so neither the view nor the residual add
+    behind it joins the GEMM; where the bindings agree the result is right."""
+    b, s, m = (tvm.tirx.Var(n, "int64") for n in ("b", "s", "m"))
+    x = relax.Var("x", relax.TensorType((b, s, _K), "float32"))
+    y = relax.Var("y", relax.TensorType((m, _N), "float32"))
+    w = relax.Var("w", relax.TensorType((_N, _K), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, y, w]):
+        with bb.dataflow():
+            down = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(y, w)), (b, s, _K)))
+            out = bb.emit_output(bb.emit(relax.op.add(x, down)))
+        bb.emit_func_output(out)
+    compiled = aicf_tvm.compile(bb.get(), target=TARGET)
+    kinds = [k.kind for k in compiled.kernels]
+    assert kinds.count("matmul") == 1 and "add" in kinds and "fused_reduce_epilogue" not in kinds
+    refused = [d for d in compiled.report.refused if d.candidate == "epilogue"]
+    assert len(refused) == 1 and "element counts not proven" in refused[0].note
+    rng = np.random.default_rng(22)
+    for bind_b, bind_s in _BINDINGS:
+        shapes = ((bind_b, bind_s, _K), (bind_b * bind_s, _N), (_N, _K))
+        args = [rng.standard_normal(sh).astype("float32") for sh in shapes]
+        want = args[0] + (args[1].astype(np.float64) @ args[2]).reshape(args[0].shape)
+        np.testing.assert_allclose(compiled(*args), want, rtol=1e-4, atol=1e-4)
+
+
+def test_view_naming_vars_no_input_defines_stays_outside():
+    """GEMM, view to ``[b, s, n]``, silu, and nothing else: the group's inputs are
+    ``[b * s, k]`` and the weight, which define neither ``b`` nor ``s``, so the view (and
+    the silu after it) stays out of the GEMM's kernel; the result matches numpy."""
+    b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
+    op = relax.op
+    x = relax.Var("x", relax.TensorType((b, s, _K), "float32"))
+    w = relax.Var("w", relax.TensorType((_K, _N), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            g = bb.emit(op.reshape(bb.emit(op.matmul(bb.emit(op.reshape(x, (b * s, _K))), w)), (b, s, _N)))
+            out = bb.emit_output(bb.emit(op.multiply(g, bb.emit(op.sigmoid(g)))))
+        bb.emit_func_output(out)
+    compiled = aicf_tvm.compile(bb.get(), target=TARGET)
+    assert sorted(_gemm_kernels(compiled)) == ["fused_elementwise", "matmul"]
+    refused = [d for d in compiled.report.refused if d.candidate == "epilogue"]
+    assert len(refused) == 1 and "names b, s, which no input of the group defines" in refused[0].note
+    rng = np.random.default_rng(23)
+    for bind_b, bind_s in _BINDINGS:
+        args = [rng.standard_normal(sh).astype("float32") for sh in ((bind_b, bind_s, _K), (_K, _N))]
+        g64 = args[0].astype(np.float64) @ args[1]
+        np.testing.assert_allclose(compiled(*args), g64 / (1 + np.exp(-g64)), rtol=1e-4, atol=1e-5)

@@ -15,8 +15,10 @@ import pytest
 import tvm
 from tvm import relax, tirx
 from tvm.relax.dpl import is_op, wildcard
+from tvm.script import tirx as T
 
 from schedules import default_rules, schedule_func
+from schedules.cpu.gemm import Gemm
 
 from .test_cpu_gemm import _gelu, fused_primfunc
 from ..helpers import relax_main
@@ -120,6 +122,87 @@ def test_batched_gemm_with_symbolic_batch_and_rows(target, w_batched):
         x = rng.standard_normal((b, rows, 24), dtype=np.float32)
         w = rng.standard_normal((b, 24, 48) if w_batched else (24, 48), dtype=np.float32)
         kernel.check({"x": x, "w": w}, x @ w)
+
+
+@T.prim_func(s_tir=True)
+def _gemm_view_residual(x_h: T.handle, w: T.Buffer((T.int64(24), T.int64(40)), "float32"), r_h: T.handle,
+                        out_h: T.handle):
+    """``out = r + view(x @ w)``: x is ``[b * s, 24]``, the GEMM's rows viewed as ``[b, s, 40]``
+    (the blocks legalization makes of LLaMA's down projection and residual add)."""
+    b, s = T.int64(), T.int64()
+    x = T.match_buffer(x_h, (b * s, T.int64(24)))
+    r = T.match_buffer(r_h, (b, s, T.int64(40)))
+    out = T.match_buffer(out_h, (b, s, T.int64(40)))
+    y = T.sblock_alloc_buffer((b * s, T.int64(40)))
+    view = T.sblock_alloc_buffer((b, s, T.int64(40)))
+    for i, j, k in T.grid(b * s, T.int64(40), T.int64(24)):
+        with T.sblock("matmul"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                y[vi, vj] = T.float32(0.0)
+            y[vi, vj] = y[vi, vj] + x[vi, vk] * w[vk, vj]
+    for i0, i1, i2 in T.grid(b, s, T.int64(40)):
+        with T.sblock("T_reshape"):
+            v0, v1, v2 = T.axis.remap("SSS", [i0, i1, i2])
+            view[v0, v1, v2] = y[v0 * s + v1, v2]
+    for i0, i1, i2 in T.grid(b, s, T.int64(40)):
+        with T.sblock("epilogue"):
+            v0, v1, v2 = T.axis.remap("SSS", [i0, i1, i2])
+            out[v0, v1, v2] = r[v0, v1, v2] + view[v0, v1, v2]
+
+
+@T.prim_func(s_tir=True)
+def _gemm_view_silu_times(x_h: T.handle, w: T.Buffer((T.int64(24), T.int64(40)), "float32"), r_h: T.handle,
+                          out_h: T.handle):
+    """``out = silu(view(x @ w)) * r`` (LLaMA's gate projection times the up projection)."""
+    b, s = T.int64(), T.int64()
+    x = T.match_buffer(x_h, (b * s, T.int64(24)))
+    r = T.match_buffer(r_h, (b, s, T.int64(40)))
+    out = T.match_buffer(out_h, (b, s, T.int64(40)))
+    y = T.sblock_alloc_buffer((b * s, T.int64(40)))
+    view = T.sblock_alloc_buffer((b, s, T.int64(40)))
+    act = T.sblock_alloc_buffer((b, s, T.int64(40)))
+    for i, j, k in T.grid(b * s, T.int64(40), T.int64(24)):
+        with T.sblock("matmul"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                y[vi, vj] = T.float32(0.0)
+            y[vi, vj] = y[vi, vj] + x[vi, vk] * w[vk, vj]
+    for i0, i1, i2 in T.grid(b, s, T.int64(40)):
+        with T.sblock("T_reshape"):
+            v0, v1, v2 = T.axis.remap("SSS", [i0, i1, i2])
+            view[v0, v1, v2] = y[v0 * s + v1, v2]
+    for i0, i1, i2 in T.grid(b, s, T.int64(40)):
+        with T.sblock("silu"):
+            v0, v1, v2 = T.axis.remap("SSS", [i0, i1, i2])
+            act[v0, v1, v2] = view[v0, v1, v2] * T.sigmoid(view[v0, v1, v2])
+    for i0, i1, i2 in T.grid(b, s, T.int64(40)):
+        with T.sblock("epilogue"):
+            v0, v1, v2 = T.axis.remap("SSS", [i0, i1, i2])
+            out[v0, v1, v2] = act[v0, v1, v2] * r[v0, v1, v2]
+
+
+@pytest.mark.parametrize("silu", [False, True], ids=["residual", "silu-times-up"])
+def test_epilogue_behind_a_row_view_runs_in_the_gemm_tiles(target, silu):
+    """The epilogue reads the GEMM's rows at ``b * s + t``: iterated over those rows instead,
+    it runs inside the GEMM's parallel row chunks (no second pass over the output). At
+    M = 1, 7, 64 (with a row of x holding +inf, -inf, NaN) it gives what numpy gives."""
+    func = _gemm_view_silu_times if silu else _gemm_view_residual
+    sch = Gemm().apply(func, target, False)
+    chunk = sch.get_loops(sch.get_sblock("matmul_update"))[0]
+    assert sch.get(sch.get_loops(sch.get_sblock("epilogue"))[0]).same_as(sch.get(chunk))
+    kernel = Kernel(func, target)
+    assert kernel.rule == "Gemm"
+    rng = np.random.default_rng(2)
+    for b, t in [(1, 1), (1, 7), (2, 32)]:
+        shapes = ((b * t, 24), (24, 40), (b, t, 40))
+        x, w, r = (rng.standard_normal(shape, dtype=np.float32) for shape in shapes)
+        if b * t > 1:
+            x[1, :3] = np.inf, -np.inf, np.nan
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = (x.astype(np.float64) @ w).reshape(b, t, 40)
+            want = y / (1 + np.exp(-y)) * r if silu else r + y
+        kernel.check({"x": x, "w": w, "r": r}, want.astype(np.float32))
 
 
 def test_attention_scores_with_symbolic_query_and_key_length(target):
