@@ -9,11 +9,13 @@ whose index arithmetic ``StmtSimplify`` has folded under the block domains (the 
 ``(j // 197 + i) % 12`` become ``i``, so regions are exact):
 
 1. ``pad_einsum`` pads q·kᵀ to whole tiles (rows to ``rows``, keys to whole vectors) and
-   the rows of p·v; padded operands read zero, padded outputs are never read;
+   the rows of p·v; padded operands read zero, padded outputs are never read; a row max
+   over a symbolic key count runs over whole vectors (``whole_vectors.pad_symbolic_max``);
 2. kᵀ is packed once, ``[b, k, keys]``, so the keys are the contiguous axis (a parallel
    copy of blocks of lanes x head vectors);
 3. pass 1, parallel over (row tile, b): q·kᵀ of ``rows`` query rows, a register tile of
-   ``rows x key_vectors`` vectors per step of the head dimension;
+   ``rows x key_vectors`` vectors per step of the head dimension (for a symbolic key count
+   in a local buffer, copied out per tile: ``_accumulate_locally``);
 4. pass 2, parallel over the same tiles: the row blocks ``compute_at`` the tile (softmax
    vectorized over the keys, its row reductions interleaved over the tile's rows), then
    p·v, a register tile of ``rows x`` head-dimension vectors per key;
@@ -57,8 +59,15 @@ from .attention_analysis import (
     is_one,
     plan_attention,
 )
-from .common import SCALAR_MATH_OPS, float32_lanes, static_extent, vectorize_innermost
+from .common import (
+    SCALAR_MATH_OPS,
+    float32_lanes,
+    split_vector_tail,
+    static_extent,
+    vectorize_innermost,
+)
 from .gemm_blocks import schedule_injective
+from .whole_vectors import pad_symbolic_max
 
 
 def _pad_factors(block: s_tir.SBlock, factors: dict[int, int]) -> list[int]:
@@ -175,13 +184,28 @@ def _schedule_qk(sch: s_tir.Schedule, qk: SBlockRV, tile: LoopRV, plan: Attentio
     rows, keys, k = _under(sch, qk, tile)
     if not _divides(sch, keys, plan.key_vectors * plan.lanes):
         return  # a single key (not padded): nothing to vectorize
+    symbolic = static_extent(sch.get(keys).extent) is None
     outer, vectors, lanes = sch.split(keys, [None, plan.key_vectors, plan.lanes])
     sch.reorder(outer, k, rows, vectors, lanes)
     sch.vectorize(lanes)
     sch.unroll(vectors)
     sch.unroll(rows)
+    if symbolic:
+        _accumulate_locally(sch, qk, outer, plan.lanes)
     init = sch.decompose_reduction(qk, k)
     sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _accumulate_locally(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, lanes: int) -> None:
+    """The register tile of ``block`` accumulated in a local buffer of constant shape and
+    copied out once per ``tile``.  Accumulated in place, rows of a symbolic key count are a
+    symbolic stride apart, LLVM cannot prove two rows' vectors disjoint and keeps every
+    accumulator in memory (a load and a store per FMA: dynamic attention ran 2x slower).
+    ``reverse_compute_at`` is safe here: the copy reads exactly the tile the padded
+    matmul computes, so no consumer point is left uncovered (module docstring)."""
+    local = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(local, tile, preserve_unit_loops=True)
+    vectorize_innermost(sch, sch.get_loops(local)[-1], lanes)
 
 
 def _schedule_pv(sch: s_tir.Schedule, pv: SBlockRV, tile: LoopRV, plan: AttentionPlan) -> None:
@@ -237,15 +261,15 @@ def _split_max(sch: s_tir.Schedule, blocks: list[SBlockRV], lanes: int) -> list[
     ``rfactor`` into a max per lane and a max of the lanes.  A max is exact in any order
     (NaN aside, and a NaN score makes its whole row NaN either way), a sum is not: sums
     stay serial.  A key count that is not a multiple would leave the lane block a predicate
-    that ``compute_at`` drops."""
+    that ``compute_at`` drops; a symbolic one is a multiple after ``pad_symbolic_max``."""
     out = []
     for block in blocks:
         stmt = sch.get(block)
         keys = sch.get_loops(block)[-1]
         extent = static_extent(sch.get(keys).extent)
         if (stmt.init is not None and isinstance(stmt.body.value, tirx.Max)
-                and stmt.writes[0].source.dtype.startswith("float")
-                and extent is not None and extent % lanes == 0 and extent > lanes):
+                and stmt.writes[0].source.dtype.startswith("float") and _divides(sch, keys, lanes)
+                and (extent is None or extent > lanes)):
             _, lane = sch.split(keys, [None, lanes])
             out.append(sch.rfactor(lane, factor_axis=len(stmt.writes[0].region)))  # lanes innermost
         out.append(block)
@@ -254,12 +278,16 @@ def _split_max(sch: s_tir.Schedule, blocks: list[SBlockRV], lanes: int) -> list[
 
 def _vectorize_keys(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> None:
     """Whole vectors, then the tail: a constant one as its own short vector loop
-    (``loop_partition``), a symbolic one as the predicated last vector."""
+    (``loop_partition``), a symbolic one as the predicated last vector, split off at
+    lowering (``split_vector_tail``; otherwise its predicate scalarizes every vector)."""
     static = static_extent(sch.get(loop).extent)
     if static is not None and static <= lanes:
         sch.vectorize(loop)
         return
-    if static is None or static % lanes == 0:
+    if static is None:
+        sch.vectorize(split_vector_tail(sch, loop, lanes)[1])
+        return
+    if static % lanes == 0:
         sch.vectorize(sch.split(loop, [None, lanes])[1])
         return
     if not _is_leaf(sch, loop):
@@ -348,7 +376,7 @@ class Attention(CPUScheduleRule):
         if count_matmuls(func) != 2:
             return None  # cheap test first: the rule sees every CPU kernel
         simplified = s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"]
-        sch = s_tir.Schedule(simplified)
+        sch = s_tir.Schedule(pad_symbolic_max(simplified, float32_lanes(target)))
         found = find_attention(sch)
         if found is None:
             return None

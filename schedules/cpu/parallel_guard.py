@@ -35,6 +35,7 @@ from tvm.ir import Expr
 from tvm.target import Target
 
 from .common import MIN_PARALLEL_WORK
+from .index_forms import FoldNestedMods, opaque_blocks
 from .llvm_pass import llvm_prim_func_pass
 
 # Marks the parallel loop of a guard (so a second run leaves it).
@@ -172,9 +173,11 @@ PIPELINE = "aicf_cpu"
 
 
 def _pipeline() -> tuple:
-    """The S-TIR pipeline, then ``GuardSmallParallel``; its finalization passes."""
+    """The S-TIR pipeline, with one form for nested head indices before its buffer
+    compaction (``index_forms``), then ``GuardSmallParallel``; its finalization passes."""
     lower, host, device = tirx.get_tir_pipeline("s_tir")
-    return tvm.transform.Sequential([lower, GuardSmallParallel()]), host, device
+    passes = [*opaque_blocks(), FoldNestedMods(), lower, GuardSmallParallel()]
+    return tvm.transform.Sequential(passes), host, device
 
 
 def tir_pipeline() -> str:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax, s_tir, tirx
 
 import aicf_tvm
 from schedules import apply_default_schedules, default_rules
 from schedules.cpu import Attention
-from schedules.cpu.attention_analysis import plan_attention
+from schedules.cpu.attention_analysis import is_one, plan_attention
 
 from ..conftest import llvm_target
 from ..helpers import relax_main
@@ -172,6 +173,91 @@ def test_symbolic_sequence_length_is_one_kernel_for_every_length(rand):
     for length in (1, 7, 100):
         args = [*operands(rand, length, 2, 64, 2), causal_mask(length)]
         np.testing.assert_allclose(numpy_of(compiled(*args)), reference(*args, 2, 64), rtol=2e-5, atol=2e-6)
+
+
+def test_symbolic_batch_and_length_match_numpy_with_nan_and_masked_rows(rand):
+    """One kernel for every (batch, seq), grouped-query k/v, in both layouts (``sdpa``, and
+    ``head_major_gqa`` over the merged batch x heads axis): lengths with key tails (1, 17,
+    33, 100), a NaN query, a +inf mask entry and a fully masked row, against numpy."""
+    batch, seq = tirx.Var("batch", "int64"), tirx.Var("seq", "int64")
+    heads, dim, kv_heads = 4, 32, 2
+    compiled = compile_attention(sdpa(seq, heads, dim, kv_heads, batch=batch))
+    merged = compile_attention(head_major_gqa(batch, seq, heads, kv_heads, dim))
+    for b, length in ((1, 1), (1, 17), (2, 33), (3, 100)):
+        q, k, v = operands(rand, length, heads, dim, kv_heads, b)
+        mask = causal_mask(length, masked_row=length // 2 if length > 2 else None)
+        if length > 9:
+            q[-1, 3, 5] = np.nan
+            mask[0, 0, 9, 2] = np.inf
+        want = reference(q, k, v, mask, heads, dim)
+        head_major = [x.reshape(b, length, -1, dim).transpose(0, 2, 1, 3).copy() for x in (q, k, v)]
+        for got in (compiled(q, k, v, mask), merged(*head_major, np.repeat(mask, b, axis=0))):
+            got = numpy_of(got)
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            finite = ~np.isnan(want)
+            np.testing.assert_allclose(got[finite], want[finite], rtol=2e-5, atol=2e-6)
+
+
+def head_major_gqa(batch, seq, heads: int, kv_heads: int, dim: int) -> tvm.IRModule:
+    """LLaMA's attention as ``torch.export`` decomposes SDPA: q ``[b, heads, seq, d]``, k
+    and v ``[b, kv_heads, seq, d]`` repeated per group (``repeat_kv``), both matmuls over
+    the merged ``b * heads`` axis, a ``[b, 1, seq, seq]`` mask, SDPA's guard, the heads
+    merged."""
+    params = [relax.Var("q", relax.TensorType((batch, heads, seq, dim), F32)),
+              relax.Var("k", relax.TensorType((batch, kv_heads, seq, dim), F32)),
+              relax.Var("v", relax.TensorType((batch, kv_heads, seq, dim), F32)),
+              relax.Var("mask", relax.TensorType((batch, 1, seq, seq), F32))]
+    op, group = relax.op, heads // kv_heads
+    root = relax.const(float(np.float32(1 / np.sqrt(np.sqrt(dim)))), F32)
+
+    def body(bb, q, k, v, mask):
+        def repeat(x):
+            x = bb.emit(op.broadcast_to(bb.emit(op.expand_dims(x, [2])), (batch, kv_heads, group, seq, dim)))
+            return bb.emit(op.reshape(x, (batch, heads, seq, dim)))
+
+        def merged(x, *dims):
+            return bb.emit(op.reshape(x, (batch * heads, *dims)))
+
+        kt = bb.emit(op.multiply(bb.emit(op.permute_dims(repeat(k), [0, 1, 3, 2])), root))
+        scores = bb.emit(op.matmul(merged(bb.emit(op.multiply(q, root)), seq, dim), merged(kt, dim, seq)))
+        s = bb.emit(op.add(bb.emit(op.reshape(scores, (batch, heads, seq, seq))), mask))
+        kept = bb.emit(op.logical_not(bb.emit(op.equal(s, relax.const(float("-inf"), F32)))))
+        none_kept = bb.emit(op.logical_not(bb.emit(op.astype(
+            bb.emit(op.max(bb.emit(op.astype(kept, "int8")), axis=[-1], keepdims=True)), "bool"))))
+        p = bb.emit(op.where(none_kept, relax.const(0.0, F32), bb.emit(op.nn.softmax(s, axis=-1))))
+        o = bb.emit(op.reshape(bb.emit(op.matmul(merged(p, seq, seq), merged(repeat(v), seq, dim))),
+                               (batch, heads, seq, dim)))
+        return op.reshape(bb.emit(op.permute_dims(o, [0, 2, 1, 3])), (batch, seq, heads * dim))
+
+    return relax_main(params, body)
+
+
+def test_symbolic_length_takes_the_vector_paths(rand):
+    """At a symbolic key count the row max still runs per vector lane (over whole vectors,
+    ``pad_symbolic_max``), q·kᵀ accumulates in a local tile, and after the lowering's first
+    passes every per-tile softmax buffer holds one head (``FoldNestedMods``)."""
+    from schedules.cpu.index_forms import FoldNestedMods, opaque_blocks
+
+    batch, seq = tirx.Var("batch", "int64"), tirx.Var("seq", "int64")
+    compiled = compile_attention(head_major_gqa(batch, seq, 8, 4, 64))
+    [func] = [f for f in compiled.lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
+    sch = s_tir.Schedule(func)
+    names = {sch.get(b).name_hint: b for b in _all_blocks(sch)}
+    lane_max = [sch.get(loop).kind for loop in sch.get_loops(names["T_softmax_maxelem_rf_update"])]
+    assert lane_max[-1] == tirx.ForKind.VECTORIZED
+    assert any(name.endswith("_local") for name in names)
+    lower = tvm.transform.Sequential([*opaque_blocks(), FoldNestedMods(), s_tir.transform.CompactBufferAllocation()])
+    with llvm_target():
+        lowered = lower(tvm.IRModule({"main": func}))["main"]
+    shapes = {}
+
+    def visit(block):
+        for buf in block.alloc_buffers:
+            shapes[buf.name] = list(buf.shape)
+
+    tvm_ffi.structural_walk(lowered.body, [(s_tir.SBlock, visit)])
+    per_tile = [shape for name, shape in shapes.items() if name.startswith("T_softmax")]
+    assert per_tile and all(len(shape) > 2 and is_one(shape[0]) and is_one(shape[1]) for shape in per_tile), shapes
 
 
 def _attention(q, k, v, mask):

@@ -1,0 +1,73 @@
+"""A float max over a symbolic extent, rewritten to run over whole vectors.
+
+``max(x[k] for k < n)`` equals ``max(x[min(k, n - 1)] for k < ceil(n / lanes) * lanes)``:
+the extra terms repeat ``x[n - 1]``, which is already in the set, and max is idempotent
+(a NaN there was already a term; so was either zero).  The padded extent is provably a
+multiple of ``lanes``, so the attention rule can ``rfactor`` the max into a max per lane
+without the tail predicate that ``compute_at`` would drop in TVM 0.27 (a vector max over
+the keys instead of a scalar one; ``schedules/cpu/attention.py``).  A sum is not idempotent
+and is never rewritten; neither is a max whose extent is static, nor one whose reduction
+loop binds anything but its own iter.
+"""
+
+from __future__ import annotations
+
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.ir import Range
+
+from .common import static_extent
+
+
+def _is_float_max(block: s_tir.SBlock) -> bool:
+    store = block.body
+    return (block.init is not None and isinstance(store, tirx.BufferStore)
+            and isinstance(store.value, tirx.Max) and store.buffer.dtype.startswith("float"))
+
+
+def _substitute(node, var: tirx.Var, value: tirx.Expr):
+    return tvm_ffi.structural_map(node, [(tirx.Var, lambda v: value if v.same_as(var) else v)])
+
+
+def _padded(loop: tirx.For, lanes: int) -> tirx.For:
+    """``loop`` padded when it is the reduction loop, from 0, of a float max block (and
+    binds nothing else), else as it is."""
+    realize = loop.body
+    if not isinstance(realize, s_tir.SBlockRealize) or not _is_float_max(realize.block):
+        return loop
+    block = realize.block
+    *_, reduce_iv = block.iter_vars
+    extent = reduce_iv.dom.extent
+    if (reduce_iv.iter_type != tirx.IterVar.CommReduce or static_extent(extent) is not None
+            or not realize.iter_values[-1].same_as(loop.loop_var) or not _is_zero(loop.min)
+            or not _is_zero(reduce_iv.dom.min) or not tvm_ffi.structural_equal(loop.extent, extent)
+            or not (isinstance(realize.predicate, tirx.IntImm) and realize.predicate.value == 1)
+            or any(_uses(value, loop.loop_var) for value in realize.iter_values[:-1])
+            or any(_uses(index, reduce_iv.var) for index in block.body.indices)):
+        return loop
+    padded = tirx.floordiv(extent + (lanes - 1), lanes) * lanes
+    clamped = tirx.min(reduce_iv.var, extent - 1)
+    store = block.body
+    body = tirx.BufferStore(store.buffer, _substitute(store.value, reduce_iv.var, clamped), store.indices)
+    reads = [_substitute(region, reduce_iv.var, clamped) for region in block.reads]
+    domain = Range.from_min_extent(tirx.const(0, str(padded.ty)), padded)
+    iv = tirx.IterVar(domain, reduce_iv.var, reduce_iv.iter_type)
+    new_block = s_tir.SBlock([*block.iter_vars[:-1], iv], reads, block.writes, block.name_hint, body,
+                             block.init, block.alloc_buffers, block.match_buffers, block.annotations)
+    new_realize = s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_block)
+    return tirx.For(loop.loop_var, loop.min, padded, loop.kind, new_realize, loop.thread_binding,
+                    loop.annotations)
+
+
+def _is_zero(expr: tirx.Expr) -> bool:
+    return isinstance(expr, tirx.IntImm) and expr.value == 0
+
+
+def _uses(expr: tirx.Expr, var: tirx.Var) -> bool:
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
+
+
+def pad_symbolic_max(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc:
+    """``func`` with every float max over a symbolic extent padded to whole ``lanes``
+    vectors (module docstring)."""
+    return tvm_ffi.structural_map(func, [(tirx.For, lambda loop: _padded(loop, lanes))])
