@@ -303,7 +303,7 @@ def _chosen_schedule(db: Any, workload: tvm.IRModule, target: tvm.target.Target,
 def _by_choice(func: tirx.PrimFunc, target: tvm.target.Target, plan: dict, name: str) -> tirx.PrimFunc | None:
     """``func`` scheduled by its rule with the saved choice (``tune_symbolic``), marked
     with it; None (and a warning) when the rule no longer offers that choice for it."""
-    from .tune_symbolic import apply_choice, choice_label
+    from .choices import apply_choice, choice_label
 
     sch = apply_choice(func, target, plan)
     if sch is None:

@@ -113,7 +113,7 @@ def extract_tasks(lowered: list[tuple[str, tvm.IRModule]], target: tvm.target.Ta
     A kernel with symbolic extents (``symbolic_dims``) is a task only when ``bindings``
     gives the bindings to time it at and its default rule offers choices
     (``tune_symbolic``); otherwise it keeps its default schedule."""
-    from .tune_symbolic import tunable_rule
+    from .choices import tunable_rule
 
     tasks: dict[int, Task] = {}
     for model, mod in lowered:

@@ -43,7 +43,7 @@ from tvm import relax, sym, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-from . import default_rules
+from .choices import apply_choice, choice_label, tunable_rule
 from .tune import Task, Tools, TuningFailed, mean_secs
 from .tune_measure import CONFIRM_ROUNDS, CONFIRM_TOP, WIN_MARGIN, TaskOutcome
 from .tune_space import timed_form
@@ -122,18 +122,6 @@ def kernel_bindings(mod: tvm.IRModule,
             if values and all(v is not None for v in values):
                 out[call.args[0].name_hint] = values
     return out
-
-
-def tunable_rule(func: tirx.PrimFunc, target: tvm.target.Target) -> Any:
-    """The rule that schedules ``func`` by default when it offers ``choices``, else None."""
-    for rule in default_rules(target):
-        try:
-            if rule.apply(func, target, False) is None:
-                continue
-        except Exception:  # noqa: BLE001 - a failing rule is skipped, as at compile time
-            continue
-        return rule if hasattr(rule, "choices") and hasattr(rule, "apply_choice") else None
-    return None
 
 
 def arg_infos(mod: tvm.IRModule, binding: Mapping[str, int]) -> list[ms.arg_info.TensorInfo]:
@@ -230,20 +218,6 @@ def tune_choices(task: Task, target: tvm.target.Target, tools: Tools, budget: in
         result.choice = "tuned"
         result.plan = {"rule": type(rule).__name__, "choice": candidates[index][0]}
     return result
-
-
-def apply_choice(func: tirx.PrimFunc, target: tvm.target.Target, plan: Mapping[str, Any]) -> Any:
-    """``func`` scheduled by the saved ``plan`` (its rule's ``apply_choice``); None when
-    that rule no longer takes ``func`` or offers the choice (the default rule then runs)."""
-    for rule in default_rules(target):
-        if type(rule).__name__ == plan["rule"] and hasattr(rule, "apply_choice"):
-            return rule.apply_choice(func, target, plan["choice"])
-    return None
-
-
-def choice_label(plan: Mapping[str, Any]) -> str:
-    """How a kernel scheduled by ``plan`` names its schedule (``explain``, ``kernels``)."""
-    return f"tuned {plan['rule']}(" + ", ".join(f"{k}={v}" for k, v in plan["choice"].items()) + ")"
 
 
 __all__ = ["DEFAULT_UPPER", "apply_choice", "choice_label", "kernel_bindings", "representative_values",
