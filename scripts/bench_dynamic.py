@@ -136,9 +136,23 @@ def ort_session(model: Model, example: tuple, threads: int, work: Path) -> Any:
 
 def best_seconds(run, repeat: int) -> float:
     """Minimum seconds per call over ``repeat`` timeit repeats of ~0.2 s each."""
-    run()
-    calls = max(1, int(0.2 / max(timeit.timeit(run, number=1), 1e-6)))
-    return min(timeit.repeat(run, number=calls, repeat=repeat)) / calls
+    return interleaved_best({"run": run}, repeat)["run"]
+
+
+def interleaved_best(runs: dict, repeat: int) -> dict:
+    """Per run, the minimum seconds per call over ``repeat`` rounds of ~0.2 s, the runs
+    taking turns within each round: load on this shared machine then falls on all of them
+    alike instead of on whichever ran at the time (one cell of a sequential run moved
+    by 1.4x between runs)."""
+    calls = {}
+    for name, run in runs.items():
+        run()
+        calls[name] = max(1, int(0.2 / max(timeit.timeit(run, number=1), 1e-6)))
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(repeat):
+        for name, run in runs.items():
+            best[name] = min(best[name], timeit.timeit(run, number=calls[name]) / calls[name])
+    return best
 
 
 def mismatch(got: np.ndarray, ref: np.ndarray) -> float:
@@ -167,7 +181,7 @@ def bench(model: Model, args: argparse.Namespace, work: Path) -> list[str]:
             "ort": lambda: session.run(None, feeds)[0],
         }
         errors = {name: mismatch(np.asarray(run()), ref) for name, run in runs.items()}
-        times = {name: best_seconds(run, args.repeat) for name, run in runs.items()}
+        times = interleaved_best(runs, args.repeat)
         bad = [name for name, err in errors.items() if not err <= args.tol]
         rows.append(
             f"  {batch}x{seq:<4d} dynamic {times['dynamic'] * 1e3:8.2f} ms  static {times['static'] * 1e3:8.2f} ms"
