@@ -188,16 +188,7 @@ def plan_schedules(
 ) -> list[tuple[dict, s_tir.Schedule]]:
     """Each ``plan_candidates`` plan's complete schedule (nothing sampled) with its
     ``plan_choice``, the default plan's first; a plan that does not fit is left out."""
-    problem = prepare_gemm(sch, main, traits, vector_role, target)
-    out = []
-    for plan in plan_candidates(*problem.plan_args()):
-        space = sch.copy()
-        try:
-            tile_gemm(space, main, problem, plan, vector_role, sample=False)
-        except Exception:  # noqa: BLE001 - ScheduleError / InternalError: this plan does not fit
-            continue
-        out.append((plan_choice(plan), space))
-    return out
+    return _plan_spaces(sch, main, traits, vector_role, target, sample=False)
 
 
 def gemm_spaces(
@@ -205,16 +196,21 @@ def gemm_spaces(
 ) -> list[s_tir.Schedule]:
     """The tuning design spaces of ``main``: one schedule per ``plan_candidates`` plan, the
     default first, each sampling its block sizes with the plan's as the decision."""
+    return [space for _, space in _plan_spaces(sch, main, traits, vector_role, target, sample=True)]
+
+
+def _plan_spaces(sch: s_tir.Schedule, main: SBlockRV, traits: GemmTraits, vector_role: IterRole,
+                 target: Target, sample: bool) -> list[tuple[dict, s_tir.Schedule]]:
     problem = prepare_gemm(sch, main, traits, vector_role, target)
-    spaces = []
+    out = []
     for plan in plan_candidates(*problem.plan_args()):
         space = sch.copy()
         try:
-            tile_gemm(space, main, problem, plan, vector_role, sample=True)
+            tile_gemm(space, main, problem, plan, vector_role, sample=sample)
         except Exception:  # noqa: BLE001 - ScheduleError / InternalError: this plan does not fit
             continue
-        spaces.append(space)
-    return spaces
+        out.append((plan_choice(plan), space))
+    return out
 
 
 def tile_gemm(
