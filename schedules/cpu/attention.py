@@ -67,7 +67,7 @@ from .common import (
     vectorize_innermost,
 )
 from .gemm_blocks import schedule_injective
-from .whole_vectors import pad_symbolic_max
+from .whole_vectors import is_float_max, pad_symbolic_max
 
 
 def _pad_factors(block: s_tir.SBlock, factors: dict[int, int]) -> list[int]:
@@ -267,9 +267,7 @@ def _split_max(sch: s_tir.Schedule, blocks: list[SBlockRV], lanes: int) -> list[
         stmt = sch.get(block)
         keys = sch.get_loops(block)[-1]
         extent = static_extent(sch.get(keys).extent)
-        if (stmt.init is not None and isinstance(stmt.body.value, tirx.Max)
-                and stmt.writes[0].source.dtype.startswith("float") and _divides(sch, keys, lanes)
-                and (extent is None or extent > lanes)):
+        if is_float_max(stmt) and _divides(sch, keys, lanes) and (extent is None or extent > lanes):
             _, lane = sch.split(keys, [None, lanes])
             out.append(sch.rfactor(lane, factor_axis=len(stmt.writes[0].region)))  # lanes innermost
         out.append(block)

@@ -16,10 +16,11 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir import Range
 
-from .common import static_extent
+from .common import static_extent, uses_var
 
 
-def _is_float_max(block: s_tir.SBlock) -> bool:
+def is_float_max(block: s_tir.SBlock) -> bool:
+    """Whether ``block`` is a max reduction into a float buffer."""
     store = block.body
     return (block.init is not None and isinstance(store, tirx.BufferStore)
             and isinstance(store.value, tirx.Max) and store.buffer.dtype.startswith("float"))
@@ -33,17 +34,17 @@ def _padded(loop: tirx.For, lanes: int) -> tirx.For:
     """``loop`` padded when it is the reduction loop, from 0, of a float max block (and
     binds nothing else), else as it is."""
     realize = loop.body
-    if not isinstance(realize, s_tir.SBlockRealize) or not _is_float_max(realize.block):
+    if not isinstance(realize, s_tir.SBlockRealize) or not is_float_max(realize.block):
         return loop
     block = realize.block
     *_, reduce_iv = block.iter_vars
     extent = reduce_iv.dom.extent
     if (reduce_iv.iter_type != tirx.IterVar.CommReduce or static_extent(extent) is not None
-            or not realize.iter_values[-1].same_as(loop.loop_var) or not _is_zero(loop.min)
-            or not _is_zero(reduce_iv.dom.min) or not tvm_ffi.structural_equal(loop.extent, extent)
-            or not (isinstance(realize.predicate, tirx.IntImm) and realize.predicate.value == 1)
-            or any(_uses(value, loop.loop_var) for value in realize.iter_values[:-1])
-            or any(_uses(index, reduce_iv.var) for index in block.body.indices)):
+            or not realize.iter_values[-1].same_as(loop.loop_var) or static_extent(loop.min) != 0
+            or static_extent(reduce_iv.dom.min) != 0 or not tvm_ffi.structural_equal(loop.extent, extent)
+            or static_extent(realize.predicate) != 1
+            or any(uses_var(value, loop.loop_var) for value in realize.iter_values[:-1])
+            or any(uses_var(index, reduce_iv.var) for index in block.body.indices)):
         return loop
     padded = tirx.floordiv(extent + (lanes - 1), lanes) * lanes
     clamped = tirx.min(reduce_iv.var, extent - 1)
@@ -57,14 +58,6 @@ def _padded(loop: tirx.For, lanes: int) -> tirx.For:
     new_realize = s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_block)
     return tirx.For(loop.loop_var, loop.min, padded, loop.kind, new_realize, loop.thread_binding,
                     loop.annotations)
-
-
-def _is_zero(expr: tirx.Expr) -> bool:
-    return isinstance(expr, tirx.IntImm) and expr.value == 0
-
-
-def _uses(expr: tirx.Expr, var: tirx.Var) -> bool:
-    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
 def pad_symbolic_max(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc:
