@@ -28,6 +28,7 @@ from aicf_tvm.driver.threads import use_threads  # noqa: E402
 from relax_passes.blocked_conv import LEGALIZE_MAP  # noqa: E402
 from relax_passes.materialize_layouts import blocked_per_channel, blocked_weight, channel_block  # noqa: E402
 from schedules import default_rules, schedule_func  # noqa: E402
+from schedules.cpu.common import float32_lanes  # noqa: E402
 
 # (in channels, size, out channels, kernel, stride, padding, groups)
 LAYERS = [
@@ -113,7 +114,7 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="*", help="only these layer classes (dense, 1x1, grouped, ...)")
     args = parser.parse_args()
     use_threads(args.threads)
-    lanes = int(tvm.target.codegen.llvm_get_vector_width(TARGET)) // 32
+    lanes = float32_lanes(TARGET)
     by_kind: dict[str, list[tuple[float, float]]] = {}
     for shape in LAYERS:
         if args.kinds and layer_kind(*shape, lanes) not in args.kinds:

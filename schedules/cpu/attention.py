@@ -64,6 +64,7 @@ from .common import (
     float32_lanes,
     split_vector_tail,
     static_extent,
+    vector_registers,
     vectorize_innermost,
 )
 from .gemm_blocks import schedule_injective
@@ -324,7 +325,8 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     lanes = float32_lanes(target)
     qk_stmt, pv_stmt = sch.get(found.qk), sch.get(found.pv)
     m, n = (static_extent(iv.dom.extent) for iv in qk_stmt.iter_vars[-3:-1])
-    plan = plan_attention(m, n, static_extent(pv_stmt.iter_vars[-2].dom.extent), lanes)
+    plan = plan_attention(m, n, static_extent(pv_stmt.iter_vars[-2].dom.extent), lanes,
+                          vector_registers(target))
     for block in (found.qk, found.pv):
         for index in (0, 1):
             _operand_copy(sch, block, index)

@@ -37,12 +37,14 @@ class AttentionPlan:
     head_splits: int
 
 
-def plan_attention(m: int | None, n: int | None, d: int | None, lanes: int) -> AttentionPlan:
+def plan_attention(m: int | None, n: int | None, d: int | None, lanes: int,
+                   registers: int = 32) -> AttentionPlan:
     """Tile sizes for ``m`` query rows, ``n`` keys and head dimension ``d`` (None: symbolic).
 
-    Accumulators stay within half the vector registers (32 with AVX-512, 16 below).
+    Accumulators stay within half the ``registers`` vector registers (32 with AVX-512, 16
+    with AVX2).
     """
-    budget = 16 if lanes >= 16 else 8
+    budget = registers // 2
     rows = min(MAX_ROWS, m) if m is not None else MAX_ROWS
     key_vectors = 2 if 2 * rows <= budget else 1
     if n is not None and key_vectors == 2 and _ceil(n, 2 * lanes) - _ceil(n, lanes) > n / 8:

@@ -98,13 +98,34 @@ def try_parallel(sch: s_tir.Schedule, loop: LoopRV) -> bool:
     return True
 
 
+def _has_feature(target: Target, feature: str) -> bool:
+    try:
+        return bool(codegen.llvm_cpu_has_features(feature, target))
+    except Exception:  # noqa: BLE001 - a target LLVM cannot describe
+        return False
+
+
 def vector_bits(target: Target) -> int:
-    """Bits of the target's widest vector register (128, SSE, when LLVM cannot say)."""
+    """Bits of the target's widest vector register (128, SSE, when LLVM cannot say).
+
+    On x86 the answer comes from the CPU's features: TVM 0.27's ``llvm_get_vector_width``
+    says 512 for every x86 CPU, AVX2-only ones (Haswell, Zen 2) included, which would plan
+    every kernel for registers twice as wide, and twice as many, as the CPU has.
+    """
+    if _has_feature(target, "sse2"):
+        return 512 if _has_feature(target, "avx512f") else 256 if _has_feature(target, "avx") else 128
     try:
         bits = int(codegen.llvm_get_vector_width(target))
     except Exception:  # noqa: BLE001 - a target LLVM cannot describe
         bits = -1
     return bits if bits > 0 else 128
+
+
+def vector_registers(target: Target) -> int:
+    """Architectural vector registers: 32 with AVX-512 and on AArch64, 16 on other x86."""
+    if _has_feature(target, "sse2"):
+        return 32 if _has_feature(target, "avx512f") else 16
+    return 32 if _has_feature(target, "neon") else 16
 
 
 def float32_lanes(target: Target) -> int:

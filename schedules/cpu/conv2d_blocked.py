@@ -44,12 +44,13 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
-from .common import float32_lanes, loop_extent, num_cores
+from .common import float32_lanes, loop_extent, num_cores, vector_registers
 from .gemm_blocks import find_reduction_block, inline_consumers, schedule_injective
 
-# Accumulator vectors one register tile may hold (AVX-512 has 32 registers: the tile,
-# one weight vector per channel block and a broadcast must fit).
-_ACCUMULATORS = 28
+# Vector registers a register tile leaves free beside its accumulators: one weight vector
+# per channel block and a broadcast must fit (28 accumulators of AVX-512's 32, 12 of
+# AVX2's 16).
+_SPARE_REGISTERS = 4
 # Widest register block over output columns.
 _MAX_COLUMNS = 14
 # Parallel tasks wanted per core before depthwise tasks are split by rows (and before
@@ -94,12 +95,15 @@ def blocks_per_group(sch: s_tir.Schedule, main: SBlockRV) -> int:
     return out_blocks // max(groups, 1)
 
 
-def register_tile(blocks: int, width: int, vectors_per_block: int) -> tuple[int, int]:
+def register_tile(blocks: int, width: int, vectors_per_block: int,
+                  registers: int = 32) -> tuple[int, int]:
     """(channel blocks, output columns) of the register tile: two channel blocks when
-    they divide and fit, and the widest divisor of the width that fits beside them."""
+    they divide and fit, and the widest divisor of the width that fits beside them in
+    ``registers`` vector registers."""
     per_block = max(1, vectors_per_block)
-    vb = 2 if blocks % 2 == 0 and 2 * per_block * 2 <= _ACCUMULATORS else 1
-    wb = _largest_divisor(width, min(_MAX_COLUMNS, _ACCUMULATORS // (vb * per_block)))
+    accumulators = registers - _SPARE_REGISTERS
+    vb = 2 if blocks % 2 == 0 and 2 * per_block * 2 <= accumulators else 1
+    wb = _largest_divisor(width, min(_MAX_COLUMNS, accumulators // (vb * per_block)))
     return vb, wb
 
 
@@ -145,7 +149,8 @@ def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
     n, o, y, x, j, *reduction = sch.get_loops(main)
     block = loop_extent(sch, j)
     # the tile's channel blocks within one group: blocks per group in place of the blocks
-    vb, wb = register_tile(blocks_per_group(sch, main), loop_extent(sch, x), -(-block // lanes))
+    vb, wb = register_tile(blocks_per_group(sch, main), loop_extent(sch, x), -(-block // lanes),
+                           vector_registers(target))
     oo, oi = sch.split(o, [None, vb])
     xo, xi = sch.split(x, [None, wb])
     by_rows = rows_outermost(sch, main, target)
@@ -163,7 +168,8 @@ def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> N
     producers = sch.get_producers(main)
     n, o, y, x, j, r, q = sch.get_loops(main)
     block = loop_extent(sch, j)
-    _, wb = register_tile(1, loop_extent(sch, x), -(-block // float32_lanes(target)))
+    _, wb = register_tile(1, loop_extent(sch, x), -(-block // float32_lanes(target)),
+                          vector_registers(target))
     xo, xi = sch.split(x, [None, wb])
     planes = loop_extent(sch, n) * loop_extent(sch, o)
     by_rows = planes < _TASKS_PER_CORE * num_cores(target)

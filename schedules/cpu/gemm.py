@@ -48,7 +48,14 @@ from tvm.sym.analyzer import Analyzer
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
-from .common import PARTITION_HINT, float32_lanes, loop_extent, num_cores, static_extent
+from .common import (
+    PARTITION_HINT,
+    float32_lanes,
+    loop_extent,
+    num_cores,
+    static_extent,
+    vector_registers,
+)
 from .gemm_analysis import GemmTraits, IterRole, NormalizedGemm, detect_gemm, normalize_gemm
 from .gemm_blocks import (
     find_reduction_block,
@@ -140,11 +147,12 @@ class GemmProblem:
     lanes: int
     cores: int
     b_contiguous_in_n: bool
+    registers: int = 32
 
     def plan_args(self) -> tuple:
         """``plan_gemm``'s / ``plan_candidates``' arguments for this problem."""
-        registers = 32 if self.lanes >= 16 else 16
-        return (*self.dims, self.lanes, self.cores, registers, self.b_contiguous_in_n, self.norm.b_im2col)
+        return (*self.dims, self.lanes, self.cores, self.registers, self.b_contiguous_in_n,
+                self.norm.b_im2col)
 
 
 def prepare_gemm(
@@ -162,7 +170,7 @@ def prepare_gemm(
             inline_producers(sch, copy)
     dims = tuple(static_extent(iv.dom.extent) for iv in sch.get(main).iter_vars)
     contiguous = norm.b_im2col or last_index_is_iter(sch, norm.b_copy, 1)
-    return GemmProblem(norm, dims, lanes, num_cores(target), contiguous)
+    return GemmProblem(norm, dims, lanes, num_cores(target), contiguous, vector_registers(target))
 
 
 def schedule_gemm(

@@ -16,6 +16,7 @@ from schedules.cpu.common import (
     loop_kinds,
     output_lanes,
     vector_bits,
+    vector_registers,
 )
 
 
@@ -70,9 +71,28 @@ AVX512 = Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake
 NEON = Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
 
 
+AVX2_CPUS = ("haswell", "znver2", "znver3")
+
+
 def test_vector_bits_is_the_isa_register_width():
     assert vector_bits(AVX512) == 512
     assert vector_bits(NEON) == 128
+    assert vector_bits(Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4"})) == 512
+
+
+@pytest.mark.parametrize("mcpu", AVX2_CPUS)
+def test_avx2_cpus_get_256_bit_vectors_and_16_registers(mcpu):
+    """TVM's ``llvm_get_vector_width`` answers 512 for these CPUs, which have no AVX-512."""
+    target = Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu})
+    assert vector_bits(target) == 256 and float32_lanes(target) == 8
+    assert vector_registers(target) == 16
+
+
+def test_disabling_avx512_in_mattr_halves_the_vectors():
+    target = Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512",
+                     "mattr": ["-avx512f"]})
+    assert vector_bits(target) == 256 and vector_registers(target) == 16
+    assert vector_registers(AVX512) == 32 and vector_registers(NEON) == 32
 
 
 def test_float32_lanes_and_output_lanes_count_different_elements():
