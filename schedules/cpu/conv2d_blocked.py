@@ -47,10 +47,13 @@ from tvm.target import Target
 from .common import float32_lanes, loop_extent, num_cores, vector_registers
 from .gemm_blocks import find_reduction_block, inline_consumers, schedule_injective
 
-# Vector registers a register tile leaves free beside its accumulators: one weight vector
-# per channel block and a broadcast must fit (28 accumulators of AVX-512's 32, 12 of
-# AVX2's 16).
-_SPARE_REGISTERS = 4
+# Vector registers a register tile leaves free beside its accumulators and one weight
+# vector per channel block, for the input broadcasts: AVX-512 folds the broadcast into
+# the FMA ({1to16}), AVX2 needs a register per broadcast in flight.
+def _spare_registers(registers: int) -> int:
+    return 2 if registers >= 32 else 4
+
+
 # Widest register block over output columns.
 _MAX_COLUMNS = 14
 # Parallel tasks wanted per core before depthwise tasks are split by rows (and before
@@ -97,14 +100,28 @@ def blocks_per_group(sch: s_tir.Schedule, main: SBlockRV) -> int:
 
 def register_tile(blocks: int, width: int, vectors_per_block: int,
                   registers: int = 32) -> tuple[int, int]:
-    """(channel blocks, output columns) of the register tile: two channel blocks when
-    they divide and fit, and the widest divisor of the width that fits beside them in
-    ``registers`` vector registers."""
+    """(channel blocks, output columns) of the register tile.
+
+    Of the tiles of 1, 2 or 4 channel blocks (dividing ``blocks``) by a divisor of the
+    width, whose accumulators and weight vectors fit ``registers`` beside the broadcasts:
+    the most accumulators, then the fewest loads per FMA.  With AVX-512 that is 2 blocks
+    by up to 14 columns; with AVX2's 16 registers 8 accumulators (2x4, or 4x2 on a width
+    of 14) or 7 (1x7 on a width of 7), where two blocks of 7 columns spill.
+    """
     per_block = max(1, vectors_per_block)
-    accumulators = registers - _SPARE_REGISTERS
-    vb = 2 if blocks % 2 == 0 and 2 * per_block * 2 <= accumulators else 1
-    wb = _largest_divisor(width, min(_MAX_COLUMNS, accumulators // (vb * per_block)))
-    return vb, wb
+    budget = registers - _spare_registers(registers)
+
+    def score(tile: tuple[int, int]) -> tuple[int, float, int]:
+        vb, wb = tile
+        return vb * wb * per_block, -(vb * per_block + wb) / (vb * wb * per_block), wb
+
+    tiles = []
+    for vb in (1, 2, 4):
+        if blocks % vb or vb * per_block * 2 > budget:
+            continue
+        limit = min(_MAX_COLUMNS, (budget - vb * per_block) // (vb * per_block))
+        tiles.append((vb, _largest_divisor(width, max(limit, 1))))
+    return max(tiles, key=score) if tiles else (1, 1)
 
 
 def _place_epilogue(sch: s_tir.Schedule, main: SBlockRV, at: LoopRV) -> None:
