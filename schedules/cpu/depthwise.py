@@ -33,13 +33,15 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
-from .common import float32_lanes, loop_extent, num_cores
+from .common import float32_lanes, loop_extent, num_cores, vector_registers
 from .gemm_blocks import find_reduction_block, inline_consumers
 
 # Parallel tasks wanted per core: channel planes are shared out unequally otherwise.
 _TASKS_PER_CORE = 4
-# Widest output row kept as one vector expression; wider rows take the im2col rule.
-_MAX_ROW_LANES = 8
+# Widest output row kept as one vector expression (8 AVX-512 vectors); wider rows take the
+# im2col rule.  The row's vectors and a broadcast weight must also fit the registers: 14
+# AVX2 vectors (112 floats) of its 16.
+_MAX_ROW_FLOATS = 128
 
 
 def depthwise_block(sch: s_tir.Schedule) -> SBlockRV | None:
@@ -112,7 +114,7 @@ def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target, dein
         raise ValueError("depthwise: the output feeds more than one epilogue block")
     n, c, y, x, rc, ry, rx = sch.get_loops(main)
     height, width = loop_extent(sch, y), loop_extent(sch, x)
-    if width > _MAX_ROW_LANES * lanes:
+    if width > min(_MAX_ROW_FLOATS, (vector_registers(target) - 2) * lanes):
         raise ValueError(f"depthwise: output width {width} is wider than one row of registers")
     planes = loop_extent(sch, n) * loop_extent(sch, c)
     rows = rows_per_task(planes, height, num_cores(target))

@@ -168,10 +168,10 @@ def test_register_tile_fits_the_accumulators():
     assert register_tile(blocks=3, width=7, vectors_per_block=1) == (1, 7)
     assert register_tile(blocks=2, width=13, vectors_per_block=1) == (2, 13)
     assert register_tile(blocks=2, width=13, vectors_per_block=2) == (1, 13)
-    # AVX2: 16 registers, each broadcast in one of them
-    assert register_tile(blocks=8, width=56, vectors_per_block=1, registers=16) == (2, 4)
-    assert register_tile(blocks=8, width=14, vectors_per_block=1, registers=16) == (4, 2)
-    assert register_tile(blocks=8, width=7, vectors_per_block=1, registers=16) == (1, 7)
+    # AVX2: 12 accumulators beside the broadcasts, the columns need not divide the width
+    assert register_tile(blocks=8, width=56, vectors_per_block=1, registers=16) == (4, 3)
+    assert register_tile(blocks=2, width=7, vectors_per_block=1, registers=16) == (2, 6)
+    assert register_tile(blocks=3, width=7, vectors_per_block=1, registers=16) == (1, 7)
 
 
 def test_only_the_three_blocked_forms_are_ours():
