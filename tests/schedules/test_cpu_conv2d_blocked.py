@@ -130,6 +130,29 @@ def test_blocked_conv_matches_torch(target, case):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.sqrt(expected.size))
 
 
+def _avx2_target() -> tvm.target.Target:
+    """An AVX2 CPU (16 registers) for this host's triple; AVX-512 hosts run its code too."""
+    host = tvm.target.Target.from_device(tvm.cpu())
+    if not tvm.target.codegen.llvm_cpu_has_features("avx2", host):
+        pytest.skip("the host cannot run AVX2 code")
+    config = {k: v for k, v in host.export().items() if k in ("kind", "mtriple")}
+    return tvm.target.Target({**config, "mcpu": "haswell", "num-cores": 2})
+
+
+@pytest.mark.parametrize("name", ["3x3-56", "3x3-dilation2-7x9", "1x1-residual-relu6", "1x1-blocks-8-to-16",
+                                  "depthwise-7x7-block8-residual", "grouped-width64-3x3-stride2-residual",
+                                  "rows-3x3-odd-width-45"])
+def test_avx2_tiles_whose_columns_leave_a_partial_tile_match_torch(name):
+    """With 16 registers the tile's columns need not divide the output width: widths 56, 9,
+    14, 8 and 45 leave a last, partial tile, split off by LoopPartition."""
+    func, arrays, expected = blocked_case(**CASES[name])
+    target = _avx2_target()
+    sch = BlockedConv2d().apply(func, target, False)
+    assert sch is not None, "the rule declined a blocked conv2d"
+    got = run_scheduled(sch, target, arrays, expected.shape)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.sqrt(expected.size))
+
+
 @pytest.mark.parametrize(("case", "tasks"), [
     ({"c": 256, "h": 56, "o": 64, "k": 1, "stride": 2}, 28),  # 3 MB input, 64 KB weights: rows
     ({"c": 64, "h": 28, "o": 128, "k": 1}, 4 * 28),  # 200 KB input: channel tiles x rows
