@@ -113,7 +113,9 @@ def vector_bits(target: Target) -> int:
     every kernel for registers twice as wide, and twice as many, as the CPU has.
     """
     if _has_feature(target, "sse2"):
-        return 512 if _has_feature(target, "avx512f") else 256 if _has_feature(target, "avx") else 128
+        if _has_feature(target, "avx512f"):
+            return 512
+        return 256 if _has_feature(target, "avx") else 128
     try:
         bits = int(codegen.llvm_get_vector_width(target))
     except Exception:  # noqa: BLE001 - a target LLVM cannot describe

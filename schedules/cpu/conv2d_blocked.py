@@ -111,22 +111,31 @@ def register_tile(blocks: int, width: int, vectors_per_block: int,
     65 -> 80 GFLOP/s (56 wide) and 61 -> 70 (14 wide) against the dividing 2x4 / 4x2 tiles.
     """
     per_block = max(1, vectors_per_block)
+    accumulators = registers - _spare_registers(registers)
     tiles = []
     for vb in (4, 2, 1):
-        if blocks % vb:
+        vectors = vb * per_block  # weight vectors of the tile, and accumulators per column
+        if blocks % vb or accumulators < vectors:
             continue
-        if registers >= 32:
-            limit = (registers - _spare_registers(registers) - vb * per_block) // (vb * per_block)
-            if vb * per_block * 2 <= registers - _spare_registers(registers):
-                tiles.append((vb, _largest_divisor(width, min(_MAX_COLUMNS, max(limit, 1)))))
-        elif (registers - _spare_registers(registers)) // (vb * per_block) >= 1:
-            accumulators = registers - _spare_registers(registers)
-            tiles.append((vb, min(_MAX_COLUMNS, width, accumulators // (vb * per_block))))
+        if registers < 32:
+            tiles.append((vb, min(_MAX_COLUMNS, width, accumulators // vectors)))
+        elif 2 * vectors <= accumulators:  # the weights fit beside the accumulators too
+            limit = max((accumulators - vectors) // vectors, 1)
+            tiles.append((vb, _largest_divisor(width, min(_MAX_COLUMNS, limit))))
     if not tiles:
         return 1, 1
-    if registers >= 32:
-        return max(tiles, key=lambda t: (t[0] * t[1], -(t[0] + t[1]) / (t[0] * t[1]), t[1]))
-    return max(tiles, key=lambda t: (t[0] * t[1], t[0]))
+    if registers < 32:
+        return max(tiles, key=lambda t: (t[0] * t[1], t[0]))
+    return max(tiles, key=lambda t: (t[0] * t[1], -(t[0] + t[1]) / (t[0] * t[1]), t[1]))
+
+
+def _split_columns(sch: s_tir.Schedule, x: LoopRV, width: int,
+                   columns: int) -> tuple[LoopRV, LoopRV]:
+    """``x`` split into (tiles, columns); a last, partial tile is run apart by LoopPartition."""
+    xo, xi = sch.split(x, [None, columns])
+    if width % columns:
+        sch.annotate(xo, PARTITION_HINT, tirx.IntImm("int32", 1))
+    return xo, xi
 
 
 def _place_epilogue(sch: s_tir.Schedule, main: SBlockRV, at: LoopRV) -> None:
@@ -175,9 +184,7 @@ def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
     vb, wb = register_tile(blocks_per_group(sch, main), width, -(-block // lanes),
                            vector_registers(target))
     oo, oi = sch.split(o, [None, vb])
-    xo, xi = sch.split(x, [None, wb])
-    if width % wb:  # a last, partial tile: LoopPartition runs it apart
-        sch.annotate(xo, PARTITION_HINT, tirx.IntImm("int32", 1))
+    xo, xi = _split_columns(sch, x, width, wb)
     by_rows = rows_outermost(sch, main, target)
     sch.reorder(n, *((y, oo) if by_rows else (oo, y)), xo, *reduction, xi, oi, j)
     _place_epilogue(sch, main, xo)
@@ -195,9 +202,7 @@ def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> N
     block = loop_extent(sch, j)
     width = loop_extent(sch, x)
     _, wb = register_tile(1, width, -(-block // float32_lanes(target)), vector_registers(target))
-    xo, xi = sch.split(x, [None, wb])
-    if width % wb:  # a last, partial tile: LoopPartition runs it apart
-        sch.annotate(xo, PARTITION_HINT, tirx.IntImm("int32", 1))
+    xo, xi = _split_columns(sch, x, width, wb)
     planes = loop_extent(sch, n) * loop_extent(sch, o)
     by_rows = planes < _TASKS_PER_CORE * num_cores(target)
     sch.reorder(n, o, y, xo, r, q, xi, j)
