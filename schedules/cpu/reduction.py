@@ -17,7 +17,11 @@ block, and whose blocks (after inlining) all start with ``n >= 1`` spatial loops
    Reduction blocks whose innermost spatial loop indexes the last axis of a read (matmul
    by V in attention, pooling windows) move the reduction outside that loop and
    vectorize it; pure horizontal reductions (max/sum of a row) stay serial, because LLVM
-   does not reassociate float sums.
+   does not reassociate float sums.  A kernel of several blocks with one output (layer
+   norm, RMS norm, softmax) takes up to ``ROW_GROUP`` rows per task, and a serial row
+   reduction then steps those rows together (``interleave_rows``): independent chains,
+   each row added in its own order, so the same bits at 2-5x the speed (BERT's 768-wide
+   layer norm: 0.18 -> 0.09 ms on 2 Zen 5 cores).
 
 Every step goes through TensorIR's checked primitives, so a schedule this rule returns
 computes what the PrimFunc computes.  Returns None for all-spatial PrimFuncs (see
@@ -41,6 +45,7 @@ from .common import (
     loop_extent,
     loop_kinds,
     nest_work,
+    num_cores,
     output_lanes,
     try_parallel,
     vectorize_innermost,
@@ -198,16 +203,17 @@ def is_contiguous_spatial(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) ->
 ACCUMULATORS = 4
 
 
-def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
-    """Vectorize a reduction block's innermost spatial loop under its reduction loops."""
+def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> bool:
+    """Vectorize a reduction block's innermost spatial loop under its reduction loops;
+    False when it has none to vectorize (a horizontal reduction stays serial)."""
     loops = sch.get_loops(block)[1:]
     kinds = loop_kinds(sch, block)[1:]
     if "O" in kinds or "R" not in kinds:
-        return
+        return False
     spatial = [loop for loop, kind in zip(loops, kinds) if kind == "S"]
     reduce = [loop for loop, kind in zip(loops, kinds) if kind == "R"]
     if not spatial or not is_contiguous_spatial(sch, block, spatial[-1]):
-        return
+        return False
     last = spatial[-1]
     extent = loop_extent(sch, last)
     chains: list[LoopRV] = []
@@ -217,7 +223,7 @@ def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -
     elif extent > lanes:
         factor = largest_pow2_divisor(extent, lanes)
         if factor < MIN_VECTOR_EXTENT:
-            return
+            return False
         outer, last = sch.split(last, factors=[None, factor])
         spatial = [*spatial[:-1], outer, last]
         count = largest_pow2_divisor(extent // factor, ACCUMULATORS)
@@ -234,6 +240,39 @@ def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -
     init_loop = sch.get_loops(init)[-1]
     if sch.get(init_loop).kind != tirx.ForKind.VECTORIZED:
         vectorize_innermost(sch, init_loop, lanes)
+    return True
+
+
+# Rows a task of a multi-block row kernel (layer norm, softmax) takes together, so that
+# its serial row reductions run that many independent chains (``interleave_rows``).
+ROW_GROUP = 8
+
+
+def _row_group(rows: int | None, cores: int) -> int:
+    """Rows per task: the largest divisor of ``rows`` up to ROW_GROUP that leaves at least
+    four tasks per core; 1 (no grouping) for a symbolic or short row count."""
+    if rows is None:
+        return 1
+    fitting = [g for g in range(2, ROW_GROUP + 1) if rows % g == 0 and rows // g >= 4 * cores]
+    return max(fitting, default=1)
+
+
+def interleave_rows(sch: s_tir.Schedule, block: SBlockRV, group: int) -> None:
+    """A serial row reduction under a task of ``group`` rows, its reduction loops moved
+    outside the rows' loop and that loop unrolled: ``group`` independent accumulators, so
+    each add no longer waits for the one before it (a 768-wide layer norm ran at the add
+    latency).  Every row still adds its elements in the order it did, into its own
+    accumulator: the results are the same bits."""
+    loops, kinds = sch.get_loops(block)[1:], loop_kinds(sch, block)[1:]  # under the task
+    if "O" in kinds:
+        return
+    rows = [loop for loop, kind in zip(loops, kinds) if kind == "S" and loop_extent(sch, loop) != 1]
+    reduce = [loop for loop, kind in zip(loops, kinds) if kind == "R"]
+    if not reduce or len(rows) != 1 or loop_extent(sch, rows[0]) != group:
+        return
+    sch.reorder(*reduce, rows[0])
+    sch.unroll(rows[0])
+    sch.decompose_reduction(block, reduce[0])
 
 
 class Reduction(CPUScheduleRule):
@@ -298,12 +337,19 @@ class Reduction(CPUScheduleRule):
         for info in staged:
             _schedule_staged_copy(sch, info.block_rv, output_lanes(target, sch, info.block_rv))
         anchors: list[LoopRV] = []
+        group = 1
+        single_output = sum(is_output_block(sch, block) for block in blocks) == 1
         for block in reversed(blocks):
             if not anchors or is_output_block(sch, block):
                 loops = sch.get_loops(block)[:rows]
                 if len(blocks) == 1:
                     loops = loops[: _enough_rows(sch, loops)]
-                anchors.append(sch.fuse(*loops) if len(loops) > 1 else loops[0])
+                anchor = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+                if len(blocks) > 1 and single_output:
+                    group = _row_group(loop_extent(sch, anchor), num_cores(target))
+                    if group > 1:
+                        anchor = sch.split(anchor, [None, group])[0]
+                anchors.append(anchor)
             else:
                 sch.compute_at(block, anchors[-1], preserve_unit_loops=True)
         if not all(computes_once(sch, b, size) for b, size in zip(blocks, sizes)):
@@ -323,7 +369,8 @@ class Reduction(CPUScheduleRule):
                 if not calls_scalar_math(sch.get(info.block_rv)):
                     vectorize_innermost(sch, loops[-1], lanes)
             elif not info.is_injective():
-                schedule_reduction_block(sch, info.block_rv, lanes)
+                if not schedule_reduction_block(sch, info.block_rv, lanes) and group > 1:
+                    interleave_rows(sch, info.block_rv, group)
         return sch
 
 

@@ -5,6 +5,7 @@ FuseOps/FuseTIR or FuseOpsByPattern), schedules its PrimFuncs with the rule, and
 the VM output with numpy on seeded inputs.
 """
 
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -102,7 +103,35 @@ def test_rms_norm(rand):
     x, g = rand(4, 16, 64), rand(64)
     mod = relax_module([x.shape, g.shape], lambda p, q: relax.op.nn.rms_norm(p, q, axes=[-1]))
     expected = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g
-    check_rule(mod, [x, g], expected)
+    script = check_rule(mod, [x, g], expected)
+    # 64 rows on 2 cores: tasks of 8 rows, the sum of squares stepping them together
+    assert re.search(r"T\.unroll\((T\.int64\()?8\)", script)
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "softmax"])
+def test_row_norms_interleave_rows_with_the_same_bits(rand, norm):
+    """64 rows of a norm on 2 cores: tasks of 8 rows whose serial reductions step the 8
+    rows together (unrolled under the reduction loop), each row still summed in order,
+    so the output equals TVM's own build bit for bit, NaN, inf and -0 rows included."""
+    x, g, b = rand(2, 32, 96), rand(96), rand(96)
+    x[0, 3, 5], x[0, 4, 7], x[1, 9, :] = np.nan, np.inf, -0.0
+    body = {
+        "layer_norm": lambda p, q, r: relax.op.nn.layer_norm(p, q, r, axes=[-1]),
+        "softmax": lambda p, q, r: relax.op.nn.softmax(p, axis=-1),
+    }[norm]
+    mod = relax_module([x.shape, g.shape, b.shape], body)
+    reference = run(mod, [x, g, b])  # unscheduled: TVM's own build
+    other = run(mod, [x[::-1].copy(), g, b])
+    assert not np.array_equal(reference, other, equal_nan=True)  # the output depends on x
+    for name, func in prim_funcs(mod).items():
+        sch = Reduction().apply(func, TARGET, False)
+        assert sch is not None, f"Reduction rejected {name}"
+        mod[name] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    out = run(mod, [x, g, b])
+    assert np.array_equal(out.view(np.int32), reference.view(np.int32))
+    script = "\n".join(f.script() for f in prim_funcs(mod).values())
+    assert re.search(r"T\.parallel\((T\.int64\()?8\)", script)
+    assert re.search(r"T\.unroll\((T\.int64\()?8\)", script)
 
 
 def test_strided_max_pool_keeps_windows_scalar(rand):
