@@ -21,6 +21,9 @@ from .vector_math import expands
 
 # Below this many iterations of the whole nest a parallel launch costs more than it saves.
 MIN_PARALLEL_WORK = 4096
+# Parallel tasks wanted per core before a rule splits its tasks finer (depthwise and dense
+# convolutions by rows, row norms by row groups): with fewer, the cores' shares are unequal.
+TASKS_PER_CORE = 4
 # Vectorize only loops with at least this many iterations.
 MIN_VECTOR_EXTENT = 4
 

@@ -44,7 +44,14 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
-from .common import PARTITION_HINT, float32_lanes, loop_extent, num_cores, vector_registers
+from .common import (
+    PARTITION_HINT,
+    TASKS_PER_CORE,
+    float32_lanes,
+    loop_extent,
+    num_cores,
+    vector_registers,
+)
 from .gemm_blocks import find_reduction_block, inline_consumers, schedule_injective
 
 # Vector registers a register tile leaves free beside its accumulators and one weight
@@ -56,9 +63,6 @@ def _spare_registers(registers: int) -> int:
 
 # Widest register block over output columns.
 _MAX_COLUMNS = 14
-# Parallel tasks wanted per core before depthwise tasks are split by rows (and before
-# dense tasks may go by rows alone).
-_TASKS_PER_CORE = 4
 # A core's share of the cache the input and weights of a task are re-read from (L2).
 _CACHE_BYTES = 1 << 20
 
@@ -170,7 +174,7 @@ def rows_outermost(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> bool:
         return False
     rows = int(stmt.iter_vars[0].dom.extent) * int(stmt.iter_vars[2].dom.extent)
     return (_bytes(data[0]) > _CACHE_BYTES >= _bytes(weights[0])
-            and rows >= _TASKS_PER_CORE * num_cores(target))
+            and rows >= TASKS_PER_CORE * num_cores(target))
 
 
 def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
@@ -204,7 +208,7 @@ def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> N
     _, wb = register_tile(1, width, -(-block // float32_lanes(target)), vector_registers(target))
     xo, xi = _split_columns(sch, x, width, wb)
     planes = loop_extent(sch, n) * loop_extent(sch, o)
-    by_rows = planes < _TASKS_PER_CORE * num_cores(target)
+    by_rows = planes < TASKS_PER_CORE * num_cores(target)
     sch.reorder(n, o, y, xo, r, q, xi, j)
     _place_epilogue(sch, main, xo)
     task = sch.fuse(n, o, y) if by_rows else sch.fuse(n, o)

@@ -33,11 +33,9 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
-from .common import float32_lanes, loop_extent, num_cores, vector_registers
+from .common import TASKS_PER_CORE, float32_lanes, loop_extent, num_cores, vector_registers
 from .gemm_blocks import find_reduction_block, inline_consumers
 
-# Parallel tasks wanted per core: channel planes are shared out unequally otherwise.
-_TASKS_PER_CORE = 4
 # Widest output row kept as one vector expression (8 AVX-512 vectors); wider rows take the
 # im2col rule.  The row's vectors and a broadcast weight must also fit the registers: 14
 # AVX2 vectors (112 floats) of its 16.
@@ -68,7 +66,7 @@ def rows_per_task(planes: int, height: int, cores: int) -> int:
     """Output rows per parallel task: a whole channel plane when there are enough planes,
     else the largest divisor of ``height`` that still gives every core enough tasks."""
     for rows in range(height, 0, -1):
-        if height % rows == 0 and planes * (height // rows) >= _TASKS_PER_CORE * cores:
+        if height % rows == 0 and planes * (height // rows) >= TASKS_PER_CORE * cores:
             return rows
     return 1
 

@@ -38,6 +38,7 @@ from ..constants import inlines_a_constant
 from .common import (
     MIN_PARALLEL_WORK,
     MIN_VECTOR_EXTENT,
+    TASKS_PER_CORE,
     bound_iters,
     calls_scalar_math,
     largest_pow2_divisor,
@@ -250,10 +251,10 @@ ROW_GROUP = 8
 
 def _row_group(rows: int | None, cores: int) -> int:
     """Rows per task: the largest divisor of ``rows`` up to ROW_GROUP that leaves at least
-    four tasks per core; 1 (no grouping) for a symbolic or short row count."""
+    ``TASKS_PER_CORE`` tasks per core; 1 (no grouping) for a symbolic or short row count."""
     if rows is None:
         return 1
-    fitting = [g for g in range(2, ROW_GROUP + 1) if rows % g == 0 and rows // g >= 4 * cores]
+    fitting = [g for g in range(2, ROW_GROUP + 1) if rows % g == 0 and rows // g >= TASKS_PER_CORE * cores]
     return max(fitting, default=1)
 
 
