@@ -49,6 +49,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 
 from . import default_rules
+from .cpu.codegen import codegen_target
 from .cpu.comparisons import NaNExactComparisons
 from .cpu.parallel_guard import tir_pipeline
 from .cpu.vector_math import VectorizeMath
@@ -148,7 +149,7 @@ def _build(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     mod = VectorizeMath(target)(NaNExactComparisons(target)(mod))  # as compile builds the chosen schedule
     if target.kind.name == "llvm":  # compile's TIR pipeline: a symbolic kernel's parallel loops guarded
-        return tvm_build(mod, target=target, pipeline=tir_pipeline())
+        return tvm_build(mod, target=codegen_target(target), pipeline=tir_pipeline())
     return tvm_build(mod, target=target)
 
 
