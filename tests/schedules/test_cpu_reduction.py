@@ -134,6 +134,42 @@ def test_row_norms_interleave_rows_with_the_same_bits(rand, norm):
     assert re.search(r"T\.unroll\((T\.int64\()?8\)", script)
 
 
+def test_row_groups_with_a_partial_task_and_the_residual_output(rand):
+    """A pre-norm layer's residual add + layer norm over 197 rows (ViT's tokens, a prime):
+    tasks of 8 rows, the last one 5 rows under a predicate, the residual sum a second
+    output in its own row loop; both outputs equal TVM's own build bit for bit, with
+    NaN, inf and -0 rows in the first task and in the partial one."""
+    x, r, g, b = rand(1, 197, 96), rand(1, 197, 96), rand(96), rand(96)
+    x[0, 3, 5], x[0, 194, 7], x[0, 9, :], x[0, 196, :] = np.nan, np.inf, -0.0, -0.0
+    r[0, 9, :], r[0, 196, :] = -0.0, -0.0
+
+    def body(p, q, gamma, beta):
+        added = relax.op.add(p, q)
+        return relax.Tuple([added, relax.op.nn.layer_norm(added, gamma, beta, axes=[-1])])
+
+    add_norm = is_op("relax.nn.layer_norm")(is_op("relax.add")(wildcard(), wildcard()), wildcard(), wildcard())
+    mod = relax_module([x.shape, r.shape, g.shape, b.shape], body, fuse_pattern=add_norm)
+    assert len(prim_funcs(mod)) == 1  # one kernel writing both outputs
+
+    def outputs(module: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        vm = relax.VirtualMachine(tvm.compile(module, target=TARGET), tvm.cpu())
+        return [t.numpy() for t in vm["main"](*[tvm.runtime.tensor(a) for a in inputs])]
+
+    reference = outputs(mod, [x, r, g, b])
+    other = outputs(mod, [x[:, ::-1].copy(), r, g, b])
+    assert not np.array_equal(reference[1], other[1], equal_nan=True)  # the output depends on x
+    for name, func in prim_funcs(mod).items():
+        sch = Reduction().apply(func, TARGET, False)
+        assert sch is not None, f"Reduction rejected {name}"
+        mod[name] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    for out, ref in zip(outputs(mod, [x, r, g, b]), reference):
+        assert np.array_equal(out.view(np.int32), ref.view(np.int32))
+    script = "\n".join(f.script() for f in prim_funcs(mod).values())
+    assert re.search(r"T\.parallel\((T\.int64\()?25\)", script)  # ceil(197 / 8) tasks
+    assert re.search(r"T\.unroll\((T\.int64\()?8\)", script)
+    assert "< T.int64(197)" in script  # the partial task's predicate
+
+
 def test_strided_max_pool_keeps_windows_scalar(rand):
     """Stride 2 would make the width vector a gather: the rule leaves it scalar."""
     x = rand(2, 8, 16, 32)
