@@ -45,7 +45,7 @@ def plan_attention(m: int | None, n: int | None, d: int | None, lanes: int,
     with AVX2).
     """
     budget = registers // 2
-    rows = min(MAX_ROWS, m) if m is not None else MAX_ROWS
+    rows = _tile_rows(m)
     key_vectors = 2 if 2 * rows <= budget else 1
     if n is not None and key_vectors == 2 and _ceil(n, 2 * lanes) - _ceil(n, lanes) > n / 8:
         key_vectors = 1  # a short key row would be mostly padding
@@ -54,6 +54,21 @@ def plan_attention(m: int | None, n: int | None, d: int | None, lanes: int,
     splits = next(s for s in range(1, vectors + 1)
                   if vectors % s == 0 and rows * vectors // s <= budget)
     return AttentionPlan(rows, key_vectors, lanes, head_lanes, splits)
+
+
+# Fewer rows per tile only when they save more than this share of the padded rows (Swin's
+# 49-token windows: 7 rows pad nothing where 8 pad to 56).
+ROW_PADDING_SAVED = 1 / 16
+
+
+def _tile_rows(m: int | None) -> int:
+    """``MAX_ROWS``, or 7 or 6 rows when that pads ``m`` rows to fewer by a real margin."""
+    if m is None:
+        return MAX_ROWS
+    if m <= MAX_ROWS:
+        return m
+    best = min(range(MAX_ROWS, MAX_ROWS - 3, -1), key=lambda r: _ceil(m, r))
+    return best if _ceil(m, MAX_ROWS) - _ceil(m, best) > m * ROW_PADDING_SAVED else MAX_ROWS
 
 
 def _ceil(value: int, factor: int) -> int:

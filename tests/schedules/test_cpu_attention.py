@@ -106,9 +106,10 @@ def numpy_of(value) -> np.ndarray:
 
 
 # seq, heads, head dim, kv heads, batch: odd lengths (tails in rows and keys), one query
-# row, head dims from 8 to 128 (80: five vectors), grouped-query k/v, two sequences.
+# row, head dims from 8 to 128 (80: five vectors), grouped-query k/v, two sequences, and
+# a 7x7 window's 49 tokens (tiles of 7 rows).
 CASES = [(1, 2, 32, 2, 1), (7, 2, 80, 2, 1), (100, 2, 128, 2, 1), (197, 2, 64, 2, 1), (384, 1, 64, 1, 1),
-         (33, 4, 16, 2, 1), (128, 2, 8, 1, 1), (21, 2, 32, 2, 2)]
+         (33, 4, 16, 2, 1), (128, 2, 8, 1, 1), (21, 2, 32, 2, 2), (49, 3, 32, 3, 2)]
 
 
 @pytest.mark.parametrize("seq, heads, dim, kv_heads, batch", CASES,
@@ -339,3 +340,10 @@ def test_plan_keeps_accumulators_within_the_registers(dim):
         assert plan.rows * plan.key_vectors <= 16
         assert dim % plan.head_lanes == 0 and (dim // plan.head_lanes) % plan.head_splits == 0
         assert plan.rows * (dim // plan.head_lanes // plan.head_splits) <= 16
+
+
+def test_plan_takes_fewer_rows_only_when_they_save_padding():
+    assert plan_attention(49, 49, 32, lanes=16).rows == 7  # Swin's 7x7 windows: no padded row
+    assert plan_attention(14, 14, 32, lanes=16).rows == 7
+    assert plan_attention(197, 197, 64, lanes=16).rows == 8  # 200 rows beat 6-row tiles' 198
+    assert plan_attention(128, 128, 64, lanes=16).rows == 8
