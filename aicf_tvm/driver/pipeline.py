@@ -168,7 +168,7 @@ def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
     passes = [*backend.dataflow_lower_passes(target), *backend.finalize_passes(target), SinglePointerNoAlias]
     # CPU kernels decide per call whether a symbolic-size parallel loop is worth the pool
     tir = "default" if "gpu" in target.keys else tir_pipeline()
-    # gathers out of LLVM's vectorizers on x86: same instructions' results, faster rows
+    # LLVM's vectorizers kept from gathers on x86: the same results, faster row reductions
     machine = codegen_target(target)
     with machine:
         return tvm.compile(mod, target=machine, relax_pipeline=tvm.transform.Sequential(passes),

@@ -56,12 +56,12 @@ from .attention_analysis import (
     AttentionPlan,
     count_matmuls,
     find_attention,
-    is_one,
     plan_attention,
 )
 from .common import (
     SCALAR_MATH_OPS,
     float32_lanes,
+    is_one,
     split_vector_tail,
     static_extent,
     vector_registers,
@@ -131,13 +131,9 @@ def _compute_at(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> None:
     from its iter domain and drops a predicate it had (an ``rfactor`` block then reads
     past the end of its keys)."""
     realize = get_sblockrealize(sch, block)
-    if realize is None or not _is_true(realize.predicate):
+    if realize is None or not is_one(realize.predicate):
         raise s_tir.ScheduleError("compute_at would drop the block's predicate")
     sch.compute_at(block, loop, preserve_unit_loops=False)
-
-
-def _is_true(expr: tirx.Expr) -> bool:
-    return isinstance(expr, tirx.IntImm) and expr.value == 1
 
 
 def _tile_loop(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> LoopRV:

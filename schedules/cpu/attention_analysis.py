@@ -17,7 +17,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import SBlockRV
 
-from .common import largest_pow2_divisor
+from .common import is_one, largest_pow2_divisor
 from .gemm_analysis import is_multiply_accumulate
 
 # Query rows per tile: 8 rows x 2 key vectors, or 8 rows x 2 head vectors, is a 16-vector
@@ -112,10 +112,6 @@ def _indexes(region, axes: tuple[tirx.IterVar, ...]) -> bool:
 
 def _is_zero(expr: tirx.Expr) -> bool:
     return isinstance(expr, tirx.IntImm) and expr.value == 0
-
-
-def is_one(expr: tirx.Expr) -> bool:
-    return isinstance(expr, tirx.IntImm) and expr.value == 1
 
 
 def count_matmuls(func: tirx.PrimFunc) -> int:

@@ -43,5 +43,4 @@ def codegen_target(target: Target) -> Target:
     if any(f.lstrip("+-") == NO_GATHER[1:] for f in mattr):
         return target
     spec["mattr"] = [*mattr, NO_GATHER]
-    host = target.host
-    return tvm.target.Target(spec, host=host) if host is not None else tvm.target.Target(spec)
+    return tvm.target.Target(spec, host=target.host)

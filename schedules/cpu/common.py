@@ -28,6 +28,11 @@ TASKS_PER_CORE = 4
 MIN_VECTOR_EXTENT = 4
 
 
+def is_one(expr: tirx.Expr) -> bool:
+    """Whether ``expr`` is the constant 1 (an extent of one, or a predicate that is True)."""
+    return isinstance(expr, tirx.IntImm) and expr.value == 1
+
+
 def static_extent(extent: tirx.Expr) -> int | None:
     """The extent as an int, None when it is symbolic."""
     return int(extent.value) if isinstance(extent, tirx.IntImm) else None

@@ -44,6 +44,7 @@ from .common import (
     TASKS_PER_CORE,
     bound_iters,
     calls_scalar_math,
+    is_one,
     largest_pow2_divisor,
     split_vector_tail,
     loop_extent,
@@ -193,20 +194,18 @@ def computes_once(sch: s_tir.Schedule, block: SBlockRV, size: tirx.Expr) -> bool
     """
     loops = [sch.get(loop) for loop in sch.get_loops(block)]
     realize = get_sblockrealize(sch, block)
-    predicate = realize.predicate
-    if isinstance(predicate, tirx.IntImm) and predicate.value == 1:
-        work = tirx.const(1, "int64")
-        for loop in loops:
-            work = work * tirx.Cast("int64", loop.extent)
-        return sym.Analyzer().can_prove(work <= size)
-    dom = {loop.loop_var: ir.Range.from_min_extent(loop.min, loop.extent) for loop in loops}
-    mapped = sym.detect_iter_map(list(realize.iter_values), dom, predicate, check_level="bijective")
-    if not mapped.indices:
-        return False
+    if is_one(realize.predicate):
+        extents = [loop.extent for loop in loops]
+    else:
+        dom = {loop.loop_var: ir.Range.from_min_extent(loop.min, loop.extent) for loop in loops}
+        mapped = sym.detect_iter_map(list(realize.iter_values), dom, realize.predicate,
+                                     check_level="bijective")
+        if not mapped.indices:
+            return False
+        extents = [split.extent for index in mapped.indices for split in index.args]
     work = tirx.const(1, "int64")
-    for index in mapped.indices:
-        for split in index.args:
-            work = work * tirx.Cast("int64", split.extent)
+    for extent in extents:
+        work = work * tirx.Cast("int64", extent)
     return sym.Analyzer().can_prove(work <= size)
 
 

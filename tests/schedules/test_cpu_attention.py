@@ -18,7 +18,8 @@ from tvm import relax, s_tir, tirx
 import aicf_tvm
 from schedules import apply_default_schedules, default_rules
 from schedules.cpu import Attention
-from schedules.cpu.attention_analysis import is_one, plan_attention
+from schedules.cpu.attention_analysis import plan_attention
+from schedules.cpu.common import is_one
 
 from ..conftest import llvm_target
 from ..helpers import relax_main
