@@ -27,9 +27,11 @@ returns; batch-norm statistics are calibrated on random batches so the output de
 the input (checked: two inputs must give two outputs). Every peer's output is checked
 against PyTorch eager (``max|a-b| / max|ref| <= --tol``) and marked ``MISMATCH`` when not.
 Timing is interleaved: each round calls every peer once per model in turn (after a pause
-that lets the previous engine's spinning threads sleep), so a neighbour stealing a core
-hurts all peers alike; the median over rounds is reported. Printed per model: latency of
-each peer, ratio ours/peer and compile seconds; then the geometric mean of each ratio.
+that lets the previous engine's spinning threads sleep), in an order shuffled each round
+so that each peer runs right after each other peer about equally often: a neighbour that
+steals a core hurts all peers alike. The median over rounds is reported. Printed per
+model: latency of each peer, ratio ours/peer and compile seconds; then the geometric mean
+of each ratio. The JSON keeps every round's time and the peer that ran just before it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import copy
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -211,6 +214,7 @@ class Peer:
     compile_s: float
     note: str = ""
     times: list[float] = field(default_factory=list)
+    after: list[str] = field(default_factory=list)  # the peer timed just before, per round
 
 
 def _numpy(model: Model) -> list[np.ndarray]:
@@ -379,14 +383,23 @@ def build_peers(model: Model, args: argparse.Namespace, work: Path) -> dict[str,
 
 
 def time_rounds(peers: dict[str, Peer], rounds: int) -> None:
+    """One call of every peer per round, in an order shuffled each round (seeded): an
+    engine's worker threads can keep spinning after it returns and slow whichever peer
+    runs next, so each peer follows each other peer about equally often."""
+    order = list(peers)
     for peer in peers.values():  # warm-up
         peer.run()
+    shuffle, previous = random.Random(0).shuffle, order[-1]
     for _ in range(rounds):
-        for peer in peers.values():
+        shuffle(order)
+        for name in order:
+            peer = peers[name]
             time.sleep(0.05)  # let the previous engine's spinning worker threads go idle
             start = time.perf_counter()
             peer.run()
             peer.times.append(time.perf_counter() - start)
+            peer.after.append(previous)
+            previous = name
 
 
 def geomean(values: list[float]) -> float:
@@ -422,7 +435,8 @@ def main() -> None:
                 ratios.setdefault(p, []).append(ratio)
             print(f"  {p:<11}{medians[p]:>10.2f}{ratio:>11.2f}{peer.compile_s:>11.1f}  {peer.note}")
         results[name] = {p: {"ms": medians[p], "compile_s": peers[p].compile_s, "note": peers[p].note,
-                             "times_ms": [t * 1e3 for t in peers[p].times]} for p in peers}
+                             "times_ms": [t * 1e3 for t in peers[p].times],
+                             "after": peers[p].after} for p in peers}
     print("\ngeometric mean of ours/peer over " + ", ".join(args.models))
     summary = {p: geomean(v) for p, v in ratios.items()}
     for p, g in summary.items():
