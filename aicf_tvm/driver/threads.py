@@ -11,14 +11,6 @@ first call, and a pool created before that keeps its worker count as an upper bo
 
 The count, first that applies: an explicit ``threads``; ``TVM_NUM_THREADS``; the CPUs of
 this process's affinity mask, capped by the target's ``num-cores`` when it has one.
-
-Between tasks a pool worker spins (``sched_yield``) ``TVM_THREAD_POOL_SPIN_COUNT`` times
-before it sleeps; the runtime reads the variable once per process, when its first worker
-starts, and defaults to 300000. That keeps a core busy for about 130 ms after every call
-(measured here: 0.13 CPU seconds burnt during a 1 s pause after a ResNet-50 call), which
-slows whatever runs next in the process or on the machine. Importing this module sets
-the default to ``SPIN_COUNT`` (about 5 ms of spinning, still far longer than the gap
-between two kernels of a model) unless the variable is already set.
 """
 
 from __future__ import annotations
@@ -38,9 +30,6 @@ from ..errors import InputError
 # thread) may run on every CPU listed, so the caller's own affinity is left as it was.
 _SHARE_ALL_CORES = -3
 _sized = threading.local()
-
-SPIN_COUNT = 10000
-os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", str(SPIN_COUNT))
 
 
 def available_cpus() -> list[int]:
