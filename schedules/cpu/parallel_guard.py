@@ -37,6 +37,7 @@ from tvm.target import Target
 from .common import MIN_PARALLEL_WORK
 from .index_forms import FoldNestedMods, opaque_blocks
 from .llvm_pass import llvm_prim_func_pass
+from .stack_tiles import StackLocalTiles
 
 # Marks the parallel loop of a guard (so a second run leaves it).
 GUARDED = "aicf.work_guarded"
@@ -176,7 +177,7 @@ def _pipeline() -> tuple:
     """The S-TIR pipeline, with one form for nested head indices before its buffer
     compaction (``index_forms``), then ``GuardSmallParallel``; its finalization passes."""
     lower, host, device = tirx.get_tir_pipeline("s_tir")
-    passes = [*opaque_blocks(), FoldNestedMods(), lower, GuardSmallParallel()]
+    passes = [*opaque_blocks(), FoldNestedMods(), lower, GuardSmallParallel(), StackLocalTiles()]
     return tvm.transform.Sequential(passes), host, device
 
 
