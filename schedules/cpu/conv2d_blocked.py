@@ -30,8 +30,9 @@ Grouped runs the same nest: ``c`` ranges over the group's input blocks, read at
 ``g*K + c`` (``g = o // (blocks per group)``), and the ``vb`` blocks of a tile are taken
 within one group (``vb`` divides the blocks per group) so they share the broadcast.
 
-Depthwise, per channel block (or, with few blocks, per block and output row): the pad of
-the plane is computed in the task, then ``acc[wb, b] += in[.., y*s + r, x*s + q, :] *
+Depthwise, per channel block and block of output rows (``depthwise.rows_per_task``: a
+whole plane when the planes alone make enough tasks, split evenly over the cores): the pad
+of the rows a task reads is computed in the task, then ``acc[wb, b] += in[.., y*s + r, x*s + q, :] *
 w[o, 0, r, q, 0, :]``: one contiguous vector load per FMA.
 """
 
@@ -52,6 +53,7 @@ from .common import (
     num_cores,
     vector_registers,
 )
+from .depthwise import rows_per_task
 from .gemm_blocks import find_reduction_block, inline_consumers, schedule_injective
 
 # Vector registers a register tile leaves free beside its accumulators and one weight
@@ -208,10 +210,10 @@ def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> N
     _, wb = register_tile(1, width, -(-block // float32_lanes(target)), vector_registers(target))
     xo, xi = _split_columns(sch, x, width, wb)
     planes = loop_extent(sch, n) * loop_extent(sch, o)
-    by_rows = planes < TASKS_PER_CORE * num_cores(target)
-    sch.reorder(n, o, y, xo, r, q, xi, j)
+    yo, yi = sch.split(y, [None, rows_per_task(planes, loop_extent(sch, y), num_cores(target))])
+    sch.reorder(n, o, yo, yi, xo, r, q, xi, j)
     _place_epilogue(sch, main, xo)
-    task = sch.fuse(n, o, y) if by_rows else sch.fuse(n, o)
+    task = sch.fuse(n, o, yo)
     for producer in producers:
         sch.compute_at(producer, task, preserve_unit_loops=True)
         sch.vectorize(sch.get_loops(producer)[-1])

@@ -63,10 +63,14 @@ def depthwise_block(sch: s_tir.Schedule) -> SBlockRV | None:
 
 
 def rows_per_task(planes: int, height: int, cores: int) -> int:
-    """Output rows per parallel task: a whole channel plane when there are enough planes,
-    else the largest divisor of ``height`` that still gives every core enough tasks."""
+    """Output rows per parallel task: the largest divisor of ``height`` that gives every
+    core enough tasks (``TASKS_PER_CORE``) and the same number of them (TVM splits a
+    parallel loop statically: 9 planes on 2 cores run 5 against 4); a whole channel plane
+    when the planes alone do. Each task pads only the rows it reads, so fewer, taller
+    tasks copy fewer rows twice."""
     for rows in range(height, 0, -1):
-        if height % rows == 0 and planes * (height // rows) >= TASKS_PER_CORE * cores:
+        tasks = planes * (height // rows)
+        if height % rows == 0 and tasks >= TASKS_PER_CORE * cores and tasks % cores == 0:
             return rows
     return 1
 

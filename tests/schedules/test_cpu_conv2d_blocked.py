@@ -168,6 +168,23 @@ def test_dense_tasks_go_by_row_when_the_input_overflows_the_cache(target, case, 
     assert int(sch.get(outer).extent) == tasks
 
 
+@pytest.mark.parametrize(("case", "tasks"), [
+    ({"c": 144, "h": 56, "o": 144, "k": 3, "padding": 1}, 18),  # 9 planes, 2 row blocks each
+    ({"c": 32, "h": 112, "o": 32, "k": 3, "padding": 1}, 8),  # 2 planes, 4 row blocks each
+    ({"c": 384, "h": 14, "o": 384, "k": 3, "padding": 1}, 24),  # whole planes
+])
+def test_depthwise_tasks_are_row_blocks_split_evenly_over_the_cores(target, case, tasks):
+    """Each task pads the rows it reads once (a task per output row copied every input row
+    three times) and the static split gives each core the same share."""
+    func, arrays, expected = blocked_case(**case, depthwise=True, relu6=True)
+    sch = BlockedConv2d().apply(func, target, False)
+    outer = sch.get_loops(sch.get_sblock("conv2d_nchwc_update"))[0]
+    assert sch.get(outer).kind == tvm.tirx.ForKind.PARALLEL
+    assert int(sch.get(outer).extent) == tasks
+    got = run_scheduled(sch, target, arrays, expected.shape)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.sqrt(expected.size))
+
+
 def test_default_rules_give_blocked_convolutions_the_direct_schedule(target):
     func, _, _ = blocked_case(**CASES["3x3-56"])
     scheduled = schedule_func(func, target, default_rules(target))

@@ -132,6 +132,12 @@ def test_rows_per_task_splits_planes_only_when_channels_are_few():
     assert rows_per_task(planes=1, height=7, cores=4) == 1
 
 
+def test_rows_per_task_gives_every_core_the_same_number_of_tasks():
+    assert rows_per_task(planes=9, height=56, cores=2) == 28  # 18 tasks, not 9 (5 against 4)
+    assert rows_per_task(planes=24, height=14, cores=2) == 14  # whole planes already even
+    assert rows_per_task(planes=2, height=112, cores=2) == 28  # 8 tasks, not one per row
+
+
 def test_stride2_input_is_read_through_a_deinterleaved_copy(target):
     """Stride 2 reads the input through a [.., row, x % 2, x // 2] copy (contiguous vector
     loads), odd input width included; the result stays exact."""
