@@ -1,4 +1,4 @@
-"""Helpers the CPU schedule rules share: constant extents and work of a loop nest, how a
+"""Helpers the CPU schedule rules share: constant extents and work of a loop nest, buffer sizes, how a
 block's loops bind its iterators, checked parallel marking, the target's SIMD width and
 cores, and the vectorization of an innermost loop.
 
@@ -8,6 +8,8 @@ either has no dlight counterpart or means something else, said in its docstring.
 """
 
 from __future__ import annotations
+
+import math
 
 import tvm_ffi
 from tvm import ir, s_tir, tirx
@@ -36,6 +38,14 @@ def is_one(expr: tirx.Expr) -> bool:
 def static_extent(extent: tirx.Expr) -> int | None:
     """The extent as an int, None when it is symbolic."""
     return int(extent.value) if isinstance(extent, tirx.IntImm) else None
+
+
+def buffer_bytes(buffer: tirx.Buffer) -> int | None:
+    """Bytes of a constant-shape buffer (vector lanes counted), None when a dim is symbolic."""
+    dims = [static_extent(d) for d in buffer.shape]
+    if any(d is None for d in dims):
+        return None
+    return math.prod(dims) * buffer.dtype.bits * buffer.dtype.lanes // 8
 
 
 def loop_extent(sch: s_tir.Schedule, loop: LoopRV) -> int | None:

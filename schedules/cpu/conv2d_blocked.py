@@ -38,8 +38,6 @@ w[o, 0, r, q, 0, :]``: one contiguous vector load per FMA.
 
 from __future__ import annotations
 
-import math
-
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
@@ -48,6 +46,7 @@ from tvm.target import Target
 from .common import (
     PARTITION_HINT,
     TASKS_PER_CORE,
+    buffer_bytes,
     float32_lanes,
     loop_extent,
     num_cores,
@@ -55,6 +54,7 @@ from .common import (
 )
 from .depthwise import rows_per_task
 from .gemm_blocks import find_reduction_block, inline_consumers, schedule_injective
+
 
 # Vector registers a register tile leaves free beside its accumulators and one weight
 # vector per channel block, for the input broadcasts: AVX-512 folds the broadcast into
@@ -157,10 +157,6 @@ def _place_epilogue(sch: s_tir.Schedule, main: SBlockRV, at: LoopRV) -> None:
     sch.vectorize(loops[-1])
 
 
-def _bytes(buffer: tirx.Buffer) -> int:
-    return math.prod(int(d) for d in buffer.shape) * buffer.dtype.bits // 8
-
-
 def rows_outermost(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> bool:
     """Whether the dense tasks go by output row, each running every output-channel tile.
 
@@ -175,8 +171,10 @@ def rows_outermost(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> bool:
     if len(weights) != 1 or len(data) != 1:
         return False
     rows = int(stmt.iter_vars[0].dom.extent) * int(stmt.iter_vars[2].dom.extent)
-    return (_bytes(data[0]) > _CACHE_BYTES >= _bytes(weights[0])
-            and rows >= TASKS_PER_CORE * num_cores(target))
+    data_bytes, weight_bytes = buffer_bytes(data[0]), buffer_bytes(weights[0])
+    if data_bytes is None or weight_bytes is None:
+        return False
+    return data_bytes > _CACHE_BYTES >= weight_bytes and rows >= TASKS_PER_CORE * num_cores(target)
 
 
 def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:

@@ -1,6 +1,6 @@
 """Register tiles on the stack, not in TVM's workspace pool.
 
-A schedule keeps a kernel's accumulators in a ``local`` buffer (a GEMM or convolution
+A schedule keeps a kernel's accumulators in a ``local`` buffer (the blocked convolution's
 register tile: 2 channel blocks x 14 columns of AVX-512 vectors is 1792 bytes) that it
 allocates inside the parallel task.  TVM's ``LowerTVMBuiltin`` puts only ``global``
 buffers under 1 KB on the stack; every other allocation becomes a call of
@@ -16,20 +16,19 @@ once per call of the task function, not per loop iteration) and promotes it to r
 where every access has a constant index.
 
 Why it is sound: only where the buffer lives changes, not a load, a store or their order;
-the buffer is private to the task either way (a ``local`` allocation inside the parallel
-loop), and its size is bounded, so the stack of a pool thread (8 MiB) cannot overflow from
+a ``local`` buffer is private to the thread that allocates it either way, and its size is
+bounded, so the stack of a pool thread (8 MiB) cannot overflow from
 it.  It runs on lowered TIR, in ``parallel_guard.tir_pipeline`` after the S-TIR lowering.
 """
 
 from __future__ import annotations
-
-import math
 
 import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.target import Target
 
+from .common import buffer_bytes
 from .llvm_pass import llvm_prim_func_pass
 
 # The annotation LowerTVMBuiltin reads (transform::kDisableLowerTVMBuiltin).
@@ -39,17 +38,9 @@ DISABLE_LOWER_BUILTIN = "disable_lower_builtin"
 MAX_TILE_BYTES = 16 << 10
 
 
-def tile_bytes(buffer: tirx.Buffer) -> int | None:
-    """Bytes of a constant-shape buffer, else None."""
-    if not all(isinstance(d, tirx.IntImm) for d in buffer.shape):
-        return None
-    dtype = buffer.dtype
-    return math.prod(int(d) for d in buffer.shape) * dtype.bits * dtype.lanes // 8
-
-
 def _on_stack(alloc: tirx.AllocBuffer) -> tirx.Stmt:
     buffer = alloc.buffer
-    size = tile_bytes(buffer)
+    size = buffer_bytes(buffer)
     if buffer.scope() != "local" or size is None or size > MAX_TILE_BYTES:
         return alloc
     if DISABLE_LOWER_BUILTIN in alloc.annotations:
