@@ -130,10 +130,10 @@ def seed_default(task: Task, target: tvm.target.Target, db: Any, tools: Tools,
     sch = default_schedule(task.workload, target)
     if sch is None:
         return Baseline(None, None)
-    seeds = [sch, *spaces[:1]]
+    seeds = [sch, *(spaces or [])[:1]]
     texts = [str(s.trace) for s in seeds]
     known = {str(r.trace): mean_secs(r.run_secs) for r in valid_records(db, task.workload)}
-    todo = [i for i, text in enumerate(texts) if text not in known]
+    todo = [i for i, text in enumerate(texts) if text not in known and text not in texts[:i]]
     timed = measure([timed_form(seeds[i].mod) for i in todo], target, tools.builder, tools.runner) if todo else []
     for i, runs in zip(todo, timed):
         if isinstance(runs, str):

@@ -53,6 +53,15 @@ def design_spaces(workload: tvm.IRModule, target: tvm.target.Target) -> list[s_t
     return None
 
 
+def space_count(spaces: list[s_tir.Schedule] | None) -> int | None:
+    """The candidates besides the default in ``spaces`` when none samples a decision (each
+    is one kernel, measured as it is: ``BlockedConv2d``'s); None when they are searched
+    (sampled block sizes) or there are none (MetaSchedule's own space)."""
+    if not spaces or any(space.trace.decisions for space in spaces):
+        return None
+    return len(spaces) - 1
+
+
 def space_generator(spaces: list[s_tir.Schedule]) -> ms.space_generator.SpaceGenerator:
     """MetaSchedule's view of ``spaces``: their traces, block sizes mutated."""
     return ms.space_generator.ScheduleFn(

@@ -44,7 +44,7 @@ from schedules import tune as st
 from schedules import tune_measure as sm
 from schedules.remote import RemoteError, Tracker
 from schedules.select import CHOICES_FILE, load_choices, open_database
-from schedules.tune_space import design_spaces
+from schedules.tune_space import design_spaces, space_count
 from schedules.tune_symbolic import choice_label, kernel_bindings, task_choices, tune_choices
 
 from ..errors import TuningError
@@ -110,11 +110,32 @@ def lower_for_tuning(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModu
 MIN_TRIALS = 4  # fewer trials than this do not pay for a task's search and re-measurement
 
 
-def trial_shares(trials: int, costs: Sequence[float]) -> list[int]:
+def trial_shares(trials: int, costs: Sequence[float], caps: Sequence[int | None] | None = None) -> list[int]:
     """``trials`` split in proportion to ``costs``: while a share would be under
     ``MIN_TRIALS`` (or all of ``trials``, when fewer), the cheapest task gets none and its
     share goes to the others; the rounding leftovers go to the largest remainders.  Tasks
-    of unknown cost (0) share evenly when all are."""
+    of unknown cost (0) share evenly when all are.  A task with a cap (the candidates it
+    has, when its design spaces can be measured one by one: ``tune_space.space_count``)
+    gets at most that, and what it cannot use goes to the others the same way."""
+    caps = list(caps) if caps is not None else [None] * len(costs)
+    shares = [0] * len(costs)
+    known = any(c > 0 for c in costs)  # then a task of unknown cost gets none
+    active = [i for i, c in enumerate(costs) if c > 0 or not known]
+    while active and trials > 0:
+        split = _shares_by_cost(trials, [costs[i] for i in active])
+        full = [i for i, share in zip(active, split) if caps[i] is not None and share > caps[i]]
+        if not full:
+            for i, share in zip(active, split):
+                shares[i] = share
+            break
+        for i in full:
+            shares[i] = caps[i]
+            trials -= caps[i]
+            active.remove(i)
+    return shares
+
+
+def _shares_by_cost(trials: int, costs: Sequence[float]) -> list[int]:
     weights = list(costs) if any(c > 0 for c in costs) else [1.0] * len(costs)
     active = sorted((i for i, w in enumerate(weights) if w > 0), key=lambda i: (-weights[i], i))
     while True:
@@ -214,16 +235,19 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
     wdir = Path(work_dir)
     db = open_database(wdir, create=True)  # validates the files before anything is written
     choices = load_choices(wdir)
-    shares = [trials_per_task] * len(tasks) if trials_per_task else trial_shares(trials, [t.cost for t in tasks])
+    spaces = [None if t.bindings else design_spaces(t.workload, tgt) for t in tasks]
+    caps = [space_count(s) for s in spaces]
+    shares = ([trials_per_task if cap is None else min(cap, trials_per_task) for cap in caps] if trials_per_task
+              else trial_shares(trials, [t.cost for t in tasks], caps))
     tools = st.Tools(tgt, builder_timeout, runner_timeout, tracker, workers)
     result = TuneResult(wdir, tgt, names, measured_on=where, symbolic=symbolic)
     bar = tqdm(total=min(trials, sum(shares)), unit="trial", disable=not progress, desc="tune")
     with st.cpu_intrinsics_only(tgt), contextlib.closing(bar):
-        for index, (task, share) in enumerate(zip(tasks, shares)):
+        for index, (task, share, task_spaces) in enumerate(zip(tasks, shares, spaces)):
             bar.set_description(f"tune {index + 1}/{len(tasks)} {task.kind}")
             try:
                 out = _tune_task(task, index, db, tools, share, trials - result.measured, result, bar,
-                                 choices.get(task.key))
+                                 choices.get(task.key), task_spaces)
             except st.TuningFailed as err:
                 model, kernel = task.uses[0]
                 raise TuningError(f"tuning kernel {kernel} of {model} failed: {err}") from err
@@ -264,7 +288,7 @@ def _remote(rpc: str | None, key: str | None, workers: int | None, timeout_s: fl
 
 
 def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: int, result: TuneResult,
-               bar: Any, saved: dict | None) -> Any:
+               bar: Any, saved: dict | None, spaces: list | None) -> Any:
     """Seed, search and judge one task; None when it gets no trials (then it is not even
     seeded) or the run's are spent.  A task already searched for its trials keeps the
     outcome an earlier run saved."""
@@ -272,7 +296,6 @@ def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: 
         return None
     if task.bindings:
         return _tune_symbolic_task(task, tools, per_task, left, result, bar, saved)
-    spaces = design_spaces(task.workload, result.target)
     baseline = sm.seed_default(task, result.target, db, tools, spaces)
     done = len(sm.tuned_records(db, task, baseline))
     budget = min(per_task - done, left)
@@ -285,11 +308,12 @@ def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: 
         result.measured += n
         bar.update(n)
 
-    if budget > 1 and spaces:  # half the trials to our structural neighbours, half to the search
-        measured = sm.measure_spaces(task, result.target, db, tools, spaces, budget // 2)
+    exhaustive = space_count(spaces) is not None  # nothing sampled: the spaces are the candidates
+    if spaces and (budget > 1 or exhaustive):  # half the trials to our structural neighbours, half to the search
+        measured = sm.measure_spaces(task, result.target, db, tools, spaces, budget if exhaustive else budget // 2)
         step(measured)
         budget -= measured
-    if budget > 0:
+    if budget > 0 and not exhaustive:
         st.search(task, result.target, db, budget, tools, work_dir=str(result.work_dir), on_batch=step,
                   seed=index, spaces=spaces)
     return sm.outcome(task, result.target, db, baseline, tools, skipped=done >= per_task)

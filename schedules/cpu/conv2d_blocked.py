@@ -38,6 +38,9 @@ w[o, 0, r, q, 0, :]``: one contiguous vector load per FMA.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
@@ -177,19 +180,80 @@ def rows_outermost(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> bool:
     return data_bytes > _CACHE_BYTES >= weight_bytes and rows >= TASKS_PER_CORE * num_cores(target)
 
 
-def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
+@dataclass(frozen=True)
+class ConvPlan:
+    """The choices of a blocked conv2d schedule: the register tile (``channel_blocks`` x
+    ``columns``; depthwise tiles one block), and how tasks split the work (dense:
+    ``by_rows``, ``rows_outermost``; depthwise: ``rows`` output rows per task)."""
+
+    channel_blocks: int
+    columns: int
+    by_rows: bool = False
+    rows: int = 0
+
+    def label(self) -> str:
+        order = f"rows={self.rows}" if self.rows else ("by row" if self.by_rows else "by channel tile")
+        return f"{self.channel_blocks}x{self.columns} tile, {order}"
+
+
+# Structural neighbours of the default plan a tuning run measures, at most.
+MAX_PLANS = 12
+
+
+def _tile_registers(channel_blocks: int, columns: int, per_block: int) -> int:
+    """Vector registers a tile holds: its accumulators and one weight vector per block."""
+    return channel_blocks * per_block * (columns + 1)
+
+
+def _nearest_first(default: ConvPlan, plans: list[ConvPlan]) -> list[ConvPlan]:
+    """``default``, then the other plans in ``plans`` (distinct) by how far they move from it."""
+    def distance(p: ConvPlan) -> tuple:
+        return (abs(math.log2(p.channel_blocks / default.channel_blocks)) + abs(math.log2(p.columns / default.columns))
+                + (p.by_rows != default.by_rows) + (p.rows != default.rows), p.channel_blocks, p.columns, p.rows)
+    rest = sorted({p for p in plans if p != default}, key=distance)
+    return [default, *rest][:MAX_PLANS]
+
+
+def dense_plan(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> ConvPlan:
+    """The default plan of a dense or grouped conv block: ``register_tile`` over the
+    blocks of one group, tasks by ``rows_outermost``."""
+    stmt = sch.get(main)
+    per_block = -(-int(stmt.iter_vars[4].dom.extent) // float32_lanes(target))
+    vb, wb = register_tile(blocks_per_group(sch, main), int(stmt.iter_vars[3].dom.extent), per_block,
+                           vector_registers(target))
+    return ConvPlan(vb, wb, rows_outermost(sch, main, target))
+
+
+def dense_plans(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> list[ConvPlan]:
+    """The default plan and its neighbours: every tile of 1, 2 or 4 blocks (dividing the
+    group's) by a column count that divides the width or is the widest the registers hold,
+    whose accumulators and weights fit beside the broadcasts, in either task order."""
+    default = dense_plan(sch, main, target)
+    stmt = sch.get(main)
+    width = int(stmt.iter_vars[3].dom.extent)
+    per_block = -(-int(stmt.iter_vars[4].dom.extent) // float32_lanes(target))
+    registers = vector_registers(target) - _spare_registers(vector_registers(target))
+    blocks = blocks_per_group(sch, main)
+    plans = []
+    for vb in (1, 2, 4):
+        if blocks % vb:
+            continue
+        widest = min(_MAX_COLUMNS, width, registers // (vb * per_block) - 1)
+        for wb in {d for d in range(1, widest + 1) if width % d == 0} | {widest}:
+            if wb >= 1 and _tile_registers(vb, wb, per_block) <= registers:
+                plans += [ConvPlan(vb, wb, default.by_rows), ConvPlan(vb, wb, not default.by_rows)]
+    return _nearest_first(default, plans)
+
+
+def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: ConvPlan | None = None) -> None:
+    plan = plan or dense_plan(sch, main, target)
     lanes = float32_lanes(target)
     for producer in sch.get_producers(main):
         schedule_injective(sch, producer, lanes)
     n, o, y, x, j, *reduction = sch.get_loops(main)
-    block = loop_extent(sch, j)
-    # the tile's channel blocks within one group: blocks per group in place of the blocks
-    width = loop_extent(sch, x)
-    vb, wb = register_tile(blocks_per_group(sch, main), width, -(-block // lanes),
-                           vector_registers(target))
-    oo, oi = sch.split(o, [None, vb])
-    xo, xi = _split_columns(sch, x, width, wb)
-    by_rows = rows_outermost(sch, main, target)
+    oo, oi = sch.split(o, [None, plan.channel_blocks])
+    xo, xi = _split_columns(sch, x, loop_extent(sch, x), plan.columns)
+    by_rows = plan.by_rows
     sch.reorder(n, *((y, oo) if by_rows else (oo, y)), xo, *reduction, xi, oi, j)
     _place_epilogue(sch, main, xo)
     sch.parallel(sch.fuse(n, y) if by_rows else sch.fuse(n, oo, y))
@@ -200,15 +264,39 @@ def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
     sch.vectorize(sch.get_loops(init)[-1])
 
 
-def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
+def depthwise_plan(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> ConvPlan:
+    """The default plan of a depthwise conv block: the widest column tile of one block,
+    ``rows_per_task`` rows per task."""
+    stmt = sch.get(main)
+    width = int(stmt.iter_vars[3].dom.extent)
+    per_block = -(-int(stmt.iter_vars[4].dom.extent) // float32_lanes(target))
+    _, wb = register_tile(1, width, per_block, vector_registers(target))
+    planes = int(stmt.iter_vars[0].dom.extent) * int(stmt.iter_vars[1].dom.extent)
+    return ConvPlan(1, wb, rows=rows_per_task(planes, int(stmt.iter_vars[2].dom.extent), num_cores(target)))
+
+
+def depthwise_plans(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> list[ConvPlan]:
+    """The default plan and its neighbours: column tiles that divide the width (or the
+    widest), by the default rows per task, a whole plane or the default's half or double."""
+    default = depthwise_plan(sch, main, target)
+    stmt = sch.get(main)
+    width, height = int(stmt.iter_vars[3].dom.extent), int(stmt.iter_vars[2].dom.extent)
+    per_block = -(-int(stmt.iter_vars[4].dom.extent) // float32_lanes(target))
+    registers = vector_registers(target) - _spare_registers(vector_registers(target))
+    widest = min(_MAX_COLUMNS, width, registers // per_block - 1)
+    columns = {d for d in range(1, widest + 1) if width % d == 0} | {widest}
+    rows = {r for r in (default.rows, default.rows // 2, default.rows * 2, height) if 1 <= r <= height and height % r == 0}
+    plans = [ConvPlan(1, wb, rows=default.rows) for wb in columns if wb >= 1]
+    plans += [ConvPlan(1, default.columns, rows=r) for r in rows]
+    return _nearest_first(default, plans)
+
+
+def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: ConvPlan | None = None) -> None:
+    plan = plan or depthwise_plan(sch, main, target)
     producers = sch.get_producers(main)
     n, o, y, x, j, r, q = sch.get_loops(main)
-    block = loop_extent(sch, j)
-    width = loop_extent(sch, x)
-    _, wb = register_tile(1, width, -(-block // float32_lanes(target)), vector_registers(target))
-    xo, xi = _split_columns(sch, x, width, wb)
-    planes = loop_extent(sch, n) * loop_extent(sch, o)
-    yo, yi = sch.split(y, [None, rows_per_task(planes, loop_extent(sch, y), num_cores(target))])
+    xo, xi = _split_columns(sch, x, loop_extent(sch, x), plan.columns)
+    yo, yi = sch.split(y, [None, plan.rows])
     sch.reorder(n, o, yo, yi, xo, r, q, xi, j)
     _place_epilogue(sch, main, xo)
     task = sch.fuse(n, o, yo)
@@ -225,18 +313,35 @@ def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> N
 
 
 class BlockedConv2d(CPUScheduleRule):
-    """Direct schedule for a (fused) blocked-layout conv2d PrimFunc; None when not one."""
+    """Direct schedule for a (fused) blocked-layout conv2d PrimFunc; None when not one.
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+    ``tunable=True`` returns the tuning design spaces instead: one complete schedule per
+    plan of ``dense_plans`` / ``depthwise_plans``, the default plan's first (nothing is
+    sampled: tuning measures each, ``tune_space``)."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target,
+              tunable: bool) -> s_tir.Schedule | list[s_tir.Schedule] | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = s_tir.Schedule(func)
         try:
+            sch = s_tir.Schedule(func)
             found = blocked_conv_block(sch)
             if found is None:
                 return None
             main, depthwise = found
-            (schedule_depthwise if depthwise else schedule_dense)(sch, main, target)
+            schedule = schedule_depthwise if depthwise else schedule_dense
+            if not tunable:
+                schedule(sch, main, target)
+                return sch
+            plans = (depthwise_plans if depthwise else dense_plans)(sch, main, target)
         except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
             return None
-        return sch
+        spaces = []
+        for plan in plans:
+            space = sch.copy()
+            try:
+                schedule(space, main, target, plan)
+            except (RuntimeError, ValueError):  # this plan does not fit the block
+                continue
+            spaces.append(space)
+        return spaces or None

@@ -22,8 +22,9 @@ from tvm import relax, s_tir
 from relax_passes.blocked_conv import LEGALIZE_MAP, is_blocked_form
 from relax_passes.materialize_layouts import blocked_per_channel, blocked_weight
 from schedules import default_rules, schedule_func
-from schedules.cpu.conv2d_blocked import BlockedConv2d, register_tile
+from schedules.cpu.conv2d_blocked import BlockedConv2d, ConvPlan, blocked_conv_block, dense_plans, register_tile
 from schedules.cpu.gemm_blocks import find_reduction_block
+from schedules.tune_space import space_count
 from tests.schedules.test_cpu_gemm import fused_primfunc, run_scheduled, target
 
 __all__ = ["target"]
@@ -183,6 +184,39 @@ def test_depthwise_tasks_are_row_blocks_split_evenly_over_the_cores(target, case
     assert int(sch.get(outer).extent) == tasks
     got = run_scheduled(sch, target, arrays, expected.shape)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.sqrt(expected.size))
+
+
+@pytest.mark.parametrize("name", ["3x3-dilation2-7x9", "1x1-residual-relu6", "1x1-blocks-16-to-8",
+                                  "plain-input-7x7-stride2", "depthwise-7x7-block8-residual",
+                                  "grouped-width64-3x3-stride2-residual", "rows-1x1-stride2-residual"])
+def test_tuning_spaces_are_the_default_then_its_neighbours_each_matching_torch(target, name):
+    """``tunable=True`` gives one complete schedule per plan, the default's first and
+    every one distinct, none sampling anything (tuning measures each as it is); each
+    computes the convolution."""
+    func, arrays, expected = blocked_case(**CASES[name])
+    spaces = BlockedConv2d().apply(func, target, True)
+    default = BlockedConv2d().apply(func, target, False)
+    assert isinstance(spaces, list) and len(spaces) > 1
+    tvm.ir.assert_structural_equal(spaces[0].mod, default.mod)
+    assert len({str(s.trace) for s in spaces}) == len(spaces)
+    assert space_count(spaces) == len(spaces) - 1
+    for sch in spaces:
+        got = run_scheduled(sch, target, arrays, expected.shape)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.sqrt(expected.size))
+
+
+def test_dense_plans_hold_only_tiles_that_fit_the_registers_and_the_group(target):
+    """Tiles of 1, 2 or 4 blocks dividing the group's blocks, with the accumulators and a
+    weight vector per block within the registers the broadcasts leave; both task orders."""
+    func, _, _ = blocked_case(**CASES["grouped-width32-1x1-relu6"])  # 2 blocks per group, width 9
+    sch = s_tir.Schedule(func)
+    main, _ = blocked_conv_block(sch)
+    plans = dense_plans(sch, main, target)
+    assert all(isinstance(p, ConvPlan) for p in plans)
+    assert {p.channel_blocks for p in plans} <= {1, 2}
+    assert all(p.channel_blocks * (p.columns + 1) <= 30 for p in plans)  # 32 AVX-512 registers
+    assert {p.by_rows for p in plans} == {False, True}
+    assert all(9 % p.columns == 0 or p.columns == min(9, 30 // p.channel_blocks - 1) for p in plans)
 
 
 def test_default_rules_give_blocked_convolutions_the_direct_schedule(target):

@@ -218,6 +218,17 @@ def test_trials_go_to_tasks_by_cost():
     assert trial_shares(2, [5.0, 4.0, 3.0]) == [2, 0, 0]
 
 
+def test_a_task_with_fewer_candidates_than_its_share_passes_the_rest_on():
+    """A task whose candidates can be counted (a blocked conv's plans) gets at most them;
+    the others share what it leaves, by cost, and a task of unknown cost still gets none."""
+    from aicf_tvm.driver.tuning import trial_shares
+
+    assert trial_shares(40, [3e9, 1e9, 0.0], [11, None, None]) == [11, 29, 0]
+    assert trial_shares(40, [3e9, 1e9, 1e9], [5, 3, None]) == [5, 3, 32]
+    assert trial_shares(10, [3e9, 1e9], [20, 20]) == [10, 0]  # under MIN_TRIALS: none, as uncapped
+    assert sum(trial_shares(100, [3e9, 2e9, 1e9], [11, 11, 11])) == 33
+
+
 def test_a_model_whose_kernels_are_all_symbolic_and_untunable_says_how_to_tune_it(tmp_path):
     """A kernel with symbolic extents is tuned in its rule's choices (test_tuning_symbolic);
     one whose rule has none (an elementwise kernel) keeps its default schedule, and a model
