@@ -10,7 +10,9 @@ register tile ``mr x nr``, whether B is packed, which loops run in parallel:
 ``MutateTileSize``.  The evolutionary search then mutates the block sizes of measured
 records, the default plan's seeded trace among them (``tune.seed_default``), and samples
 the structural neighbours; a record replays on our own schedule, so ``compile`` builds the
-kernel MetaSchedule measured.  No postprocessor runs: the rule's schedule is complete
+kernel MetaSchedule measured.  A rule may instead return complete schedules that sample
+nothing (``BlockedConv2d``'s plans): ``space_count`` counts them, and tuning measures each
+in place of a search.  No postprocessor runs: the rule's schedule is complete
 (parallel, vectorised, reduction decomposed), and TVM's ``RewriteLayout`` would pack B a
 second time.  A workload no tunable rule takes is searched in MetaSchedule's own space.
 

@@ -7,7 +7,9 @@ costliest first, and each task is seeded with its measured default schedule and 
 by MetaSchedule, in our default rule's design spaces where it has them
 (``schedules.tune_space``).  The trials go to the tasks in proportion to their cost
 (FLOPs times calls per inference); a task whose share is under ``MIN_TRIALS`` gets none
-and keeps its default rule.  A kernel with symbolic extents is tuned in its rule's
+and keeps its default rule, and one whose rule offers a known number of complete
+schedules (a blocked convolution's plans) gets at most that many, the rest going on to
+the others.  A kernel with symbolic extents is tuned in its rule's
 choices, each timed at representative bindings of the model's dims
 (``schedules.tune_symbolic``); one whose rule has none keeps its default schedule.  The
 work dir holds MetaSchedule's JSON database plus

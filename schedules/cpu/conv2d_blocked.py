@@ -34,6 +34,11 @@ Depthwise, per channel block and block of output rows (``depthwise.rows_per_task
 whole plane when the planes alone make enough tasks, split evenly over the cores): the pad
 of the rows a task reads is computed in the task, then ``acc[wb, b] += in[.., y*s + r, x*s + q, :] *
 w[o, 0, r, q, 0, :]``: one contiguous vector load per FMA.
+
+Each schedule follows a ``ConvPlan`` (register tile, task order or rows per task);
+``apply(..., tunable=True)`` returns one complete schedule per plan near the default
+(``dense_plans``, ``depthwise_plans``), the default's first, which tuning measures one by
+one (``tune_space.space_count``).
 """
 
 from __future__ import annotations
@@ -205,6 +210,13 @@ def _tile_registers(channel_blocks: int, columns: int, per_block: int) -> int:
     return channel_blocks * per_block * (columns + 1)
 
 
+def _tile_shape(stmt: s_tir.SBlock, target: Target) -> tuple[int, int, int]:
+    """(output width, vectors per channel block, registers a tile may hold) of a conv block."""
+    per_block = -(-int(stmt.iter_vars[4].dom.extent) // float32_lanes(target))
+    registers = vector_registers(target)
+    return int(stmt.iter_vars[3].dom.extent), per_block, registers - _spare_registers(registers)
+
+
 def _nearest_first(default: ConvPlan, plans: list[ConvPlan]) -> list[ConvPlan]:
     """``default``, then the other plans in ``plans`` (distinct) by how far they move from it."""
     def distance(p: ConvPlan) -> tuple:
@@ -217,10 +229,8 @@ def _nearest_first(default: ConvPlan, plans: list[ConvPlan]) -> list[ConvPlan]:
 def dense_plan(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> ConvPlan:
     """The default plan of a dense or grouped conv block: ``register_tile`` over the
     blocks of one group, tasks by ``rows_outermost``."""
-    stmt = sch.get(main)
-    per_block = -(-int(stmt.iter_vars[4].dom.extent) // float32_lanes(target))
-    vb, wb = register_tile(blocks_per_group(sch, main), int(stmt.iter_vars[3].dom.extent), per_block,
-                           vector_registers(target))
+    width, per_block, _ = _tile_shape(sch.get(main), target)
+    vb, wb = register_tile(blocks_per_group(sch, main), width, per_block, vector_registers(target))
     return ConvPlan(vb, wb, rows_outermost(sch, main, target))
 
 
@@ -229,10 +239,7 @@ def dense_plans(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> list[Con
     group's) by a column count that divides the width or is the widest the registers hold,
     whose accumulators and weights fit beside the broadcasts, in either task order."""
     default = dense_plan(sch, main, target)
-    stmt = sch.get(main)
-    width = int(stmt.iter_vars[3].dom.extent)
-    per_block = -(-int(stmt.iter_vars[4].dom.extent) // float32_lanes(target))
-    registers = vector_registers(target) - _spare_registers(vector_registers(target))
+    width, per_block, registers = _tile_shape(sch.get(main), target)
     blocks = blocks_per_group(sch, main)
     plans = []
     for vb in (1, 2, 4):
@@ -268,8 +275,7 @@ def depthwise_plan(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> ConvP
     """The default plan of a depthwise conv block: the widest column tile of one block,
     ``rows_per_task`` rows per task."""
     stmt = sch.get(main)
-    width = int(stmt.iter_vars[3].dom.extent)
-    per_block = -(-int(stmt.iter_vars[4].dom.extent) // float32_lanes(target))
+    width, per_block, _ = _tile_shape(stmt, target)
     _, wb = register_tile(1, width, per_block, vector_registers(target))
     planes = int(stmt.iter_vars[0].dom.extent) * int(stmt.iter_vars[1].dom.extent)
     return ConvPlan(1, wb, rows=rows_per_task(planes, int(stmt.iter_vars[2].dom.extent), num_cores(target)))
@@ -280,9 +286,8 @@ def depthwise_plans(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> list
     widest), by the default rows per task, a whole plane or the default's half or double."""
     default = depthwise_plan(sch, main, target)
     stmt = sch.get(main)
-    width, height = int(stmt.iter_vars[3].dom.extent), int(stmt.iter_vars[2].dom.extent)
-    per_block = -(-int(stmt.iter_vars[4].dom.extent) // float32_lanes(target))
-    registers = vector_registers(target) - _spare_registers(vector_registers(target))
+    width, per_block, registers = _tile_shape(stmt, target)
+    height = int(stmt.iter_vars[2].dom.extent)
     widest = min(_MAX_COLUMNS, width, registers // per_block - 1)
     columns = {d for d in range(1, widest + 1) if width % d == 0} | {widest}
     rows = {r for r in (default.rows, default.rows // 2, default.rows * 2, height) if 1 <= r <= height and height % r == 0}
