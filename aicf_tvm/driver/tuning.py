@@ -311,7 +311,8 @@ def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: 
         bar.update(n)
 
     exhaustive = space_count(spaces) is not None  # nothing sampled: the spaces are the candidates
-    if spaces and (budget > 1 or exhaustive):  # half the trials to our structural neighbours, half to the search
+    # our structural neighbours: every one when nothing is sampled, else half the trials and the search the rest
+    if spaces and (budget > 1 or exhaustive):
         measured = sm.measure_spaces(task, result.target, db, tools, spaces, budget if exhaustive else budget // 2)
         step(measured)
         budget -= measured

@@ -205,9 +205,11 @@ class ConvPlan:
 MAX_PLANS = 12
 
 
-def _tile_registers(channel_blocks: int, columns: int, per_block: int) -> int:
-    """Vector registers a tile holds: its accumulators and one weight vector per block."""
-    return channel_blocks * per_block * (columns + 1)
+def _column_choices(channel_blocks: int, width: int, per_block: int, registers: int) -> set[int]:
+    """Column counts of a tile of ``channel_blocks`` whose accumulators and one weight
+    vector per block fit ``registers``: those dividing ``width``, and the widest."""
+    widest = min(_MAX_COLUMNS, width, registers // (channel_blocks * per_block) - 1)
+    return {d for d in range(1, widest + 1) if width % d == 0} | ({widest} if widest >= 1 else set())
 
 
 def _tile_shape(stmt: s_tir.SBlock, target: Target) -> tuple[int, int, int]:
@@ -245,10 +247,8 @@ def dense_plans(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> list[Con
     for vb in (1, 2, 4):
         if blocks % vb:
             continue
-        widest = min(_MAX_COLUMNS, width, registers // (vb * per_block) - 1)
-        for wb in {d for d in range(1, widest + 1) if width % d == 0} | {widest}:
-            if wb >= 1 and _tile_registers(vb, wb, per_block) <= registers:
-                plans += [ConvPlan(vb, wb, default.by_rows), ConvPlan(vb, wb, not default.by_rows)]
+        for wb in _column_choices(vb, width, per_block, registers):
+            plans += [ConvPlan(vb, wb, default.by_rows), ConvPlan(vb, wb, not default.by_rows)]
     return _nearest_first(default, plans)
 
 
@@ -288,10 +288,9 @@ def depthwise_plans(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> list
     stmt = sch.get(main)
     width, per_block, registers = _tile_shape(stmt, target)
     height = int(stmt.iter_vars[2].dom.extent)
-    widest = min(_MAX_COLUMNS, width, registers // per_block - 1)
-    columns = {d for d in range(1, widest + 1) if width % d == 0} | {widest}
-    rows = {r for r in (default.rows, default.rows // 2, default.rows * 2, height) if 1 <= r <= height and height % r == 0}
-    plans = [ConvPlan(1, wb, rows=default.rows) for wb in columns if wb >= 1]
+    rows = {r for r in (default.rows, default.rows // 2, default.rows * 2, height)
+            if 1 <= r <= height and height % r == 0}
+    plans = [ConvPlan(1, wb, rows=default.rows) for wb in _column_choices(1, width, per_block, registers)]
     plans += [ConvPlan(1, default.columns, rows=r) for r in rows]
     return _nearest_first(default, plans)
 
