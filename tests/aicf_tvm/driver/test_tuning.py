@@ -20,6 +20,9 @@ from schedules.cpu.gemm_blocks import PREPACK_ANNOTATION
 from schedules.select import open_database, record_digest
 from tests.schedules.test_tune import gemm_model
 
+# one worker for the tuning tests that time kernels against each other (pyproject.toml)
+pytestmark = pytest.mark.xdist_group("tuning")
+
 TRIALS = 4
 
 

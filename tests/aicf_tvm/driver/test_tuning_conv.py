@@ -20,6 +20,9 @@ from tvm.s_tir import meta_schedule as ms
 import aicf_tvm
 from schedules.select import open_database
 
+# one worker for the tuning tests that time kernels against each other (pyproject.toml)
+pytestmark = pytest.mark.xdist_group("tuning")
+
 SHAPE = (1, 32, 28, 28)
 _RNG = np.random.default_rng(0)
 LAYERS = [(_RNG.standard_normal((32, 32, 3, 3)).astype("float32") / 10, _RNG.standard_normal((32,)).astype("float32"))
