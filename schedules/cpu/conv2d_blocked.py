@@ -115,31 +115,31 @@ def blocks_per_group(sch: s_tir.Schedule, main: SBlockRV) -> int:
 def register_tile(blocks: int, width: int, vectors_per_block: int,
                   registers: int = 32) -> tuple[int, int]:
     """(channel blocks, output columns) of the register tile, of 1, 2 or 4 channel blocks
-    dividing ``blocks``.
+    dividing ``blocks``, whose accumulators and one weight vector per block fit beside the
+    broadcasts; of those the most FMAs per step, then the fewest loads per FMA.
 
-    With 32 registers (AVX-512) the columns divide the width, and the tile's accumulators
-    and weight vectors fit beside the broadcast: 2 blocks by up to 14 columns.  With 16
-    (AVX2) the tile is the 12 accumulators that fit beside the broadcasts, 4 blocks by 3
-    columns where the blocks allow, whether or not the columns divide the width (the last,
-    partial tile runs apart, ``schedule_dense``): at one thread on Zen 2, 3x3 layers ran
-    65 -> 80 GFLOP/s (56 wide) and 61 -> 70 (14 wide) against the dividing 2x4 / 4x2 tiles.
+    With 32 registers (AVX-512) the columns divide the width: 2 blocks by up to 14 columns.
+    With 16 (AVX2: 12 for the tile) they divide it unless the widest dividing count is
+    under half the widest that fits; then the widest runs, its last, partial tile apart
+    (``schedule_dense``).  On a 2-core Zen 3 slice, tuning the plans chose 2x4 (widths 56,
+    28, 112) and 2x5 (14, 7) over the 4x3 tile that left the weights no registers, in all
+    32 ResNet-50 and ConvNeXt tasks (ResNet-50 1.21x, ConvNeXt 1.23x end to end), and
+    depthwise 1x8 (56) and 1x7 (14) over 1x12 (0.75 -> 0.33 ms).
     """
     per_block = max(1, vectors_per_block)
     accumulators = registers - _spare_registers(registers)
     tiles = []
     for vb in (4, 2, 1):
         vectors = vb * per_block  # weight vectors of the tile, and accumulators per column
-        if blocks % vb or accumulators < vectors:
+        if blocks % vb or 2 * vectors > accumulators:  # one column and the weights must fit
             continue
-        if registers < 32:
-            tiles.append((vb, min(_MAX_COLUMNS, width, accumulators // vectors)))
-        elif 2 * vectors <= accumulators:  # the weights fit beside the accumulators too
-            limit = max((accumulators - vectors) // vectors, 1)
-            tiles.append((vb, _largest_divisor(width, min(_MAX_COLUMNS, limit))))
+        widest = min(_MAX_COLUMNS, width, (accumulators - vectors) // vectors)
+        columns = _largest_divisor(width, widest)
+        if registers < 32 and 2 * columns < widest:
+            columns = widest
+        tiles.append((vb, columns))
     if not tiles:
         return 1, 1
-    if registers < 32:
-        return max(tiles, key=lambda t: (t[0] * t[1], t[0]))
     return max(tiles, key=lambda t: (t[0] * t[1], -(t[0] + t[1]) / (t[0] * t[1]), t[1]))
 
 

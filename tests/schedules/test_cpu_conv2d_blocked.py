@@ -22,7 +22,9 @@ from tvm import relax, s_tir
 from relax_passes.blocked_conv import LEGALIZE_MAP, is_blocked_form
 from relax_passes.materialize_layouts import blocked_per_channel, blocked_weight
 from schedules import default_rules, schedule_func
-from schedules.cpu.conv2d_blocked import BlockedConv2d, ConvPlan, blocked_conv_block, dense_plans, register_tile
+from schedules.cpu.conv2d_blocked import (BlockedConv2d, ConvPlan, blocked_conv_block, dense_plans, depthwise_plans,
+                                           dense_plan, register_tile, schedule_dense, schedule_depthwise)
+from schedules.cpu.common import float32_lanes, vector_registers
 from schedules.cpu.gemm_blocks import find_reduction_block
 from schedules.tune_space import space_count
 from tests.schedules.test_cpu_gemm import fused_primfunc, run_scheduled, target
@@ -144,29 +146,42 @@ def _avx2_target() -> tvm.target.Target:
                                   "depthwise-7x7-block8-residual", "grouped-width64-3x3-stride2-residual",
                                   "rows-3x3-odd-width-45"])
 def test_avx2_tiles_whose_columns_leave_a_partial_tile_match_torch(name):
-    """With 16 registers the tile's columns need not divide the output width: widths 56, 9,
-    14, 8 and 45 leave a last, partial tile, split off by LoopPartition."""
+    """With 16 registers the tile's columns need not divide the output width: the default
+    plan and the first plan whose last tile is partial (split off by LoopPartition) both
+    match torch."""
     func, arrays, expected = blocked_case(**CASES[name])
     target = _avx2_target()
-    sch = BlockedConv2d().apply(func, target, False)
-    assert sch is not None, "the rule declined a blocked conv2d"
-    got = run_scheduled(sch, target, arrays, expected.shape)
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.sqrt(expected.size))
+    sch = s_tir.Schedule(func)
+    main, depthwise = blocked_conv_block(sch)
+    plans = (depthwise_plans if depthwise else dense_plans)(sch, main, target)
+    width = int(sch.get(main).iter_vars[3].dom.extent)
+    partial = next(plan for plan in plans if width % plan.columns)
+    for plan in (plans[0], partial):
+        space = sch.copy()
+        (schedule_depthwise if depthwise else schedule_dense)(space, main, target, plan)
+        got = run_scheduled(space, target, arrays, expected.shape)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.sqrt(expected.size),
+                                   err_msg=plan.label())
 
 
-@pytest.mark.parametrize(("case", "tasks"), [
-    ({"c": 256, "h": 56, "o": 64, "k": 1, "stride": 2}, 28),  # 3 MB input, 64 KB weights: rows
-    ({"c": 64, "h": 28, "o": 128, "k": 1}, 4 * 28),  # 200 KB input: channel tiles x rows
-    ({"c": 2048, "h": 14, "o": 64, "k": 1, "stride": 2}, 2 * 7),  # 7 rows cannot feed 2 cores x 4
+@pytest.mark.parametrize(("case", "rows", "by_rows"), [
+    ({"c": 256, "h": 56, "o": 64, "k": 1, "stride": 2}, 28, True),  # 3 MB input, 64 KB weights
+    ({"c": 64, "h": 28, "o": 128, "k": 1}, 28, False),  # 200 KB input: channel tiles x rows
+    ({"c": 2048, "h": 14, "o": 64, "k": 1, "stride": 2}, 7, False),  # 7 rows cannot feed 2 cores x 4
 ])
-def test_dense_tasks_go_by_row_when_the_input_overflows_the_cache(target, case, tasks):
+def test_dense_tasks_go_by_row_when_the_input_overflows_the_cache(target, case, rows, by_rows):
     """By (channel tile, row) every tile re-reads the whole input; when that overflows
     the cache and the weights do not, a task is one row running every tile."""
     func, _, _ = blocked_case(**case)
+    plan_sch = s_tir.Schedule(func)
+    main, _ = blocked_conv_block(plan_sch)
+    plan = dense_plan(plan_sch, main, target)
+    assert plan.by_rows == by_rows
     sch = BlockedConv2d().apply(func, target, False)
     outer = sch.get_loops(sch.get_sblock("conv2d_nchwc_update"))[0]
     assert sch.get(outer).kind == tvm.tirx.ForKind.PARALLEL
-    assert int(sch.get(outer).extent) == tasks
+    tiles = int(plan_sch.get(main).iter_vars[1].dom.extent) // plan.channel_blocks
+    assert int(sch.get(outer).extent) == (rows if by_rows else tiles * rows)
 
 
 @pytest.mark.parametrize(("case", "tasks"), [
@@ -215,9 +230,13 @@ def test_dense_plans_hold_only_tiles_that_fit_the_registers_and_the_group(target
     plans = dense_plans(sch, main, target)
     assert all(isinstance(p, ConvPlan) for p in plans)
     assert {p.channel_blocks for p in plans} <= {1, 2}
-    assert all(p.channel_blocks * (p.columns + 1) <= 30 for p in plans)  # 32 AVX-512 registers
+    registers = vector_registers(target)
+    tile = registers - (2 if registers >= 32 else 4)  # the registers the broadcasts leave
+    per_block = 16 // float32_lanes(target)  # vectors per 16-channel block
+    assert all(p.channel_blocks * per_block * (p.columns + 1) <= tile for p in plans)
     assert {p.by_rows for p in plans} == {False, True}
-    assert all(9 % p.columns == 0 or p.columns == min(9, 30 // p.channel_blocks - 1) for p in plans)
+    assert all(9 % p.columns == 0 or p.columns == min(9, tile // (p.channel_blocks * per_block) - 1)
+               for p in plans)
 
 
 def test_default_rules_give_blocked_convolutions_the_direct_schedule(target):
@@ -243,10 +262,13 @@ def test_register_tile_fits_the_accumulators():
     assert register_tile(blocks=3, width=7, vectors_per_block=1) == (1, 7)
     assert register_tile(blocks=2, width=13, vectors_per_block=1) == (2, 13)
     assert register_tile(blocks=2, width=13, vectors_per_block=2) == (1, 13)
-    # AVX2: 12 accumulators beside the broadcasts, the columns need not divide the width
-    assert register_tile(blocks=8, width=56, vectors_per_block=1, registers=16) == (4, 3)
-    assert register_tile(blocks=2, width=7, vectors_per_block=1, registers=16) == (2, 6)
+    # AVX2: 12 registers for the accumulators and the weights (4x3 would leave the weights
+    # none); the columns divide the width unless that halves the widest that fits
+    assert register_tile(blocks=8, width=56, vectors_per_block=1, registers=16) == (2, 4)
+    assert register_tile(blocks=8, width=14, vectors_per_block=1, registers=16) == (2, 5)
+    assert register_tile(blocks=2, width=7, vectors_per_block=1, registers=16) == (2, 5)
     assert register_tile(blocks=3, width=7, vectors_per_block=1, registers=16) == (1, 7)
+    assert register_tile(blocks=1, width=56, vectors_per_block=1, registers=16) == (1, 8)
 
 
 def test_only_the_three_blocked_forms_are_ours():
