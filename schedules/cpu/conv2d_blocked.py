@@ -122,9 +122,10 @@ def register_tile(blocks: int, width: int, vectors_per_block: int,
     With 16 (AVX2: 12 for the tile) they divide it unless the widest dividing count is
     under half the widest that fits; then the widest runs, its last, partial tile apart
     (``schedule_dense``).  On a 2-core Zen 3 slice, tuning the plans chose 2x4 (widths 56,
-    28, 112) and 2x5 (14, 7) over the 4x3 tile that left the weights no registers, in all
-    32 ResNet-50 and ConvNeXt tasks (ResNet-50 1.21x, ConvNeXt 1.23x end to end), and
-    depthwise 1x8 (56) and 1x7 (14) over 1x12 (0.75 -> 0.33 ms).
+    28, 112) or 2x5 (14, 7) over the 4x3 tile that left the weights no registers in 28 of
+    the 30 dense ResNet-50 and ConvNeXt tasks (4x2 in the other two; ResNet-50 1.21x,
+    ConvNeXt 1.23x end to end), and depthwise 1x8 (56) and 1x7 (14) over 1x12 (0.75 ->
+    0.33 ms).
     """
     per_block = max(1, vectors_per_block)
     accumulators = registers - _spare_registers(registers)
