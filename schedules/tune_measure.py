@@ -8,8 +8,7 @@ neighbours, with its block sizes) as the first candidates.  ``outcome`` measures
 default and the ``CONFIRM_TOP`` best tuned records again, in turns, and keeps a record
 only when, turn by turn and median to median, it is still faster than the default by
 ``WIN_MARGIN``: the best of many noisy measurements is otherwise a lucky draw of an equal
-kernel.  It names that
-record (``select.record_digest``), so ``compile`` applies exactly it.
+kernel.  It names that record (``select.record_digest``), so ``compile`` applies exactly it.
 
 Every kernel is timed in its ``tune_space.timed_form``, on prepacked weights, by the
 fastest of its repeats (``tune.fastest_repeat``).
@@ -201,8 +200,8 @@ def outcome(task: Task, target: tvm.target.Target, db: Any, baseline: Baseline, 
             skipped: bool = False) -> TaskOutcome:
     """Measure the ``CONFIRM_TOP`` best tuned records and the default again, in
     ``CONFIRM_ROUNDS`` turns, and keep the record whose time over the default's (``_ratio``:
-    turn by turn and median to median) is lowest, if that is under ``WIN_MARGIN`` (any record that runs when
-    the default did not); else the default.  Paired turns cancel what a shared machine adds
+    turn by turn and median to median) is lowest, if that is under ``WIN_MARGIN`` (any
+    record that runs when the default did not); else the default.  Paired turns cancel what a shared machine adds
     to both alike; the times reported are each kernel's median turn."""
     tuned = tuned_records(db, task, baseline)
     result = TaskOutcome(task.key, task.kind, len(tuned), baseline.secs, None, "default", skipped)

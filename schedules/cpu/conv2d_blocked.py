@@ -112,6 +112,12 @@ def blocks_per_group(sch: s_tir.Schedule, main: SBlockRV) -> int:
     return out_blocks // max(groups, 1)
 
 
+def _widest_columns(width: int, vectors: int, registers: int) -> int:
+    """The most output columns of a tile of ``vectors`` accumulators per column whose
+    accumulators and ``vectors`` weight vectors fit ``registers`` (0: not even one)."""
+    return min(_MAX_COLUMNS, width, registers // vectors - 1)
+
+
 def register_tile(blocks: int, width: int, vectors_per_block: int,
                   registers: int = 32) -> tuple[int, int]:
     """(channel blocks, output columns) of the register tile, of 1, 2 or 4 channel blocks
@@ -134,7 +140,7 @@ def register_tile(blocks: int, width: int, vectors_per_block: int,
         vectors = vb * per_block  # weight vectors of the tile, and accumulators per column
         if blocks % vb or 2 * vectors > accumulators:  # one column and the weights must fit
             continue
-        widest = min(_MAX_COLUMNS, width, (accumulators - vectors) // vectors)
+        widest = _widest_columns(width, vectors, accumulators)
         columns = _largest_divisor(width, widest)
         if registers < 32 and 2 * columns < widest:
             columns = widest
@@ -209,7 +215,7 @@ MAX_PLANS = 12
 def _column_choices(channel_blocks: int, width: int, per_block: int, registers: int) -> set[int]:
     """Column counts of a tile of ``channel_blocks`` whose accumulators and one weight
     vector per block fit ``registers``: those dividing ``width``, and the widest."""
-    widest = min(_MAX_COLUMNS, width, registers // (channel_blocks * per_block) - 1)
+    widest = _widest_columns(width, channel_blocks * per_block, registers)
     return {d for d in range(1, widest + 1) if width % d == 0} | ({widest} if widest >= 1 else set())
 
 
