@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -313,12 +314,17 @@ def _by_choice(func: tirx.PrimFunc, target: tvm.target.Target, plan: dict, name:
     return sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("aicf.schedule", choice_label(plan))
 
 
-def apply_database(mod: tvm.IRModule, target: tvm.target.Target, database: Any) -> tvm.IRModule:
-    """Replace each Emit PrimFunc whose signature has a winning record by its tuned schedule."""
+def apply_database(mod: tvm.IRModule, target: tvm.target.Target, database: Any,
+                   choices: Mapping[str, dict] | None = None) -> tvm.IRModule:
+    """Replace each Emit PrimFunc whose signature has a winning record by its tuned schedule.
+
+    ``choices`` (per signature, as in ``aicf_tuning.json``) replaces the work dir's own:
+    tuning builds its model variants so (``aicf_tvm.driver.tune_model``)."""
     db = open_database(database)
     from_dir = isinstance(database, (str, os.PathLike))
-    choices = load_choices(database) if from_dir else {}
-    judged = from_dir and (Path(database) / CHOICES_FILE).exists()
+    judged = choices is not None or (from_dir and (Path(database) / CHOICES_FILE).exists())
+    if choices is None:
+        choices = load_choices(database) if from_dir else {}
     updates = {}
     for gv, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get("tirx.is_scheduled")):

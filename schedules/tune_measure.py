@@ -55,12 +55,17 @@ class TaskOutcome:
     # and the chosen rule choice ({"rule": ..., "choice": {...}}) instead of a record
     bindings: list[str] | None = None
     plan: dict | None = None
+    # the choice made by the kernel's time in the models (``aicf_tvm.driver.tune_model``):
+    # {"default_s", "tuned_s": seconds per inference, "candidates": how many were timed}
+    in_model: dict | None = None
 
     def to_json(self) -> dict:
         out = {"kind": self.kind, "trials": self.trials, "default_s": self.default_s,
                "tuned_s": self.tuned_s, "choice": self.choice, "record": self.record}
         if self.bindings is not None:
             out |= {"bindings": self.bindings, "plan": self.plan}
+        if self.in_model is not None:
+            out["in_model"] = self.in_model
         return out
 
     @classmethod
@@ -68,7 +73,7 @@ class TaskOutcome:
         """An outcome saved by an earlier run (``aicf_tuning.json``)."""
         return cls(key, str(entry.get("kind", "")), int(entry.get("trials", 0)), entry.get("default_s"),
                    entry.get("tuned_s"), str(entry.get("choice", "default")), skipped, entry.get("record"),
-                   entry.get("bindings"), entry.get("plan"))
+                   entry.get("bindings"), entry.get("plan"), entry.get("in_model"))
 
 
 def _replays(trace: Any, workload: tvm.IRModule, expected: tvm.IRModule) -> bool:
@@ -177,7 +182,7 @@ def tuned_records(db: Any, task: Task, baseline: Baseline) -> list[Any]:
     return [r for r in valid_records(db, task.workload) if str(r.trace) not in seeds]
 
 
-def _ratio(tuned_runs: list[float], default_runs: list[float]) -> float:
+def win_ratio(tuned_runs: list[float], default_runs: list[float]) -> float:
     """A tuned record's time over the default's: the median of the paired turns' ratios,
     or the ratio of the two medians where that is higher: a record must win by both.  The
     paired median alone once chose a ResNet-50 record whose median turn took 1.37x the
@@ -199,7 +204,7 @@ def _replayed(trace: Any, workload: tvm.IRModule) -> tvm.IRModule | None:
 def outcome(task: Task, target: tvm.target.Target, db: Any, baseline: Baseline, tools: Tools,
             skipped: bool = False) -> TaskOutcome:
     """Measure the ``CONFIRM_TOP`` best tuned records and the default again, in
-    ``CONFIRM_ROUNDS`` turns, and keep the record whose time over the default's (``_ratio``:
+    ``CONFIRM_ROUNDS`` turns, and keep the record whose time over the default's (``win_ratio``:
     turn by turn and median to median) is lowest, if that is under ``WIN_MARGIN`` (any
     record that runs when the default did not); else the default.  Paired turns cancel what a shared machine adds
     to both alike; the times reported are each kernel's median turn."""
@@ -229,7 +234,7 @@ def outcome(task: Task, target: tvm.target.Target, db: Any, baseline: Baseline, 
         tuned_runs, record = min(ran, key=lambda x: statistics.median(x[0]))
         return TaskOutcome(task.key, task.kind, len(tuned), baseline.secs, statistics.median(tuned_runs),
                            "tuned", skipped, record_digest(record.trace))
-    ratio, index = min((_ratio(r, default_runs), i) for i, (r, _) in enumerate(ran))
+    ratio, index = min((win_ratio(r, default_runs), i) for i, (r, _) in enumerate(ran))
     tuned_runs, record = ran[index]
     wins = ratio < WIN_MARGIN
     return TaskOutcome(task.key, task.kind, len(tuned), statistics.median(default_runs),

@@ -30,8 +30,9 @@ Timing is interleaved: each round calls every peer once per model in turn (after
 that lets the previous engine's spinning threads sleep), in an order shuffled each round
 so that each peer runs right after each other peer about equally often: a neighbour that
 steals a core hurts all peers alike. The median over rounds is reported. Printed per
-model: latency of each peer, ratio ours/peer and compile seconds; then the geometric mean
-of each ratio. The JSON keeps every round's time and the peer that ran just before it.
+model: latency of each peer, ratio ours/peer (of the medians, and ``paired``: the median
+of the rounds' own ratios, steadier where the machine's speed drifts between rounds) and
+compile seconds; then the geometric mean of each ratio of the medians. The JSON keeps every round's time and the peer that ran just before it.
 """
 
 from __future__ import annotations
@@ -215,6 +216,7 @@ class Peer:
     note: str = ""
     times: list[float] = field(default_factory=list)
     after: list[str] = field(default_factory=list)  # the peer timed just before, per round
+    paired: float = float("nan")  # the median over rounds of ours' time over this peer's
 
 
 def _numpy(model: Model) -> list[np.ndarray]:
@@ -431,13 +433,17 @@ def main() -> None:
         time_rounds(peers, args.rounds)
         medians = {p: statistics.median(peer.times) * 1e3 for p, peer in peers.items()}
         print(f"\n{name}")
-        print(f"  {'peer':<11}{'ms':>10}{'ours/peer':>11}{'compile s':>11}  note")
+        print(f"  {'peer':<11}{'ms':>10}{'ours/peer':>11}{'paired':>8}{'compile s':>11}  note")
         for p, peer in peers.items():
             ratio = medians["ours"] / medians[p] if "ours" in medians else float("nan")
+            paired = (statistics.median(o / t for o, t in zip(peers["ours"].times, peer.times))
+                      if "ours" in peers else float("nan"))
             if p != "ours" and "ours" in medians and not peer.note.startswith("MISMATCH"):
                 ratios.setdefault(p, []).append(ratio)
-            print(f"  {p:<11}{medians[p]:>10.2f}{ratio:>11.2f}{peer.compile_s:>11.1f}  {peer.note}")
+            print(f"  {p:<11}{medians[p]:>10.2f}{ratio:>11.2f}{paired:>8.2f}{peer.compile_s:>11.1f}  {peer.note}")
+            peer.paired = paired
         results[name] = {p: {"ms": medians[p], "compile_s": peers[p].compile_s, "note": peers[p].note,
+                             "paired_ours_over": peers[p].paired,
                              "times_ms": [t * 1e3 for t in peers[p].times],
                              "after": peers[p].after} for p in peers}
     print("\ngeometric mean of ours/peer over " + ", ".join(args.models))

@@ -247,7 +247,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     target = resolve_target(args.target)
     result = tune(args.models, target=target, trials=args.trials, work_dir=args.work_dir, **_model_args(args),
                   runner_timeout=args.runner_timeout, rpc=args.rpc, key=args.key, workers=args.workers,
-                  threads=args.threads)
+                  threads=args.threads, time_in_model=not args.kernel_times_only)
     if result is not None:
         print(result)
     return 0
@@ -313,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", default=None, help="with --rpc: the key the servers registered under")
     p.add_argument("--workers", type=_positive_int, default=None,
                    help="with --rpc: measurements at once (default: one per registered server)")
+    p.add_argument("--kernel-times-only", action="store_true",
+                   help="choose each kernel by its time alone, without timing the best candidates "
+                        "again inside the models (on by itself with --rpc and GPU targets)")
     return parser
 
 

@@ -18,7 +18,7 @@ for tests and measurements of one stage.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from relax_passes import FuseEmits, LiftEmits, LowerEmits, PropagateContracts
 from relax_passes.bound_shapes import BoundShapes
 from relax_passes.bounded_tables import PrecomputeBoundedTables
 from relax_passes.channels_first import ChannelsFirst
+from relax_passes.clip_pool_windows import ClipPoolWindows
 from relax_passes.fold_batch_norm import FoldBatchNorm
 from relax_passes.fold_pad import FoldPadIntoConv
 from relax_passes.implicit_broadcasts import ImplicitBroadcasts
@@ -67,7 +68,8 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     is computable at compile time (weights; batch-norm into conv
     weights where exact, ``relax_passes.FoldBatchNorm``, which decomposes every other
     batch-norm by its own ``training`` flag before TVM's inference decomposition could
-    misread it; zero pads into the convolutions that read them, ``relax_passes.FoldPadIntoConv``),
+    misread it; zero pads into the convolutions that read them, ``relax_passes.FoldPadIntoConv``;
+    an average pool's window that covers its whole input, to that input, ``relax_passes.ClipPoolWindows``),
     let ops broadcast their operands themselves instead of through an explicit broadcast
     (``relax_passes.ImplicitBroadcasts``) and move reshapes below the pointwise ops they
     feed (``relax_passes.SinkReshapes``)."""
@@ -79,6 +81,7 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
         PrecomputeBoundedTables(),
         FoldBatchNorm(),
         FoldPadIntoConv(),
+        ClipPoolWindows(),
         relax.transform.FoldConstant(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
@@ -139,16 +142,21 @@ def lower_emits(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
 
 
 def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = None,
-             report: FusionReport | None = None, *, vector_math: bool = True) -> tvm.IRModule:
+             report: FusionReport | None = None, *, vector_math: bool = True,
+             choices: Mapping[str, dict] | None = None) -> tvm.IRModule:
     """Kernel selection, weight prepacking and VectorizeMath; returns the module ready to build.
+
+    ``choices`` replaces the tuning outcomes of the work dir ``database`` (``apply_database``).
 
     ``vector_math=False`` leaves transcendental calls to libm (to measure what
     ``VectorizeMath`` gains; both keep the ``exact`` contract, docs/numerics.md).
     """
     with target:
-        mod = mark_layout_free(kernels)  # before the records: tuning saw the kernels marked
+        # on a copy (the passes below set functions in place): tuning schedules one
+        # module of kernels again and again, with other records each time
+        mod = mark_layout_free(kernels.clone())  # before the records: tuning saw the kernels marked
         if database is not None:  # records are keyed by the PrimFuncs as tuning saw them
-            mod = apply_database(mod, target, database)
+            mod = apply_database(mod, target, database, choices)
         mod = apply_default_schedules(target)(mod)
         mod, packed, refused = prepack_weights(mod)
         mod = NaNExactComparisons(target)(mod)  # what the schedules inlined keeps IEEE NaN results

@@ -15,6 +15,8 @@ choices, each timed at representative bindings of the model's dims
 work dir holds MetaSchedule's JSON database plus
 ``aicf_tuning.json`` (per signature: trials, default and tuned seconds as measured again
 side by side, the choice and its record); ``compile(..., database=work_dir)`` applies it.
+Last, each task's best records are timed again inside the models and the choice is made
+by those times (``tune_model``), which ``aicf_tuning.json`` keeps too (``in_model``).
 Running again with the same arguments skips tasks that already have their trials; a run
 killed midway (even with ``kill -9``) leaves a database that loads and resumes.  A candidate
 that crashes or hangs the runner costs at most ``runner_timeout`` seconds and is recorded
@@ -51,6 +53,7 @@ from schedules.tune_symbolic import choice_label, kernel_bindings, task_choices,
 
 from ..errors import TuningError
 from .frontends import load_model
+from . import tune_model as tm
 from .pipeline import run_pipeline
 from .targets import describe, resolve_target
 from .threads import thread_count
@@ -69,6 +72,7 @@ class TuneResult:
     # "model: kernel (dims)" not tuned: symbolic extents, and a rule without tunable choices
     symbolic: list[str] = field(default_factory=list)
     measured_on: str = "this machine"  # or "rpc HOST:PORT key KEY (N servers)"
+    in_model: str | None = None  # what timing the candidates in the models found (``tune_model``)
 
     @property
     def tuned(self) -> list[Any]:
@@ -86,6 +90,12 @@ class TuneResult:
             if t.bindings is not None:  # symbolic extents: times are geometric means over the bindings
                 chosen = f": {choice_label(t.plan)}" if t.plan else ""
                 lines.append(f"    symbolic, timed at {' | '.join(t.bindings)}{chosen}")
+            if t.in_model is not None:
+                lines.append(f"    in the model: default {_ms(t.in_model['default_s'])}, tuned "
+                             f"{_ms(t.in_model['tuned_s'])} per inference, {t.in_model['candidates']} "
+                             "candidate(s) timed there")
+        if self.in_model:
+            lines.append(f"  {self.in_model}")
         if self.untuned:
             lines.append(f"  {len(self.untuned)} task(s) not tuned: no trials left for them")
         if self.symbolic:
@@ -169,7 +179,7 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
          trials_per_task: int | None = None, builder_timeout: float = 300, runner_timeout: float = 60,
          progress: bool = True, rpc: str | None = None, key: str | None = None,
          workers: int | None = None, threads: int | None = None,
-         shapes: Any = None, bounds: Any = None) -> TuneResult:
+         shapes: Any = None, bounds: Any = None, time_in_model: bool = True) -> TuneResult:
     """Tune the Emit kernels of ``models`` (one or a list of what ``load_model`` takes, with
     its ``shapes`` and ``bounds``).
 
@@ -182,13 +192,16 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
     ``TuningError`` for a corrupt database (left untouched), when no candidate of a task
     built, for a ``runner_timeout`` that is not a positive number, and when the tracker is
     unreachable or has no server under ``key``.  Candidates are measured with the threads
-    the tuned model will run with (``threads``, else as ``compile`` chooses).
+    the tuned model will run with (``threads``, else as ``compile`` chooses).  Then, with
+    ``time_in_model`` (on a CPU target measured here), each task's best candidates are
+    timed again inside the models and chosen by those times (``tune_model``).
     """
     _check_seconds("runner_timeout", runner_timeout)
     tgt = resolve_target(target)
     with _worker_threads(thread_count(threads, tgt.export())):
         return _tune(specs_or(models), tgt, trials, work_dir, trials_per_task, builder_timeout,
-                     runner_timeout, progress, rpc, key, workers, {"shapes": shapes, "bounds": bounds})
+                     runner_timeout, progress, rpc, key, workers, {"shapes": shapes, "bounds": bounds},
+                     time_in_model and rpc is None and "cpu" in tgt.keys, threads)
 
 
 @contextlib.contextmanager
@@ -213,7 +226,8 @@ def specs_or(models: Any) -> list:
 
 def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: int | None,
           builder_timeout: float, runner_timeout: float, progress: bool, rpc: str | None,
-          key: str | None, workers: int | None, load_args: dict) -> TuneResult:
+          key: str | None, workers: int | None, load_args: dict, time_in_model: bool = False,
+          threads: int | None = None) -> TuneResult:
     tracker, workers, where = _remote(rpc, key, workers, runner_timeout)
     if not specs:
         raise TuningError("tune: no model given")
@@ -244,12 +258,13 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
     tools = st.Tools(tgt, builder_timeout, runner_timeout, tracker, workers)
     result = TuneResult(wdir, tgt, names, measured_on=where, symbolic=symbolic)
     bar = tqdm(total=min(trials, sum(shares)), unit="trial", disable=not progress, desc="tune")
+    baselines: dict[str, sm.Baseline] = {}
     with st.cpu_intrinsics_only(tgt), contextlib.closing(bar):
         for index, (task, share, task_spaces) in enumerate(zip(tasks, shares, spaces)):
             bar.set_description(f"tune {index + 1}/{len(tasks)} {task.kind}")
             try:
                 out = _tune_task(task, index, db, tools, share, trials - result.measured, result, bar,
-                                 choices.get(task.key), task_spaces)
+                                 choices.get(task.key), task_spaces, baselines)
             except st.TuningFailed as err:
                 model, kernel = task.uses[0]
                 raise TuningError(f"tuning kernel {kernel} of {model} failed: {err}") from err
@@ -259,7 +274,35 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
             result.tasks.append(out)
             choices[task.key] = out.to_json() | {"uses": [list(u) for u in task.uses]}
             _save_choices(wdir, tgt, choices)
+    if time_in_model:
+        _time_in_model(lowered, tasks, db, baselines, result, choices, threads, progress)
     return result
+
+
+def _time_in_model(lowered: list, tasks: list, db: Any, baselines: dict, result: TuneResult, choices: dict,
+                   threads: int | None, progress: bool) -> None:
+    """Choose each tuned task's record by its time in the models (``tune_model``) and save."""
+    models = [tm.TimedModel(name, mod, inputs) for name, mod in lowered
+              if (inputs := tm.model_inputs(mod)) is not None]
+    by_key = {t.key: t for t in result.tasks if t.bindings is None}
+    offered = {t.key: tm.candidates(db, t, baselines[t.key]) for t in tasks
+               if t.key in by_key and t.key in baselines}
+    offered = {k: c for k, c in offered.items() if c}
+    if not models or not offered:
+        return
+    if all(by_key[k].skipped and by_key[k].in_model is not None for k in offered):
+        result.in_model = "kept the choices an earlier run made in the model(s)"
+        return
+    steps = len(models) * (tm.rounds(offered) + 1) + 2 * tm.MODEL_TURNS
+    with tqdm(total=steps, disable=not progress, desc="time in the model") as bar:
+        timing = tm.choose(models, tasks, offered, result.target, result.work_dir, choices, threads,
+                           lambda: bar.update(1))
+    for key, choice in timing.choices.items():
+        out = by_key[key]
+        out.choice, out.record, out.in_model = ("tuned" if choice.record else "default"), choice.record, choice.to_json()
+        choices[key] = choices[key] | out.to_json()
+    _save_choices(result.work_dir, result.target, choices)
+    result.in_model = timing.summary()
 
 
 def _check_seconds(name: str, value: Any) -> None:
@@ -290,7 +333,7 @@ def _remote(rpc: str | None, key: str | None, workers: int | None, timeout_s: fl
 
 
 def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: int, result: TuneResult,
-               bar: Any, saved: dict | None, spaces: list | None) -> Any:
+               bar: Any, saved: dict | None, spaces: list | None, baselines: dict) -> Any:
     """Seed, search and judge one task; None when it gets no trials (then it is not even
     seeded) or the run's are spent.  A task already searched for its trials keeps the
     outcome an earlier run saved."""
@@ -298,7 +341,7 @@ def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: 
         return None
     if task.bindings:
         return _tune_symbolic_task(task, tools, per_task, left, result, bar, saved)
-    baseline = sm.seed_default(task, result.target, db, tools, spaces)
+    baseline = baselines[task.key] = sm.seed_default(task, result.target, db, tools, spaces)
     done = len(sm.tuned_records(db, task, baseline))
     budget = min(per_task - done, left)
     if budget <= 0 and done < per_task:

@@ -99,3 +99,78 @@ def test_compile_uses_the_choice_and_stays_right(tuned):
     assert [k.schedule for k in compiled.kernels if "conv2d" in k.name] == [expected, expected]
     x = np.random.default_rng(4).standard_normal(SHAPE).astype("float32")
     np.testing.assert_allclose(compiled(x), reference(x), rtol=1e-4, atol=1e-3)
+
+
+def test_the_candidates_were_timed_in_the_model_and_that_choice_is_saved(tuned):
+    from aicf_tvm.driver import tune_model as tm
+    from schedules.tune_measure import WIN_MARGIN
+
+    work_dir, result = tuned
+    (task,) = result.tasks
+    assert task.in_model is not None and "timed in the model" in result.in_model
+    assert task.in_model["candidates"] == min(tm.MODEL_CANDIDATES, result.measured)
+    assert 0 < task.in_model["default_s"] and 0 < task.in_model["tuned_s"]
+    if task.choice == "tuned":  # won its confirming turns: turn by turn and median to median
+        assert task.in_model["tuned_s"] < WIN_MARGIN * task.in_model["default_s"]
+        assert task.record is not None
+    summary = json.loads((work_dir / "aicf_tuning.json").read_text())["tasks"][task.key]
+    assert summary["in_model"] == task.in_model
+    assert (summary["choice"], summary["record"]) == (task.choice, task.record)
+
+
+def test_given_choices_replace_the_work_dirs(tuned):
+    """``schedule(..., choices=)`` builds what those choices name, whatever the work dir chose."""
+    from aicf_tvm.driver.pipeline import schedule
+    from aicf_tvm.driver.tuning import lower_for_tuning
+    from schedules.select import record_digest
+
+    work_dir, result = tuned
+    (task,) = result.tasks
+    kernels = lower_for_tuning(conv_model(), result.target)
+    records = open_database(work_dir).get_all_tuning_records()
+    for choice in ({"choice": "tuned", "record": record_digest(records[-1].trace)},
+                   {"choice": "default", "record": None}):
+        lowered = schedule(kernels, result.target, work_dir, choices={task.key: choice})
+        labels = [str(f.attrs["aicf.schedule"]) for _, f in lowered.functions_items()
+                  if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in f.attrs.get("aicf.kind", "")]
+        assert labels == (["tuned"] if choice["record"] else ["BlockedConv2d"])  # one kernel, called twice
+
+
+def test_the_instrument_charges_each_kernel_call_to_its_task():
+    """The VM calls the kernels by the names tuning's tasks use, and their seconds add up
+    to no more than the call."""
+    import time
+
+    from aicf_tvm.driver.tune_model import _kernel_seconds
+
+    compiled = aicf_tvm.compile(conv_model())
+    names = [k.name for k in compiled.kernels if "conv2d" in k.name]
+    assert len(set(names)) == 1
+    x = np.random.default_rng(5).standard_normal(SHAPE).astype("float32")
+    compiled(x)
+    spent: dict[str, float] = __import__("collections").defaultdict(float)
+    begin = time.perf_counter()
+    _kernel_seconds(compiled, [x], {names[0]: "conv"}, spent)
+    wall = time.perf_counter() - begin
+    assert set(spent) == {"conv"} and 0 < spent["conv"] < wall
+
+
+def test_each_variant_is_built_with_its_own_records(tuned):
+    """Variants built one after another from one module of kernels: each has the schedule
+    its records name (not the first build's), and runs right."""
+    from aicf_tvm.driver import tune_model as tm
+    from aicf_tvm.driver.tuning import lower_for_tuning
+    from schedules.select import load_choices, record_digest
+
+    work_dir, result = tuned
+    (task,) = result.tasks
+    kernels = lower_for_tuning(conv_model(), result.target)
+    x = np.random.default_rng(6).standard_normal(SHAPE).astype("float32")
+    model = tm.TimedModel("model0", kernels, [x])
+    variants = tm._Variants([model], {"model0": {}}, result.target, work_dir, load_choices(work_dir), None,
+                            lambda: None)
+    digest = record_digest(open_database(work_dir).get_all_tuning_records()[-1].trace)
+    for record, label in ((None, "BlockedConv2d"), (digest, "tuned"), (None, "BlockedConv2d")):
+        (compiled,) = variants.build({task.key: record})
+        assert {k.schedule for k in compiled.kernels if "conv2d" in k.name} == {label}
+        np.testing.assert_allclose(compiled(x), reference(x), rtol=1e-4, atol=1e-3)

@@ -1,0 +1,230 @@
+"""Choosing each tuned kernel by its time inside the models it serves.
+
+Tuning times a candidate alone (``schedules.tune_measure``): one kernel, caches flushed,
+the fastest of its repeats.  In a model the kernel runs after its producer, on an input
+that producer has just written, beside kernels that evict its weights.  On a 2-core
+Zen 5 the two orders disagree: of ResNet-50's blocked-convolution plans, some ran 3x the
+default's time in the model and ranked near it alone, and a tuning run that kept the
+kernel-time winners left the model as fast as before.  So once every task is measured,
+``choose`` times the candidates where they run:
+
+1. The candidates of a task: the default rule, then its ``MODEL_CANDIDATES`` fastest
+   records by kernel time.
+2. Variant ``r`` is each model built with every task at its ``r``-th candidate (the
+   default where a task has fewer), as ``compile(database=work_dir)`` builds it
+   (``apply_database`` with those choices).
+3. In each of ``MODEL_TURNS`` turns every variant runs once (in order, every other turn
+   backwards) under a VM instrument that times each kernel call; a task's time in a turn
+   is the sum over its calls in every model.
+4. A task takes the candidate whose median turn is least if it beats the default by
+   ``WIN_MARGIN`` turn by turn and median to median (``tune_measure.win_ratio``).
+5. The model with every task so chosen is built and timed against the default variant
+   in ``MODEL_TURNS`` fresh turns, and a task keeps its record only if it wins there
+   again: the least of many medians is otherwise a lucky draw.
+
+A model with symbolic input dims, a run measured over RPC and a GPU target are not timed
+here: their tasks keep the choice their kernel times made.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tvm
+
+from schedules import tune_measure as sm
+from schedules.select import record_digest
+
+from .compiled import CompiledModel, specs_of
+from .pipeline import build, schedule
+
+_LOG = logging.getLogger(__name__)
+MODEL_CANDIDATES = 7  # records per task timed in the models, fastest by kernel time first
+MODEL_TURNS = 15  # turns of each stage, each running every variant once
+
+
+@dataclass(frozen=True)
+class TimedModel:
+    """One model to time the tasks in: its name (as the tasks' uses name it), its Emit
+    kernels before any schedule (``tuning.lower_for_tuning``) and inputs to run it on."""
+
+    name: str
+    kernels: tvm.IRModule
+    inputs: list[np.ndarray]
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """What the models chose for one task: its record (None: the default rule) and the
+    task's seconds per inference there, default and chosen, in the confirming turns."""
+
+    record: str | None
+    default_s: float
+    tuned_s: float
+    candidates: int
+
+    def to_json(self) -> dict:
+        return {"default_s": self.default_s, "tuned_s": self.tuned_s, "candidates": self.candidates}
+
+
+@dataclass(frozen=True)
+class ModelTiming:
+    """The outcome of ``choose``: per task key its choice, and each model's seconds per
+    call with every task at the default and as chosen (the median of paired turns)."""
+
+    choices: dict[str, ModelChoice]
+    default_s: dict[str, float]
+    chosen_s: dict[str, float]
+
+    def summary(self) -> str:
+        tuned = sum(c.record is not None for c in self.choices.values())
+        times = ", ".join(f"{name} {self.default_s[name] * 1e3:.2f} -> {self.chosen_s[name] * 1e3:.2f} ms"
+                          for name in self.default_s)
+        return (f"timed in the model(s): {tuned} of {len(self.choices)} task(s) chose a record there; "
+                f"a call took {times}")
+
+
+def model_inputs(kernels: tvm.IRModule, seed: int = 0) -> list[np.ndarray] | None:
+    """Arrays to run ``kernels["main"]`` on, or None when an input has a symbolic dim.
+    Integer and boolean inputs (token ids, masks) are ones: a valid id and an open mask."""
+    specs, _ = specs_of(kernels["main"])
+    if any(not isinstance(d, int) for s in specs for d in s.shape):
+        return None
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s.shape).astype(s.dtype) if s.dtype.startswith(("float", "bfloat"))
+            else np.ones(s.shape, dtype=s.dtype) for s in specs]
+
+
+def _kernel_seconds(model: CompiledModel, inputs: Sequence[np.ndarray], owner: Mapping[str, str],
+                    spent: dict[str, float]) -> None:
+    """Run ``model`` once and add each call's seconds to ``spent`` under its task's key."""
+    start = [0.0]
+
+    def instrument(func: Any, symbol: str, before: bool, ret: Any, *args: Any) -> int:
+        key = owner.get(symbol)
+        if key is not None:
+            if before:
+                start[0] = time.perf_counter()
+            else:
+                spent[key] += time.perf_counter() - start[0]
+        return 0
+
+    vm = model.vm
+    vm.set_instrument(instrument)
+    try:
+        model(*inputs)
+    finally:
+        vm.set_instrument(None)
+
+
+class _Variants:
+    """Model variants built with given per-task records, timed in turns."""
+
+    def __init__(self, models: Sequence[TimedModel], owners: Mapping[str, Mapping[str, str]],
+                 target: tvm.target.Target, work_dir: Any, saved: Mapping[str, dict], threads: int | None,
+                 step: Callable[[], None]) -> None:
+        self.models, self.owners, self.target = models, owners, target
+        self.work_dir, self.saved, self.threads, self.step = work_dir, saved, threads, step
+
+    def build(self, records: Mapping[str, str | None]) -> list[CompiledModel]:
+        """Every model with each task in ``records`` at that record (None: the default
+        rule) and the other tasks as ``saved`` chose."""
+        choices = dict(self.saved) | {key: {"choice": "default" if r is None else "tuned", "record": r}
+                                      for key, r in records.items()}
+        built = []
+        for m in self.models:
+            lowered = schedule(m.kernels, self.target, self.work_dir, choices=choices)
+            built.append(CompiledModel(build(lowered, self.target), self.target, m.kernels["main"],
+                                       threads=self.threads, lowered=lowered))
+            self.step()
+        return built
+
+    def time(self, variants: Sequence[list[CompiledModel]], turns: int
+             ) -> tuple[list[dict[str, list[float]]], list[dict[str, list[float]]]]:
+        """Per variant: each task's seconds per turn (its kernel calls in every model) and
+        each model's seconds per uninstrumented call, the variants run in turns."""
+        for variant in variants:  # a first call loads the code and allocates the storage
+            for m, compiled in zip(self.models, variant):
+                compiled(*m.inputs)
+        per_task = [defaultdict(list) for _ in variants]
+        per_model = [defaultdict(list) for _ in variants]
+        for turn in range(turns):
+            order = list(enumerate(variants))  # every other turn backwards: no variant always first
+            for i, variant in (order if turn % 2 == 0 else order[::-1]):
+                spent: dict[str, float] = defaultdict(float)
+                for m, compiled in zip(self.models, variant):
+                    _kernel_seconds(compiled, m.inputs, self.owners[m.name], spent)
+                    begin = time.perf_counter()
+                    compiled(*m.inputs)
+                    per_model[i][m.name].append(time.perf_counter() - begin)
+                for key, secs in spent.items():
+                    per_task[i][key].append(secs)
+            self.step()
+        return per_task, per_model
+
+
+def _owners(models: Sequence[TimedModel], tasks: Sequence[Any], keys: set[str]) -> dict[str, dict[str, str]]:
+    """Per model, the task key of each kernel (by the name the VM calls it) in ``keys``."""
+    owners: dict[str, dict[str, str]] = {m.name: {} for m in models}
+    for task in tasks:
+        if task.key in keys:
+            for model, kernel in task.uses:
+                if model in owners:
+                    owners[model][kernel] = task.key
+    return owners
+
+
+def candidates(db: Any, task: Any, baseline: sm.Baseline) -> list[str]:
+    """Digests of the task's records to time in the models: the ``MODEL_CANDIDATES``
+    fastest by kernel time, the seeded default's excluded."""
+    return [record_digest(r.trace) for r in sm.tuned_records(db, task, baseline)[:MODEL_CANDIDATES]]
+
+
+def rounds(offered: Mapping[str, list[str]]) -> int:
+    """The variants ``choose`` builds for these candidates: the default's, one per rank."""
+    return 1 + max((len(c) for c in offered.values()), default=0)
+
+
+def choose(models: Sequence[TimedModel], tasks: Sequence[Any], offered: Mapping[str, list[str]],
+           target: tvm.target.Target, work_dir: Any, saved: Mapping[str, dict], threads: int | None,
+           step: Callable[[], None] = lambda: None) -> ModelTiming:
+    """Time each task's ``offered`` records (and the default rule) in ``models`` and choose
+    by those times (module docstring); ``saved`` holds the other tasks' choices."""
+    keys = {k for k, c in offered.items() if c}
+    owners = _owners(models, tasks, keys)
+    variants = _Variants(models, owners, target, work_dir, saved, threads, step)
+    ranks = rounds({k: offered[k] for k in keys})
+    built = [variants.build({k: (offered[k][r - 1] if 0 < r <= len(offered[k]) else None) for k in keys})
+             for r in range(ranks)]
+    screen, _ = variants.time(built, MODEL_TURNS)
+    default = screen[0]
+    picked: dict[str, str] = {}
+    for key in keys:
+        if not default.get(key):
+            _LOG.warning("task %s ran no kernel in the timed models: its choice stays", key)
+            continue
+        ranked = [(statistics.median(screen[r][key]), r) for r in range(1, len(offered[key]) + 1)]
+        best = min(ranked)[1]
+        if sm.win_ratio(screen[best][key], default[key]) < sm.WIN_MARGIN:
+            picked[key] = offered[key][best - 1]
+    chosen = variants.build({k: picked.get(k) for k in keys}) if picked else built[0]
+    confirm, calls = variants.time([built[0], chosen], MODEL_TURNS)
+    out = {}
+    for key in keys:
+        if not confirm[0].get(key):
+            continue
+        record = picked.get(key)
+        if record is not None and sm.win_ratio(confirm[1][key], confirm[0][key]) >= sm.WIN_MARGIN:
+            record = None  # the screen's win did not hold
+        out[key] = ModelChoice(record, statistics.median(confirm[0][key]), statistics.median(confirm[1][key]),
+                               len(offered[key]))
+    ratios = {m.name: statistics.median(c / d for c, d in zip(calls[1][m.name], calls[0][m.name])) for m in models}
+    base = {m.name: statistics.median(calls[0][m.name]) for m in models}
+    return ModelTiming(out, base, {name: base[name] * ratios[name] for name in base})

@@ -1,0 +1,67 @@
+"""``tune_model.choose``: a record is chosen by its time in the model, and only when it
+wins both the screening turns and fresh confirming ones.  The builds and timings are
+scripted here (the real ones are exercised end to end by ``test_tuning_conv.py``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from aicf_tvm.driver import tune_model as tm
+
+# seconds per turn of each task's candidates (None: the default rule), screening / confirming
+SCREEN = {"a": {None: 1.0, "a1": 1.0, "a2": 0.8}, "b": {None: 1.0, "b1": 0.9}, "c": {None: 1.0, "c1": 1.01}}
+CONFIRM = {"a": {None: 1.0, "a2": 0.79}, "b": {None: 1.0, "b1": 0.995}, "c": {None: 1.0}}
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    stages = []
+
+    def build(self, records):
+        return dict(records)  # a variant: the record of each task
+
+    def time(self, variants, turns):
+        table = SCREEN if not stages else CONFIRM
+        stages.append([dict(v) for v in variants])
+        per_task = [{k: [table[k][r]] * turns for k, r in v.items()} for v in variants]
+        per_model = [{"m": [sum(table[k][r] for k, r in v.items())] * turns} for v in variants]
+        return per_task, per_model
+
+    monkeypatch.setattr(tm._Variants, "build", build)
+    monkeypatch.setattr(tm._Variants, "time", time)
+    return stages
+
+
+def test_a_record_must_win_the_screen_and_then_the_confirmation(scripted):
+    tasks = [SimpleNamespace(key=k, uses=[("m", f"kernel_{k}")]) for k in SCREEN]
+    offered = {k: [r for r in SCREEN[k] if r is not None] for k in SCREEN}
+    model = tm.TimedModel("m", tvm.IRModule(), [])
+    timing = tm.choose([model], tasks, offered, None, None, {}, None)
+    screen, confirm = scripted
+    assert len(screen) == tm.rounds(offered) == 3  # the default, then each task's first and second
+    assert screen[2] == {"a": "a2", "b": None, "c": None}  # a task with fewer candidates runs its default
+    assert confirm == [{"a": None, "b": None, "c": None}, {"a": "a2", "b": "b1", "c": None}]
+    chosen = {k: c.record for k, c in timing.choices.items()}
+    assert chosen == {"a": "a2", "b": None, "c": None}  # b's 10% did not hold, c never won
+    assert timing.choices["a"].to_json() == {"default_s": 1.0, "tuned_s": 0.79, "candidates": 2}
+    assert timing.default_s["m"] == 3.0 and timing.chosen_s["m"] == pytest.approx(2.785)
+
+
+def test_inputs_are_ones_for_ids_and_none_for_symbolic_dims():
+    def module(shape, dtype):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType(shape, dtype))
+        with bb.function("main", [x]):
+            bb.emit_func_output(x)
+        return bb.get()
+
+    ids = tm.model_inputs(module((1, 8), "int64"))
+    assert len(ids) == 1 and ids[0].dtype == np.int64 and (ids[0] == 1).all()
+    (x,) = tm.model_inputs(module((2, 3), "float32"))
+    assert x.shape == (2, 3) and x.dtype == np.float32 and len(np.unique(x)) == 6
+    assert tm.model_inputs(module((tvm.tirx.Var("n", "int64"), 3), "float32")) is None
