@@ -293,7 +293,7 @@ def _time_in_model(lowered: list, tasks: list, db: Any, baselines: dict, result:
     if all(by_key[k].skipped and by_key[k].in_model is not None for k in offered):
         result.in_model = "kept the choices an earlier run made in the model(s)"
         return
-    steps = len(models) * (tm.rounds(offered) + 1) + 2 * tm.MODEL_TURNS
+    steps = len(models) * (tm.rounds(offered) + 2) + 2 * tm.MODEL_TURNS
     with tqdm(total=steps, disable=not progress, desc="time in the model") as bar:
         timing = tm.choose(models, tasks, offered, result.target, result.work_dir, choices, threads,
                            lambda: bar.update(1))

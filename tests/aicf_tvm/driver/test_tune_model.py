@@ -19,22 +19,25 @@ CONFIRM = {"a": {None: 1.0, "a2": 0.79}, "b": {None: 1.0, "b1": 0.995}, "c": {No
 
 
 @pytest.fixture
-def scripted(monkeypatch):
-    stages = []
+def scripted(monkeypatch, request):
+    stages, builds = [], []
+    whole_gain = getattr(request, "param", 1.0)  # the models' calls with the records, over the sum of kernels
 
     def build(self, records):
+        builds.append(dict(records))
         return dict(records)  # a variant: the record of each task
 
     def time(self, variants, turns):
         table = SCREEN if not stages else CONFIRM
         stages.append([dict(v) for v in variants])
         per_task = [{k: [table[k][r]] * turns for k, r in v.items()} for v in variants]
-        per_model = [{"m": [sum(table[k][r] for k, r in v.items())] * turns} for v in variants]
+        per_model = [{"m": [sum(table[k][r] for k, r in v.items()) * (whole_gain if any(v.values()) else 1)] * turns}
+                     for v in variants]
         return per_task, per_model
 
     monkeypatch.setattr(tm._Variants, "build", build)
     monkeypatch.setattr(tm._Variants, "time", time)
-    return stages
+    return stages, builds
 
 
 def test_a_record_must_win_the_screen_and_then_the_confirmation(scripted):
@@ -42,10 +45,11 @@ def test_a_record_must_win_the_screen_and_then_the_confirmation(scripted):
     offered = {k: [r for r in SCREEN[k] if r is not None] for k in SCREEN}
     model = tm.TimedModel("m", tvm.IRModule(), [])
     timing = tm.choose([model], tasks, offered, None, None, {}, None)
-    screen, confirm = scripted
+    (screen, confirm), builds = scripted
+    assert builds == [*screen, *confirm]  # the confirming pair is built afresh, not the screen's default
     assert len(screen) == tm.rounds(offered) == 3  # the default, then each task's first and second
     assert screen[2] == {"a": "a2", "b": None, "c": None}  # a task with fewer candidates runs its default
-    assert confirm == [{"a": None, "b": None, "c": None}, {"a": "a2", "b": "b1", "c": None}]
+    assert confirm == [{"a": None, "b": None, "c": None}, {"a": "a2", "b": "b1", "c": None}]  # built again
     chosen = {k: c.record for k, c in timing.choices.items()}
     assert chosen == {"a": "a2", "b": None, "c": None}  # b's 10% did not hold, c never won
     assert timing.choices["a"].to_json() == {"default_s": 1.0, "tuned_s": 0.79, "candidates": 2}
@@ -65,3 +69,14 @@ def test_inputs_are_ones_for_ids_and_none_for_symbolic_dims():
     (x,) = tm.model_inputs(module((2, 3), "float32"))
     assert x.shape == (2, 3) and x.dtype == np.float32 and len(np.unique(x)) == 6
     assert tm.model_inputs(module((tvm.tirx.Var("n", "int64"), 3), "float32")) is None
+
+
+@pytest.mark.parametrize("scripted", [1.1], indirect=True)
+def test_records_that_win_their_kernels_but_not_the_model_are_dropped(scripted):
+    """Every kernel a wins, but the model's calls with a's record take 2% longer than
+    without: every task keeps its default."""
+    tasks = [SimpleNamespace(key=k, uses=[("m", f"kernel_{k}")]) for k in SCREEN]
+    offered = {k: [r for r in SCREEN[k] if r is not None] for k in SCREEN}
+    timing = tm.choose([tm.TimedModel("m", tvm.IRModule(), [])], tasks, offered, None, None, {}, None)
+    assert not timing.kept and all(c.record is None for c in timing.choices.values())
+    assert timing.chosen_s["m"] == pytest.approx(3.0635) and "keeps its default" in timing.summary()
