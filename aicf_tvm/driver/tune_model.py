@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -45,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import tvm
+from tvm import relax
 
 from schedules import tune_measure as sm
 from schedules.select import record_digest
@@ -191,6 +193,39 @@ def _owners(models: Sequence[TimedModel], tasks: Sequence[Any], keys: set[str]) 
     return owners
 
 
+def weight_bytes(kernels: tvm.IRModule) -> int:
+    """Bytes of the constants ``kernels["main"]`` holds (the weights every variant's build
+    keeps a packed copy of)."""
+    total = [0]
+
+    def visit(expr: Any) -> None:
+        if isinstance(expr, tvm.ir.expr.GenericConst) and isinstance(expr.ty, relax.TensorType):
+            total[0] += int(np.prod([int(d) for d in expr.value.shape], dtype=np.int64)) * \
+                np.dtype(str(expr.value.dtype)).itemsize
+
+    relax.analysis.post_order_visit(kernels["main"], visit)
+    return total[0]
+
+
+def available_bytes() -> int:
+    """Memory the system can give this process now (``MemAvailable``), else all of it."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def variants_that_fit(models: Sequence[TimedModel]) -> int:
+    """How many builds of all ``models`` may be held at once: each keeps its packed
+    weights (counted twice, for the activations and the code), in half of what is free."""
+    per_variant = 2 * sum(weight_bytes(m.kernels) for m in models) + (64 << 20)
+    return int(available_bytes() // 2 // per_variant)
+
+
 def candidates(db: Any, task: Any, baseline: sm.Baseline) -> list[str]:
     """Digests of the task's records to time in the models: the ``MODEL_CANDIDATES``
     fastest by kernel time, the seeded default's excluded."""
@@ -214,6 +249,7 @@ def choose(models: Sequence[TimedModel], tasks: Sequence[Any], offered: Mapping[
     built = [variants.build({k: (offered[k][r - 1] if 0 < r <= len(offered[k]) else None) for k in keys})
              for r in range(ranks)]
     screen, _ = variants.time(built, MODEL_TURNS)
+    del built  # the confirming pair is built anew
     default = screen[0]
     picked: dict[str, str] = {}
     for key in keys:

@@ -80,3 +80,21 @@ def test_records_that_win_their_kernels_but_not_the_model_are_dropped(scripted):
     timing = tm.choose([tm.TimedModel("m", tvm.IRModule(), [])], tasks, offered, None, None, {}, None)
     assert not timing.kept and all(c.record is None for c in timing.choices.values())
     assert timing.chosen_s["m"] == pytest.approx(3.0635) and "keeps its default" in timing.summary()
+
+
+def test_as_many_variants_as_half_the_free_memory_holds(monkeypatch):
+    """Every variant keeps its packed weights: a model of 48 MiB of constants gets
+    (free / 2) // (2 * 48 MiB + 64 MiB) variants."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4096), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(np.zeros((4096, 3072), "float32"))  # 48 MiB
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    model = tm.TimedModel("m", bb.get(), [])
+    assert tm.weight_bytes(model.kernels) == 4096 * 3072 * 4
+    monkeypatch.setattr(tm, "available_bytes", lambda: 2 << 30)
+    assert tm.variants_that_fit([model]) == (1 << 30) // ((96 << 20) + (64 << 20)) == 6
+    monkeypatch.setattr(tm, "available_bytes", lambda: 300 << 20)
+    assert tm.variants_that_fit([model]) == 0
