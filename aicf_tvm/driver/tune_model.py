@@ -18,10 +18,13 @@ kernel-time winners left the model as fast as before.  So once every task is mea
    is the sum over its calls in every model.
 4. A task takes the candidate whose median turn is least if it beats the default by
    ``WIN_MARGIN`` turn by turn and median to median (``tune_measure.win_ratio``).
-5. The model with every task so chosen and the default are built again and timed
-   against each other in ``MODEL_TURNS`` fresh turns, and a task keeps its record only if
-   it wins there again: the least of many medians is otherwise a lucky draw (of the
-   turns, or of where a build's buffers lie).
+5. The model with every task so chosen and the default are built again, each
+   ``CONFIRM_BUILDS`` times, and timed in ``MODEL_TURNS`` fresh turns, each side's builds
+   averaged; a task keeps its record only if it wins there again. The least of many
+   medians is otherwise a lucky draw, of the turns or of the build: on 2 Zen 5 cores,
+   four identical builds of ResNet-50 in one process ran its kernels up to 1.38x apart
+   (20 of 27 tasks over 1.05x; the calls 22.9-24.7 ms), while four VMs of one build, the
+   weights and code shared, stayed within 1.05x (1 task) and 1%.
 6. Those records stay only if the models' own calls (no instrument), summed over the
    models, are ``WIN_MARGIN`` faster with them in the same turns; else every task keeps
    its default rule. Timed per kernel, 10 of ResNet-50's 19 tasks once won by up to 21%
@@ -57,6 +60,7 @@ from .pipeline import build, schedule
 _LOG = logging.getLogger(__name__)
 MODEL_CANDIDATES = 7  # records per task timed in the models, fastest by kernel time first
 MODEL_TURNS = 15  # turns of each stage, each running every variant once
+CONFIRM_BUILDS = 2  # builds of the default and of the chosen records in the confirming turns
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,14 @@ class _Variants:
         return per_task, per_model
 
 
+def _pooled(tables: Sequence[Mapping[str, list[float]]], side: int) -> dict[str, list[float]]:
+    """Per key, each turn's mean over the variants ``side``, ``side + 2``, ... of ``tables``
+    (the confirming builds alternate default and chosen)."""
+    mine = tables[side::2]
+    return {key: [statistics.fmean(turn) for turn in zip(*(t[key] for t in mine))]
+            for key in mine[0] if all(key in t for t in mine)}
+
+
 def _owners(models: Sequence[TimedModel], tasks: Sequence[Any], keys: set[str]) -> dict[str, dict[str, str]]:
     """Per model, the task key of each kernel (by the name the VM calls it) in ``keys``."""
     owners: dict[str, dict[str, str]] = {m.name: {} for m in models}
@@ -260,24 +272,26 @@ def choose(models: Sequence[TimedModel], tasks: Sequence[Any], offered: Mapping[
         best = min(ranked)[1]
         if sm.win_ratio(screen[best][key], default[key]) < sm.WIN_MARGIN:
             picked[key] = offered[key][best - 1]
-    # both built afresh: a win that came from where one build's buffers happened to lie does not carry over
-    default_again = variants.build(dict.fromkeys(keys))
-    chosen = variants.build({k: picked.get(k) for k in keys}) if picked else variants.build(dict.fromkeys(keys))
-    confirm, calls = variants.time([default_again, chosen], MODEL_TURNS)
+    # built afresh, each side CONFIRM_BUILDS times and averaged: where a build's weights lie
+    # moves its kernels by up to a third (module docstring), a win of one build carries over to no other
+    pair = [dict.fromkeys(keys), {k: picked.get(k) for k in keys}]
+    confirm, calls = variants.time([variants.build(pair[i % 2]) for i in range(2 * CONFIRM_BUILDS)], MODEL_TURNS)
+    default_runs, chosen_runs = (_pooled(confirm, side) for side in (0, 1))
+    default_calls, chosen_calls = (_pooled(calls, side) for side in (0, 1))
     out = {}
     for key in keys:
-        if not confirm[0].get(key):
+        if not default_runs.get(key):
             continue
         record = picked.get(key)
-        if record is not None and sm.win_ratio(confirm[1][key], confirm[0][key]) >= sm.WIN_MARGIN:
+        if record is not None and sm.win_ratio(chosen_runs[key], default_runs[key]) >= sm.WIN_MARGIN:
             record = None  # the screen's win did not hold
-        out[key] = ModelChoice(record, statistics.median(confirm[0][key]), statistics.median(confirm[1][key]),
+        out[key] = ModelChoice(record, statistics.median(default_runs[key]), statistics.median(chosen_runs[key]),
                                len(offered[key]))
-    ratios = {m.name: statistics.median(c / d for c, d in zip(calls[1][m.name], calls[0][m.name])) for m in models}
-    base = {m.name: statistics.median(calls[0][m.name]) for m in models}
-    whole = [sum(calls[i][m.name][t] for m in models) for i in (0, 1) for t in range(MODEL_TURNS)]
-    kept = not any(c.record for c in out.values()) or \
-        sm.win_ratio(whole[MODEL_TURNS:], whole[:MODEL_TURNS]) < sm.WIN_MARGIN
+    ratios = {m.name: statistics.median(c / d for c, d in zip(chosen_calls[m.name], default_calls[m.name]))
+              for m in models}
+    base = {m.name: statistics.median(default_calls[m.name]) for m in models}
+    whole = [[sum(runs[m.name][t] for m in models) for t in range(MODEL_TURNS)] for runs in (default_calls, chosen_calls)]
+    kept = not any(c.record for c in out.values()) or sm.win_ratio(whole[1], whole[0]) < sm.WIN_MARGIN
     if not kept:  # the models, called as a user calls them, were not faster: every task keeps its default
         out = {k: dataclasses.replace(c, record=None) for k, c in out.items()}
     return ModelTiming(out, base, {name: base[name] * ratios[name] for name in base}, kept)

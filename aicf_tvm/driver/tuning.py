@@ -294,12 +294,12 @@ def _time_in_model(lowered: list, tasks: list, db: Any, baselines: dict, result:
         result.in_model = "kept the choices an earlier run made in the model(s)"
         return
     fit = tm.variants_that_fit(models)  # every variant is held at once, with its weights
-    if fit < 2:
-        result.in_model = ("not timed in the model(s): two builds of their weights would not fit in "
-                           "half the free memory; the kernel times chose")
+    if fit < 2 * tm.CONFIRM_BUILDS:
+        result.in_model = (f"not timed in the model(s): {2 * tm.CONFIRM_BUILDS} builds of their weights would "
+                           "not fit in half the free memory; the kernel times chose")
         return
     offered = {k: c[:fit - 1] for k, c in offered.items()}
-    steps = len(models) * (tm.rounds(offered) + 2) + 2 * tm.MODEL_TURNS
+    steps = len(models) * (tm.rounds(offered) + 2 * tm.CONFIRM_BUILDS) + 2 * tm.MODEL_TURNS
     with tqdm(total=steps, disable=not progress, desc="time in the model") as bar:
         timing = tm.choose(models, tasks, offered, result.target, result.work_dir, choices, threads,
                            lambda: bar.update(1))
