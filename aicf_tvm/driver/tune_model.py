@@ -76,7 +76,9 @@ class TimedModel:
 @dataclass(frozen=True)
 class ModelChoice:
     """What the models chose for one task: its record (None: the default rule) and the
-    task's seconds per inference there, default and chosen, in the confirming turns."""
+    task's seconds per inference there: the default's and the record's in the confirming
+    turns, or, for a task whose records all lost the screen, the default's and the best
+    record's there."""
 
     record: str | None
     default_s: float
@@ -96,15 +98,17 @@ class ModelTiming:
     default_s: dict[str, float]
     chosen_s: dict[str, float]
     kept: bool = True  # whether the models' calls were faster with the records that won
+    screened: int = 0  # records that won the screening turns
 
     def summary(self) -> str:
         tuned = sum(c.record is not None for c in self.choices.values())
+        head = f"timed in the model(s): {tuned} of {len(self.choices)} task(s) chose a record there"
+        if not self.screened:
+            return f"{head}; no record beat the default rule's kernel in the screening turns"
         times = ", ".join(f"{name} {self.default_s[name] * 1e3:.2f} -> {self.chosen_s[name] * 1e3:.2f} ms"
                           for name in self.default_s)
-        verdict = ("" if self.kept else
-                   "; not 2% faster as a whole, so every task keeps its default rule")
-        return (f"timed in the model(s): {tuned} of {len(self.choices)} task(s) chose a record there; "
-                f"a call took {times} with the records that won their kernels{verdict}")
+        verdict = "" if self.kept else "; not 2% faster as a whole, so every task keeps its default rule"
+        return f"{head}; a call took {times} with the {self.screened} record(s) that won the screen{verdict}"
 
 
 def model_inputs(kernels: tvm.IRModule, seed: int = 0) -> list[np.ndarray] | None:
@@ -264,12 +268,14 @@ def choose(models: Sequence[TimedModel], tasks: Sequence[Any], offered: Mapping[
     del built  # the confirming pair is built anew
     default = screen[0]
     picked: dict[str, str] = {}
+    screened: dict[str, tuple[float, float]] = {}  # the default's and the best candidate's median there
     for key in keys:
         if not default.get(key):
             _LOG.warning("task %s ran no kernel in the timed models: its choice stays", key)
             continue
         ranked = [(statistics.median(screen[r][key]), r) for r in range(1, len(offered[key]) + 1)]
         best = min(ranked)[1]
+        screened[key] = (statistics.median(default[key]), statistics.median(screen[best][key]))
         if sm.win_ratio(screen[best][key], default[key]) < sm.WIN_MARGIN:
             picked[key] = offered[key][best - 1]
     # built afresh, each side CONFIRM_BUILDS times and averaged: where a build's weights lie
@@ -280,10 +286,13 @@ def choose(models: Sequence[TimedModel], tasks: Sequence[Any], offered: Mapping[
     default_calls, chosen_calls = (_pooled(calls, side) for side in (0, 1))
     out = {}
     for key in keys:
-        if not default_runs.get(key):
+        if not default_runs.get(key) or key not in screened:
             continue
         record = picked.get(key)
-        if record is not None and sm.win_ratio(chosen_runs[key], default_runs[key]) >= sm.WIN_MARGIN:
+        if record is None:  # lost the screen: its times there
+            out[key] = ModelChoice(None, *screened[key], len(offered[key]))
+            continue
+        if sm.win_ratio(chosen_runs[key], default_runs[key]) >= sm.WIN_MARGIN:
             record = None  # the screen's win did not hold
         out[key] = ModelChoice(record, statistics.median(default_runs[key]), statistics.median(chosen_runs[key]),
                                len(offered[key]))
@@ -294,4 +303,4 @@ def choose(models: Sequence[TimedModel], tasks: Sequence[Any], offered: Mapping[
     kept = not any(c.record for c in out.values()) or sm.win_ratio(whole[1], whole[0]) < sm.WIN_MARGIN
     if not kept:  # the models, called as a user calls them, were not faster: every task keeps its default
         out = {k: dataclasses.replace(c, record=None) for k, c in out.items()}
-    return ModelTiming(out, base, {name: base[name] * ratios[name] for name in base}, kept)
+    return ModelTiming(out, base, {name: base[name] * ratios[name] for name in base}, kept, len(picked))

@@ -91,9 +91,9 @@ class TuneResult:
                 chosen = f": {choice_label(t.plan)}" if t.plan else ""
                 lines.append(f"    symbolic, timed at {' | '.join(t.bindings)}{chosen}")
             if t.in_model is not None:
-                lines.append(f"    in the model: default {_ms(t.in_model['default_s'])}, tuned "
+                lines.append(f"    in the model: default {_ms(t.in_model['default_s'])}, best record "
                              f"{_ms(t.in_model['tuned_s'])} per inference, {t.in_model['candidates']} "
-                             "candidate(s) timed there")
+                             "record(s) timed there")
         if self.in_model:
             lines.append(f"  {self.in_model}")
         if self.untuned:

@@ -53,7 +53,9 @@ def test_a_record_must_win_the_screen_and_then_the_confirmation(scripted):
     assert confirm == [default, chosen] * tm.CONFIRM_BUILDS  # each side built again, more than once
     chosen = {k: c.record for k, c in timing.choices.items()}
     assert chosen == {"a": "a2", "b": None, "c": None}  # b's 10% did not hold, c never won
-    assert timing.choices["a"].to_json() == {"default_s": 1.0, "tuned_s": 0.79, "candidates": 2}
+    assert timing.choices["a"].to_json() == {"default_s": 1.0, "tuned_s": 0.79, "candidates": 2}  # confirmed
+    assert timing.choices["c"].to_json() == {"default_s": 1.0, "tuned_s": 1.01, "candidates": 1}  # its screen
+    assert timing.screened == 2 and "2 record(s) that won the screen" in timing.summary()
     assert timing.default_s["m"] == 3.0 and timing.chosen_s["m"] == pytest.approx(2.785)
 
 
