@@ -154,6 +154,9 @@ def _unmark(func: tirx.PrimFunc, keep=lambda block: False) -> tirx.PrimFunc:
     return sch.mod["main"]  # a Schedule keeps the function's attrs
 
 
+PREPACKED_SUFFIX = "_prepacked"  # TVM's name for a kernel whose weight packing was split out
+
+
 def _split(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> tuple[tvm.IRModule, list[Prepacked]]:
     """``mod`` (not changed) with ``gv``'s marked blocks split out and folded on the constants.
 
@@ -164,7 +167,7 @@ def _split(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> tuple[tvm.IRModule, list[
     sub = tvm.IRModule({**{g: f for g, f in mod.functions_items() if isinstance(f, relax.Function)}, gv: original})
     split = relax.transform.SplitLayoutRewritePreproc()(sub)
     added = {g.name_hint for g in split.get_global_vars()} - {g.name_hint for g in sub.get_global_vars()}
-    new = f"{gv.name_hint}_prepacked"
+    new = f"{gv.name_hint}{PREPACKED_SUFFIX}"
     if new not in added:
         raise ValueError("TVM's SplitLayoutRewritePreproc did not split it")
     taken = added & {g.name_hint for g in mod.get_global_vars()}

@@ -51,6 +51,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from relax_passes.prepack_weights import PREPACKED_SUFFIX
 from schedules import tune_measure as sm
 from schedules.select import record_digest
 
@@ -199,13 +200,14 @@ def _pooled(tables: Sequence[Mapping[str, list[float]]], side: int) -> dict[str,
 
 
 def _owners(models: Sequence[TimedModel], tasks: Sequence[Any], keys: set[str]) -> dict[str, dict[str, str]]:
-    """Per model, the task key of each kernel (by the name the VM calls it) in ``keys``."""
+    """Per model, the task key of each kernel in ``keys``, by the names the VM may call it:
+    a schedule that packs a weight renames its kernel (``prepack_weights``)."""
     owners: dict[str, dict[str, str]] = {m.name: {} for m in models}
     for task in tasks:
         if task.key in keys:
             for model, kernel in task.uses:
                 if model in owners:
-                    owners[model][kernel] = task.key
+                    owners[model][kernel] = owners[model][kernel + PREPACKED_SUFFIX] = task.key
     return owners
 
 
@@ -273,7 +275,9 @@ def choose(models: Sequence[TimedModel], tasks: Sequence[Any], offered: Mapping[
         if not default.get(key):
             _LOG.warning("task %s ran no kernel in the timed models: its choice stays", key)
             continue
-        ranked = [(statistics.median(screen[r][key]), r) for r in range(1, len(offered[key]) + 1)]
+        ranked = [(statistics.median(screen[r][key]), r) for r in range(1, len(offered[key]) + 1) if screen[r].get(key)]
+        if not ranked:
+            continue
         best = min(ranked)[1]
         screened[key] = (statistics.median(default[key]), statistics.median(screen[best][key]))
         if sm.win_ratio(screen[best][key], default[key]) < sm.WIN_MARGIN:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -283,3 +284,17 @@ def test_the_choice_is_the_median_of_paired_turns(monkeypatch, tuned_turns, defa
     tools = type("Tools", (), {"builder": None, "runner": None})()
     result = tm.outcome(task, None, None, tm.Baseline(trace=None, secs=1.0), tools)
     assert result.choice == choice and (result.record == "digest") == (choice == "tuned")
+
+
+def test_the_kernel_was_timed_in_the_model_under_either_name(tuned):
+    """A record that packs the weight renames the kernel (``..._prepacked``); the model
+    timing finds the task's calls under both names."""
+    from aicf_tvm.driver.tune_model import _owners
+
+    _, result = tuned
+    (task,) = result.tasks
+    assert task.in_model is not None and task.in_model["default_s"] > 0
+    (model,) = result.models
+    fake = SimpleNamespace(key=task.key, uses=[(model, "fused_gemm_bias_act")])
+    owners = _owners([SimpleNamespace(name=model)], [fake], {task.key})
+    assert owners[model] == {"fused_gemm_bias_act": task.key, "fused_gemm_bias_act_prepacked": task.key}
