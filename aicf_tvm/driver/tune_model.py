@@ -24,7 +24,8 @@ kernel-time winners left the model as fast as before.  So once every task is mea
    medians is otherwise a lucky draw, of the turns or of the build: on 2 Zen 5 cores,
    four identical builds of ResNet-50 in one process ran its kernels up to 1.38x apart
    (20 of 27 tasks over 1.05x; the calls 22.9-24.7 ms), while four VMs of one build, the
-   weights and code shared, stayed within 1.05x (1 task) and 1%.
+   weights and code shared, stayed within 1.05x (1 task) and 1%. Two compiles export
+   byte-identical libraries: it is where a loaded build lies, not what it is.
 6. Those records stay only if the models' own calls (no instrument), summed over the
    models, are ``WIN_MARGIN`` faster with them in the same turns; else every task keeps
    its default rule. Timed per kernel, 10 of ResNet-50's 19 tasks once won by up to 21%
