@@ -264,7 +264,7 @@ def choose(models: Sequence[TimedModel], tasks: Sequence[Any], offered: Mapping[
     keys = {k for k, c in offered.items() if c}
     owners = _owners(models, tasks, keys)
     variants = _Variants(models, owners, target, work_dir, saved, threads, step)
-    ranks = rounds({k: offered[k] for k in keys})
+    ranks = rounds(offered)  # a task with no record adds no rank
     built = [variants.build({k: (offered[k][r - 1] if 0 < r <= len(offered[k]) else None) for k in keys})
              for r in range(ranks)]
     screen, _ = variants.time(built, MODEL_TURNS)
