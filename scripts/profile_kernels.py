@@ -7,6 +7,12 @@ name of a light ONNX model shipped with the ``onnx`` wheel (``squeezenet``,
 target and timed with TVM's ``time_evaluator`` on random arguments of its parameter
 shapes; the table lists kernels by total time (time per call x calls per inference) with
 their kind, chosen schedule and share of the sum.
+
+``--in-model`` also times every kernel call inside the compiled model (a VM instrument
+around each call, the median of ``--runs`` calls of the model on random inputs) and
+prints each kernel's time per call there beside its time alone: a kernel alone runs
+again and again on the same operands, hot in the caches, while in the model its
+weights and inputs come from wherever the previous kernels left them.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +33,7 @@ from tvm import tirx  # noqa: E402
 
 import aicf_tvm  # noqa: E402
 from aicf_tvm.driver.threads import use_threads  # noqa: E402
+from aicf_tvm.driver.tune_model import kernel_seconds, model_inputs  # noqa: E402
 from relax_passes.lower_emits import kernel_calls  # noqa: E402
 
 
@@ -58,6 +66,9 @@ def main() -> None:
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--seq", type=int, default=128, help="sequence length of hf: text models")
+    parser.add_argument("--in-model", action="store_true",
+                        help="also time each kernel's calls inside the model (module docstring)")
+    parser.add_argument("--runs", type=int, default=15, help="model calls timed with --in-model")
     args = parser.parse_args()
     compiled = aicf_tvm.compile(resolve(args.model, args.seq), target=args.target)
     calls = collections.Counter(kernel_calls(compiled.lowered["main"]))
@@ -72,11 +83,40 @@ def main() -> None:
         secs = float(np.median(timer(*random_args(func, device)).results))
         rows.append((secs * count, secs, count, name))
     total = sum(r[0] for r in rows)
-    print(f"{'kernel':40s} {'kind':24s} {'schedule':12s} {'calls':>5s} {'ms/call':>9s} {'share':>6s}")
+    in_model, whole = time_in_model(compiled, calls, args.runs) if args.in_model else ({}, None)
+    extra = f" {'in model':>9s} {'x':>5s}" if in_model else ""
+    print(f"{'kernel':40s} {'kind':24s} {'schedule':12s} {'calls':>5s} {'ms/call':>9s} {'share':>6s}{extra}")
     for t, secs, count, name in sorted(rows, reverse=True)[: args.top]:
         kind, schedule = kinds.get(name, ("?", "?"))
-        print(f"{name:40s} {kind:24s} {schedule:12s} {count:5d} {secs * 1e3:9.3f} {t / total:6.1%}")
+        extra = f" {in_model[name] * 1e3:9.3f} {in_model[name] / secs:5.2f}" if name in in_model else ""
+        print(f"{name:40s} {kind:24s} {schedule:12s} {count:5d} {secs * 1e3:9.3f} {t / total:6.1%}{extra}")
     print(f"sum of kernel times: {total * 1e3:.2f} ms over {sum(calls.values())} calls")
+    if in_model:
+        inside = sum(in_model[name] * count for name, count in calls.items() if name in in_model)
+        print(f"in the model: the kernels' calls {inside * 1e3:.2f} ms, a whole call {whole * 1e3:.2f} ms "
+              f"(medians of {args.runs} calls)")
+
+
+def time_in_model(compiled, calls: collections.Counter, runs: int) -> tuple[dict[str, float], float | None]:
+    """Each kernel's median seconds per call inside ``compiled`` (instrumented calls), and
+    the median seconds of a whole uninstrumented call; nothing when an input dim is symbolic."""
+    inputs = model_inputs(compiled.lowered)
+    if inputs is None:
+        print("--in-model: the model has a symbolic input dim; pass a static model", file=sys.stderr)
+        return {}, None
+    for _ in range(3):  # load the code, allocate the storage, wake the threads
+        compiled(*inputs)
+    per_run: dict[str, list[float]] = collections.defaultdict(list)
+    whole = []
+    for _ in range(runs):
+        spent: dict[str, float] = collections.defaultdict(float)
+        kernel_seconds(compiled, inputs, {name: name for name in calls}, spent)
+        for name, secs in spent.items():
+            per_run[name].append(secs / calls[name])
+        begin = time.perf_counter()
+        compiled(*inputs)
+        whole.append(time.perf_counter() - begin)
+    return {name: float(np.median(v)) for name, v in per_run.items()}, float(np.median(whole))
 
 
 if __name__ == "__main__":

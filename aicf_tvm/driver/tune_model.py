@@ -124,7 +124,7 @@ def model_inputs(kernels: tvm.IRModule, seed: int = 0) -> list[np.ndarray] | Non
             else np.ones(s.shape, dtype=s.dtype) for s in specs]
 
 
-def _kernel_seconds(model: CompiledModel, inputs: Sequence[np.ndarray], owner: Mapping[str, str],
+def kernel_seconds(model: CompiledModel, inputs: Sequence[np.ndarray], owner: Mapping[str, str],
                     spent: dict[str, float]) -> None:
     """Run ``model`` once and add each call's seconds to ``spent`` under its task's key."""
     start = [0.0]
@@ -182,7 +182,7 @@ class _Variants:
             for i, variant in (order if turn % 2 == 0 else order[::-1]):
                 spent: dict[str, float] = defaultdict(float)
                 for m, compiled in zip(self.models, variant):
-                    _kernel_seconds(compiled, m.inputs, self.owners[m.name], spent)
+                    kernel_seconds(compiled, m.inputs, self.owners[m.name], spent)
                     begin = time.perf_counter()
                     compiled(*m.inputs)
                     per_model[i][m.name].append(time.perf_counter() - begin)
