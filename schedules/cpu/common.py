@@ -148,6 +148,21 @@ def vector_registers(target: Target) -> int:
     return 32 if _has_feature(target, "neon") else 16
 
 
+def gemm_tiles_by_area(target: Target) -> bool:
+    """Whether the GEMM rule picks its register tile by accumulator count (``gemm_plan``'s
+    ``tile_by_area``): on x86 with AVX-512, except AMD's Zen cores (``mcpu=znver*``).
+
+    Measured, not derived: on a 2-core Intel Xeon (AVX-512) tuning chose 8 rows x 3
+    vectors over the widest-first 4 x 4 for every 128-row GEMM of BERT and GPT-2, and as
+    the default it ran those models 3-4% faster with the same output bits; on Zen 5 that
+    tile was a tuning candidate of the same GEMMs and never won in the model, and AVX2's
+    tiles were calibrated on Zen 3 (README, speed).
+    """
+    if not _has_feature(target, "avx512f"):
+        return False
+    return not str(target.attrs.get("mcpu", "")).startswith("znver")
+
+
 def float32_lanes(target: Target) -> int:
     """float32 lanes of one vector register, at least 4: the GEMM kernel's tile unit."""
     return max(4, vector_bits(target) // 32)

@@ -51,6 +51,7 @@ from tvm.target import Target
 from .common import (
     PARTITION_HINT,
     float32_lanes,
+    gemm_tiles_by_area,
     loop_extent,
     num_cores,
     static_extent,
@@ -71,8 +72,10 @@ from .gemm_blocks import (
 from .gemm_plan import GemmPlan, chosen_plan, plan_candidates, plan_choice, plan_gemm
 
 
-def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole) -> IterRole:
-    """The axis (I or J) to vectorise: the one whose tiles pad the problem least.
+def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole,
+                       tile_by_area: bool = False) -> IterRole:
+    """The axis (I or J) to vectorise: the one whose tiles pad the problem least (tiles
+    chosen as ``plan_gemm`` chooses them, ``tile_by_area`` included).
 
     N pads to a multiple of 16..64 and M only to one of ~6, so a 7-wide N wastes half the
     vector lanes while the same axis as M wastes nothing; ``preferred`` wins ties.  A
@@ -88,7 +91,7 @@ def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole) -> I
     i_ext, j_ext = traits.extent(IterRole.I), traits.extent(IterRole.J)
 
     def padded_work(m: int, n: int) -> int:
-        plan = plan_gemm(batch, m, n, k, lanes, cores=1)
+        plan = plan_gemm(batch, m, n, k, lanes, cores=1, tile_by_area=tile_by_area)
         return plan.m_padded * plan.n_padded
 
     work = {IterRole.J: padded_work(i_ext, j_ext), IterRole.I: padded_work(j_ext, i_ext)}
@@ -148,11 +151,12 @@ class GemmProblem:
     cores: int
     b_contiguous_in_n: bool
     registers: int = 32
+    tile_by_area: bool = False
 
     def plan_args(self) -> tuple:
         """``plan_gemm``'s / ``plan_candidates``' arguments for this problem."""
         return (*self.dims, self.lanes, self.cores, self.registers, self.b_contiguous_in_n,
-                self.norm.b_im2col)
+                self.norm.b_im2col, self.tile_by_area)
 
 
 def prepare_gemm(
@@ -170,7 +174,8 @@ def prepare_gemm(
             inline_producers(sch, copy)
     dims = tuple(static_extent(iv.dom.extent) for iv in sch.get(main).iter_vars)
     contiguous = norm.b_im2col or last_index_is_iter(sch, norm.b_copy, 1)
-    return GemmProblem(norm, dims, lanes, num_cores(target), contiguous, vector_registers(target))
+    return GemmProblem(norm, dims, lanes, num_cores(target), contiguous, vector_registers(target),
+                       gemm_tiles_by_area(target))
 
 
 def schedule_gemm(
@@ -414,7 +419,9 @@ class Gemm(CPUScheduleRule):
             return None  # Conv2d owns those (it picks the GEMM orientation per shape)
         # on a tie, vectorise the output's innermost axis: the epilogue stores are vectors
         innermost = [r for r in traits.out if r in (IterRole.I, IterRole.J)][-1]
-        return sch, main, traits, choose_vector_role(traits, float32_lanes(target), innermost)
+        by_area = gemm_tiles_by_area(target)
+        role = choose_vector_role(traits, float32_lanes(target), innermost, by_area)
+        return sch, main, traits, role
 
     def apply(self, func: tirx.PrimFunc, target: Target,
               tunable: bool) -> s_tir.Schedule | list[s_tir.Schedule] | None:

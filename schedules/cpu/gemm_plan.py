@@ -114,6 +114,16 @@ def _choose_mr(m: int, nr: int, lanes: int, registers: int) -> int:
     return min(range(low, max_mr + 1), key=lambda mr: (_ceil_to(m, mr), -mr))
 
 
+def _tile_by_area(m: int, n: int, lanes: int, registers: int) -> tuple[int, int]:
+    """``(nr, mr)``: of the tiles 1..4 vectors wide, each with its rule-chosen ``mr``, the
+    one that pads ``M x N`` least, then the one with the most accumulators (``mr x nr``).
+    For 128 rows by 768 or 3072 columns that is 8 rows x 3 vectors (24 accumulators),
+    where widest-first gives 4 x 4 (16): ``mr`` 6 does not divide 128."""
+    widest = 4 if registers >= 32 else 2
+    tiles = [(v * lanes, _choose_mr(m, v * lanes, lanes, registers)) for v in range(widest, 0, -1)]
+    return min(tiles, key=lambda t: (_ceil_to(m, t[1]) * _ceil_to(n, t[0]), -t[0] * t[1]))
+
+
 def _choose_kc(k: int) -> tuple[int, int]:
     """(padded K, kc): kc divides the padded K and sits near 256."""
     if k <= 384:
@@ -137,6 +147,7 @@ def plan_gemm(
     registers: int = 32,
     b_contiguous_in_n: bool = False,
     b_im2col: bool = False,
+    tile_by_area: bool = False,
     *,
     nr: int | None = None,
     mr: int | None = None,
@@ -148,9 +159,13 @@ def plan_gemm(
     ``b_contiguous_in_n`` says B's source is stored with N innermost: then a small-M GEMM
     reads it in place instead of packing (packing costs as much as the math when M is tiny).
     A symbolic extent has no padded size here (the kernel pads it at run time).
+    ``tile_by_area`` chooses the register tile of a static M and N by ``_tile_by_area``
+    instead of the widest ``nr`` first (``common.gemm_tiles_by_area``: the target's cores).
     ``nr``, ``mr``, ``pack_b`` and ``parallel_m`` override the rule's choice (tuning); the
     other sizes follow from them by the same rules.
     """
+    if tile_by_area and nr is None and mr is None and m is not None and n is not None:
+        nr, mr = _tile_by_area(m, n, lanes, registers)
     if nr is None:
         nr = 2 * lanes if n is None else _choose_nr(n, lanes, registers)
     if mr is None:
@@ -201,13 +216,14 @@ def plan_candidates(
     registers: int = 32,
     b_contiguous_in_n: bool = False,
     b_im2col: bool = False,
+    tile_by_area: bool = False,
 ) -> list[GemmPlan]:
     """The default plan, then its neighbours, nearest first: ``mr`` one row either side
     and the widest ``mr`` of the default ``nr``; the other parallel split and the other
     packing choice on the default tile; every other ``nr`` with its rule-chosen and its
     widest ``mr``.  Packing is only dropped for a B stored with N innermost (read in place
     it is then a vector load per row) and never added for an im2col B."""
-    args = (batch, m, n, k, lanes, cores, registers, b_contiguous_in_n, b_im2col)
+    args = (batch, m, n, k, lanes, cores, registers, b_contiguous_in_n, b_im2col, tile_by_area)
     default = plan_gemm(*args)
     rows = SYMBOLIC_ROWS if m is None else m
 

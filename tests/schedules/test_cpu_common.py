@@ -11,6 +11,7 @@ from tvm.target import Target
 
 from schedules.cpu.common import (
     float32_lanes,
+    gemm_tiles_by_area,
     largest_pow2_divisor,
     loop_extent,
     loop_kinds,
@@ -93,6 +94,21 @@ def test_disabling_avx512_in_mattr_halves_the_vectors():
                      "mattr": ["-avx512f"]})
     assert vector_bits(target) == 256 and vector_registers(target) == 16
     assert vector_registers(AVX512) == 32 and vector_registers(NEON) == 32
+
+
+@pytest.mark.parametrize(("mcpu", "by_area"), [
+    ("skylake-avx512", True), ("rocketlake", True), ("sapphirerapids", True),
+    ("znver4", False), ("znver5", False), ("haswell", False), ("znver3", False),
+])
+def test_gemm_tiles_by_area_on_intel_avx512_cores_only(mcpu, by_area):
+    """The register-tile rule measured on each family: by area on Intel's AVX-512 cores,
+    widest first on AMD's Zen and wherever AVX-512 is missing (AVX2's tiles)."""
+    target = Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu})
+    assert gemm_tiles_by_area(target) is by_area
+    assert not gemm_tiles_by_area(NEON)
+    no_avx512 = Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512",
+                        "mattr": ["-avx512f"]})
+    assert not gemm_tiles_by_area(no_avx512)
 
 
 def test_float32_lanes_and_output_lanes_count_different_elements():

@@ -211,6 +211,35 @@ def test_plan_blocks_symbolic_extents():
 
 
 @pytest.mark.parametrize(
+    ("m", "n"), [(128, 3072), (128, 768), (197, 768), (1, 1000), (49, 512), (7, 33), (64, 48)]
+)
+def test_tile_by_area_pads_least_then_holds_the_most_accumulators(m, n):
+    """Against every tile 1..4 vectors wide with its rule-chosen mr: no other pads M x N
+    less, and none that pads as little holds more accumulators; all fit the registers."""
+    plan = plan_gemm(1, m, n, 768, lanes=16, cores=2, registers=32, tile_by_area=True)
+    others = [plan_gemm(1, m, n, 768, lanes=16, cores=2, registers=32, nr=v * 16)
+              for v in (1, 2, 3, 4)]
+    work = plan.m_padded * plan.n_padded
+    assert all(work <= o.m_padded * o.n_padded for o in others)
+    assert all(plan.mr * plan.nr >= o.mr * o.nr for o in others if o.m_padded * o.n_padded == work)
+    assert plan.mr * plan.nr // 16 + plan.nr // 16 + 1 <= 32
+    assert plan in plan_candidates(1, m, n, 768, 16, 2, 32, False, False, True)
+
+
+def test_tile_by_area_takes_more_rows_where_widest_first_cannot_divide_them():
+    """128 rows: 4 x 4 vectors, widest first (mr 6 would pad M to 132); by area 8 x 3
+    vectors pads nothing either and holds 24 accumulators instead of 16. A symbolic M or
+    N keeps the widest-first rule (the tiles were measured on static shapes)."""
+    widest = plan_gemm(1, 128, 3072, 768, lanes=16, cores=2)
+    by_area = plan_gemm(1, 128, 3072, 768, lanes=16, cores=2, tile_by_area=True)
+    assert (widest.mr, widest.nr, widest.m_padded, widest.n_padded) == (4, 64, 128, 3072)
+    assert (by_area.mr, by_area.nr, by_area.m_padded, by_area.n_padded) == (8, 48, 128, 3072)
+    for m, n in ((None, 3072), (128, None)):
+        by_area = plan_gemm(1, m, n, 768, lanes=16, cores=2, tile_by_area=True)
+        assert by_area == plan_gemm(1, m, n, 768, lanes=16, cores=2)
+
+
+@pytest.mark.parametrize(
     ("m", "n", "k", "b_contiguous_in_n", "b_im2col"),
     [(128, 768, 3072, False, False), (7, 33, 65, False, False), (4, 256, 512, True, False),
      (64, 196, 576, False, True), (None, 1024, 256, False, False)],

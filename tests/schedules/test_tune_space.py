@@ -17,7 +17,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
 from schedules.cpu import Conv2d, Gemm
-from schedules.cpu.common import float32_lanes, vector_registers
+from schedules.cpu.common import float32_lanes, gemm_tiles_by_area, vector_registers
 from schedules.cpu.gemm_plan import plan_gemm
 from schedules.tune_space import design_spaces, has_unplain_rewrite, space_generator, timed_form
 from tests.schedules.test_cpu_conv2d import CASES, conv_case
@@ -64,7 +64,7 @@ def test_first_space_holds_the_default_plan_as_its_decisions(target):
     func, _, _ = linear(128, 768, 3072)
     spaces = Gemm().apply(func, target, True)
     plan = plan_gemm(1, 128, 768, 3072, lanes=float32_lanes(target), cores=2,
-                     registers=vector_registers(target))
+                     registers=vector_registers(target), tile_by_area=gemm_tiles_by_area(target))
     assert decisions(spaces[0]) == [[128 // plan.mc, plan.mc // plan.mr], [768 // plan.nc, plan.nc // plan.nr],
                                     [3072 // plan.kc, plan.kc]]
     assert len(spaces) > 4
