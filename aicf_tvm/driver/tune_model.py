@@ -125,7 +125,7 @@ def model_inputs(kernels: tvm.IRModule, seed: int = 0) -> list[np.ndarray] | Non
 
 
 def kernel_seconds(model: CompiledModel, inputs: Sequence[np.ndarray], owner: Mapping[str, str],
-                    spent: dict[str, float]) -> None:
+                   spent: dict[str, float]) -> None:
     """Run ``model`` once and add each call's seconds to ``spent`` under its task's key."""
     start = [0.0]
 

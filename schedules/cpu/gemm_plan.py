@@ -91,9 +91,13 @@ def _largest_divisor_multiple(total: int, unit: int, limit: int) -> int:
     return best
 
 
+def _widest_vectors(registers: int) -> int:
+    """The most vectors a register tile's row may span: 4 of 32 registers, 2 of 16."""
+    return 4 if registers >= 32 else 2
+
+
 def _choose_nr(n: int, lanes: int, registers: int) -> int:
-    widest = 4 if registers >= 32 else 2
-    candidates = [v * lanes for v in range(widest, 0, -1)]
+    candidates = [v * lanes for v in range(_widest_vectors(registers), 0, -1)]
     # least padding first, then the widest tile (fewer B loads per FMA)
     return min(candidates, key=lambda nr: (_ceil_to(n, nr), -nr))
 
@@ -119,8 +123,8 @@ def _tile_by_area(m: int, n: int, lanes: int, registers: int) -> tuple[int, int]
     one that pads ``M x N`` least, then the one with the most accumulators (``mr x nr``).
     For 128 rows by 768 or 3072 columns that is 8 rows x 3 vectors (24 accumulators),
     where widest-first gives 4 x 4 (16): ``mr`` 6 does not divide 128."""
-    widest = 4 if registers >= 32 else 2
-    tiles = [(v * lanes, _choose_mr(m, v * lanes, lanes, registers)) for v in range(widest, 0, -1)]
+    tiles = [(v * lanes, _choose_mr(m, v * lanes, lanes, registers))
+             for v in range(_widest_vectors(registers), 0, -1)]
     return min(tiles, key=lambda t: (_ceil_to(m, t[1]) * _ceil_to(n, t[0]), -t[0] * t[1]))
 
 
@@ -236,7 +240,7 @@ def plan_candidates(
     plans.append(plan_gemm(*args, **tile, parallel_m=not default.parallel_m))
     if b_contiguous_in_n and not b_im2col:
         plans.append(plan_gemm(*args, **tile, pack_b=not default.pack_b))
-    for vectors in range(4 if registers >= 32 else 2, 0, -1):
+    for vectors in range(_widest_vectors(registers), 0, -1):
         if vectors * lanes != default.nr:
             plans += tiles(vectors * lanes, [_choose_mr(rows, vectors * lanes, lanes, registers)])
     return list(dict.fromkeys(plans))
