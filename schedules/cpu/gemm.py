@@ -70,6 +70,7 @@ from .gemm_blocks import (
     splits_into_vectors,
 )
 from .gemm_plan import GemmPlan, chosen_plan, plan_candidates, plan_choice, plan_gemm
+from .gemm_prefetch import mark_loops
 
 
 def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole,
@@ -297,6 +298,9 @@ def tile_gemm(
         sch.reorder(s, no, *ko, mo, *ni, *mi, ki, mr, nv, nl)
         chunk = sch.fuse(s, no)
     sch.parallel(chunk)
+    if plan.pack_b and vector_role == IterRole.J:
+        mark_loops(sch, ki, mi[-1] if mi else None, ni[-1] if ni else None, ko[-1] if ko else None,
+                   plan.nr, sch.get(main).writes[0].source.dtype)
     sch.unroll(mr)
     sch.unroll(nv)
     sch.vectorize(nl)

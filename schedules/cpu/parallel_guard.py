@@ -35,6 +35,7 @@ from tvm.ir import Expr
 from tvm.target import Target
 
 from .common import MIN_PARALLEL_WORK
+from .gemm_prefetch import PrefetchNextPanel
 from .index_forms import FoldNestedMods, opaque_blocks
 from .llvm_pass import llvm_prim_func_pass
 from .stack_tiles import StackLocalTiles
@@ -177,7 +178,7 @@ def _pipeline() -> tuple:
     """The S-TIR pipeline, with one form for nested head indices before its buffer
     compaction (``index_forms``), then ``GuardSmallParallel``; its finalization passes."""
     lower, host, device = tirx.get_tir_pipeline("s_tir")
-    passes = [*opaque_blocks(), FoldNestedMods(), lower, GuardSmallParallel(), StackLocalTiles()]
+    passes = [*opaque_blocks(), FoldNestedMods(), lower, GuardSmallParallel(), PrefetchNextPanel(), StackLocalTiles()]
     return tvm.transform.Sequential(passes), host, device
 
 

@@ -1,0 +1,163 @@
+"""The GEMM K loop's accumulators in registers and the next B panel prefetched
+(``schedules.cpu.gemm_prefetch``).
+
+The structural cases run the rewrite on hand-written lowered TIR shaped like the BLIS
+nest ``tile_gemm`` marks: the accumulator accesses move to a ``local`` tile loaded before
+the K loop and stored after it, and the loop prefetches the next panel's row.  Where the
+promotion is not proven (the accumulator is a parameter, two indices name overlapping
+elements, an index moves with ``k``) the loop is left as it was.  The build case compiles
+two linear layers through ``aicf_tvm`` and checks the prefetch reaches LLVM, the output
+against PyTorch, and the same bits as a build without the loop marks.
+"""
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.script import tirx as T
+from tvm.sym.analyzer import Analyzer
+
+import aicf_tvm
+from schedules.cpu import gemm as gemm_schedule
+from schedules.cpu.gemm_prefetch import K_BLOCK, K_LOOP, PANEL, STRIP, prefetch_next_panel
+from schedules.cpu.stack_tiles import DISABLE_LOWER_BUILTIN
+
+torch = pytest.importorskip("torch")
+
+
+@T.prim_func
+def nest(A: T.Buffer((64,), "float32"), B: T.Buffer((2048,), "float32"), C: T.Buffer((128,), "float32")):
+    acc = T.alloc_buffer((8,), "float32x16")
+    for i in range(8):
+        acc[i] = T.Broadcast(T.float32(0), 16)
+    for kb in T.serial(2, annotations={K_BLOCK: 1}):
+        for j in T.serial(2, annotations={PANEL: 1}):
+            for s in T.serial(2, annotations={STRIP: 1}):
+                for k in T.serial(16, annotations={K_LOOP: 2}):
+                    acc[j * 4 + s * 2] = acc[j * 4 + s * 2] + T.Broadcast(A[s * 32 + kb * 16 + k], 16) * B[T.Ramp(j * 1024 + kb * 512 + k * 32, 1, 16)]
+                    acc[j * 4 + s * 2 + 1] = acc[j * 4 + s * 2 + 1] + T.Broadcast(A[s * 32 + kb * 16 + k], 16) * B[T.Ramp(j * 1024 + kb * 512 + k * 32 + 16, 1, 16)]
+    for i in range(8):
+        C[i * 16:i * 16 + 16] = acc[i]
+
+
+@T.prim_func
+def param_acc(A: T.Buffer((64,), "float32"), B: T.Buffer((2048,), "float32"), C: T.Buffer((8,), "float32x16")):
+    for j in T.serial(2, annotations={PANEL: 1}):
+        for k in T.serial(16, annotations={K_LOOP: 2}):
+            C[j] = C[j] + T.Broadcast(A[k], 16) * B[T.Ramp(j * 1024 + k * 32, 1, 16)]
+
+
+@T.prim_func
+def overlapping(A: T.Buffer((64,), "float32"), B: T.Buffer((2048,), "float32"), C: T.Buffer((64,), "float32")):
+    acc = T.alloc_buffer((64,), "float32")
+    for j in T.serial(2, annotations={PANEL: 1}):
+        for k in T.serial(16, annotations={K_LOOP: 2}):
+            acc[T.Ramp(j * 32, 1, 16)] = acc[T.Ramp(j * 32, 1, 16)] + T.Broadcast(A[k], 16) * B[T.Ramp(j * 1024 + k * 32, 1, 16)]
+            acc[T.Ramp(j * 32 + 8, 1, 16)] = acc[T.Ramp(j * 32 + 8, 1, 16)] + T.Broadcast(A[k], 16) * B[T.Ramp(j * 1024 + k * 32 + 16, 1, 16)]
+    for i in range(64):
+        C[i] = acc[i]
+
+
+@T.prim_func
+def moving_index(A: T.Buffer((64,), "float32"), B: T.Buffer((2048,), "float32"), C: T.Buffer((256,), "float32")):
+    acc = T.alloc_buffer((32,), "float32x16")
+    for j in T.serial(2, annotations={PANEL: 1}):
+        for k in T.serial(16, annotations={K_LOOP: 2}):
+            acc[j * 16 + k] = acc[j * 16 + k] + T.Broadcast(A[k], 16) * B[T.Ramp(j * 1024 + k * 32, 1, 16)]
+    for i in range(16):
+        C[i * 16:i * 16 + 16] = acc[i]
+
+
+def _k_loops(func: tirx.PrimFunc) -> list[tirx.For]:
+    found: list[tirx.For] = []
+    tvm_ffi.structural_walk(func.body, [(tirx.For, lambda f: found.append(f) if f.extent.value == 16 else None)])
+    return found
+
+
+def _all_loops(func: tirx.PrimFunc) -> list[tirx.For]:
+    found: list[tirx.For] = []
+    tvm_ffi.structural_walk(func.body, [(tirx.For, found.append)])
+    return found
+
+
+def _buffers(stmt) -> set[str]:
+    names: set[str] = set()
+    tvm_ffi.structural_walk(stmt, [(tirx.BufferStore, lambda s: names.add(s.buffer.name))])
+    return names
+
+
+def test_promotes_the_tile_and_prefetches_the_next_panel():
+    out = prefetch_next_panel(nest)
+    (k_loop,) = _k_loops(out)
+    assert _buffers(k_loop.body) == {"acc_tile"}  # no access to the workspace inside
+    assert K_LOOP not in k_loop.annotations
+    calls = []
+    tvm_ffi.structural_walk(k_loop.body, [(tvm.ir.Call, lambda c: calls.append(c) if c.op.name == "tirx.prefetch" else None)])
+    (call,) = calls
+    index = call.args[0].args[0].indices[0]
+    loops = {v.loop_var.name: v.loop_var for v in _all_loops(out)}
+
+    def at(j, kb, s, k):
+        values = {"j": j, "kb": kb, "s": s, "k": k}
+        bound = tvm_ffi.structural_map(index, [(tirx.Var, lambda v: tirx.const(values[v.name], "int32") if v.name in values else v)])
+        return int(Analyzer().simplify(bound).value)
+
+    assert set(loops) >= {"j", "kb", "s", "k"}
+    # B[j * 1024 + kb * 512 + k * 32 + lane]; a row of 32 floats is 2 lines, the strip picks one
+    assert at(0, 0, 0, 3) == 1024 + 3 * 32  # the next panel, same k
+    assert at(0, 0, 1, 3) == 1024 + 3 * 32 + 16  # its second line
+    assert at(1, 0, 0, 5) == 512 + 5 * 32  # after the last panel: the next K block's first
+    assert at(1, 1, 1, 15) == 512 + 15 * 32 + 16  # the last K block's last panel: its first panel's row
+    tiles = []
+    tvm_ffi.structural_walk(out.body, [(tirx.AllocBuffer, lambda a: tiles.append(a) if a.buffer.name == "acc_tile" else None)])
+    (tile,) = tiles
+    assert tile.buffer.scope() == "local" and [int(x) for x in tile.buffer.shape] == [2]
+    assert bool(tile.annotations[DISABLE_LOWER_BUILTIN])
+
+
+@pytest.mark.parametrize("func", [param_acc, overlapping, moving_index], ids=["parameter", "overlapping", "moving"])
+def test_leaves_unproven_tiles_alone(func):
+    tvm.ir.assert_structural_equal(prefetch_next_panel(func), func)
+
+
+def test_lowered_nest_computes_the_same(tmp_path):
+    """The rewritten hand-written nest against the original, built and run."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(64).astype("float32")
+    b = rng.standard_normal(2048).astype("float32")
+    results = []
+    for func in (nest, prefetch_next_panel(nest)):
+        lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+        c = tvm.runtime.tensor(np.zeros(128, "float32"))
+        lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+        results.append(c.numpy())
+    assert np.abs(results[0]).max() > 0
+    np.testing.assert_array_equal(results[1], results[0])
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(512, 640), torch.nn.GELU(), torch.nn.Linear(640, 256)).eval()
+
+
+def _prefetches(compiled) -> int:
+    ll = "".join(m.inspect_source("ll") for m in compiled.executable.mod.imports if m.kind == "llvm")
+    return ll.count("call void @llvm.prefetch")
+
+
+def test_linear_layers_prefetch_and_match(monkeypatch):
+    model = _mlp()
+    x = torch.randn(1, 96, 512)
+    compiled = aicf_tvm.compile(aicf_tvm.from_torch(model, (x,)), target="llvm")
+    assert _prefetches(compiled) >= 2  # both GEMMs (K 512 and 640: two K blocks each)
+    with torch.no_grad():
+        want = [model(v).numpy() for v in (x, torch.randn(1, 96, 512))]
+    got = np.asarray(compiled(x.numpy()))
+    assert not np.allclose(want[0], want[1])  # the output depends on the input
+    np.testing.assert_allclose(got, want[0], rtol=1e-4, atol=1e-4 * np.abs(want[0]).max())
+
+    monkeypatch.setattr(gemm_schedule, "mark_loops", lambda *args: None)  # no marks: no rewrite
+    plain = aicf_tvm.compile(aicf_tvm.from_torch(model, (x,)), target="llvm")
+    assert _prefetches(plain) == 0
+    np.testing.assert_array_equal(np.asarray(plain(x.numpy())), got)  # the same bits
