@@ -69,14 +69,15 @@ from .gemm_blocks import (
     schedule_injective,
     splits_into_vectors,
 )
-from .gemm_plan import GemmPlan, chosen_plan, plan_candidates, plan_choice, plan_gemm
+from .gemm_plan import GemmPlan, chosen_plan, least_padded_area, plan_candidates, plan_choice, plan_gemm
 from .gemm_prefetch import mark_loops
 
 
 def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole,
                        tile_by_area: bool = False) -> IterRole:
     """The axis (I or J) to vectorise: the one whose tiles pad the problem least (tiles
-    chosen as ``plan_gemm`` chooses them, ``tile_by_area`` included).
+    chosen as ``plan_gemm`` chooses them; with ``tile_by_area``, the least padding of its
+    candidates).
 
     N pads to a multiple of 16..64 and M only to one of ~6, so a 7-wide N wastes half the
     vector lanes while the same axis as M wastes nothing; ``preferred`` wins ties.  A
@@ -92,7 +93,9 @@ def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole,
     i_ext, j_ext = traits.extent(IterRole.I), traits.extent(IterRole.J)
 
     def padded_work(m: int, n: int) -> int:
-        plan = plan_gemm(batch, m, n, k, lanes, cores=1, tile_by_area=tile_by_area)
+        if tile_by_area:  # the axes compared by their least padding, not the slack the tile takes
+            return least_padded_area(m, n, lanes)
+        plan = plan_gemm(batch, m, n, k, lanes, cores=1)
         return plan.m_padded * plan.n_padded
 
     work = {IterRole.J: padded_work(i_ext, j_ext), IterRole.I: padded_work(j_ext, i_ext)}
