@@ -240,6 +240,7 @@ def test_tile_by_area_takes_more_rows_where_widest_first_cannot_divide_them():
     by_area = plan_gemm(1, 128, 3072, 768, lanes=16, cores=2, tile_by_area=True)
     assert (widest.mr, widest.nr, widest.m_padded, widest.n_padded) == (4, 64, 128, 3072)
     assert (by_area.mr, by_area.nr, by_area.m_padded, by_area.n_padded) == (8, 48, 128, 3072)
+    assert (widest.kc, by_area.kc) == (256, 128)  # a 48-column B panel of 24 KiB in L1
     # LLaMA's 2816 columns: 8 x 3 pads N to 2832 (0.6%), 4 x 4 pads nothing; within the slack
     llama = plan_gemm(1, 128, 2816, 1024, lanes=16, cores=2, tile_by_area=True)
     assert (llama.mr, llama.nr, llama.m_padded, llama.n_padded) == (8, 48, 128, 2832)
