@@ -1,0 +1,106 @@
+"""The GEMM rules of Intel AVX-512 cores against their earlier form, in one process:
+``python scripts/ab_gemm_rules.py [MODEL ...]``.
+
+"new" is the default build.  "old" switches off, inside the same process, the three
+rules that followed the by-area tile: the B panel prefetch (``gemm_prefetch``, by
+leaving the loops unmarked), the padding slack of the by-area tile (``AREA_SLACK`` 1.0:
+least padding first) and ``kc`` near 128 (``KC_NEAR_BY_AREA`` 256).  Each side is built
+twice; the builds' calls alternate (24 pairs, the order flipped every pair) and the
+printed ratio is the median of new/old over the pairs.  Both outputs are checked against
+PyTorch (the error relative to the output's largest magnitude) after checking that two
+different inputs give different outputs.
+
+MODEL: a model of ``scripts/bench_peers.py`` (bert, gpt2, llama, vit, resnet50, ...) or
+``distilbert`` or ``qwen2`` (a 3-layer Qwen2-style decoder: hidden 896, 14 heads, 2
+key/value heads, sequence 96), which no issue names.  On other CPUs the rules may not
+apply (``common.gemm_tiles_by_area``); the two sides then compile alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_peers  # noqa: E402
+
+import aicf_tvm  # noqa: E402
+from schedules.cpu import gemm as gemm_schedule  # noqa: E402
+from schedules.cpu import gemm_plan  # noqa: E402
+
+BUILDS, PAIRS = 2, 24
+NEW = (gemm_plan.AREA_SLACK, gemm_plan.KC_NEAR_BY_AREA, gemm_schedule.mark_loops)
+OLD = (1.0, gemm_plan.KC_NEAR, lambda *args: None)
+
+
+def use(rules: tuple) -> None:
+    gemm_plan.AREA_SLACK, gemm_plan.KC_NEAR_BY_AREA, gemm_schedule.mark_loops = rules
+
+
+def make(name: str) -> bench_peers.Model:
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if name == "distilbert":
+        return bench_peers._text(name, tf.DistilBertModel(tf.DistilBertConfig()), 30522, 128, mask=True)
+    if name == "qwen2":
+        config = tf.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=3,
+                                num_attention_heads=14, num_key_value_heads=2, vocab_size=32000)
+        return bench_peers._text(name, tf.Qwen2Model(config), 32000, 96, mask=True)
+    return bench_peers.build(name, 128)
+
+
+def compare(name: str) -> str:
+    import torch
+
+    model = make(name)
+    mod = aicf_tvm.from_torch(model.module, model.inputs)
+    inputs = [t.numpy() for t in model.inputs]
+    with torch.no_grad():
+        want = model.module(*model.inputs).numpy()
+        other = model.module(*model.other_inputs).numpy()
+    if np.array_equal(want, other):
+        raise SystemExit(f"{name}: two different inputs give the same output; no check possible")
+    sides = {}
+    for label, rules in (("old", OLD), ("new", NEW)):
+        use(rules)
+        sides[label] = [aicf_tvm.compile(mod, target="llvm") for _ in range(BUILDS)]
+    use(NEW)
+    scale = float(np.abs(want).max())
+    errors = {label: float(np.abs(np.asarray(builds[0](*inputs)) - want).max()) / scale
+              for label, builds in sides.items()}
+    for builds in sides.values():
+        for compiled in builds:
+            compiled(*inputs)
+    times: dict[str, list[float]] = {"old": [], "new": []}
+    for pair in range(PAIRS):
+        order = ("old", "new") if pair % 2 == 0 else ("new", "old")
+        for label in order:
+            compiled = sides[label][pair % BUILDS]
+            start = time.perf_counter()
+            compiled(*inputs)
+            times[label].append(time.perf_counter() - start)
+    paired = statistics.median(n / o for o, n in zip(times["old"], times["new"]))
+    return (f"{name:12s} old {1e3 * statistics.median(times['old']):8.2f} ms  new "
+            f"{1e3 * statistics.median(times['new']):8.2f} ms  new/old {paired:.3f}  "
+            f"error/max old {errors['old']:.1e} new {errors['new']:.1e}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="*", default=["bert", "gpt2", "llama", "vit", "distilbert", "qwen2"])
+    args = parser.parse_args()
+    for name in args.models:
+        print(compare(name), flush=True)
+
+
+if __name__ == "__main__":
+    main()
