@@ -104,11 +104,15 @@ def test_promotes_the_tile_and_prefetches_the_next_panel():
         return int(Analyzer().simplify(bound).value)
 
     assert set(loops) >= {"j", "kb", "s", "k"}
-    # B[j * 1024 + kb * 512 + k * 32 + lane]; a row of 32 floats is 2 lines, the strip picks one
-    assert at(0, 0, 0, 3) == 1024 + 3 * 32  # the next panel, same k
-    assert at(0, 0, 1, 3) == 1024 + 3 * 32 + 16  # its second line
-    assert at(1, 0, 0, 5) == 512 + 5 * 32  # after the last panel: the next K block's first
-    assert at(1, 1, 1, 15) == 512 + 15 * 32 + 16  # the last K block's last panel: its first panel's row
+    # B[j * 1024 + kb * 512 + k * 32 + lane]: a row of 32 floats is 2 lines; step
+    # t = s * 16 + k of the 2 strips x 16 steps fetches line t of the 32: row t // 2, line t % 2
+    assert at(0, 0, 0, 3) == 1024 + 1 * 32 + 16  # the next panel
+    assert at(0, 0, 1, 3) == 1024 + 9 * 32 + 16
+    assert at(1, 0, 0, 4) == 512 + 2 * 32  # after the last panel: the next K block's first
+    assert at(1, 1, 1, 15) == 512 + 15 * 32 + 16  # the last K block's last panel: its first panel's
+    # every line of the next panel's K block, once
+    lines = sorted(at(0, 1, s, k) for s in range(2) for k in range(16))
+    assert lines == [1024 + 512 + row * 32 + half * 16 for row in range(16) for half in range(2)]
     tiles = []
     tvm_ffi.structural_walk(out.body, [(tirx.AllocBuffer, lambda a: tiles.append(a) if a.buffer.name == "acc_tile" else None)])
     (tile,) = tiles
