@@ -47,6 +47,7 @@ from tvm.s_tir.schedule import LoopRV
 from tvm.sym.analyzer import Analyzer
 from tvm.target import Target
 
+from .common import buffer_bytes, static_extent, uses_var
 from .llvm_pass import llvm_prim_func_pass
 from .stack_tiles import DISABLE_LOWER_BUILTIN, MAX_TILE_BYTES
 
@@ -91,17 +92,6 @@ def _inline_binds(stmt: tirx.Stmt) -> tirx.Stmt:
     return go(stmt)
 
 
-def _uses(expr, var: tirx.Var) -> bool:
-    found = [False]
-
-    def on_var(v):
-        if v.same_as(var):
-            found[0] = True
-
-    tvm_ffi.structural_walk(expr, [(tirx.Var, on_var)])
-    return found[0]
-
-
 def _accesses(body: tirx.Stmt) -> tuple[list, list, list]:
     stores, loads, calls = [], [], []
     tvm_ffi.structural_walk(body, [
@@ -122,11 +112,10 @@ def _span(index) -> tuple:
     return index, 1
 
 
-def _register_tile(body: tirx.Stmt, k: tirx.Var, owned: list):
+def _register_tile(stores: list, loads: list, calls: list, k: tirx.Var, owned: list):
     """(accumulator buffer, its distinct access indices, their value type) when every
-    access to the one buffer the K-loop body stores to is promotable (module docstring),
-    else None."""
-    stores, loads, calls = _accesses(body)
+    access (``_accesses`` of the K-loop body) to the one buffer the body stores to is
+    promotable (module docstring), else None."""
     if not stores or calls:
         return None
     acc = stores[0].buffer
@@ -135,7 +124,7 @@ def _register_tile(body: tirx.Stmt, k: tirx.Var, owned: list):
     value_type = str(stores[0].value.ty)
     indices, spans = [], []
     for access in [*stores, *(e for e in loads if e.source.same_as(acc))]:
-        if len(access.indices) != 1 or _uses(access.indices[0], k):
+        if len(access.indices) != 1 or uses_var(access.indices[0], k):
             return None
         index = access.indices[0]
         span = _span(index)
@@ -160,17 +149,16 @@ def _register_tile(body: tirx.Stmt, k: tirx.Var, owned: list):
     return acc, indices, value_type
 
 
-def _packed_b(body: tirx.Stmt, acc: tirx.Buffer, k: tirx.Var):
+def _packed_b(loads: list, acc: tirx.Buffer, k: tirx.Var):
     """(buffer, index of the first lane) of the one buffer other than the accumulator the
-    body reads whole vectors of at an index moving with ``k``: the packed B; None when
-    there is not exactly one."""
-    _, loads, _ = _accesses(body)
+    K-loop body (its ``loads``) reads whole vectors of at an index moving with ``k``: the
+    packed B; None when there is not exactly one."""
     found = {}
     for load in loads:
         index = load.indices[0] if len(load.indices) == 1 else None
         if load.source.same_as(acc) or not isinstance(index, tirx.Ramp):
             continue
-        if _uses(index.base, k):
+        if uses_var(index.base, k):
             found.setdefault(load.source, index.base)
     if len(found) != 1:
         return None
@@ -194,20 +182,22 @@ class _Rewriter:
 
     def enclosing(self, expr, key: str) -> tirx.For | None:
         for var, (role, loop) in self.loops.items():
-            if role == key and _uses(expr, var):
+            if role == key and uses_var(expr, var):
                 return loop
         return None
 
     def rewrite_k(self, k_loop: tirx.For) -> tirx.Stmt:
         k = k_loop.loop_var
         body = _inline_binds(k_loop.body)
-        tile = _register_tile(body, k, self.owned)
+        stores, loads, calls = _accesses(body)
+        tile = _register_tile(stores, loads, calls, k, self.owned)
         if tile is None:
             return k_loop
         acc, indices, value_type = tile
-        if len(indices) * tvm.runtime.DataType(value_type).bits // 8 > MAX_TILE_BYTES:
+        tile_buf = tirx.decl_buffer((len(indices),), value_type, f"{acc.name}_tile", scope="local")
+        if buffer_bytes(tile_buf) > MAX_TILE_BYTES:
             return k_loop  # not a register tile
-        b_found = _packed_b(body, acc, k)
+        b_found = _packed_b(loads, acc, k)
         if b_found is None:
             return k_loop
         b, base = b_found
@@ -219,9 +209,10 @@ class _Rewriter:
         strip_loop = self.enclosing(body, STRIP)
         strip = None if strip_loop is None else strip_loop.loop_var
         per_line = CACHE_LINE * 8 // tvm.runtime.DataType(str(b.dtype)).bits
-        if strip is not None and isinstance(strip_loop.extent, tirx.IntImm) and isinstance(k_loop.extent, tirx.IntImm):
+        strips = None if strip is None else static_extent(strip_loop.extent)
+        kc = static_extent(k_loop.extent)
+        if strips is not None and kc is not None:
             # the panel's kc x lines lines spread evenly over the strips x kc steps
-            strips, kc = int(strip_loop.extent.value), int(k_loop.extent.value)
             step = (strip - strip_loop.min) * kc + (k - k_loop.min)
             line = tirx.floordiv(step * lines, strips)
             row = k_loop.min + tirx.floordiv(line, lines)
@@ -236,8 +227,6 @@ class _Rewriter:
         index = Analyzer().simplify(tirx.min(target, last))
         address = tirx.call_intrin("handle", "tirx.address_of", tirx.BufferLoad(b, [index]))
         prefetch = tirx.Evaluate(tirx.call_intrin("void", "tirx.prefetch", address, 0, L2_LOCALITY, 1))
-
-        tile_buf = tirx.decl_buffer((len(indices),), value_type, f"{acc.name}_tile", scope="local")
 
         def slot(index):
             for i, seen in enumerate(indices):
