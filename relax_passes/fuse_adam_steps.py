@@ -162,7 +162,7 @@ class _Group:
             return True
         return fa is not None and any(f.roots & fa.roots for f in fu.tensors())
 
-    def rewrite(self, bb: relax.BlockBuilder) -> relax.DataflowBlock:
+    def rewrite(self, bb: relax.BlockBuilder, gpu: bool = False) -> relax.DataflowBlock:
         nodes = self.graph.nodes
         steps = [nodes[i] for i in self.steps]
         args = [a for n in steps for a in n.value.args]
@@ -170,7 +170,7 @@ class _Group:
         inplace = [6 * k + ADAM_PORTS.index(p) for k in range(len(steps)) for p in OUT_OF]
         shapes = [static_shape(n.value.args[0].ty) for n in steps]
         emits = [n.emit for n in steps]
-        kernel = fused_adam_kernel(shapes, str(tys[0].dtype), dict(emits[0].attrs))
+        kernel = fused_adam_kernel(shapes, str(tys[0].dtype), dict(emits[0].attrs), gpu=gpu)
         emit = fused_emit(emits, self.proven)
         kernel = kernel.with_attr(EMIT_ATTR, emit.to_attr()).with_attr("aicf.kind", KIND)
         gv = bb.add_func(kernel, KIND)
@@ -217,9 +217,10 @@ def plan_block(graph: EmitGraph, facts: AliasFacts, rest: relax.Expr) -> tuple[D
 class FuseAdamSteps:
     """Fuse the adam_step Emits of ``main`` into one in-place kernel; verdicts go to ``self.report``."""
 
-    def __init__(self, report: FusionReport | None = None, func_name: str = "main") -> None:
+    def __init__(self, report: FusionReport | None = None, func_name: str = "main", gpu: bool = False) -> None:
         self.report = report if report is not None else FusionReport()
         self.func_name = func_name
+        self.gpu = gpu  # the kernel's loops bound to GPU blocks and threads
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
         if self.func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
@@ -238,7 +239,7 @@ class FuseAdamSteps:
             decision, group = plan_block(graph, facts, relax.SeqExpr(blocks[k + 1:], func.body.body))
             self.report.add(decision)
             if group is not None:
-                blocks[k], changed = group.rewrite(bb), True
+                blocks[k], changed = group.rewrite(bb, self.gpu), True
         if not changed:
             return mod
         with_blocks(bb, mod, self.func_name, blocks)

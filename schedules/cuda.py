@@ -14,7 +14,8 @@ the function with its constant stores opaque to TVM's folder (``schedules.consta
 dlight inlines them, which could fold an immediate unsoundly or abort the process.
 """
 
-from tvm import s_tir, tirx
+import tvm_ffi
+from tvm import IRModule, s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
@@ -43,6 +44,31 @@ def unbound_blocks(sch: s_tir.Schedule) -> list[str]:
 
 def _is_bound(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     return any(sch.get(loop).thread_binding is not None for loop in sch.get_loops(block))
+
+
+def host_bound_kernels(mod: IRModule) -> list[str]:
+    """PrimFuncs of ``mod`` that store to a buffer outside any GPU thread binding: built for
+    a GPU target, such a loop runs on the host, over device memory."""
+    names = []
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        seen = {"store": False, "bound": False}
+
+        def on_for(loop: tirx.For) -> None:
+            seen["bound"] |= loop.kind == tirx.ForKind.THREAD_BINDING
+
+        def on_attr(attr: tirx.AttrStmt) -> None:
+            seen["bound"] |= attr.attr_key == "thread_extent"
+
+        def on_store(_: tirx.BufferStore) -> None:
+            seen["store"] = True
+
+        tvm_ffi.structural_walk(func.body, [(tirx.For, on_for), (tirx.AttrStmt, on_attr),
+                                            (tirx.BufferStore, on_store)])
+        if seen["store"] and not seen["bound"]:
+            names.append(gvar.name_hint)
+    return sorted(names)
 
 
 class RequireThreadBinding(ScheduleRule):

@@ -20,6 +20,7 @@ import json
 import math
 import platform
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -210,12 +211,18 @@ def _flat(out: Any) -> list[np.ndarray]:
     return [a for o in out for a in _flat(o)]
 
 
+def stage(what: str) -> None:
+    """A progress mark: where a crash happened, when one does."""
+    print(f"{what} ({time.strftime('%H:%M:%S')})", flush=True)
+
+
 def run_model(entry: dict, seed: int, torch: Any, args: argparse.Namespace) -> dict:
     import aicf_tvm
     import tvm
 
     check = Check(entry, seed)
     model = aicf_tvm.load(HERE / entry["library"])
+    stage("loaded")
     row: dict[str, Any] = {"name": entry["name"]}
     dev = model.device
     if entry["kind"] == "optimizer":
@@ -223,14 +230,18 @@ def run_model(entry: dict, seed: int, torch: Any, args: argparse.Namespace) -> d
         tensors = [tvm.runtime.tensor(a, dev) for a in check.arrays]
         groups = (tuple(tensors[:n]), tuple(tensors[n:2 * n]), tuple(tensors[2 * n:]))
         ours = model.vm["main"](*groups)  # updates P, M, V in place (donated)
+        stage("ran")
         row["ok"], row["diff"] = check.compare(_flat(ours)[:n] + _flat(ours)[n + 3:])
+        stage("compared")
         fresh = lambda: [tvm.runtime.tensor(a, dev) for a in check.arrays]  # noqa: E731
         t = fresh()
         timer = model.vm.time_evaluator("main", dev, number=args.number, repeat=args.repeat)
         row["ours"] = float(np.median(timer(tuple(t[:n]), tuple(t[n:2 * n]), tuple(t[2 * n:])).results)) * 1e3
     else:
         row["ok"], row["diff"] = check.compare(_flat(model(*check.arrays)))
+        stage("ran and compared")
         row["ours"] = model.benchmark(*check.arrays, number=args.number, repeat=args.repeat) * 1e3
+    stage("timed")
     if torch is not None:
         try:
             torch_peers(entry, check, torch, "cuda" if model.device.dlpack_device_type() == 2 else "cpu",
@@ -305,9 +316,10 @@ def _ratio(peer: float | None, ours: float, width: int) -> str:
     return (f"{peer / ours:.2f}x" if peer else "-").rjust(width)
 
 
-def print_table(rows: list[dict]) -> None:
-    print(f"\n{'model':15s} {'check':>9s} {'max|diff|':>10s} {'ours ms':>9s} {'eager ms':>9s} "
-          f"{'compile ms':>10s} {'eager/ours':>10s} {'compile/ours':>12s}  twin")
+def print_table(rows: list[dict], header: bool = True) -> None:
+    if header:
+        print(f"\n{'model':15s} {'check':>9s} {'max|diff|':>10s} {'ours ms':>9s} {'eager ms':>9s} "
+              f"{'compile ms':>10s} {'eager/ours':>10s} {'compile/ours':>12s}  twin")
     for r in rows:
         if "error" in r:
             print(f"{r['name']:15s} {'ERROR':>9s}  {r['error']}")
@@ -320,17 +332,30 @@ def print_table(rows: list[dict]) -> None:
               f"  {twin}{notes}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", default=None, help="a subset of the bundle's models")
-    parser.add_argument("--number", type=int, default=10, help="calls per timed run")
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs (median)")
-    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch peers")
-    parser.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile")
-    args = parser.parse_args(argv)
+ROW = "@@row "  # a child's result line: ROW + JSON
+
+
+def run_child(entry: dict, argv: Sequence[str]) -> dict:
+    """``entry`` run by a child process (``--one``), so that a crash (a segfault in a
+    kernel launch, say) is that model's error row, not the end of the run."""
+    cmd = [sys.executable, "-X", "faulthandler", str(Path(__file__).resolve()), *argv, "--one", entry["name"]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    row = None
+    for line in proc.stdout:
+        if line.startswith(ROW):
+            row = json.loads(line[len(ROW):])
+        else:
+            print(f"    | {line}", end="", flush=True)
+    code = proc.wait()
+    if row is None:
+        how = f"signal {-code}" if code < 0 else f"exit {code}"
+        row = {"name": entry["name"], "error": f"the child process died ({how}) before reporting: see its output"}
+    return row
+
+
+def run_one(manifest: dict, entry: dict, args: argparse.Namespace) -> dict:
     import aicf_tvm
 
-    manifest = json.loads((HERE / "manifest.json").read_text())
     torch = None
     if not args.no_torch:
         try:
@@ -340,24 +365,48 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.backends.cudnn.allow_tf32 = False
         except ImportError:
             torch = None
+    try:
+        return run_model(entry, manifest["seed"], torch, args)
+    except Exception as err:  # noqa: BLE001 - report and go on with the next model
+        if not isinstance(err, aicf_tvm.AicfError):  # ours name the culprit in one line
+            traceback.print_exc(limit=3)
+        return {"name": entry["name"], "error": f"{type(err).__name__}: {str(err).strip()[:200]}"}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=None, help="a subset of the bundle's models")
+    parser.add_argument("--number", type=int, default=10, help="calls per timed run")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs (median)")
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch peers")
+    parser.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: this model only
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    manifest = json.loads((HERE / "manifest.json").read_text())
+    entries = [e for e in manifest["models"] if not args.models or e["name"] in args.models]
+    if args.one is not None:
+        entry = next(e for e in entries if e["name"] == args.one)
+        print(ROW + json.dumps(run_one(manifest, entry, args)), flush=True)
+        return 0
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch
+        except ImportError:
+            torch = None
     print(f"bundle   {manifest['target']} models built on {manifest['built_on']}")
     device = describe_device(manifest["target"], torch)
     print(f"device   {device}", flush=True)
     if device.startswith("no CUDA device"):
         return 1
     rows, failed = [], 0
-    for entry in manifest["models"]:
-        if args.models and entry["name"] not in args.models:
-            continue
+    for entry in entries:
         start = time.perf_counter()
-        try:
-            row = run_model(entry, manifest["seed"], torch, args)
-        except Exception as err:  # noqa: BLE001 - report and go on with the next model
-            if not isinstance(err, aicf_tvm.AicfError):  # ours name the culprit in one line
-                traceback.print_exc(limit=3)
-            row = {"name": entry["name"], "error": f"{type(err).__name__}: {str(err).strip()[:200]}"}
+        row = run_child(entry, argv)
         failed += "error" in row or not row["ok"] or row.get("twin_ok") is False
         print(f"  {entry['name']}: done in {time.perf_counter() - start:.1f} s", flush=True)
+        print_table([row], header=False)
         rows.append(row)
     print_table(rows)
     if failed:

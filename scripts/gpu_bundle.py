@@ -81,8 +81,8 @@ def reference(model: Bundled, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 def cross_check(model: Bundled, arrays: list[np.ndarray], ref: list[np.ndarray]) -> list[str]:
     """The reference against float64 numpy and the PyTorch twin (CPU); lines to print."""
-    from tests.aicf_tvm.test_models import numpy_decoder, numpy_encoder
-    from tests.aicf_tvm.test_optimizer import numpy_adam
+    from tests.aicf_tvm.driver.test_models import numpy_decoder, numpy_encoder
+    from tests.aicf_tvm.driver.test_optimizer import numpy_adam
 
     by_name = {s["name"]: a for s, a in zip(model.inputs, arrays)}
     independent = {}

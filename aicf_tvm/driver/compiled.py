@@ -23,6 +23,7 @@ from ..emit import plain
 from ..errors import DeployError, InputError
 from ..lattice.shape import row_major
 from ..report import Decision, FusionReport
+from .cuda_binary import install_hook
 from .deploy import check_target, device_for, export, read_metadata
 from .targets import describe
 from .threads import thread_count, use_threads
@@ -295,6 +296,8 @@ def load(path: str | os.PathLike, device: Any = None, threads: int | None = None
     meta = read_metadata(name)
     target = check_target(meta, name)
     dev = device_for(target, device, name)
+    if target.get("kind") == "cuda":
+        install_hook()  # the kernels' fatbin travels in the library: no CUDA compiler needed here
     try:
         lib = tvm.runtime.load_module(name)
     except Exception as err:

@@ -183,7 +183,7 @@ def compile_optimizer_step(func: Any, target: Any = "llvm", *, donate: bool = Tr
     stages = run_pipeline(mod, tgt, report=report,
                           # one bias term for all steps, then the steps lifted as Emits
                           before_optimize=[relax.transform.EliminateCommonSubexpr(), LiftAdamSteps()],
-                          after_optimize=[FuseAdamSteps(report=report)])
+                          after_optimize=[FuseAdamSteps(report=report, gpu="gpu" in tgt.keys)])
     return OptimizerStep(stages.executable, tgt, report, stages.lowered, donate, threads)
 
 

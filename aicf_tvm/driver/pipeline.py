@@ -45,12 +45,14 @@ from schedules.cpu.common import float32_lanes
 from schedules.cpu.comparisons import NaNExactComparisons
 from schedules.cpu.parallel_guard import tir_pipeline
 from schedules.cpu.vector_math import VectorizeMath
+from schedules.cuda import host_bound_kernels
 from schedules.select import apply_database
 
 from ..errors import UnsupportedModelError
 from ..report import Decision, FusionReport
 from ..verify import verify_contracts
 from .compiled import CompiledModel
+from .cuda_binary import precompiled
 from .frontends import load_model
 from .targets import resolve_target
 from .threads import thread_count
@@ -171,6 +173,10 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
 
 
 def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
+    if "gpu" in target.keys and (unbound := host_bound_kernels(mod)):
+        raise UnsupportedModelError(
+            f"kernel(s) {', '.join(unbound)} have no GPU schedule (a loop bound to no GPU thread "
+            f"would run on the host over device memory); no rule of {target.kind.name} applies")
     backend = _backend(target)
     # the VM's shape function would switch off noalias for every kernel (see the pass)
     passes = [*backend.dataflow_lower_passes(target), *backend.finalize_passes(target), SinglePointerNoAlias]
@@ -178,7 +184,7 @@ def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
     tir = "default" if "gpu" in target.keys else tir_pipeline()
     # LLVM's vectorizers kept from gathers on x86: the same results, faster row reductions
     machine = codegen_target(target)
-    with machine:
+    with machine, precompiled(target):  # CUDA kernels exported compiled, not as source
         return tvm.compile(mod, target=machine, relax_pipeline=tvm.transform.Sequential(passes),
                            tir_pipeline=tir)
 

@@ -11,7 +11,8 @@ the written buffers are pairwise NoAlias with every other port.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ ATTRS = ("lr", "beta1", "beta2", "one_minus_beta1", "one_minus_beta2", "eps", "w
 # distinct buffers, e.g. donated ones; ``compile_optimizer_step`` checks it at every call.
 DISTINCT_INPUTS_ATTR = "aicf.distinct_inputs"
 SMALL = 1 << 14  # below this many elements a parallel loop costs more than it saves
+GPU_THREADS = 256  # threads per block of the GPU kernel
 
 
 def adam_step_emit(param_ty: Any, scalar_ty: Any, attrs: dict[str, float],
@@ -94,11 +96,14 @@ def adam_step_function(param_ty: Any, scalar_ty: Any, attrs: dict[str, float], e
 
 
 def fused_adam_kernel(shapes: Sequence[tuple[int, ...]], dtype: str, attrs: dict[str, float],
-                      name: str = "fused_adam_step") -> tirx.PrimFunc:
+                      name: str = "fused_adam_step", gpu: bool = False) -> tirx.PrimFunc:
     """ONE PrimFunc updating every (P, M, V) in place; params per tensor: P, G, M, V, bias1, bias2.
 
     Each tensor is walked as a flat buffer over its own data (a view, no copy); M and V
-    are stored first and P's update reads them back, as the Relax formula does.
+    are stored first and P's update reads them back, as the Relax formula does. On the
+    CPU a tensor's loop is parallel (from ``SMALL`` elements); with ``gpu`` it is bound to
+    ``GPU_THREADS``-thread blocks, one launch per tensor (a loop left unbound would run on
+    the host, on device memory).
     """
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as T
@@ -114,14 +119,27 @@ def fused_adam_kernel(shapes: Sequence[tuple[int, ...]], dtype: str, attrs: dict
         for shape, (p, g, m, v, b1, b2) in zip(shapes, args):
             n = int(np.prod(shape, dtype=np.int64))
             fp, fg, fm, fv = (T.decl_buffer((n,), dtype, data=b.data) for b in (p, g, m, v))
-            loop = T.parallel if n >= SMALL else T.serial
-            with loop(0, n) as i:
+            with _flat_loop(T, n, gpu) as i:
                 gi = fg[i] + c("weight_decay") * fp[i] if attrs["weight_decay"] else fg[i]
                 T.buffer_store(fm, c("beta1") * fm[i] + c("one_minus_beta1") * gi, [i])
                 T.buffer_store(fv, c("beta2") * fv[i] + c("one_minus_beta2") * (gi * gi), [i])
                 step = (fm[i] / b1[()]) / (T.sqrt(fv[i] / b2[()]) + c("eps"))
                 T.buffer_store(fp, fp[i] - c("lr") * step, [i])
     return ib.get()
+
+
+@contextlib.contextmanager
+def _flat_loop(T: Any, n: int, gpu: bool) -> Iterator[Any]:
+    """The loop over ``range(n)``: CPU-parallel, serial, or GPU blocks x threads with a guard."""
+    if not gpu:
+        with (T.parallel if n >= SMALL else T.serial)(0, n) as i:
+            yield i
+        return
+    blocks = -(-n // GPU_THREADS)
+    with T.thread_binding(0, blocks, "blockIdx.x") as bx, T.thread_binding(0, GPU_THREADS, "threadIdx.x") as tx:
+        i = bx * GPU_THREADS + tx
+        with T.If(i < n), T.Then():
+            yield i
 
 
 __all__ = ["ADAM_KINDS", "ADAM_PORTS", "ATTRS", "DISTINCT_INPUTS_ATTR", "WRITTEN", "adam_step_emit", "adam_step_function",
