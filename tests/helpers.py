@@ -242,3 +242,15 @@ def last_hidden_state(model: Any, **kwargs: Any) -> Any:
             return self.model(input_ids=ids, attention_mask=mask, **kwargs).last_hidden_state
 
     return LastHidden().eval()
+
+
+def cuda_source(module: Any) -> str | None:
+    """The CUDA source of the CUDA module that ``module`` (a built executable or a runtime
+    module) imports, directly or through its imports; None when it imports none."""
+    pending = [getattr(module, "mod", module)]
+    while pending:
+        current = pending.pop()
+        if current.kind == "cuda":
+            return current.inspect_source()
+        pending.extend(current.imports)
+    return None

@@ -13,6 +13,7 @@ from tvm.target import Target
 
 from schedules import apply_default_schedules, is_scheduled
 from schedules.cuda import RequireThreadBinding, unbound_blocks
+from tests import helpers
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 
@@ -44,14 +45,9 @@ def cuda_source(mod: tvm.IRModule) -> str:
     mod = apply_default_schedules(CUDA)(mod)
     funcs = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
     assert funcs and all(is_scheduled(f) for f in funcs)
-    ex = tvm.compile(mod, target=CUDA)
-    pending = [ex.mod]
-    while pending:
-        module = pending.pop()
-        if module.kind == "cuda":
-            return module.inspect_source()
-        pending.extend(module.imports)
-    raise AssertionError("no CUDA module in the build")
+    source = helpers.cuda_source(tvm.compile(mod, target=CUDA))
+    assert source is not None, "no CUDA module in the build"
+    return source
 
 
 def attention(q, k, v, mask):

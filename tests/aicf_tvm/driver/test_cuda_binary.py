@@ -25,21 +25,12 @@ from aicf_tvm.driver.pipeline import build
 from aicf_tvm.errors import UnsupportedModelError
 from aicf_tvm.library.adam import fused_adam_kernel
 from schedules.cuda import host_bound_kernels
+from tests.helpers import cuda_source
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 ADAM = dict(lr=1e-3, beta1=0.9, beta2=0.999, one_minus_beta1=0.1, one_minus_beta2=0.001, eps=1e-8,
             weight_decay=0.0)
-
-
-def cuda_source(executable) -> str:
-    pending = [executable.mod]
-    while pending:
-        module = pending.pop()
-        if module.kind == "cuda":
-            return module.inspect_source()
-        pending.extend(module.imports)
-    raise AssertionError("the executable imports no CUDA module")
 
 
 @needs_nvcc

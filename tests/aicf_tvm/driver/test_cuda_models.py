@@ -16,7 +16,7 @@ import pytest
 
 import aicf_tvm
 from aicf_tvm.driver.models import BUILTIN_MODELS
-from tests.helpers import light_model
+from tests.helpers import cuda_source, light_model
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 
@@ -25,13 +25,7 @@ CUDA = {"kind": "cuda", "arch": "sm_90"}
 
 def cuda_kernel_count(executable) -> int:
     """``__global__`` kernels in the CUDA module the executable imports (0: no CUDA module)."""
-    pending = [executable.mod]
-    while pending:
-        module = pending.pop()
-        if module.kind == "cuda":
-            return module.inspect_source().count("__global__")
-        pending.extend(module.imports)
-    return 0
+    return (cuda_source(executable) or "").count("__global__")
 
 
 def assert_cuda_build(compiled: aicf_tvm.CompiledModel) -> None:
