@@ -1,12 +1,13 @@
 """Our Relax passes, one per module, usable in any TVM pipeline.
 
-BoundShapes, NormalizeIndices, FoldBatchNorm, FoldPadIntoConv, SinkReshapes (op level)
+BoundShapes, NormalizeIndices, FoldBatchNorm, FoldPadIntoConv, CombineProjections, SinkReshapes (op level)
 -> [ChannelsFirst, with blocked layouts] -> LiftEmits -> PropagateContracts ->
 (EliminateEmits, MaterializeEmits, FuseEmits)* -> LowerEmits -> (after scheduling) prepack_weights
 """
 
 from .bound_shapes import BoundShapes
 from .channels_first import ChannelsFirst
+from .combine_projections import CombineProjections
 from .eliminate_emits import EliminateEmits
 from .fold_batch_norm import FoldBatchNorm
 from .fold_pad import FoldPadIntoConv
@@ -18,5 +19,5 @@ from .normalize_indices import NormalizeIndices
 from .propagate_contracts import PropagateContracts
 from .sink_reshapes import SinkReshapes
 
-__all__ = ["BoundShapes", "ChannelsFirst", "EliminateEmits", "FoldBatchNorm", "FoldPadIntoConv", "FuseEmits",
+__all__ = ["BoundShapes", "ChannelsFirst", "CombineProjections", "EliminateEmits", "FoldBatchNorm", "FoldPadIntoConv", "FuseEmits",
            "LiftEmits", "LowerEmits", "MaterializeEmits", "NormalizeIndices", "PropagateContracts", "SinkReshapes"]

@@ -148,6 +148,7 @@ class BoundShapes:
             if bounder.changed:
                 body_ty = _simplify_type(new.body.ty, analyzer) or new.body.ty
                 updates[gv] = relax.Function(new.params, new.body, body_ty, new.is_pure, new.attrs)
+        mod = mod.clone() if updates else mod  # the caller's module stays as it was
         for gv, func in updates.items():
             mod[gv] = func
         return relax.transform.Normalize()(mod) if updates else mod

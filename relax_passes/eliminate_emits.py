@@ -2,7 +2,8 @@
 
 Rules, each named in the report with the facts that justify it:
   * identity views: reshape/squeeze/expand_dims/flatten/broadcast_to to the same
-    shape, identity permute_dims, astype to the same dtype, dropout (inference);
+    shape, identity permute_dims, astype to the same dtype, dropout (inference), a concat
+    of one tensor (what a key/value cache's ``cat`` of an empty past leaves in an export);
   * ``x + (-0.0)``, ``x - 0.0``, ``x * 1``, ``x / 1`` (and the commuted add/multiply)
     with a constant that does not broadcast x to a new shape; the float constant must
     match bit for bit (``x + 0.0`` stays: it turns -0.0 into +0.0; see
@@ -96,6 +97,8 @@ class _Rules:
         if kind in _VIEWS | {"broadcast_to", "permute_dims", "astype"} and x is not None and _same_type(x, var):
             if kind != "permute_dims" or is_identity_permutation(_axes(body), var.ty.ndim):
                 return x, f"identity {kind}: input and output are {type_shape(var.ty).show()}", []
+        if kind == "concat" and len(node.value.args) == 1 and _same_type(x, var):
+            return x, f"concat of one tensor: its output is {type_shape(var.ty).show()}, the input", []
         if kind == "permute_dims":
             src = self.producer(x)
             if src is not None and src.emit is not None and src.emit.kind == "permute_dims" and src.body is not None:

@@ -31,6 +31,7 @@ def SinglePointerNoAlias(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> 
         if isinstance(func, tirx.PrimFunc) and not (func.attrs and func.attrs.get("tirx.noalias", False)):
             if pointer_params(func) <= 1:
                 updates[gv] = func.with_attr("tirx.noalias", True)
+    mod = mod.clone() if updates else mod  # the caller's module stays as it was
     for gv, func in updates.items():
         mod[gv] = func
     return mod

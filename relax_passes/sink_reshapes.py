@@ -128,6 +128,7 @@ class SinkReshapes:
                 updates[gv] = func
         if not updates:
             return mod
+        mod = mod.clone() if updates else mod  # the caller's module stays as it was
         for gv, func in updates.items():
             mod[gv] = func
         return relax.transform.Normalize()(mod)  # the rebuilt bodies get their types

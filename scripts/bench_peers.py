@@ -64,7 +64,8 @@ TRANSFORMERS = ("bert", "gpt2", "llama", "vit")
 CONVNETS = ("resnet50", "mobilenetv2", "convnext")
 # Architectures no issue names, for checking the class: ``--models class`` runs them all.
 CLASS = ("distilbert", "roberta", "qwen2", "mistral", "phi", "gptneo", "deit", "swin",
-         "efficientnet", "regnet")
+         "efficientnet", "regnet", "albert", "electra", "opt", "bloom", "gemma", "t5", "beit",
+         "clip")
 PEERS = ("eager", "inductor", "ort", "openvino", "tvm", "ours")
 DEFAULT_PEERS = ("eager", "inductor", "ort", "openvino", "ours")
 SEQ = 128
@@ -198,8 +199,29 @@ def _class_model(name: str, seq: int) -> Model:
         config = tf.GPTNeoConfig(hidden_size=768, num_layers=4, num_heads=12,
                                  attention_types=[[["global", "local"], 2]], vocab_size=32000)
         return _text(name, tf.GPTNeoModel(config), 32000, seq, mask=True)
+    if name == "albert":
+        return _text(name, tf.AlbertModel(tf.AlbertConfig(), add_pooling_layer=False), 30000, seq, mask=True)
+    if name == "electra":
+        return _text(name, tf.ElectraModel(tf.ElectraConfig()), 30522, seq, mask=True)
+    if name == "opt":
+        config = tf.OPTConfig(hidden_size=768, ffn_dim=3072, num_hidden_layers=4, num_attention_heads=12,
+                              word_embed_proj_dim=768, vocab_size=32000)
+        return _text(name, tf.OPTModel(config), 32000, seq, mask=True)
+    if name == "bloom":  # ALiBi position bias
+        config = tf.BloomConfig(hidden_size=1024, n_layer=4, n_head=16, vocab_size=32000)
+        return _text(name, tf.BloomModel(config), 32000, seq, mask=True)
+    if name == "gemma":
+        config = tf.GemmaConfig(**small, num_key_value_heads=4, head_dim=64, vocab_size=32000)
+        return _text(name, tf.GemmaModel(config), 32000, seq, mask=True)
+    if name == "t5":  # the encoder: relative position buckets, RMS norm without mean
+        config = tf.T5Config(d_model=512, d_ff=2048, num_layers=6, num_heads=8, vocab_size=32128)
+        return _text(name, tf.T5EncoderModel(config), 32128, seq, mask=True)
     if name == "deit":
         return _image(name, tf.DeiTModel(tf.DeiTConfig(), add_pooling_layer=False))
+    if name == "beit":  # relative position bias in every layer
+        return _image(name, tf.BeitModel(tf.BeitConfig(use_relative_position_bias=True), add_pooling_layer=False))
+    if name == "clip":
+        return _image(name, tf.CLIPVisionModel(tf.CLIPVisionConfig()))
     if name == "swin":
         return _image(name, tf.SwinForImageClassification(tf.SwinConfig()))
     if name == "efficientnet":

@@ -31,6 +31,7 @@ from relax_passes.bound_shapes import BoundShapes
 from relax_passes.bounded_tables import PrecomputeBoundedTables
 from relax_passes.channels_first import ChannelsFirst
 from relax_passes.clip_pool_windows import ClipPoolWindows
+from relax_passes.combine_projections import CombineProjections
 from relax_passes.fold_batch_norm import FoldBatchNorm
 from relax_passes.fold_pad import FoldPadIntoConv
 from relax_passes.implicit_broadcasts import ImplicitBroadcasts
@@ -72,6 +73,9 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     batch-norm by its own ``training`` flag before TVM's inference decomposition could
     misread it; zero pads into the convolutions that read them, ``relax_passes.FoldPadIntoConv``;
     an average pool's window that covers its whole input, to that input, ``relax_passes.ClipPoolWindows``),
+    merge the projections of one input by constant weights that attention splits into
+    heads into one GEMM whose output attention reads through slices, and read a ``split``
+    through slices too (``relax_passes.CombineProjections``),
     let ops broadcast their operands themselves instead of through an explicit broadcast
     (``relax_passes.ImplicitBroadcasts``) and move reshapes below the pointwise ops they
     feed (``relax_passes.SinkReshapes``)."""
@@ -87,6 +91,7 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
         relax.transform.FoldConstant(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
+        CombineProjections(),
         ImplicitBroadcasts(),
         SinkReshapes(),
         relax.transform.DeadCodeElimination(),

@@ -29,8 +29,9 @@ from tvm.relax import dpl
 from ..lattice import ShapeFact
 from .candidate import Candidate, Match, Variant, commutative, op, port_requirement
 
-VIEW_OPS = ("relax.reshape", "relax.permute_dims", "relax.broadcast_to", "relax.expand_dims", "relax.squeeze")
-MAX_VIEWS = 8  # longest view chain seen: v through repeat_kv and the 3-D reshape is 7
+VIEW_OPS = ("relax.reshape", "relax.permute_dims", "relax.broadcast_to", "relax.expand_dims", "relax.squeeze",
+            "relax.strided_slice")
+MAX_VIEWS = 9  # longest view chain seen: v sliced from a QKV GEMM, through repeat_kv and the 3-D reshape
 
 
 def views(x: dpl.DFPattern, depth: int = MAX_VIEWS) -> dpl.DFPattern:
@@ -39,6 +40,7 @@ def views(x: dpl.DFPattern, depth: int = MAX_VIEWS) -> dpl.DFPattern:
     for _ in range(depth):
         inner = pat
         alts = [op(name)(inner) if name in ("relax.permute_dims", "relax.squeeze", "relax.expand_dims")
+                else op(name)(inner, varg_default_wildcard=True) if name == "relax.strided_slice"
                 else op(name)(inner, dpl.wildcard()) for name in VIEW_OPS]
         pat = alts[0]
         for alt in alts[1:]:

@@ -55,7 +55,8 @@ class IdentityOps:
             c = R.astype(b, "float32")
             d = R.add(c, R.const(-np.zeros((8,), "float32")))  # x + (-0.0) == x, -0.0 included
             e = R.multiply(d, R.const(1.0, "float32"))
-            f = R.nn.relu(e)
+            g = R.concat((e,), axis=0)  # a key/value cache's cat of an empty past, exported
+            f = R.nn.relu(g)
             R.output(f)
         return f
 
@@ -80,8 +81,8 @@ class IdentityOpsExpected:
 
 
 class TestIdentities:
-    """Same-shape reshape, identity permutation, same-dtype cast, x+(-0.0) and x*1 all go:
-    each returns its input unchanged."""
+    """Same-shape reshape, identity permutation, same-dtype cast, x+(-0.0), x*1 and a
+    concat of one tensor all go: each returns its input unchanged."""
 
     def test_structure(self):
         from .helpers import strip_emits
@@ -89,8 +90,8 @@ class TestIdentities:
         after, report = eliminate(IdentityOps)
         tvm.ir.assert_structural_equal(strip_emits(after), IdentityOpsExpected)
         rules = sorted(d.candidate for d in report.accepted)
-        assert rules == ["eliminate:add", "eliminate:astype", "eliminate:multiply", "eliminate:permute_dims",
-                         "eliminate:reshape"]
+        assert rules == ["eliminate:add", "eliminate:astype", "eliminate:concat", "eliminate:multiply",
+                         "eliminate:permute_dims", "eliminate:reshape"]
 
     def test_numbers(self):
         after, _ = eliminate(IdentityOps)

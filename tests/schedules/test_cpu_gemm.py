@@ -20,7 +20,7 @@ from tvm.relax.dpl import is_op, wildcard
 from schedules.cpu.gemm import Gemm
 from schedules.cpu.gemm_analysis import IterRole, detect_gemm
 from schedules.cpu.gemm_blocks import find_reduction_block
-from schedules.cpu.gemm_plan import AREA_SLACK, least_padded_area, plan_candidates, plan_gemm
+from schedules.cpu.gemm_plan import AREA_SLACK, NC_MAX, least_padded_area, plan_candidates, plan_gemm
 from ..helpers import relax_main
 
 F32 = "float32"
@@ -195,6 +195,24 @@ def test_plan_tiles_divide_the_padded_problem(m, n, k):
     assert plan.k_padded % plan.kc == 0 and plan.nr % plan.lanes == 0
     # accumulators + B vectors + a broadcast fit the 32 AVX-512 registers
     assert plan.mr * plan.nr // plan.lanes + plan.nr // plan.lanes + 1 <= 32
+
+
+@pytest.mark.parametrize(("n", "batch", "cores"), [(1536, 1, 2), (2816, 1, 2), (3072, 1, 2), (1024, 1, 2),
+                                              (768, 1, 4), (2304, 1, 4), (1536, 3, 2), (64 * 17, 1, 2)])
+def test_column_blocks_split_evenly_over_the_cores_when_any_split_can(n, batch, cores):
+    """The parallel loop's chunks (batch x N/nc) fill whole rounds of the cores whenever
+    some block size of at most NC_MAX columns makes them, and of those the widest is
+    taken: 1536 columns in 4 chunks of 384, not 3 of 512 (one core idle a third of the
+    time); 17 panels of 64 have no even split, so the most even (17 chunks of one panel)."""
+    plan = plan_gemm(batch, 128, n, 1024, lanes=16, cores=cores)
+    splits = [size for size in range(plan.nr, NC_MAX + 1, plan.nr) if plan.n_padded % size == 0]
+    even = [size for size in splits if batch * (plan.n_padded // size) % cores == 0]
+    chunks = batch * (plan.n_padded // plan.nc)
+    if even:
+        assert chunks % cores == 0 and plan.nc == max(even)
+    else:
+        assert plan.nc == min(splits)
+    assert plan.nc <= NC_MAX and not plan.parallel_m
 
 
 def test_plan_blocks_symbolic_extents():

@@ -1,0 +1,253 @@
+"""CombineProjections: projections of one input by constant weights become one GEMM.
+
+Attention projects one hidden state three times (``q = x Wq + bq``, ``k = x Wk + bk``,
+``v = x Wv + bv``) and a gated MLP twice (``gate``, ``up``); each is a GEMM of a few hundred
+rows, too short to keep both cores busy through its whole panel of B.  This pass, on
+op-level Relax after the weights are constants, rewrites each such group to
+
+    y = matmul(x, concat(W_1, ..., W_n, axis=-1)) [+ concat(b_1, ..., b_n)]
+    p_1, ..., p_n = split(y, [N_1, N_1 + N_2, ...], axis=-1)
+
+the form GPT-2's fused ``c_attn`` already has, which attention reads through its stride
+facts (its q/k/v copies index the wide output), so the split costs no kernel.
+
+A group: ``matmul(x_i, W_i)`` bindings in one dataflow block whose left operands are one
+value (the same variable, or reshapes of one variable to one shape: frontends flatten the
+input once per ``Linear``), whose ``W_i`` are rank-2 constants of one dtype with one ``K``
+and whose calls have one ``out_dtype``.  A branch takes its bias along when the matmul's
+only use is ``add`` with a constant of shape ``[N_i]``; branches with and without a bias
+form separate groups.  The combined weight is new; the old constants stay where other
+bindings still use them.
+
+Sound: column ``j`` of a GEMM is the dot product of a row of x with column ``j`` of W, and
+neither depends on the other columns: ``y[..., N_1 + j]`` is computed from exactly the
+operands of ``p_2[..., j]``, in the same reduction order (our GEMM schedules accumulate
+each column over K in ascending order whatever the tile), and the bias add is one IEEE
+addition per element either way (addition commutes exactly, so ``add(b, m)`` and
+``add(m, b)`` agree).  The split only moves elements.  Tests compare the combined build's
+outputs with the uncombined one bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+_MATMUL, _ADD, _RESHAPE = "relax.matmul", "relax.add", "relax.reshape"
+VIEW_OPS = ("relax.reshape", "relax.strided_slice", "relax.squeeze", "relax.expand_dims")
+
+
+def _op_name(value: Any) -> str:
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+        return value.op.name
+    return ""
+
+
+def _static_shape(expr: Any) -> list[int] | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        return [int(d) for d in ty.shape]
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class _Branch:
+    matmul: relax.VarBinding
+    bias: relax.VarBinding | None  # the add of a bias constant, the matmul's only use
+    weight: np.ndarray
+    bias_value: np.ndarray | None
+
+    @property
+    def out(self) -> relax.Var:
+        return (self.bias or self.matmul).var
+
+
+def _uses(func: relax.Function) -> dict:
+    counts: dict = {}
+
+    def visit(expr: Any) -> None:
+        if isinstance(expr, relax.Var):
+            counts[expr] = counts.get(expr, 0) + 1
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return counts
+
+
+def _bias_of(binding: relax.VarBinding, matmul: relax.Var, n: int) -> np.ndarray | None:
+    """The ``[n]`` bias constant ``binding`` adds to ``matmul``, or None."""
+    if _op_name(binding.value) != _ADD:
+        return None
+    a, b = binding.value.args
+    other = b if a.same_as(matmul) else a if b.same_as(matmul) else None
+    if not isinstance(other, tvm.ir.Constant) or _static_shape(other) != [n]:
+        return None
+    if str(other.ty.dtype) != str(matmul.ty.dtype):
+        return None
+    return other.value.numpy()
+
+
+def _head_split(var: relax.Var, consumers: dict, uses: dict) -> bool:
+    """Whether every use of ``var`` is a chain of view ops in its block that reaches a
+    ``permute_dims`` or a ``matmul`` before anything computes: attention's head split.  A
+    consumer that computes first, like a gated MLP's ``silu(gate) * up``, would be the
+    GEMM's fused epilogue: that GEMM stays whole."""
+    users = consumers.get(var, [])
+    if not isinstance(var, relax.DataflowVar) or not users or len(users) != uses.get(var, 0):
+        return False
+    for user in users:
+        name = _op_name(user.value)
+        if name in ("relax.permute_dims", _MATMUL):
+            continue
+        if name not in VIEW_OPS or not _head_split(user.var, consumers, uses):
+            return False
+    return True
+
+
+def _key(binding: relax.VarBinding, reshapes: dict) -> Any:
+    """What identifies the matmul's left operand: itself, or (source, shape) of a reshape."""
+    lhs = binding.value.args[0]
+    if lhs in reshapes:
+        source, shape = reshapes[lhs].value.args
+        return (source, tuple(_static_shape(lhs) or ()))
+    return lhs
+
+
+def _groups(block: relax.DataflowBlock, uses: dict) -> list[list[_Branch]]:
+    reshapes = {b.var: b for b in block.bindings if _op_name(b.value) == _RESHAPE}
+    consumers: dict = {}
+    for b in block.bindings:
+        for arg in getattr(b.value, "args", []):
+            if isinstance(arg, relax.Var):
+                consumers.setdefault(arg, []).append(b)
+    found: dict = {}
+    for b in block.bindings:
+        if _op_name(b.value) != _MATMUL:
+            continue
+        lhs, rhs = b.value.args
+        w_shape, x_shape = _static_shape(rhs) if isinstance(rhs, tvm.ir.Constant) else None, _static_shape(lhs)
+        if w_shape is None or len(w_shape) != 2 or not x_shape or len(x_shape) < 2:
+            continue
+        dtype = str(rhs.ty.dtype)
+        if not dtype.startswith("float") or str(lhs.ty.dtype) != dtype or str(b.var.ty.dtype) != dtype:
+            continue
+        bias, bias_value = None, None
+        users = consumers.get(b.var, [])
+        if uses.get(b.var, 0) == 1 and len(users) == 1:
+            bias_value = _bias_of(users[0], b.var, w_shape[1])
+            bias = users[0] if bias_value is not None else None
+        out = bias.var if bias is not None else b.var
+        if not _head_split(out, consumers, uses):
+            continue
+        key = (_key(b, reshapes), w_shape[0], dtype, str(b.value.attrs.out_dtype), bias is not None)
+        found.setdefault(key, []).append(_Branch(b, bias, rhs.value.numpy(), bias_value))
+    return [branches for branches in found.values() if len(branches) > 1]
+
+
+def _slice_splits(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> tuple[relax.DataflowBlock, bool]:
+    """Each ``split`` whose tuple is only read by ``TupleGetItem`` becomes one
+    ``strided_slice`` per item (a view that a consumer fuses; the split is a kernel)."""
+    splits = {b.var: b for b in block.bindings if _op_name(b.value) == "relax.split"}
+    items: dict = {}
+    for b in block.bindings:
+        if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in splits:
+            items.setdefault(b.value.tuple_value, []).append(b)
+    sliced: dict = {}
+    for var, split in splits.items():
+        x, shape = split.value.args[0], _static_shape(split.value.args[0])
+        reads = items.get(var, [])
+        if shape is None or not reads or len(reads) != uses.get(var, 0):
+            continue
+        axis = int(split.value.attrs.axis) % len(shape)
+        sections = split.value.attrs.indices_or_sections
+        if isinstance(sections, (int, tvm.tirx.IntImm)):
+            if shape[axis] % int(sections):
+                continue
+            width = shape[axis] // int(sections)
+            bounds = [width * i for i in range(int(sections) + 1)]
+        else:
+            bounds = [0, *(int(i) for i in sections), shape[axis]]
+        for b in reads:
+            index = int(b.value.index)
+            view = relax.op.strided_slice(x, axes=[axis], begin=[bounds[index]], end=[bounds[index + 1]])
+            sliced[b.var] = relax.VarBinding(b.var, bb.normalize(view))
+        sliced[var] = None
+    if not sliced:
+        return block, False
+    out = [sliced.get(b.var, b) if b.var in sliced else b for b in block.bindings]
+    return relax.DataflowBlock([b for b in out if b is not None]), True
+
+
+def _combine(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> tuple[relax.DataflowBlock, bool]:
+    groups = _groups(block, uses)
+    if not groups:
+        return block, False
+    first: dict = {}  # binding var of a group's first matmul -> the new bindings
+    replaced: dict = {}  # a branch's output var -> its new binding
+    dropped: set = set()
+    for branches in groups:
+        lead = branches[0].matmul
+        weight = relax.const(np.concatenate([br.weight for br in branches], axis=-1))
+        y = bb.normalize(relax.op.matmul(lead.value.args[0], weight, out_dtype=lead.value.attrs.out_dtype))
+        y_var = relax.DataflowVar(f"{lead.var.name}_combined", y.ty)
+        new = [relax.VarBinding(y_var, y)]
+        if branches[0].bias is not None:
+            bias = relax.const(np.concatenate([br.bias_value for br in branches]))
+            added = bb.normalize(relax.op.add(y_var, bias))
+            y_var = relax.DataflowVar(f"{lead.var.name}_combined_bias", added.ty)
+            new.append(relax.VarBinding(y_var, added))
+        start, axis = 0, len(_static_shape(y_var)) - 1
+        first[lead.var] = new
+        for br in branches:
+            width = br.weight.shape[1]
+            piece = bb.normalize(relax.op.strided_slice(y_var, axes=[axis], begin=[start], end=[start + width]))
+            replaced[br.out] = relax.VarBinding(br.out, piece)
+            start += width
+            if br.bias is not None:
+                dropped.add(br.matmul.var)
+    out = []
+    for b in block.bindings:
+        out.extend(first.get(b.var, []))
+        if b.var in replaced:
+            out.append(replaced[b.var])
+        elif b.var not in dropped:
+            out.append(b)
+    return relax.DataflowBlock(out), True
+
+
+@tvm.transform.module_pass(opt_level=0, name="CombineProjections")
+class CombineProjections:
+    """Merge the constant-weight GEMMs of one input into one GEMM and a split."""
+
+    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        bb = relax.BlockBuilder(mod)
+        updates = {}
+        for gv, func in mod.functions_items():
+            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+                continue
+            uses = _uses(func)
+            blocks, changed = [], False
+            for block in func.body.blocks:
+                if isinstance(block, relax.DataflowBlock):
+                    block, sliced = _slice_splits(bb, block, uses)
+                    block, combined = _combine(bb, block, uses)
+                    changed |= sliced or combined
+                blocks.append(block)
+            if changed:
+                body = relax.SeqExpr(blocks, func.body.body)
+                updates[gv] = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+        if not updates:
+            return mod
+        mod = mod.clone()  # the caller's module stays as it was
+        for gv, func in updates.items():
+            mod[gv] = func
+        return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+
+
+__all__ = ["CombineProjections"]
