@@ -200,7 +200,8 @@ def _class_model(name: str, seq: int) -> Model:
                                  attention_types=[[["global", "local"], 2]], vocab_size=32000)
         return _text(name, tf.GPTNeoModel(config), 32000, seq, mask=True)
     if name == "albert":
-        return _text(name, tf.AlbertModel(tf.AlbertConfig(), add_pooling_layer=False), 30000, seq, mask=True)
+        config = tf.AlbertConfig(hidden_size=768, num_attention_heads=12, intermediate_size=3072)  # base
+        return _text(name, tf.AlbertModel(config, add_pooling_layer=False), 30000, seq, mask=True)
     if name == "electra":
         return _text(name, tf.ElectraModel(tf.ElectraConfig()), 30522, seq, mask=True)
     if name == "opt":

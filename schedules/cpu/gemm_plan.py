@@ -166,9 +166,10 @@ def _balance(chunks: int, cores: int) -> float:
 def _choose_nc(n_padded: int, nr: int, batch: int, cores: int) -> int:
     """The per-thread column block: a multiple of ``nr`` dividing the padded N, at most
     ``NC_MAX``, that splits ``batch x N/nc`` chunks most evenly over the cores, then the
-    widest.  Widest alone gave 1536 columns 3 chunks of 512 (the second core idle a third
-    of the time; LLaMA's combined q/k/v projection ran 1.42x its 4 chunks of 384) and
-    2816 columns 11 chunks of 256 (22 of 128 keep 2 cores even)."""
+    widest.  Widest alone gave 1536 columns 3 chunks of 512 (one core idle a third of the
+    time) and 2816 columns 11 chunks of 256; on 2 AMD EPYC (Zen 4) cores the even split
+    ran the LLaMA decoder of ``scripts/bench_peers.py`` in 0.95x the time (0.94x with its
+    q/k/v projections combined, ``relax_passes.CombineProjections``), the same bits."""
     sizes = [nr * count for count in range(1, n_padded // nr + 1)
              if n_padded % (nr * count) == 0 and nr * count <= max(nr, NC_MAX)]
     return max(sizes, key=lambda size: (_balance(batch * (n_padded // size), cores), size))
