@@ -37,6 +37,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .dataflow_rewrite import rewrite_dataflow_blocks
+
 _MATMUL, _ADD, _RESHAPE = "relax.matmul", "relax.add", "relax.reshape"
 VIEW_OPS = ("relax.reshape", "relax.strided_slice", "relax.squeeze", "relax.expand_dims")
 
@@ -67,17 +69,6 @@ class _Branch:
     @property
     def out(self) -> relax.Var:
         return (self.bias or self.matmul).var
-
-
-def _uses(func: relax.Function) -> dict:
-    counts: dict = {}
-
-    def visit(expr: Any) -> None:
-        if isinstance(expr, relax.Var):
-            counts[expr] = counts.get(expr, 0) + 1
-
-    relax.analysis.post_order_visit(func.body, visit)
-    return counts
 
 
 def _bias_of(binding: relax.VarBinding, matmul: relax.Var, n: int) -> np.ndarray | None:
@@ -226,28 +217,14 @@ class CombineProjections:
     """Merge the constant-weight GEMMs of one input into one GEMM and a split."""
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        bb = relax.BlockBuilder(mod)
-        updates = {}
-        for gv, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-                continue
-            uses = _uses(func)
-            blocks, changed = [], False
-            for block in func.body.blocks:
-                if isinstance(block, relax.DataflowBlock):
-                    block, sliced = _slice_splits(bb, block, uses)
-                    block, combined = _combine(bb, block, uses)
-                    changed |= sliced or combined
-                blocks.append(block)
-            if changed:
-                body = relax.SeqExpr(blocks, func.body.body)
-                updates[gv] = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
-        if not updates:
-            return mod
-        mod = mod.clone()  # the caller's module stays as it was
-        for gv, func in updates.items():
-            mod[gv] = func
-        return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+        out = rewrite_dataflow_blocks(mod, _rewrite_block)
+        return out if out.same_as(mod) else relax.transform.DeadCodeElimination()(out)  # the branches' reshapes of x
+
+
+def _rewrite_block(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> tuple[relax.DataflowBlock, bool]:
+    block, sliced = _slice_splits(bb, block, uses)
+    block, combined = _combine(bb, block, uses)
+    return block, sliced or combined
 
 
 __all__ = ["CombineProjections"]

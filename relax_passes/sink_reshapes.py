@@ -25,6 +25,8 @@ from tvm import relax
 
 from aicf_tvm.kinds.describe import is_pointwise
 
+from .dataflow_rewrite import rewrite_dataflow_blocks
+
 _RESHAPE = "relax.reshape"
 
 
@@ -40,17 +42,6 @@ def _is_scalar_constant(expr: Any, rank: int) -> bool:
     for d in shape:
         size *= d
     return size == 1 and len(shape) <= rank
-
-
-def _use_counts(func: relax.Function) -> dict:
-    counts: dict = {}
-
-    def visit(expr: Any) -> None:
-        if isinstance(expr, relax.Var):
-            counts[expr] = counts.get(expr, 0) + 1
-
-    relax.analysis.post_order_visit(func.body, visit)
-    return counts
 
 
 def _sinkable(value: Any, reshapes: dict, counts: dict) -> Any:
@@ -105,33 +96,7 @@ class SinkReshapes:
     """Swap ``elementwise(reshape(x))`` to ``reshape(elementwise(x))`` in every Relax function."""
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        bb = relax.BlockBuilder(mod)
-        updates = {}
-        for gv, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-                continue
-            changed_any = False
-            for _ in range(sum(len(b.bindings) for b in func.body.blocks) + 1):
-                counts = _use_counts(func)
-                blocks, changed = [], False
-                for block in func.body.blocks:
-                    if isinstance(block, relax.DataflowBlock):
-                        block, moved = _sink_block(bb, block, counts)
-                        changed |= moved
-                    blocks.append(block)
-                if not changed:
-                    break
-                changed_any = True
-                body = relax.SeqExpr(blocks, func.body.body)
-                func = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
-            if changed_any:
-                updates[gv] = func
-        if not updates:
-            return mod
-        mod = mod.clone() if updates else mod  # the caller's module stays as it was
-        for gv, func in updates.items():
-            mod[gv] = func
-        return relax.transform.Normalize()(mod)  # the rebuilt bodies get their types
+        return rewrite_dataflow_blocks(mod, _sink_block, to_fixpoint=True)
 
 
 __all__ = ["SinkReshapes"]

@@ -1,0 +1,57 @@
+"""Shared driver of our op-level Relax passes that rewrite one dataflow block at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tvm
+from tvm import relax
+
+# (block builder, block, uses of each var in the function) -> (block, whether it changed)
+BlockRewrite = Callable[[relax.BlockBuilder, relax.DataflowBlock, dict], tuple[relax.DataflowBlock, bool]]
+
+
+def use_counts(func: relax.Function) -> dict:
+    """How many times each variable is read in ``func``'s body."""
+    counts: dict = {}
+
+    def visit(expr: Any) -> None:
+        if isinstance(expr, relax.Var):
+            counts[expr] = counts.get(expr, 0) + 1
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return counts
+
+
+def rewrite_dataflow_blocks(mod: tvm.IRModule, rewrite: BlockRewrite, *, to_fixpoint: bool = False) -> tvm.IRModule:
+    """``mod`` with ``rewrite`` applied to every dataflow block of every Relax function
+    (again, with fresh use counts, until nothing changes when ``to_fixpoint``), normalized
+    so the rebuilt bodies get their types; the caller's module stays as it was."""
+    bb = relax.BlockBuilder(mod)
+    updates = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        changed_any = False
+        for _ in range(sum(len(b.bindings) for b in func.body.blocks) + 1 if to_fixpoint else 1):
+            counts = use_counts(func)
+            blocks, changed = [], False
+            for block in func.body.blocks:
+                if isinstance(block, relax.DataflowBlock):
+                    block, moved = rewrite(bb, block, counts)
+                    changed |= moved
+                blocks.append(block)
+            if not changed:
+                break
+            changed_any = True
+            body = relax.SeqExpr(blocks, func.body.body)
+            func = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+        if changed_any:
+            updates[gv] = func
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gv, func in updates.items():
+        mod[gv] = func
+    return relax.transform.Normalize()(mod)
