@@ -15,8 +15,9 @@ A group: ``matmul(x_i, W_i)`` bindings in one dataflow block whose left operands
 value (the same variable, or reshapes of one variable to one shape: frontends flatten the
 input once per ``Linear``), whose ``W_i`` are rank-2 constants of one dtype with one ``K``
 and whose calls have one ``out_dtype``.  A branch takes its bias along when the matmul's
-only use is ``add`` with a constant of shape ``[N_i]``; branches with and without a bias
-form separate groups.  The combined weight is new; the old constants stay where other
+only use is ``add`` with a constant of shape ``[N_i]``; a branch without one (BEiT's k)
+gets ``-0.0``, the exact identity of IEEE addition (``x + (-0.0)`` is ``x`` for every
+``x``, ``-0.0`` and NaN included; ``+0.0`` would turn ``-0.0`` into ``+0.0``).  The combined weight is new; the old constants stay where other
 bindings still use them.
 
 Sound: column ``j`` of a GEMM is the dot product of a row of x with column ``j`` of W, and
@@ -136,7 +137,7 @@ def _groups(block: relax.DataflowBlock, uses: dict) -> list[list[_Branch]]:
         out = bias.var if bias is not None else b.var
         if not _head_split(out, consumers, uses):
             continue
-        key = (_key(b, reshapes), w_shape[0], dtype, str(b.value.attrs.out_dtype), bias is not None)
+        key = (_key(b, reshapes), w_shape[0], dtype, str(b.value.attrs.out_dtype))
         found.setdefault(key, []).append(_Branch(b, bias, rhs.value.numpy(), bias_value))
     return [branches for branches in found.values() if len(branches) > 1]
 
@@ -188,8 +189,11 @@ def _combine(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> 
         y = bb.normalize(relax.op.matmul(lead.value.args[0], weight, out_dtype=lead.value.attrs.out_dtype))
         y_var = relax.DataflowVar(f"{lead.var.name}_combined", y.ty)
         new = [relax.VarBinding(y_var, y)]
-        if branches[0].bias is not None:
-            bias = relax.const(np.concatenate([br.bias_value for br in branches]))
+        if any(br.bias is not None for br in branches):
+            # -0.0 where a branch has no bias: x + (-0.0) is x for every float, -0.0 and NaN included
+            bias = relax.const(np.concatenate([
+                br.bias_value if br.bias is not None else np.full(br.weight.shape[1], -0.0, br.weight.dtype)
+                for br in branches]))
             added = bb.normalize(relax.op.add(y_var, bias))
             y_var = relax.DataflowVar(f"{lead.var.name}_combined_bias", added.ty)
             new.append(relax.VarBinding(y_var, added))

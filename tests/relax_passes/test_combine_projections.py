@@ -22,18 +22,21 @@ def _ops(mod: tvm.IRModule, name: str) -> int:
     return mod.script(show_meta=False).count(f"R.{name}(")
 
 
-def _projections(rand: Operands, widths: tuple[int, ...], bias: bool = True, head_split: bool = True):
-    """``main(x)``: x projected by one weight per width (with a bias), each result split
-    into heads (reshape + permute_dims) or, with ``head_split=False``, through silu."""
+def _projections(rand: Operands, widths: tuple[int, ...], bias: bool | tuple[bool, ...] = True,
+                 head_split: bool = True):
+    """``main(x)``: x projected by one weight per width (with a bias, per branch when
+    ``bias`` is a tuple), each result split into heads (reshape + permute_dims) or, with
+    ``head_split=False``, through silu."""
     weights = [rand(HIDDEN, w) for w in widths]
     biases = [rand(w) for w in widths]
+    with_bias = bias if isinstance(bias, tuple) else (bias,) * len(widths)
 
     def body(bb, x):
         outs = []
-        for w, b in zip(weights, biases):
+        for w, b, has_bias in zip(weights, biases, with_bias):
             flat = bb.emit(relax.op.reshape(x, relax.ShapeExpr([ROWS, HIDDEN])))  # once per Linear, as frontends do
             y = bb.emit(relax.op.matmul(flat, relax.const(w)))
-            if bias:
+            if has_bias:
                 y = bb.emit(relax.op.add(relax.const(b), y))
             if head_split:
                 y = bb.emit(relax.op.reshape(y, relax.ShapeExpr([1, ROWS, HEADS, w.shape[1] // HEADS])))
@@ -56,6 +59,27 @@ def test_head_split_projections_become_one_gemm_with_the_same_values(bias):
     assert_matches_reference(lambda a: np.concatenate([o.ravel() for o in run_vm(got, a)]),
                              lambda a: np.concatenate([o.ravel() for o in run_vm(mod, a)]),
                              [[x], [other]], rtol=0, atol=0)
+
+
+def test_a_projection_without_bias_joins_with_an_exact_minus_zero():
+    """BEiT's k has no bias: it joins q and v with -0.0 added, and every output keeps its
+    bits (x + (-0.0) is x for every float; +0.0 would turn a -0.0 into +0.0)."""
+    rand = Operands(7)
+    mod = _projections(rand, (32, 32, 32), bias=(True, False, True))
+    got = CombineProjections()(mod)
+    assert _ops(got, "matmul") == 1 and _ops(got, "add") == 1
+    bias = [c for c in _constants(got) if c.ndim == 1]
+    assert len(bias) == 1 and np.signbit(bias[0][32:64]).all() and (bias[0][32:64] == 0).all()
+    x = rand(1, ROWS, HIDDEN)
+    for a, b in zip(run_vm(mod, x), run_vm(got, x)):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def _constants(mod: tvm.IRModule) -> list[np.ndarray]:
+    found: list[np.ndarray] = []
+    relax.analysis.post_order_visit(
+        mod["main"].body, lambda e: found.append(e.value.numpy()) if isinstance(e, tvm.ir.Constant) and hasattr(e.value, "numpy") else None)
+    return found
 
 
 def test_gemms_whose_consumer_computes_keep_their_own_epilogue():
