@@ -6,7 +6,8 @@ rules that followed the by-area tile: the B panel prefetch (``gemm_prefetch``, b
 leaving the loops unmarked), the padding slack of the by-area tile (``AREA_SLACK`` 1.0:
 least padding first) and ``kc`` near 128 (``KC_NEAR_BY_AREA`` 256).  Each side is built
 twice; the builds' calls alternate (24 pairs, the order flipped every pair) and the
-printed ratio is the median of new/old over the pairs.  Both outputs are checked against
+printed ratio (in brackets, with the error and whether the bits equal old's) is the
+median of new/old over the pairs.  Both outputs are checked against
 PyTorch (the error relative to the output's largest magnitude) after checking that two
 different inputs give different outputs.
 
@@ -22,6 +23,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +60,11 @@ def make(name: str) -> bench_peers.Model:
     return bench_peers.build(name, 128)
 
 
-def compare(name: str) -> str:
+def compare_sides(name: str, sides: dict[str, Callable[[], None]], reset: Callable[[], None]) -> str:
+    """``name`` built ``BUILDS`` times under each side's setup (the first side is the
+    base), the builds' calls interleaved for ``PAIRS`` rounds (the order reversed every
+    other round); per side its median time, the median over rounds of its time over the
+    base's, its error against PyTorch and whether its output has the base's bits."""
     import torch
 
     model = make(name)
@@ -69,29 +75,34 @@ def compare(name: str) -> str:
         other = model.module(*model.other_inputs).numpy()
     if np.array_equal(want, other):
         raise SystemExit(f"{name}: two different inputs give the same output; no check possible")
-    sides = {}
-    for label, rules in (("old", OLD), ("new", NEW)):
-        use(rules)
-        sides[label] = [aicf_tvm.compile(mod, target="llvm") for _ in range(BUILDS)]
-    use(NEW)
+    builds = {}
+    try:
+        for label, setup in sides.items():
+            setup()
+            builds[label] = [aicf_tvm.compile(mod, target="llvm") for _ in range(BUILDS)]
+    finally:
+        reset()
+    outputs = {label: np.asarray(compiled[0](*inputs)) for label, compiled in builds.items()}
+    base = next(iter(sides))
     scale = float(np.abs(want).max())
-    errors = {label: float(np.abs(np.asarray(builds[0](*inputs)) - want).max()) / scale
-              for label, builds in sides.items()}
-    for builds in sides.values():
-        for compiled in builds:
-            compiled(*inputs)
-    times: dict[str, list[float]] = {"old": [], "new": []}
-    for pair in range(PAIRS):
-        order = ("old", "new") if pair % 2 == 0 else ("new", "old")
-        for label in order:
-            compiled = sides[label][pair % BUILDS]
+    times: dict[str, list[float]] = {label: [] for label in sides}
+    for turn in range(PAIRS):
+        for label in list(sides) if turn % 2 == 0 else list(sides)[::-1]:
+            compiled = builds[label][turn % BUILDS]
             start = time.perf_counter()
             compiled(*inputs)
             times[label].append(time.perf_counter() - start)
-    paired = statistics.median(n / o for o, n in zip(times["old"], times["new"]))
-    return (f"{name:12s} old {1e3 * statistics.median(times['old']):8.2f} ms  new "
-            f"{1e3 * statistics.median(times['new']):8.2f} ms  new/old {paired:.3f}  "
-            f"error/max old {errors['old']:.1e} new {errors['new']:.1e}")
+    parts = [f"{name:12s}"]
+    for label in sides:
+        ratio = statistics.median(t / b for t, b in zip(times[label], times[base]))
+        error = float(np.abs(outputs[label] - want).max()) / scale
+        same = "same bits" if np.array_equal(outputs[label], outputs[base]) else "other bits"
+        parts.append(f"{label} {1e3 * statistics.median(times[label]):.2f} ms ({ratio:.3f}, {error:.1e}, {same})")
+    return "  ".join(parts)
+
+
+def compare(name: str) -> str:
+    return compare_sides(name, {"old": lambda: use(OLD), "new": lambda: use(NEW)}, lambda: use(NEW))
 
 
 def main() -> None:
