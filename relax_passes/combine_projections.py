@@ -1,31 +1,35 @@
 """CombineProjections: projections of one input by constant weights become one GEMM.
 
 Attention projects one hidden state three times (``q = x Wq + bq``, ``k = x Wk + bk``,
-``v = x Wv + bv``) and a gated MLP twice (``gate``, ``up``); each is a GEMM of a few hundred
-rows, too short to keep both cores busy through its whole panel of B.  This pass, on
-op-level Relax after the weights are constants, rewrites each such group to
+``v = x Wv + bv``); each is a GEMM of a few hundred rows and fewer columns than the
+cores can share evenly.  This pass, on op-level Relax after the weights are constants,
+rewrites each such group to
 
     y = matmul(x, concat(W_1, ..., W_n, axis=-1)) [+ concat(b_1, ..., b_n)]
-    p_1, ..., p_n = split(y, [N_1, N_1 + N_2, ...], axis=-1)
+    p_i = strided_slice(y, axis=-1, begin=N_1 + ... + N_(i-1), end=N_1 + ... + N_i)
 
-the form GPT-2's fused ``c_attn`` already has, which attention reads through its stride
-facts (its q/k/v copies index the wide output), so the split costs no kernel.
+and ``fused_attention`` takes the slices among its view ops (its q/k/v copies index the
+wide output), so no kernel copies them out.  A ``split`` read only through
+``TupleGetItem`` (GPT-2's fused ``c_attn``) becomes such slices too.
 
 A group: ``matmul(x_i, W_i)`` bindings in one dataflow block whose left operands are one
 value (the same variable, or reshapes of one variable to one shape: frontends flatten the
 input once per ``Linear``), whose ``W_i`` are rank-2 constants of one dtype with one ``K``
-and whose calls have one ``out_dtype``.  A branch takes its bias along when the matmul's
-only use is ``add`` with a constant of shape ``[N_i]``; a branch without one (BEiT's k)
+and whose calls have one ``out_dtype``, and each of whose results reaches a
+``permute_dims`` or a ``matmul`` through views alone (``_head_split``): a gated MLP's gate
+and up stay apart, their ``silu(gate) * up`` is the GEMMs' fused epilogue.  A branch takes
+its bias along when the matmul's only use is ``add`` with a constant of shape ``[N_i]``; a
+branch without one (BEiT's k)
 gets ``-0.0``, the exact identity of IEEE addition (``x + (-0.0)`` is ``x`` for every
-``x``, ``-0.0`` and NaN included; ``+0.0`` would turn ``-0.0`` into ``+0.0``).  The combined weight is new; the old constants stay where other
-bindings still use them.
+``x``, ``-0.0`` and NaN included; ``+0.0`` would turn ``-0.0`` into ``+0.0``).  The
+combined weight is new; the old constants stay where other bindings still use them.
 
 Sound: column ``j`` of a GEMM is the dot product of a row of x with column ``j`` of W, and
 neither depends on the other columns: ``y[..., N_1 + j]`` is computed from exactly the
 operands of ``p_2[..., j]``, in the same reduction order (our GEMM schedules accumulate
 each column over K in ascending order whatever the tile), and the bias add is one IEEE
 addition per element either way (addition commutes exactly, so ``add(b, m)`` and
-``add(m, b)`` agree).  The split only moves elements.  Tests compare the combined build's
+``add(m, b)`` agree).  A slice only moves elements.  Tests compare the combined build's
 outputs with the uncombined one bit for bit.
 """
 
@@ -41,6 +45,7 @@ from tvm import relax
 from .dataflow_rewrite import rewrite_dataflow_blocks
 
 _MATMUL, _ADD, _RESHAPE = "relax.matmul", "relax.add", "relax.reshape"
+Block = relax.DataflowBlock
 VIEW_OPS = ("relax.reshape", "relax.strided_slice", "relax.squeeze", "relax.expand_dims")
 
 
@@ -123,7 +128,8 @@ def _groups(block: relax.DataflowBlock, uses: dict) -> list[list[_Branch]]:
         if _op_name(b.value) != _MATMUL:
             continue
         lhs, rhs = b.value.args
-        w_shape, x_shape = _static_shape(rhs) if isinstance(rhs, tvm.ir.Constant) else None, _static_shape(lhs)
+        w_shape = _static_shape(rhs) if isinstance(rhs, tvm.ir.Constant) else None
+        x_shape = _static_shape(lhs)
         if w_shape is None or len(w_shape) != 2 or not x_shape or len(x_shape) < 2:
             continue
         dtype = str(rhs.ty.dtype)
@@ -142,7 +148,7 @@ def _groups(block: relax.DataflowBlock, uses: dict) -> list[list[_Branch]]:
     return [branches for branches in found.values() if len(branches) > 1]
 
 
-def _slice_splits(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> tuple[relax.DataflowBlock, bool]:
+def _slice_splits(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> tuple[Block, bool]:
     """Each ``split`` whose tuple is only read by ``TupleGetItem`` becomes one
     ``strided_slice`` per item (a view that a consumer fuses; the split is a kernel)."""
     splits = {b.var: b for b in block.bindings if _op_name(b.value) == "relax.split"}
@@ -176,7 +182,7 @@ def _slice_splits(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict
     return relax.DataflowBlock([b for b in out if b is not None]), True
 
 
-def _combine(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> tuple[relax.DataflowBlock, bool]:
+def _combine(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> tuple[Block, bool]:
     groups = _groups(block, uses)
     if not groups:
         return block, False
@@ -201,7 +207,8 @@ def _combine(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> 
         first[lead.var] = new
         for br in branches:
             width = br.weight.shape[1]
-            piece = bb.normalize(relax.op.strided_slice(y_var, axes=[axis], begin=[start], end=[start + width]))
+            piece = relax.op.strided_slice(y_var, axes=[axis], begin=[start], end=[start + width])
+            piece = bb.normalize(piece)
             replaced[br.out] = relax.VarBinding(br.out, piece)
             start += width
             if br.bias is not None:
@@ -218,14 +225,16 @@ def _combine(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> 
 
 @tvm.transform.module_pass(opt_level=0, name="CombineProjections")
 class CombineProjections:
-    """Merge the constant-weight GEMMs of one input into one GEMM and a split."""
+    """Merge the head-split GEMMs of one input into one GEMM read through slices."""
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
         out = rewrite_dataflow_blocks(mod, _rewrite_block)
-        return out if out.same_as(mod) else relax.transform.DeadCodeElimination()(out)  # the branches' reshapes of x
+        if out.same_as(mod):
+            return mod
+        return relax.transform.DeadCodeElimination()(out)  # the branches' own reshapes of x
 
 
-def _rewrite_block(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> tuple[relax.DataflowBlock, bool]:
+def _rewrite_block(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> tuple[Block, bool]:
     block, sliced = _slice_splits(bb, block, uses)
     block, combined = _combine(bb, block, uses)
     return block, sliced or combined

@@ -24,7 +24,8 @@ def use_counts(func: relax.Function) -> dict:
     return counts
 
 
-def rewrite_dataflow_blocks(mod: tvm.IRModule, rewrite: BlockRewrite, *, to_fixpoint: bool = False) -> tvm.IRModule:
+def rewrite_dataflow_blocks(mod: tvm.IRModule, rewrite: BlockRewrite, *,
+                            to_fixpoint: bool = False) -> tvm.IRModule:
     """``mod`` with ``rewrite`` applied to every dataflow block of every Relax function
     (again, with fresh use counts, until nothing changes when ``to_fixpoint``), normalized
     so the rebuilt bodies get their types; the caller's module stays as it was."""

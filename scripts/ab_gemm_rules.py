@@ -97,7 +97,8 @@ def compare_sides(name: str, sides: dict[str, Callable[[], None]], reset: Callab
         ratio = statistics.median(t / b for t, b in zip(times[label], times[base]))
         error = float(np.abs(outputs[label] - want).max()) / scale
         same = "same bits" if np.array_equal(outputs[label], outputs[base]) else "other bits"
-        parts.append(f"{label} {1e3 * statistics.median(times[label]):.2f} ms ({ratio:.3f}, {error:.1e}, {same})")
+        median = 1e3 * statistics.median(times[label])
+        parts.append(f"{label} {median:.2f} ms ({ratio:.3f}, {error:.1e}, {same})")
     return "  ".join(parts)
 
 

@@ -45,7 +45,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="*", default=["llama", "vit", "bert", "gpt2"])
     args = parser.parse_args()
-    sides = {"base": lambda: use(False, False), "even": lambda: use(False, True), "both": lambda: use(True, True)}
+    sides = {"base": lambda: use(False, False), "even": lambda: use(False, True),
+             "both": lambda: use(True, True)}
     for name in args.models:
         print(compare_sides(name, sides, lambda: use(True, True)), flush=True)
 

@@ -34,7 +34,8 @@ def _projections(rand: Operands, widths: tuple[int, ...], bias: bool | tuple[boo
     def body(bb, x):
         outs = []
         for w, b, has_bias in zip(weights, biases, with_bias):
-            flat = bb.emit(relax.op.reshape(x, relax.ShapeExpr([ROWS, HIDDEN])))  # once per Linear, as frontends do
+            # once per Linear, as frontends do
+            flat = bb.emit(relax.op.reshape(x, relax.ShapeExpr([ROWS, HIDDEN])))
             y = bb.emit(relax.op.matmul(flat, relax.const(w)))
             if has_bias:
                 y = bb.emit(relax.op.add(relax.const(b), y))
@@ -77,8 +78,12 @@ def test_a_projection_without_bias_joins_with_an_exact_minus_zero():
 
 def _constants(mod: tvm.IRModule) -> list[np.ndarray]:
     found: list[np.ndarray] = []
-    relax.analysis.post_order_visit(
-        mod["main"].body, lambda e: found.append(e.value.numpy()) if isinstance(e, tvm.ir.Constant) and hasattr(e.value, "numpy") else None)
+
+    def visit(expr) -> None:
+        if isinstance(expr, tvm.ir.Constant) and hasattr(expr.value, "numpy"):  # not a shape's ints
+            found.append(expr.value.numpy())
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
     return found
 
 
@@ -95,7 +100,8 @@ def test_projections_of_different_inputs_or_k_stay_apart():
         heads = []
         for lhs, w in ((x, w1), (z, w2), (bb.emit(relax.op.strided_slice(x, [1], [0], [16])), w3)):
             y = bb.emit(relax.op.matmul(lhs, relax.const(w)))
-            heads.append(bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(y, relax.ShapeExpr([ROWS, 2, 8]))), [1, 0, 2])))
+            y = bb.emit(relax.op.reshape(y, relax.ShapeExpr([ROWS, 2, 8])))
+            heads.append(bb.emit(relax.op.permute_dims(y, [1, 0, 2])))
         return relax.Tuple(heads)
 
     ty = relax.TensorType([ROWS, HIDDEN], "float32")
@@ -106,7 +112,8 @@ def test_projections_of_different_inputs_or_k_stay_apart():
 def test_a_split_read_by_items_becomes_slices():
     def body(bb, x):
         parts = bb.emit(relax.op.split(x, [8, 24], axis=-1))
-        return relax.Tuple([bb.emit(relax.op.permute_dims(bb.emit(relax.TupleGetItem(parts, i)))) for i in range(3)])
+        items = [bb.emit(relax.TupleGetItem(parts, i)) for i in range(3)]
+        return relax.Tuple([bb.emit(relax.op.permute_dims(item)) for item in items])
 
     mod = relax_main([relax.Var("x", relax.TensorType([ROWS, HIDDEN], "float32"))], body)
     got = CombineProjections()(mod)
