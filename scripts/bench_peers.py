@@ -178,7 +178,8 @@ def build(name: str, seq: int) -> Model:
 
 
 def _class_model(name: str, seq: int) -> Model:
-    """The architectures of ``CLASS``: default configs, decoders at LLaMA-like small sizes."""
+    """The architectures of ``CLASS``: default configs (ALBERT at base size), decoders and
+    the T5 encoder at small sizes (4-6 layers)."""
     import transformers as tf
 
     small = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16)
