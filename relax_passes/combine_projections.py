@@ -42,6 +42,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from aicf_tvm.tvm_values import static_shape
+
 from .dataflow_rewrite import rewrite_dataflow_blocks
 
 _MATMUL, _ADD, _RESHAPE = "relax.matmul", "relax.add", "relax.reshape"
@@ -53,16 +55,6 @@ def _op_name(value: Any) -> str:
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
         return value.op.name
     return ""
-
-
-def _static_shape(expr: Any) -> list[int] | None:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return [int(d) for d in ty.shape]
-    except (TypeError, ValueError):
-        return None
 
 
 @dataclass
@@ -83,7 +75,7 @@ def _bias_of(binding: relax.VarBinding, matmul: relax.Var, n: int) -> np.ndarray
         return None
     a, b = binding.value.args
     other = b if a.same_as(matmul) else a if b.same_as(matmul) else None
-    if not isinstance(other, tvm.ir.Constant) or _static_shape(other) != [n]:
+    if not isinstance(other, tvm.ir.Constant) or static_shape(other.ty) != (n,):
         return None
     if str(other.ty.dtype) != str(matmul.ty.dtype):
         return None
@@ -112,7 +104,7 @@ def _key(binding: relax.VarBinding, reshapes: dict) -> Any:
     lhs = binding.value.args[0]
     if lhs in reshapes:
         source, shape = reshapes[lhs].value.args
-        return (source, tuple(_static_shape(lhs) or ()))
+        return (source, static_shape(lhs.ty) or ())
     return lhs
 
 
@@ -128,8 +120,8 @@ def _groups(block: relax.DataflowBlock, uses: dict) -> list[list[_Branch]]:
         if _op_name(b.value) != _MATMUL:
             continue
         lhs, rhs = b.value.args
-        w_shape = _static_shape(rhs) if isinstance(rhs, tvm.ir.Constant) else None
-        x_shape = _static_shape(lhs)
+        w_shape = static_shape(rhs.ty) if isinstance(rhs, tvm.ir.Constant) else None
+        x_shape = static_shape(lhs.ty)
         if w_shape is None or len(w_shape) != 2 or not x_shape or len(x_shape) < 2:
             continue
         dtype = str(rhs.ty.dtype)
@@ -158,7 +150,8 @@ def _slice_splits(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict
             items.setdefault(b.value.tuple_value, []).append(b)
     sliced: dict = {}
     for var, split in splits.items():
-        x, shape = split.value.args[0], _static_shape(split.value.args[0])
+        x = split.value.args[0]
+        shape = static_shape(x.ty)
         reads = items.get(var, [])
         if shape is None or not reads or len(reads) != uses.get(var, 0):
             continue
@@ -178,7 +171,7 @@ def _slice_splits(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict
         sliced[var] = None
     if not sliced:
         return block, False
-    out = [sliced.get(b.var, b) if b.var in sliced else b for b in block.bindings]
+    out = [sliced.get(b.var, b) for b in block.bindings]
     return relax.DataflowBlock([b for b in out if b is not None]), True
 
 
@@ -203,7 +196,7 @@ def _combine(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> 
             added = bb.normalize(relax.op.add(y_var, bias))
             y_var = relax.DataflowVar(f"{lead.var.name}_combined_bias", added.ty)
             new.append(relax.VarBinding(y_var, added))
-        start, axis = 0, len(_static_shape(y_var)) - 1
+        start, axis = 0, y_var.ty.ndim - 1
         first[lead.var] = new
         for br in branches:
             width = br.weight.shape[1]

@@ -160,7 +160,7 @@ NC_MAX = 512  # columns of a thread's block of B: nc x kc floats stay within L2
 def _balance(chunks: int, cores: int) -> float:
     """The share of the cores' time the parallel loop keeps busy: ``chunks`` equal chunks
     run in rounds of ``cores``, the last round partly idle."""
-    return chunks / (-(-chunks // cores) * cores)
+    return chunks / _ceil_to(chunks, cores)
 
 
 def _choose_nc(n_padded: int, nr: int, batch: int, cores: int) -> int:
