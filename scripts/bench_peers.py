@@ -65,7 +65,7 @@ CONVNETS = ("resnet50", "mobilenetv2", "convnext")
 # Architectures no issue names, for checking the class: ``--models class`` runs them all.
 CLASS = ("distilbert", "roberta", "qwen2", "mistral", "phi", "gptneo", "deit", "swin",
          "efficientnet", "regnet", "albert", "electra", "opt", "bloom", "gemma", "t5", "beit",
-         "clip")
+         "clip", "dinov2", "siglip", "modernbert", "qwen3")
 PEERS = ("eager", "inductor", "ort", "openvino", "tvm", "ours")
 DEFAULT_PEERS = ("eager", "inductor", "ort", "openvino", "ours")
 SEQ = 128
@@ -224,6 +224,17 @@ def _class_model(name: str, seq: int) -> Model:
         return _image(name, tf.BeitModel(tf.BeitConfig(use_relative_position_bias=True), add_pooling_layer=False))
     if name == "clip":
         return _image(name, tf.CLIPVisionModel(tf.CLIPVisionConfig()))
+    if name == "dinov2":  # 224 px at patch 14: 257 tokens, layer scale
+        return _image(name, tf.Dinov2Model(tf.Dinov2Config()))
+    if name == "siglip":  # 224 px at patch 16: 196 tokens, tanh GELU
+        return _image(name, tf.SiglipVisionModel(tf.SiglipVisionConfig()))
+    if name == "modernbert":  # base size (22 layers): GeGLU, alternating local/global attention
+        config = tf.ModernBertConfig(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                                     sep_token_id=2)
+        return _text(name, tf.ModernBertModel(config), config.vocab_size, seq, mask=True)
+    if name == "qwen3":  # q/k RMS norms per head
+        config = tf.Qwen3Config(**small, num_key_value_heads=4, head_dim=64, vocab_size=32000)
+        return _text(name, tf.Qwen3Model(config), 32000, seq, mask=True)
     if name == "swin":
         return _image(name, tf.SwinForImageClassification(tf.SwinConfig()))
     if name == "efficientnet":
