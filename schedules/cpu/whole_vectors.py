@@ -1,13 +1,24 @@
-"""A float max over a symbolic extent, rewritten to run over whole vectors.
+"""A max reduction over keys that are not a whole number of vectors, rewritten to run over
+whole vectors.
 
-``max(x[k] for k < n)`` equals ``max(x[min(k, n - 1)] for k < ceil(n / lanes) * lanes)``:
-the extra terms repeat ``x[n - 1]``, which is already in the set, and max is idempotent
-(a NaN there was already a term; so was either zero).  The padded extent is provably a
-multiple of ``lanes``, so the attention rule can ``rfactor`` the max into a max per lane
-without the tail predicate that ``compute_at`` would drop in TVM 0.27 (a vector max over
-the keys instead of a scalar one; ``schedules/cpu/attention.py``).  A sum is not idempotent
-and is never rewritten; neither is a max whose extent is static, nor one whose reduction
-loop binds anything but its own iter.
+A max is idempotent: a term that is already in the set changes nothing (a NaN there was
+already a term; so was either zero).  So the reduction can run over more terms, as long
+as each extra one repeats a real one:
+
+* a symbolic extent ``n``: ``max(x[min(k, n - 1)] for k < ceil(n / lanes) * lanes)``, the
+  extra terms repeat ``x[n - 1]``;
+* a constant ``n`` above ``lanes`` but not a multiple: the last vector is read where it
+  ends at ``n`` instead of where it starts, ``x[min(k // lanes * lanes, n - lanes) + k %
+  lanes]`` over ``ceil(n / lanes) * lanes`` terms; it repeats the ``lanes - n % lanes``
+  terms before it, and every vector is still one contiguous load (a clamped index would
+  make the last one a gather).
+
+The padded extent is a multiple of ``lanes``, so the attention rule can ``rfactor`` the max
+into a max per lane without the tail predicate that ``compute_at`` would drop in TVM 0.27
+(a vector max over the keys instead of a scalar one; ``schedules/cpu/attention.py``): the
+row max of the softmax, and the all-masked-row guard, an int8 max of ``score != -inf``.
+A sum is not idempotent and is never rewritten; neither is a max whose reduction loop
+binds anything but its own iter.
 """
 
 from __future__ import annotations
@@ -19,11 +30,10 @@ from tvm.ir import Range
 from .common import static_extent, uses_var
 
 
-def is_float_max(block: s_tir.SBlock) -> bool:
-    """Whether ``block`` is a max reduction into a float buffer."""
+def is_max(block: s_tir.SBlock) -> bool:
+    """Whether ``block`` is a max reduction (into a float or an integer buffer)."""
     store = block.body
-    return (block.init is not None and isinstance(store, tirx.BufferStore)
-            and isinstance(store.value, tirx.Max) and store.buffer.dtype.startswith("float"))
+    return block.init is not None and isinstance(store, tirx.BufferStore) and isinstance(store.value, tirx.Max)
 
 
 def _substitute(node, var: tirx.Var, value: tirx.Expr):
@@ -31,23 +41,35 @@ def _substitute(node, var: tirx.Var, value: tirx.Expr):
 
 
 def _padded(loop: tirx.For, lanes: int) -> tirx.For:
-    """``loop`` padded when it is the reduction loop, from 0, of a float max block (and
-    binds nothing else), else as it is."""
+    """``loop`` padded when it is the reduction loop, from 0, of a max block (and binds
+    nothing else) over a symbolic extent or a constant one above ``lanes`` that is not a
+    multiple of it, else as it is."""
     realize = loop.body
-    if not isinstance(realize, s_tir.SBlockRealize) or not is_float_max(realize.block):
+    if not isinstance(realize, s_tir.SBlockRealize) or not is_max(realize.block):
         return loop
     block = realize.block
     *_, reduce_iv = block.iter_vars
     extent = reduce_iv.dom.extent
-    if (reduce_iv.iter_type != tirx.IterVar.CommReduce or static_extent(extent) is not None
+    constant = static_extent(extent)
+    if constant is not None and (constant <= lanes or constant % lanes == 0):
+        return loop
+    if (reduce_iv.iter_type != tirx.IterVar.CommReduce
             or not realize.iter_values[-1].same_as(loop.loop_var) or static_extent(loop.min) != 0
             or static_extent(reduce_iv.dom.min) != 0 or not tvm_ffi.structural_equal(loop.extent, extent)
             or static_extent(realize.predicate) != 1
             or any(uses_var(value, loop.loop_var) for value in realize.iter_values[:-1])
             or any(uses_var(index, reduce_iv.var) for index in block.body.indices)):
         return loop
-    padded = tirx.floordiv(extent + (lanes - 1), lanes) * lanes
-    clamped = tirx.min(reduce_iv.var, extent - 1)
+    var = reduce_iv.var
+    if constant is None:
+        padded = tirx.floordiv(extent + (lanes - 1), lanes) * lanes
+    else:
+        padded = tirx.const(-(-constant // lanes) * lanes, str(extent.ty))
+    if constant is None:
+        clamped = tirx.min(var, extent - 1)
+    else:  # the last vector ends at the extent: it overlaps the one before
+        clamped = (tirx.min(tirx.floordiv(var, lanes) * lanes, tirx.const(constant - lanes, str(var.ty)))
+                   + tirx.floormod(var, lanes))
     store = block.body
     body = tirx.BufferStore(store.buffer, _substitute(store.value, reduce_iv.var, clamped), store.indices)
     reads = [_substitute(region, reduce_iv.var, clamped) for region in block.reads]
@@ -60,7 +82,7 @@ def _padded(loop: tirx.For, lanes: int) -> tirx.For:
                     loop.annotations)
 
 
-def pad_symbolic_max(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc:
-    """``func`` with every float max over a symbolic extent padded to whole ``lanes``
-    vectors (module docstring)."""
+def pad_max(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc:
+    """``func`` with every max over a symbolic extent, or over a constant one that is not a
+    whole number of ``lanes`` vectors, padded to whole vectors (module docstring)."""
     return tvm_ffi.structural_map(func, [(tirx.For, lambda loop: _padded(loop, lanes))])

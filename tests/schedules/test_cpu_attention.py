@@ -133,11 +133,12 @@ def test_attention_without_a_mask_matches_numpy(rand, guard):
     np.testing.assert_allclose(numpy_of(compiled(*args)), reference(*args, None, 2, 64), rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("seq", [37, 48], ids=["serial_max", "lane_max"])
+@pytest.mark.parametrize("seq", [37, 48], ids=["key_tail", "whole_vectors"])
 def test_nan_and_infinite_inputs_reach_the_rows_they_touch(rand, seq):
     """A NaN in one query makes that row NaN (each head), a +inf mask entry makes its row
     NaN (inf - inf), a row masked with -inf everywhere is 0; the other rows stay finite.
-    48 keys are whole vectors: the row max is then taken over vector lanes."""
+    The row maxes are taken over vector lanes either way: 37 keys after padding them to
+    48 with repeated keys (``whole_vectors.pad_max``)."""
     heads, dim = 2, 32
     compiled = compile_attention(sdpa(seq, heads, dim))
     q, k, v = operands(rand, seq, heads, dim, heads)
@@ -150,6 +151,40 @@ def test_nan_and_infinite_inputs_reach_the_rows_they_touch(rand, seq):
     np.testing.assert_array_equal(got[0, 20], 0)
     finite = ~np.isnan(want)
     np.testing.assert_allclose(got[finite], want[finite], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("seq, mask", [(197, False), (37, True)], ids=["vit", "masked"])
+def test_row_maxes_at_a_key_tail_take_vector_lanes_with_the_same_bits(rand, seq, mask, monkeypatch):
+    """At a key count that is not a whole number of vectors, the softmax's max and the
+    guard's int8 max run per vector lane (``_rf`` blocks, the lanes vectorized) and the
+    output has the bits of the kernel whose maxes run serially over the keys (the rule
+    without ``pad_max``): a max is exact in any order and ignores the repeated keys."""
+    import schedules.cpu.attention as attention
+
+    mod = sdpa(seq, 2, 64, mask=mask)
+    compiled = compile_attention(mod)
+    [func] = [f for f in compiled.lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
+    sch = s_tir.Schedule(func)
+    lane_blocks = [b for b in _all_blocks(sch) if sch.get(b).name_hint.endswith("_rf_update")]
+    assert len(lane_blocks) == 2, [sch.get(b).name_hint for b in _all_blocks(sch)]
+    for block in lane_blocks:
+        assert sch.get(sch.get_loops(block)[-1]).kind == tirx.ForKind.VECTORIZED
+    assert sorted(sch.get(b).writes[0].source.dtype for b in lane_blocks) == ["float32", "int8"]
+
+    monkeypatch.setattr(attention, "pad_max", lambda func, _lanes: func)
+    serial = compile_attention(mod)
+    [func] = [f for f in serial.lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
+    sch = s_tir.Schedule(func)
+    assert not any(sch.get(b).name_hint.endswith("_rf_update") for b in _all_blocks(sch))
+    args = operands(rand, seq, 2, 64, 2)
+    if mask:
+        args.append(causal_mask(seq, masked_row=seq // 2))
+        args[0][0, 3, 5] = np.nan
+    got, want = numpy_of(compiled(*args)), numpy_of(serial(*args))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    math = reference(*args, 2, 64) if mask else reference(*args, None, 2, 64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(math))
+    np.testing.assert_allclose(got[~np.isnan(got)], math[~np.isnan(got)], rtol=2e-5, atol=2e-6)
 
 
 def test_grouped_query_attention_matches_torch_sdpa(rand):
