@@ -9,10 +9,9 @@ whose index arithmetic ``StmtSimplify`` has folded under the block domains (the 
 ``(j // 197 + i) % 12`` become ``i``, so regions are exact):
 
 1. ``pad_einsum`` pads q·kᵀ to whole tiles (rows to ``rows``, keys to whole vectors) and
-   the rows of p·v; padded operands read zero, padded outputs are never read; the row
-   maxes (the softmax's, and the all-masked-row guard's int8 max of ``score != -inf``)
-   run over whole vectors when the key count is symbolic or not a multiple of the lanes,
-   repeating real keys, which a max ignores (``whole_vectors.pad_max``);
+   the rows of p·v; padded operands read zero, padded outputs are never read; the
+   softmax's row max runs over whole vectors when the key count is symbolic or not a
+   multiple of the lanes, repeating real keys, which a max ignores (``whole_vectors.pad_max``);
 2. kᵀ is packed once, ``[b, k, keys]``, so the keys are the contiguous axis (a parallel
    copy of blocks of lanes x head vectors);
 3. pass 1, parallel over (row tile, b): q·kᵀ of ``rows`` query rows, a register tile of
@@ -28,12 +27,12 @@ its preconditions (the rule catches only their ``ScheduleError``), no block is r
 across another that it depends on, and each dot product and each row sum still
 accumulates in float32 in the graph's order (k ascending, keys ascending): tiling and
 vectorization change where, not in which order, they add.  The exp of the softmax becomes
-``VectorizeMath``'s vector exp (docs/numerics.md).  Only the row maxes, exact in any order,
-are split across lanes.
+``VectorizeMath``'s vector exp (docs/numerics.md).  Only the row max, exact in any order,
+is split across lanes.
 
 Primitives left out on purpose, each silently wrong in TVM 0.27: ``reverse_compute_at``
 skips consumer points its producers do not cover, and it and ``compute_at`` drop the
-predicate of the block they move (so a row max is ``rfactor``-ed over lanes only once its
+predicate of the block they move (so the row max is ``rfactor``-ed over lanes only once its
 keys are whole vectors, step 1); ``loop_partition`` of a reduction loop re-runs the init in
 every part; ``merge`` checks no dependence.  ``loop_partition`` is
 used only on a constant key loop directly around one spatial block (on a loop with several
@@ -70,7 +69,7 @@ from .common import (
     vectorize_innermost,
 )
 from .gemm_blocks import schedule_injective
-from .whole_vectors import is_max, pad_max
+from .whole_vectors import is_float_max, pad_max
 
 
 def _pad_factors(block: s_tir.SBlock, factors: dict[int, int]) -> list[int]:
@@ -256,8 +255,8 @@ def _binds_reduction(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> bool
 
 
 def _split_max(sch: s_tir.Schedule, blocks: list[SBlockRV], lanes: int) -> list[SBlockRV]:
-    """``blocks`` with each max over a multiple of ``lanes`` keys split by ``rfactor`` into
-    a max per lane and a max of the lanes.  A max is exact in any order (NaN aside, and a
+    """``blocks`` with each float max over a multiple of ``lanes`` keys split by ``rfactor``
+    into a max per lane and a max of the lanes.  A max is exact in any order (NaN aside, and a
     NaN score makes its whole row NaN either way), a sum is not: sums stay serial.  A key
     count that is not a multiple would leave the lane block a predicate that ``compute_at``
     drops; after ``pad_max`` a symbolic or constant one is a multiple."""
@@ -266,7 +265,7 @@ def _split_max(sch: s_tir.Schedule, blocks: list[SBlockRV], lanes: int) -> list[
         stmt = sch.get(block)
         keys = sch.get_loops(block)[-1]
         extent = static_extent(sch.get(keys).extent)
-        if is_max(stmt) and _divides(sch, keys, lanes) and (extent is None or extent > lanes):
+        if is_float_max(stmt) and _divides(sch, keys, lanes) and (extent is None or extent > lanes):
             _, lane = sch.split(keys, [None, lanes])
             out.append(sch.rfactor(lane, factor_axis=len(stmt.writes[0].region)))  # lanes innermost
         out.append(block)

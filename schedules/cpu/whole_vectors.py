@@ -1,4 +1,4 @@
-"""A max reduction over keys that are not a whole number of vectors, rewritten to run over
+"""A float max over keys that are not a whole number of vectors, rewritten to run over
 whole vectors.
 
 A max is idempotent: a term that is already in the set changes nothing (a NaN there was
@@ -15,9 +15,10 @@ as each extra one repeats a real one:
 
 The padded extent is a multiple of ``lanes``, so the attention rule can ``rfactor`` the max
 into a max per lane without the tail predicate that ``compute_at`` would drop in TVM 0.27
-(a vector max over the keys instead of a scalar one; ``schedules/cpu/attention.py``): the
-row max of the softmax, and the all-masked-row guard, an int8 max of ``score != -inf``.
-A sum is not idempotent and is never rewritten; neither is a max whose reduction loop
+(a vector max over the keys instead of a scalar one; ``schedules/cpu/attention.py``).
+A sum is not idempotent and is never rewritten; neither is an integer max (SDPA's
+all-masked-row guard, an int8 max of ``score != -inf``: split over int8 lanes it ran
+attention at 197 keys 1.03-1.17x slower on 2 Zen 4 cores) nor a max whose reduction loop
 binds anything but its own iter.
 """
 
@@ -30,10 +31,11 @@ from tvm.ir import Range
 from .common import static_extent, uses_var
 
 
-def is_max(block: s_tir.SBlock) -> bool:
-    """Whether ``block`` is a max reduction (into a float or an integer buffer)."""
+def is_float_max(block: s_tir.SBlock) -> bool:
+    """Whether ``block`` is a max reduction into a float buffer."""
     store = block.body
-    return block.init is not None and isinstance(store, tirx.BufferStore) and isinstance(store.value, tirx.Max)
+    return (block.init is not None and isinstance(store, tirx.BufferStore)
+            and isinstance(store.value, tirx.Max) and store.buffer.dtype.startswith("float"))
 
 
 def _substitute(node, var: tirx.Var, value: tirx.Expr):
@@ -41,11 +43,11 @@ def _substitute(node, var: tirx.Var, value: tirx.Expr):
 
 
 def _padded(loop: tirx.For, lanes: int) -> tirx.For:
-    """``loop`` padded when it is the reduction loop, from 0, of a max block (and binds
+    """``loop`` padded when it is the reduction loop, from 0, of a float max block (and binds
     nothing else) over a symbolic extent or a constant one above ``lanes`` that is not a
     multiple of it, else as it is."""
     realize = loop.body
-    if not isinstance(realize, s_tir.SBlockRealize) or not is_max(realize.block):
+    if not isinstance(realize, s_tir.SBlockRealize) or not is_float_max(realize.block):
         return loop
     block = realize.block
     *_, reduce_iv = block.iter_vars
@@ -83,6 +85,6 @@ def _padded(loop: tirx.For, lanes: int) -> tirx.For:
 
 
 def pad_max(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc:
-    """``func`` with every max over a symbolic extent, or over a constant one that is not a
-    whole number of ``lanes`` vectors, padded to whole vectors (module docstring)."""
+    """``func`` with every float max over a symbolic extent, or over a constant one that is
+    not a whole number of ``lanes`` vectors, padded to whole vectors (module docstring)."""
     return tvm_ffi.structural_map(func, [(tirx.For, lambda loop: _padded(loop, lanes))])

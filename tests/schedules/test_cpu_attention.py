@@ -137,8 +137,8 @@ def test_attention_without_a_mask_matches_numpy(rand, guard):
 def test_nan_and_infinite_inputs_reach_the_rows_they_touch(rand, seq):
     """A NaN in one query makes that row NaN (each head), a +inf mask entry makes its row
     NaN (inf - inf), a row masked with -inf everywhere is 0; the other rows stay finite.
-    The row maxes are taken over vector lanes either way: 37 keys after padding them to
-    48 with repeated keys (``whole_vectors.pad_max``)."""
+    The row max is taken over vector lanes either way: 37 keys after padding them to 48
+    with repeated keys (``whole_vectors.pad_max``)."""
     heads, dim = 2, 32
     compiled = compile_attention(sdpa(seq, heads, dim))
     q, k, v = operands(rand, seq, heads, dim, heads)
@@ -155,10 +155,10 @@ def test_nan_and_infinite_inputs_reach_the_rows_they_touch(rand, seq):
 
 @pytest.mark.parametrize("seq, mask", [(197, False), (37, True)], ids=["vit", "masked"])
 def test_row_maxes_at_a_key_tail_take_vector_lanes_with_the_same_bits(rand, seq, mask, monkeypatch):
-    """At a key count that is not a whole number of vectors, the softmax's max and the
-    guard's int8 max run per vector lane (``_rf`` blocks, the lanes vectorized) and the
-    output has the bits of the kernel whose maxes run serially over the keys (the rule
-    without ``pad_max``): a max is exact in any order and ignores the repeated keys."""
+    """At a key count that is not a whole number of vectors, the softmax's max runs per
+    vector lane (an ``_rf`` block, the lanes vectorized; the guard's int8 max stays serial)
+    and the output has the bits of the kernel whose max runs serially over the keys (the
+    rule without ``pad_max``): a max is exact in any order and ignores the repeated keys."""
     import schedules.cpu.attention as attention
 
     mod = sdpa(seq, 2, 64, mask=mask)
@@ -166,10 +166,8 @@ def test_row_maxes_at_a_key_tail_take_vector_lanes_with_the_same_bits(rand, seq,
     [func] = [f for f in compiled.lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
     sch = s_tir.Schedule(func)
     lane_blocks = [b for b in _all_blocks(sch) if sch.get(b).name_hint.endswith("_rf_update")]
-    assert len(lane_blocks) == 2, [sch.get(b).name_hint for b in _all_blocks(sch)]
-    for block in lane_blocks:
-        assert sch.get(sch.get_loops(block)[-1]).kind == tirx.ForKind.VECTORIZED
-    assert sorted(sch.get(b).writes[0].source.dtype for b in lane_blocks) == ["float32", "int8"]
+    assert [sch.get(b).name_hint for b in lane_blocks] == ["T_softmax_maxelem_rf_update"]
+    assert sch.get(sch.get_loops(lane_blocks[0])[-1]).kind == tirx.ForKind.VECTORIZED
 
     monkeypatch.setattr(attention, "pad_max", lambda func, _lanes: func)
     serial = compile_attention(mod)

@@ -1,0 +1,43 @@
+"""The attention row max over vector lanes at key counts that are not whole vectors,
+against the serial max, in one process: ``python scripts/ab_attention_max.py [MODEL ...]``.
+
+Sides, each built twice and called in turn (``ab_gemm_rules.compare_sides``): ``serial``
+without ``whole_vectors.pad_max`` (a static key count that is not a multiple of the lanes
+then takes its row max in a scalar loop, as before the padding covered constant counts);
+``lanes``, the default build.  Printed per side: the median time, in brackets the median
+over rounds of its time over serial's, the error against PyTorch and whether the output
+has serial's bits.  MODEL: as ``ab_gemm_rules.py``; the default models have 196 (SigLIP),
+197 (ViT, DeiT, BEiT) and 257 (DINOv2) tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_gemm_rules import compare_sides  # noqa: E402
+
+from schedules.cpu import attention  # noqa: E402
+
+PAD = attention.pad_max
+
+
+def use(lanes: bool) -> None:
+    attention.pad_max = PAD if lanes else (lambda func, _lanes: func)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="*", default=["vit", "siglip", "dinov2", "deit", "beit"])
+    args = parser.parse_args()
+    sides = {"serial": lambda: use(False), "lanes": lambda: use(True)}
+    for name in args.models:
+        print(compare_sides(name, sides, lambda: use(True)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
