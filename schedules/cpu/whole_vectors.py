@@ -18,8 +18,8 @@ into a max per lane without the tail predicate that ``compute_at`` would drop in
 (a vector max over the keys instead of a scalar one; ``schedules/cpu/attention.py``).
 A sum is not idempotent and is never rewritten; neither is an integer max (SDPA's
 all-masked-row guard, an int8 max of ``score != -inf``: split over int8 lanes it ran
-attention at 197 keys 1.03-1.17x slower on 2 Zen 4 cores) nor a max whose reduction loop
-binds anything but its own iter.
+attention at 192 to 257 keys 1.03-1.17x slower on 2 Zen 4 cores) nor a max whose
+reduction loop binds anything but its own iter.
 """
 
 from __future__ import annotations
@@ -65,11 +65,9 @@ def _padded(loop: tirx.For, lanes: int) -> tirx.For:
     var = reduce_iv.var
     if constant is None:
         padded = tirx.floordiv(extent + (lanes - 1), lanes) * lanes
-    else:
-        padded = tirx.const(-(-constant // lanes) * lanes, str(extent.ty))
-    if constant is None:
         clamped = tirx.min(var, extent - 1)
     else:  # the last vector ends at the extent: it overlaps the one before
+        padded = tirx.const(-(-constant // lanes) * lanes, str(extent.ty))
         clamped = (tirx.min(tirx.floordiv(var, lanes) * lanes, tirx.const(constant - lanes, str(var.ty)))
                    + tirx.floormod(var, lanes))
     store = block.body
