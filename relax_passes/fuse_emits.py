@@ -48,6 +48,9 @@ from aicf_tvm.report import Decision, FusionReport
 from .generic_groups import STRUCTURAL_VIEWS, GenericGrouping, finish_groups, is_structural_view
 from .group_rewrite import _ACCUMULATING, Group, rewrite_function
 
+# Views a match may give back at its input side (``_Planner._without_shared_input_views``).
+SHARED_INPUT_VIEWS = STRUCTURAL_VIEWS | {"relax.strided_slice"}
+
 K_READ, K_WRITE = Effect("Read"), Effect("Write")
 
 
@@ -122,6 +125,8 @@ class _Planner:
                         continue
                     got = pattern.extract_matched_expr(root, var2val)
                     m = None if got is None else self._make_match(cand, node.index, roles, got, call_node)
+                    if m is not None and not self.graph.is_convex(m.members):
+                        m = self._without_shared_input_views(m) or m
                     if m is None or (m.members, tuple(sorted(m.roles))) in seen:
                         continue
                     seen.add((m.members, tuple(sorted(m.roles))))
@@ -164,6 +169,75 @@ class _Planner:
                 if fact is not None:
                     m.shapes[role] = fact.facts.shape
         return m
+
+    def _view_op(self, index: int) -> Optional[str]:
+        """The op name of node ``index`` when it is a view (an Emit wrapping one, or a
+        plain view binding), else None."""
+        node = self.graph.nodes[index]
+        call = node.body if node.body is not None else node.value
+        name = getattr(getattr(call, "op", None), "name", None)
+        return name if name in SHARED_INPUT_VIEWS else None
+
+    def _view_prefix(self, index: int, members: set[int]) -> Optional[set[int]]:
+        """Node ``index`` and its producers among ``members``, recursively, when every one
+        is a view; None otherwise."""
+        out: set[int] = set()
+        pending = [index]
+        while pending:
+            j = pending.pop()
+            if self._view_op(j) is None:
+                return None
+            out.add(j)
+            pending.extend(p for p in self.graph.nodes[j].producers if p in members and p not in out)
+        return out
+
+    def _without_shared_input_views(self, m: Match) -> Optional[Match]:
+        """``m`` less the view chains on its input side that values outside it also read,
+        when that makes it convex; None otherwise.
+
+        A pattern takes the longest view chain to an operand, so a view the graph shares
+        joins the match: ModernBERT reshapes its packed q/k/v twice, v's chain reaches both
+        reshapes, and q and k leave the second through the rotary embedding and come back
+        at the scores, a path out of the match and in again.  Without the shared view and
+        the views before it, the match reads the shared view's result as the operand: the
+        same values through fewer views.  Refused (None) when a trimmed view is a role,
+        when the trimmed chain reads more than one value or one that is not a boundary
+        role, or when a member still reads a trimmed value other than the shared one."""
+        members = set(m.members)
+        roles, shapes = dict(m.roles), dict(m.shapes)
+        while not self.graph.is_convex(members):
+            found = None
+            for i in sorted(members):
+                node = self.graph.nodes[i]
+                if i == m.root or self._view_op(i) is None or all(c in members for c in node.consumers):
+                    continue
+                found = (i, self._view_prefix(i, members))
+                if found[1] is not None:
+                    break
+            if found is None or found[1] is None:
+                return None
+            shared, chain = found
+            if any(j in chain for j in m.role_nodes.values()):
+                return None
+            members -= chain
+            chain_vars = {self.graph.nodes[j].var for j in chain}
+            read = {v for j in chain for v in relax.analysis.free_vars(self.graph.nodes[j].value)} - chain_vars
+            boundary = [r for r, e in roles.items() if r not in m.role_nodes and any(e.same_as(v) for v in read)]
+            if len(read) != 1 or len(boundary) != 1:
+                return None
+            hidden = (chain_vars | read) - {self.graph.nodes[shared].var}
+            if any(v in hidden for j in members for v in relax.analysis.free_vars(self.graph.nodes[j].value)):
+                return None
+            var = self.graph.nodes[shared].var
+            roles[boundary[0]] = var
+            fact = self.table.tensor(var)
+            if fact is not None:
+                shapes[boundary[0]] = fact.facts.shape
+            else:
+                shapes.pop(boundary[0], None)
+        if len(members) < 2:
+            return None
+        return Match(m.candidate, m.root, tuple(sorted(members)), roles, dict(m.role_nodes), shapes)
 
     def ports_of(self, m: Match) -> dict[str, Any]:
         return {r: e for r, e in m.roles.items() if r not in m.role_nodes}

@@ -381,3 +381,38 @@ def test_plan_takes_fewer_rows_only_when_they_save_padding():
     assert plan_attention(14, 14, 32, lanes=16).rows == 7
     assert plan_attention(197, 197, 64, lanes=16).rows == 8  # 200 rows beat 6-row tiles' 198
     assert plan_attention(128, 128, 64, lanes=16).rows == 8
+
+
+def test_a_view_shared_with_the_rotary_path_stays_outside_the_attention(rand):
+    """ModernBERT's form: the packed q/k/v is reshaped once, v reaches attention through
+    views of that reshape, and q and k through an elementwise op on it (the rotary
+    embedding).  The match that takes v's whole view chain is not convex; without the
+    shared reshape it is (``FuseEmits``), so attention is one kernel, reading v through
+    the shared view, and the output matches numpy."""
+    seq, heads, dim = 37, 2, 32
+    packed = relax.Var("qkv", relax.TensorType((1, seq, 3 * heads * dim), F32))
+    op = relax.op
+
+    def body(bb, qkv):
+        shared = bb.emit(op.reshape(qkv, (1, seq, 3, heads, dim)))
+
+        def part(index):
+            x = bb.emit(op.strided_slice(shared, axes=[2], begin=[index], end=[index + 1]))
+            return bb.emit(op.permute_dims(bb.emit(op.squeeze(x, [2])), [0, 2, 1, 3]))
+
+        q = bb.emit(op.multiply(part(0), relax.const(0.5, F32)))  # stands in for the rotary
+        k = bb.emit(op.add(part(1), relax.const(0.25, F32)))
+        s = bb.emit(op.multiply(bb.emit(op.matmul(q, bb.emit(op.permute_dims(k, [0, 1, 3, 2])))),
+                                relax.const(float(1 / np.sqrt(dim)), F32)))
+        o = bb.emit(op.matmul(bb.emit(op.nn.softmax(s, axis=-1)), part(2)))
+        return op.reshape(bb.emit(op.permute_dims(o, [0, 2, 1, 3])), (1, seq, heads * dim))
+
+    compiled = aicf_tvm.compile(relax_main([packed], body), target=llvm_target())
+    assert [k.kind for k in compiled.kernels].count("fused_attention") == 1
+    x = rand(1, seq, 3 * heads * dim)
+    parts = x.astype(np.float64).reshape(1, seq, 3, heads, dim).transpose(2, 0, 3, 1, 4)
+    q, k, v = parts[0] * 0.5, parts[1] + 0.25, parts[2]
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(dim)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    want = (e / e.sum(-1, keepdims=True) @ v).transpose(0, 2, 1, 3).reshape(1, seq, heads * dim)
+    np.testing.assert_allclose(numpy_of(compiled(x)), want, rtol=2e-5, atol=2e-6)

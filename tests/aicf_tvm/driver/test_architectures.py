@@ -111,6 +111,8 @@ def test_architecture_matches_pytorch(name):
     assert not np.allclose(want[0], want[1], rtol=1e-3, atol=1e-4), "the reference ignores its input"
 
     compiled = aicf_tvm.compile(aicf_tvm.from_torch(module, args[0]), target="llvm")
+    if name == "modernbert":  # its packed q/k/v view is shared with the rotary path (FuseEmits)
+        assert sum(k.kind == "fused_attention" for k in compiled.kernels) == 3
     for f, expected in zip(feeds, want):
         got = compiled(*f.values())
         got = got.numpy() if hasattr(got, "numpy") else np.asarray(got)
