@@ -6,7 +6,9 @@ LowerEmits; re-propagate afterwards.
 
 1. Library candidates (``aicf_tvm.library``): ``relax.dpl`` patterns matched on the
    op-level view of the DAG (each single-op Emit call seen as the op it wraps).
-2. Each match S is judged (``aicf_tvm.library.legality``): convex; no opaque member
+2. Each match S is judged (``aicf_tvm.library.legality``): convex (a match that is not
+   first gives back the shared view chains on its input side, which a pattern's longest
+   view chain took in: ``_Planner._without_shared_input_views``); no opaque member
    and no effectful Emit inside its span touching its values; ``F ⊢ Requires(E*)``
    on boundary facts; ``Provides(E*) ⊑ Provides(S)`` on numerics. Every verdict goes
    to the report with the failing component and both lattice values.
