@@ -165,20 +165,23 @@ class _Planner:
             return None
         m = Match(cand, root, tuple(sorted(members)), matched, role_nodes)
         for role, expr in matched.items():
-            var = self.graph.nodes[role_nodes[role]].var if role in role_nodes else expr
-            if isinstance(getattr(var, "ty", None), relax.TensorType):
-                fact = self.table.tensor(var)
-                if fact is not None:
-                    m.shapes[role] = fact.facts.shape
+            shape = self._shape_of(self.graph.nodes[role_nodes[role]].var if role in role_nodes else expr)
+            if shape is not None:
+                m.shapes[role] = shape
         return m
 
-    def _view_op(self, index: int) -> Optional[str]:
-        """The op name of node ``index`` when it is a view (an Emit wrapping one, or a
-        plain view binding), else None."""
+    def _shape_of(self, var: Any) -> Any:
+        """The propagated shape fact of a tensor value, or None."""
+        if not isinstance(getattr(var, "ty", None), relax.TensorType):
+            return None
+        fact = self.table.tensor(var)
+        return None if fact is None else fact.facts.shape
+
+    def _is_view(self, index: int) -> bool:
+        """Whether node ``index`` is a view (an Emit wrapping one, or a plain view binding)."""
         node = self.graph.nodes[index]
         call = node.body if node.body is not None else node.value
-        name = getattr(getattr(call, "op", None), "name", None)
-        return name if name in SHARED_INPUT_VIEWS else None
+        return getattr(getattr(call, "op", None), "name", None) in SHARED_INPUT_VIEWS
 
     def _view_prefix(self, index: int, members: set[int]) -> Optional[set[int]]:
         """Node ``index`` and its producers among ``members``, recursively, when every one
@@ -187,7 +190,7 @@ class _Planner:
         pending = [index]
         while pending:
             j = pending.pop()
-            if self._view_op(j) is None:
+            if not self._is_view(j):
                 return None
             out.add(j)
             pending.extend(p for p in self.graph.nodes[j].producers if p in members and p not in out)
@@ -208,35 +211,26 @@ class _Planner:
         members = set(m.members)
         roles, shapes = dict(m.roles), dict(m.shapes)
         while not self.graph.is_convex(members):
-            found = None
-            for i in sorted(members):
-                node = self.graph.nodes[i]
-                if i == m.root or self._view_op(i) is None or all(c in members for c in node.consumers):
-                    continue
-                found = (i, self._view_prefix(i, members))
-                if found[1] is not None:
-                    break
-            if found is None or found[1] is None:
-                return None
-            shared, chain = found
-            if any(j in chain for j in m.role_nodes.values()):
+            chains = ((i, self._view_prefix(i, members)) for i in sorted(members)
+                      if i != m.root and self._is_view(i)
+                      and any(c not in members for c in self.graph.nodes[i].consumers))
+            shared, chain = next(((i, c) for i, c in chains if c is not None), (None, None))
+            if chain is None or any(j in chain for j in m.role_nodes.values()):
                 return None
             members -= chain
+            var = self.graph.nodes[shared].var
             chain_vars = {self.graph.nodes[j].var for j in chain}
             read = {v for j in chain for v in relax.analysis.free_vars(self.graph.nodes[j].value)} - chain_vars
             boundary = [r for r, e in roles.items() if r not in m.role_nodes and any(e.same_as(v) for v in read)]
             if len(read) != 1 or len(boundary) != 1:
                 return None
-            hidden = (chain_vars | read) - {self.graph.nodes[shared].var}
+            hidden = (chain_vars | read) - {var}
             if any(v in hidden for j in members for v in relax.analysis.free_vars(self.graph.nodes[j].value)):
                 return None
-            var = self.graph.nodes[shared].var
             roles[boundary[0]] = var
-            fact = self.table.tensor(var)
-            if fact is not None:
-                shapes[boundary[0]] = fact.facts.shape
-            else:
-                shapes.pop(boundary[0], None)
+            shapes.pop(boundary[0], None)
+            if (shape := self._shape_of(var)) is not None:
+                shapes[boundary[0]] = shape
         if len(members) < 2:
             return None
         return Match(m.candidate, m.root, tuple(sorted(members)), roles, dict(m.role_nodes), shapes)
