@@ -46,7 +46,7 @@ def use(rules: tuple) -> None:
     gemm_plan.AREA_SLACK, gemm_plan.KC_NEAR_BY_AREA, gemm_schedule.mark_loops = rules
 
 
-def make(name: str) -> bench_peers.Model:
+def make(name: str, seq: int = 128) -> bench_peers.Model:
     import torch
     import transformers as tf
 
@@ -57,17 +57,19 @@ def make(name: str) -> bench_peers.Model:
         config = tf.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=3,
                                 num_attention_heads=14, num_key_value_heads=2, vocab_size=32000)
         return bench_peers._text(name, tf.Qwen2Model(config), 32000, 96, mask=True)
-    return bench_peers.build(name, 128)
+    return bench_peers.build(name, seq)
 
 
-def compare_sides(name: str, sides: dict[str, Callable[[], None]], reset: Callable[[], None]) -> str:
+def compare_sides(name: str, sides: dict[str, Callable[[], None]], reset: Callable[[], None],
+                  seq: int = 128) -> str:
     """``name`` built ``BUILDS`` times under each side's setup (the first side is the
     base), the builds' calls interleaved for ``PAIRS`` rounds (the order reversed every
     other round); per side its median time, the median over rounds of its time over the
-    base's, its error against PyTorch and whether its output has the base's bits."""
+    base's, its error against PyTorch and whether its output has the base's bits.
+    ``seq``: the sequence length of a text model (``bench_peers.build``)."""
     import torch
 
-    model = make(name)
+    model = make(name, seq)
     mod = aicf_tvm.from_torch(model.module, model.inputs)
     inputs = [t.numpy() for t in model.inputs]
     with torch.no_grad():

@@ -12,14 +12,18 @@ whose index arithmetic ``StmtSimplify`` has folded under the block domains (the 
    the rows of p·v; padded operands read zero, padded outputs are never read; the
    softmax's row max runs over whole vectors when the key count is symbolic or not a
    multiple of the lanes, repeating real keys, which a max ignores (``whole_vectors.pad_max``);
-2. kᵀ is packed once, ``[b, k, keys]``, so the keys are the contiguous axis (a parallel
+2. kᵀ is packed once, ``[b, keys / width, k, width]`` (``width`` the keys of a register
+   tile), so the keys are the contiguous axis and a tile's keys are one panel (a parallel
    copy of blocks of lanes x head vectors);
 3. pass 1, parallel over (row tile, b): q·kᵀ of ``rows`` query rows, a register tile of
    ``rows x key_vectors`` vectors per step of the head dimension (for a symbolic key count
    in a local buffer, copied out per tile: ``_accumulate_locally``);
 4. pass 2, parallel over the same tiles: the row blocks ``compute_at`` the tile (softmax
    vectorized over the keys, its row reductions interleaved over the tile's rows), then
-   p·v, a register tile of ``rows x`` head-dimension vectors per key;
+   p·v, a register tile of ``rows x`` head-dimension vectors per key.  At a constant key
+   count of whole register tiles q·kᵀ is computed at the tile too (``_one_pass``): one
+   parallel loop, each tile's scores read back from L1 rather than from a buffer of all
+   rows (at 512 keys, 1 MiB a head);
 5. the head merge, a parallel vectorized copy.
 
 Why it computes what the graph computes: every step is a TensorIR primitive that checks
@@ -156,9 +160,11 @@ def _under(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> list[LoopRV]:
 
 
 def _schedule_pack(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan) -> None:
-    """kᵀ ``[b, k, keys]`` from k stored ``[keys, k]``: blocks of lanes keys x head vectors,
-    read along the head dimension (whole vectors), written a key at a time (measured 6%
-    faster on ViT-B/16 than gathering a vector of keys per store)."""
+    """kᵀ ``[b, k, keys]`` from k stored ``[keys, k]``, in panels of a register tile's keys
+    (``_key_panels``): blocks of lanes keys x head vectors, read along the head dimension
+    (whole vectors), written a key at a time (measured 6% faster on ViT-B/16 than
+    gathering a vector of keys per store)."""
+    _key_panels(sch, pack, plan)
     *outer, head, keys = sch.get_loops(pack)
     whole = _divides(sch, keys, plan.lanes) and _divides(sch, head, plan.head_lanes)
     if not whole or plan.head_lanes < 4:
@@ -171,6 +177,20 @@ def _schedule_pack(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan) -> 
     sch.vectorize(head_inner)
     sch.unroll(keys_inner)
     sch.parallel(sch.fuse(*outer, keys_outer))
+
+
+def _key_panels(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan) -> None:
+    """kᵀ stored ``[b, keys / width, k, width]`` (``width`` the keys of a q·kᵀ register
+    tile) when ``width`` divides the padded keys: a tile's step along the head dimension
+    then reads the next ``width`` floats, not a row ``keys`` floats on (at 512 or 1024
+    keys those rows are 2-4 KiB apart and share a few L1 sets).  A layout change of the
+    packed copy alone (``transform_layout`` rewrites its every access)."""
+    width = plan.key_vectors * plan.lanes
+    extent = sch.get(pack).writes[0].source.shape[-1]
+    if not Analyzer().can_prove(tirx.floormod(extent, width) == 0):
+        return
+    sch.transform_layout(pack, ("write", 0), lambda *index: (*index[:-2], index[-1] // width,
+                                                             index[-2], index[-1] % width))
 
 
 def _divides(sch: s_tir.Schedule, loop: LoopRV, factor: int) -> bool:
@@ -316,6 +336,15 @@ def _is_leaf(sch: s_tir.Schedule, loop: LoopRV) -> bool:
     return isinstance(sch.get(loop).body, s_tir.SBlockRealize)
 
 
+def _one_pass(keys: int | None, plan: AttentionPlan) -> bool:
+    """Whether q·kᵀ runs in the tile loop of the softmax and p·v (one pass, its scores
+    read back from L1): at a constant key count of whole register tiles, where
+    ``compute_at`` leaves its key loop whole.  Elsewhere the consumers need fewer keys
+    than the padded tile computes, and ``compute_at`` would shrink the key loop to them
+    (scalar code)."""
+    return keys is not None and keys % (plan.key_vectors * plan.lanes) == 0
+
+
 def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Target) -> bool:
     """Schedule ``sch`` in place (module docstring, steps 1-5); False when a tile would
     compute rows of another (``sch`` is then half-scheduled: drop it)."""
@@ -343,16 +372,23 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     outputs = children[names.index(pv_stmt.name_hint) + 1:]
 
     row_blocks = _split_max(sch, row_blocks, lanes)
-    scores = _tile_loop(sch, found.qk, plan.rows)
-    _compute_at(sch, q_copy, scores)
     context = _tile_loop(sch, found.pv, plan.rows)
     for block in (p_copy, *reversed(row_blocks)):
         _compute_at(sch, block, context)
-    placed = [(q_copy, scores)] + [(block, context) for block in (*row_blocks, p_copy)]
+    placed = [(block, context) for block in (*row_blocks, p_copy)]
+    if _one_pass(n, plan):
+        _compute_at(sch, found.qk, context)
+        scores = context
+        placed.append((found.qk, context))
+    else:
+        scores = _tile_loop(sch, found.qk, plan.rows)
+    _compute_at(sch, q_copy, scores)
+    placed.append((q_copy, scores))
     if not all(_computes_once(sch, block, tile, plan.rows) for block, tile in placed):
         return False
-    sch.parallel(scores)
     sch.parallel(context)
+    if scores is not context:
+        sch.parallel(scores)
     _schedule_pack(sch, k_pack, plan)
     vectorize_innermost(sch, sch.get_loops(q_copy)[-1], lanes)
     _schedule_qk(sch, found.qk, scores, plan)

@@ -19,7 +19,7 @@ import aicf_tvm
 from schedules import apply_default_schedules, default_rules
 from schedules.cpu import Attention
 from schedules.cpu.attention_analysis import plan_attention
-from schedules.cpu.common import is_one
+from schedules.cpu.common import float32_lanes, is_one, vector_registers
 
 from ..conftest import llvm_target
 from ..helpers import relax_main
@@ -181,6 +181,61 @@ def test_row_maxes_at_a_key_tail_take_vector_lanes_with_the_same_bits(rand, seq,
     got, want = numpy_of(compiled(*args)), numpy_of(serial(*args))
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     math = reference(*args, 2, 64) if mask else reference(*args, None, 2, 64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(math))
+    np.testing.assert_allclose(got[~np.isnan(got)], math[~np.isnan(got)], rtol=2e-5, atol=2e-6)
+
+
+def _parallel_loops(func: tirx.PrimFunc) -> list[list[str]]:
+    """Per parallel loop of ``func``, the names of the blocks under it."""
+    out = []
+
+    def visit(loop: tirx.For) -> None:
+        if loop.kind == tirx.ForKind.PARALLEL:
+            names = []
+            tvm_ffi.structural_walk(loop.body, [(s_tir.SBlock, lambda b: names.append(b.name_hint))])
+            out.append(names)
+
+    tvm_ffi.structural_walk(func.body, [(tirx.For, visit)])
+    return out
+
+
+def _matmuls(names: list[str]) -> int:
+    return sum(name.startswith("matmul") and name.endswith("_update") for name in names)
+
+
+@pytest.mark.parametrize("seq, masked", [(64, True), (96, False)], ids=["causal", "no_mask"])
+def test_whole_key_tiles_run_in_one_pass_with_the_bits_of_two(rand, seq, masked, monkeypatch):
+    """At a key count of whole register tiles q·kᵀ runs inside the tile loop of the softmax
+    and p·v (one parallel loop holds both matmuls), kᵀ is packed in panels of a tile's keys
+    (``[b, keys / width, k, width]``), and the output has the bits of the rule's two passes
+    over a row-major kᵀ: the same sums in the same order, only where they run changes."""
+    import schedules.cpu.attention as attention
+
+    heads, dim = 3, 64
+    mod = sdpa(seq, heads, dim, mask=masked)
+    compiled = compile_attention(mod)
+    [func] = [f for f in compiled.lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
+    loops = _parallel_loops(func)
+    assert max(map(_matmuls, loops)) == 2, loops
+    plan = plan_attention(seq, seq, dim, float32_lanes(llvm_target()), vector_registers(llvm_target()))
+    width = plan.key_vectors * plan.lanes
+    shapes = []
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda b: shapes.extend(
+        [int(d) for d in buf.shape] for buf in b.alloc_buffers))])
+    assert [1, heads, seq // width, dim, width] in shapes, shapes
+
+    monkeypatch.setattr(attention, "_one_pass", lambda keys, plan: False)
+    monkeypatch.setattr(attention, "_key_panels", lambda sch, pack, plan: None)
+    two = compile_attention(mod)
+    [func] = [f for f in two.lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
+    assert max(map(_matmuls, _parallel_loops(func))) == 1
+    args = operands(rand, seq, heads, dim, heads)
+    if masked:
+        args.append(causal_mask(seq, masked_row=seq // 3))
+        args[1][0, 7, 2] = np.inf  # key 7: NaN scores in the rows that see it
+    got, want = numpy_of(compiled(*args)), numpy_of(two(*args))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    math = reference(*args, heads, dim) if masked else reference(*args, None, heads, dim)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(math))
     np.testing.assert_allclose(got[~np.isnan(got)], math[~np.isnan(got)], rtol=2e-5, atol=2e-6)
 

@@ -1,0 +1,47 @@
+"""Attention in one pass over tiles, with kᵀ packed in panels, against the two passes
+over a row-major kᵀ, in one process: ``python scripts/ab_attention_tiles.py [--seq N] [MODEL ...]``.
+
+Sides, each built twice and called in turn (``ab_gemm_rules.compare_sides``): ``two_pass``
+packs kᵀ ``[b, k, keys]`` and runs q·kᵀ for every row before the softmax and p·v
+(``attention._one_pass`` and ``attention._key_panels`` switched off), as the rule did
+before; ``one_pass``, the default build: q·kᵀ inside the tile loop of the softmax and p·v
+where the key count is whole register tiles, kᵀ in panels of a tile's keys.  Printed per
+side: the median time, in brackets the median over rounds of its time over two_pass's,
+the error against PyTorch and whether the output has two_pass's bits.  MODEL: as
+``ab_gemm_rules.py``; ``--seq`` sets the text models' length (the attention's share grows
+with it: at 128 tokens it is a few percent of the model, at 1024 a third of GPT-2's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_gemm_rules import compare_sides  # noqa: E402
+
+from schedules.cpu import attention  # noqa: E402
+
+RULES = (attention._one_pass, attention._key_panels)
+BEFORE = (lambda keys, plan: False, lambda sch, pack, plan: None)
+
+
+def use(rules: tuple) -> None:
+    attention._one_pass, attention._key_panels = rules
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="*", default=["bert", "gpt2", "llama"])
+    parser.add_argument("--seq", type=int, default=512)
+    args = parser.parse_args()
+    sides = {"two_pass": lambda: use(BEFORE), "one_pass": lambda: use(RULES)}
+    for name in args.models:
+        print(compare_sides(name, sides, lambda: use(RULES), seq=args.seq), flush=True)
+
+
+if __name__ == "__main__":
+    main()
