@@ -409,6 +409,26 @@ def test_scheduled_kernel_keeps_each_row_sum_serial(rand):
     np.testing.assert_allclose(run(mod, [q, k, v, m]), e / e.sum(-1, keepdims=True) @ v, rtol=2e-5, atol=2e-6)
 
 
+def test_one_pass_with_a_row_tail_matches_numpy(rand):
+    """37 queries over 64 keys (whole key tiles, the last row tile padded): q·kᵀ runs in
+    the softmax's tile loop, and the padded rows reach no output."""
+    shapes = [(1, 2, 37, 16), (1, 2, 64, 16), (1, 2, 64, 16), (1, 2, 37, 64)]
+    from tvm.relax.dpl import is_op, wildcard
+
+    pattern = is_op("relax.matmul")(is_op("relax.nn.softmax")(is_op("relax.add")(
+        is_op("relax.matmul")(wildcard(), is_op("relax.permute_dims")(wildcard())), wildcard())), wildcard())
+    mod = relax_module(shapes, _attention, pattern)
+    with llvm_target():
+        mod = apply_default_schedules()(mod)
+    [func] = prim_funcs(mod).values()
+    assert str(func.attrs["aicf.schedule"]) == "Attention"
+    assert max(map(_matmuls, _parallel_loops(func))) == 2
+    q, k, v, m = (rand(*shape) for shape in shapes)
+    s = q.astype(np.float64) @ k.transpose(0, 1, 3, 2) + m
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(run(mod, [q, k, v, m]), e / e.sum(-1, keepdims=True) @ v, rtol=2e-5, atol=2e-6)
+
+
 def _all_blocks(sch: s_tir.Schedule) -> list:
     out = []
 
