@@ -16,6 +16,7 @@ import tvm_ffi
 from tvm import relax, s_tir, tirx
 
 import aicf_tvm
+from aicf_tvm.driver.targets import resolve_target
 from schedules import apply_default_schedules, default_rules
 from schedules.cpu import Attention
 from schedules.cpu.attention_analysis import plan_attention
@@ -96,8 +97,8 @@ def operands(rand, seq: int, heads: int, dim: int, kv_heads: int, batch: int = 1
     return [rand(batch, seq, width * dim) for width in widths]
 
 
-def compile_attention(mod: tvm.IRModule) -> aicf_tvm.CompiledModel:
-    compiled = aicf_tvm.compile(mod, target=llvm_target())
+def compile_attention(mod: tvm.IRModule, target: tvm.target.Target | None = None) -> aicf_tvm.CompiledModel:
+    compiled = aicf_tvm.compile(mod, target=target or llvm_target())
     assert [(k.kind, k.schedule) for k in compiled.kernels] == [("fused_attention", "Attention")]
     return compiled
 
@@ -203,8 +204,15 @@ def _matmuls(names: list[str]) -> int:
     return sum(name.startswith("matmul") and name.endswith("_update") for name in names)
 
 
-@pytest.mark.parametrize("seq, masked", [(64, True), (96, False)], ids=["causal", "no_mask"])
-def test_whole_key_tiles_run_in_one_pass_with_the_bits_of_two(rand, seq, masked, monkeypatch):
+def _host_target() -> tvm.target.Target:
+    """This machine's CPU (AVX-512 here and in CI), as ``compile(target="llvm")`` sees it."""
+    return resolve_target("llvm")
+
+
+@pytest.mark.parametrize("seq, masked, target", [(64, True, llvm_target), (96, False, llvm_target),
+                                                 (64, True, _host_target)],
+                         ids=["causal", "no_mask", "host_cpu"])
+def test_whole_key_tiles_run_in_one_pass_with_the_bits_of_two(rand, seq, masked, target, monkeypatch):
     """At a key count of whole register tiles q·kᵀ runs inside the tile loop of the softmax
     and p·v (one parallel loop holds both matmuls), kᵀ is packed in panels of a tile's keys
     (``[b, keys / width, k, width]``), and the output has the bits of the rule's two passes
@@ -213,11 +221,11 @@ def test_whole_key_tiles_run_in_one_pass_with_the_bits_of_two(rand, seq, masked,
 
     heads, dim = 3, 64
     mod = sdpa(seq, heads, dim, mask=masked)
-    compiled = compile_attention(mod)
+    compiled = compile_attention(mod, target())
     [func] = [f for f in compiled.lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
     loops = _parallel_loops(func)
     assert max(map(_matmuls, loops)) == 2, loops
-    plan = plan_attention(seq, seq, dim, float32_lanes(llvm_target()), vector_registers(llvm_target()))
+    plan = plan_attention(seq, seq, dim, float32_lanes(target()), vector_registers(target()))
     width = plan.key_vectors * plan.lanes
     shapes = []
     tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda b: shapes.extend(
@@ -226,7 +234,7 @@ def test_whole_key_tiles_run_in_one_pass_with_the_bits_of_two(rand, seq, masked,
 
     monkeypatch.setattr(attention, "_one_pass", lambda keys, plan: False)
     monkeypatch.setattr(attention, "_key_panels", lambda sch, pack, plan: None)
-    two = compile_attention(mod)
+    two = compile_attention(mod, target())
     [func] = [f for f in two.lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
     assert max(map(_matmuls, _parallel_loops(func))) == 1
     args = operands(rand, seq, heads, dim, heads)
