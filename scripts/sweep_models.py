@@ -1,10 +1,12 @@
 """Real `transformers` architectures, small random configs, through PyTorch and through ONNX.
 
     python scripts/sweep_models.py [--only NAME ...] [--paths torch onnx] [--jobs 1]
-                                   [--timeout 900] [--json sweep.json] [--no-tvm]
+                                   [--timeout 900] [--json sweep.json] [--no-tvm] [--seq 8]
 
 Rows: each model (tiny: 2 layers, hidden 64-128, images 32 px), decoders both without and
-with an attention mask (``NAME+mask``: the last two positions padded), each on two paths:
+with an attention mask (``NAME+mask``: the last two positions padded), text models at
+``--seq`` tokens (8 by default; 32 or 64 are whole tiles of attention's keys with AVX-512,
+which then runs in one pass), each on two paths:
 
 * ``torch``: ``aicf_tvm.from_torch`` against PyTorch eager;
 * ``onnx``: ``torch.onnx.export`` (TorchScript exporter, opset 17), then
@@ -414,7 +416,8 @@ def _run_row(row: str, path: str, with_tvm: bool) -> dict:
 def _spawn(row: str, path: str, args: argparse.Namespace) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         out = tmp.name
-    cmd = [sys.executable, __file__, "--worker", row, path, "--json", out] + ([] if args.tvm else ["--no-tvm"])
+    cmd = [sys.executable, __file__, "--worker", row, path, "--json", out, "--seq", str(args.seq)]
+    cmd += [] if args.tvm else ["--no-tvm"]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     start = time.time()
     try:
@@ -457,6 +460,7 @@ def print_table(results: list[dict]) -> None:
 
 
 def main() -> int:
+    global SEQ
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", help="model names (a decoder name selects both its rows)")
     parser.add_argument("--paths", nargs="+", default=["torch", "onnx"], choices=["torch", "onnx"])
@@ -464,9 +468,11 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per (model, path)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--no-tvm", dest="tvm", action="store_false", help="skip TVM's own frontend + pipeline")
+    parser.add_argument("--seq", type=int, default=8, help="tokens of the text models' inputs")
     parser.add_argument("--worker", nargs=2, metavar=("ROW", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        SEQ = args.seq
         Path(args.json).write_text(json.dumps(run_row(*args.worker, with_tvm=args.tvm)))
         return 0
     selected = [r for r in rows() if not args.only or r.removesuffix("+mask") in args.only or r in args.only]
