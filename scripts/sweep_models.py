@@ -468,7 +468,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per (model, path)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--no-tvm", dest="tvm", action="store_false", help="skip TVM's own frontend + pipeline")
-    parser.add_argument("--seq", type=int, default=8, help="tokens of the text models' inputs")
+    parser.add_argument("--seq", type=int, default=SEQ, help="tokens of the text models' inputs")
     parser.add_argument("--worker", nargs=2, metavar=("ROW", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

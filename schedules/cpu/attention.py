@@ -185,7 +185,7 @@ def _key_panels(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan) -> Non
     then reads the next ``width`` floats, not a row ``keys`` floats on (at 512 or 1024
     keys those rows are 2-4 KiB apart and share a few L1 sets).  A layout change of the
     packed copy alone (``transform_layout`` rewrites its every access)."""
-    width = plan.key_vectors * plan.lanes
+    width = plan.key_width
     extent = sch.get(pack).writes[0].source.shape[-1]
     if not Analyzer().can_prove(tirx.floormod(extent, width) == 0):
         return
@@ -200,7 +200,7 @@ def _divides(sch: s_tir.Schedule, loop: LoopRV, factor: int) -> bool:
 def _schedule_qk(sch: s_tir.Schedule, qk: SBlockRV, tile: LoopRV, plan: AttentionPlan) -> None:
     """rows x key_vectors vectors of scores accumulated over k in registers."""
     rows, keys, k = _under(sch, qk, tile)
-    if not _divides(sch, keys, plan.key_vectors * plan.lanes):
+    if not _divides(sch, keys, plan.key_width):
         return  # a single key (not padded): nothing to vectorize
     symbolic = static_extent(sch.get(keys).extent) is None
     outer, vectors, lanes = sch.split(keys, [None, plan.key_vectors, plan.lanes])
@@ -342,7 +342,7 @@ def _one_pass(keys: int | None, plan: AttentionPlan) -> bool:
     ``compute_at`` leaves its key loop whole.  Elsewhere the consumers need fewer keys
     than the padded tile computes, and ``compute_at`` would shrink the key loop to them
     (scalar code)."""
-    return keys is not None and keys % (plan.key_vectors * plan.lanes) == 0
+    return keys is not None and keys % plan.key_width == 0
 
 
 def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Target) -> bool:
@@ -356,7 +356,7 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     for block in (found.qk, found.pv):
         for index in (0, 1):
             _operand_copy(sch, block, index)
-    qk_factors = _pad_factors(qk_stmt, {-3: plan.rows, -2: plan.lanes * plan.key_vectors})
+    qk_factors = _pad_factors(qk_stmt, {-3: plan.rows, -2: plan.key_width})
     if any(f > 1 for f in qk_factors):
         sch.pad_einsum(found.qk, qk_factors)
     pv_factors = _pad_factors(pv_stmt, {-3: plan.rows})

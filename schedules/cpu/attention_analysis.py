@@ -36,6 +36,11 @@ class AttentionPlan:
     head_lanes: int
     head_splits: int
 
+    @property
+    def key_width(self) -> int:
+        """The keys of a q·kᵀ register tile."""
+        return self.key_vectors * self.lanes
+
 
 def plan_attention(m: int | None, n: int | None, d: int | None, lanes: int,
                    registers: int = 32) -> AttentionPlan:

@@ -71,10 +71,10 @@ def _padded(loop: tirx.For, lanes: int) -> tirx.For:
         clamped = (tirx.min(tirx.floordiv(var, lanes) * lanes, tirx.const(constant - lanes, str(var.ty)))
                    + tirx.floormod(var, lanes))
     store = block.body
-    body = tirx.BufferStore(store.buffer, _substitute(store.value, reduce_iv.var, clamped), store.indices)
-    reads = [_substitute(region, reduce_iv.var, clamped) for region in block.reads]
+    body = tirx.BufferStore(store.buffer, _substitute(store.value, var, clamped), store.indices)
+    reads = [_substitute(region, var, clamped) for region in block.reads]
     domain = Range.from_min_extent(tirx.const(0, str(padded.ty)), padded)
-    iv = tirx.IterVar(domain, reduce_iv.var, reduce_iv.iter_type)
+    iv = tirx.IterVar(domain, var, reduce_iv.iter_type)
     new_block = s_tir.SBlock([*block.iter_vars[:-1], iv], reads, block.writes, block.name_hint, body,
                              block.init, block.alloc_buffers, block.match_buffers, block.annotations)
     new_realize = s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_block)

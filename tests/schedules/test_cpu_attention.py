@@ -226,7 +226,7 @@ def test_whole_key_tiles_run_in_one_pass_with_the_bits_of_two(rand, seq, masked,
     loops = _parallel_loops(func)
     assert max(map(_matmuls, loops)) == 2, loops
     plan = plan_attention(seq, seq, dim, float32_lanes(target()), vector_registers(target()))
-    width = plan.key_vectors * plan.lanes
+    width = plan.key_width
     shapes = []
     tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda b: shapes.extend(
         [int(d) for d in buf.shape] for buf in b.alloc_buffers))])
