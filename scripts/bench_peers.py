@@ -20,7 +20,10 @@ use) and the same inputs, in ONE process:
   (slow; not in the default peers).
 * ``ours``: ``aicf_tvm.from_torch`` then ``aicf_tvm.compile(mod, target="llvm")``, called on
   numpy arrays, exactly the README's path. With ``--budget B``, also ``ours_tuned``:
-  ``aicf_tvm.tune`` with B trials, then ``compile(database=...)``. With ``--builds N``
+  ``aicf_tvm.tune`` with B trials, then ``compile(database=...)``; its note says how many
+  kernels kept a record and, from the timing inside the model, why the others did not
+  (no record won the screening turns, or the winners did not make the call 2% faster).
+  With ``--builds N``
   both are compiled N times and the rounds call the builds in turn: one build's speed is
   one draw of where its weights lie.
 
@@ -383,6 +386,8 @@ def ours_tuned(model: Model, threads: int, work: Path, budget: int, builds: int 
     won = sum(t.choice == "tuned" for t in result.tasks)
     note = (f"budget {budget}: {result.measured} trials measured in {tune_s:.0f} s, "
             f"{won} of {len(result.tasks)} tuned kernels beat the default")
+    if result.in_model:  # why the records that won alone were kept or not (``tune_model``)
+        note += f"; {result.in_model}"
     return ours(model, threads, work, database=str(tuning), builds=builds), note
 
 
