@@ -437,6 +437,58 @@ def test_one_pass_with_a_row_tail_matches_numpy(rand):
     np.testing.assert_allclose(run(mod, [q, k, v, m]), e / e.sum(-1, keepdims=True) @ v, rtol=2e-5, atol=2e-6)
 
 
+def _heads_and_rows_by_step(func: tirx.PrimFunc, block_name: str) -> list[tuple[int, int]]:
+    """Per step of the parallel loop around ``block_name``, the head and first query row
+    its block binds (every other loop at 0)."""
+    found = []
+
+    def visit(loop: tirx.For) -> None:
+        if loop.kind != tirx.ForKind.PARALLEL:
+            return
+
+        def realize(node: s_tir.SBlockRealize) -> None:
+            if node.block.name_hint == block_name:
+                found.append((loop, node.iter_values))
+
+        tvm_ffi.structural_walk(loop.body, [(s_tir.SBlockRealize, realize)])
+
+    tvm_ffi.structural_walk(func.body, [(tirx.For, visit)])
+    [(loop, values)] = found
+    analyzer = tvm.sym.analyzer.Analyzer()
+    out = []
+    for step in range(int(loop.extent)):
+        def at(expr: tirx.Expr) -> int:
+            value = tvm_ffi.structural_map(expr, [(tirx.Var, lambda v: tirx.const(
+                step if v.same_as(loop.loop_var) else 0, str(v.ty)))])
+            return int(analyzer.simplify(value))
+        out.append((at(values[1]), at(values[2])))
+    return out
+
+
+def test_a_heads_row_tiles_run_in_turn_on_a_core(rand):
+    """At a constant length the parallel tile loop runs one head's row tiles in order,
+    then the next head's: a core's chunk of it reads one head's kᵀ and v at a time (they
+    stay in L2).  41 queries over 41 keys, three heads; the output matches numpy."""
+    shapes = [(1, 3, 41, 16), (1, 3, 41, 16), (1, 3, 41, 16), (1, 3, 41, 41)]
+    from tvm.relax.dpl import is_op, wildcard
+
+    pattern = is_op("relax.matmul")(is_op("relax.nn.softmax")(is_op("relax.add")(
+        is_op("relax.matmul")(wildcard(), is_op("relax.permute_dims")(wildcard())), wildcard())), wildcard())
+    mod = relax_module(shapes, _attention, pattern)
+    with llvm_target():
+        mod = apply_default_schedules()(mod)
+    [func] = prim_funcs(mod).values()
+    assert str(func.attrs["aicf.schedule"]) == "Attention"
+    rows = plan_attention(41, 41, 16, float32_lanes(llvm_target()), vector_registers(llvm_target())).rows
+    tiles = -(-41 // rows)
+    steps = _heads_and_rows_by_step(func, "matmul1_update")
+    assert steps == [(step // tiles, step % tiles * rows) for step in range(3 * tiles)], steps
+    q, k, v, m = (rand(*shape) for shape in shapes)
+    s = q.astype(np.float64) @ k.transpose(0, 1, 3, 2) + m
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(run(mod, [q, k, v, m]), e / e.sum(-1, keepdims=True) @ v, rtol=2e-5, atol=2e-6)
+
+
 def _all_blocks(sch: s_tir.Schedule) -> list:
     out = []
 

@@ -1,0 +1,51 @@
+"""Attention's tile loop with each head's row tiles in turn against the row tiles outside
+the heads, in one process: ``python scripts/ab_attention_order.py [--seq N] [MODEL ...]``.
+
+Sides, each built twice and called in turn (``ab_gemm_rules.compare_sides``):
+``tile_major`` fuses the parallel tile loop as (row tile, head), as the rule did before,
+so a core's consecutive steps read every head's kᵀ and v in turn; ``head_major``, the
+default build (``attention._tile_loop``): (head, row tile), one head's kᵀ and v read by
+consecutive steps.  Printed per side: the median time, in brackets the median over rounds
+of its time over tile_major's, the error against PyTorch and whether the output has
+tile_major's bits.  MODEL: as ``ab_gemm_rules.py``; ``--seq`` sets the text models' length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_gemm_rules import compare_sides  # noqa: E402
+
+from schedules.cpu import attention  # noqa: E402
+
+HEAD_MAJOR = attention._tile_loop
+
+
+def tile_major(sch, block, rows):
+    *batch, i, j, k = sch.get_loops(block)
+    outer, inner = sch.split(i, [None, rows])
+    sch.reorder(outer, *batch, inner, j, k)
+    return sch.fuse(outer, *batch)
+
+
+def use(rule) -> None:
+    attention._tile_loop = rule
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="*", default=["bert", "vit", "dinov2"])
+    parser.add_argument("--seq", type=int, default=128)
+    args = parser.parse_args()
+    sides = {"tile_major": lambda: use(tile_major), "head_major": lambda: use(HEAD_MAJOR)}
+    for name in args.models:
+        print(f"seq {args.seq:<5d} {compare_sides(name, sides, lambda: use(HEAD_MAJOR), seq=args.seq)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
