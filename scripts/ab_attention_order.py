@@ -12,14 +12,13 @@ tile_major's bits.  MODEL: as ``ab_gemm_rules.py``; ``--seq`` sets the text mode
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ab_gemm_rules import compare_sides  # noqa: E402
+from ab_gemm_rules import compare_main  # noqa: E402
 
 from schedules.cpu import attention  # noqa: E402
 
@@ -38,13 +37,8 @@ def use(rule) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="*", default=["bert", "vit", "dinov2"])
-    parser.add_argument("--seq", type=int, default=128)
-    args = parser.parse_args()
     sides = {"tile_major": lambda: use(tile_major), "head_major": lambda: use(HEAD_MAJOR)}
-    for name in args.models:
-        print(f"seq {args.seq:<5d} {compare_sides(name, sides, lambda: use(HEAD_MAJOR), seq=args.seq)}", flush=True)
+    compare_main(__doc__, sides, lambda: use(HEAD_MAJOR), ["bert", "vit", "dinov2"], 128)
 
 
 if __name__ == "__main__":

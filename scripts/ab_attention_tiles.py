@@ -14,14 +14,13 @@ with it: at 128 tokens it is a few percent of the model, at 1024 a third of GPT-
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ab_gemm_rules import compare_sides  # noqa: E402
+from ab_gemm_rules import compare_main  # noqa: E402
 
 from schedules.cpu import attention  # noqa: E402
 
@@ -34,13 +33,8 @@ def use(rules: tuple) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="*", default=["bert", "gpt2", "llama"])
-    parser.add_argument("--seq", type=int, default=512)
-    args = parser.parse_args()
     sides = {"two_pass": lambda: use(BEFORE), "one_pass": lambda: use(RULES)}
-    for name in args.models:
-        print(compare_sides(name, sides, lambda: use(RULES), seq=args.seq), flush=True)
+    compare_main(__doc__, sides, lambda: use(RULES), ["bert", "gpt2", "llama"], 512)
 
 
 if __name__ == "__main__":

@@ -106,6 +106,18 @@ def compare_sides(name: str, sides: dict[str, Callable[[], None]], reset: Callab
     return "  ".join(parts)
 
 
+def compare_main(doc: str, sides: dict[str, Callable[[], None]], reset: Callable[[], None],
+                 models: list[str], seq: int) -> None:
+    """A comparison script's main: MODEL ... and ``--seq`` from the command line, each
+    model's sides compared by ``compare_sides``, one line per model."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("models", nargs="*", default=models)
+    parser.add_argument("--seq", type=int, default=seq, help="the text models' length")
+    args = parser.parse_args()
+    for name in args.models:
+        print(f"seq {args.seq:<5d} {compare_sides(name, sides, reset, seq=args.seq)}", flush=True)
+
+
 def compare(name: str) -> str:
     return compare_sides(name, {"old": lambda: use(OLD), "new": lambda: use(NEW)}, lambda: use(NEW))
 

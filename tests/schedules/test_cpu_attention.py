@@ -160,7 +160,7 @@ def test_row_maxes_at_a_key_tail_take_vector_lanes_with_the_same_bits(rand, seq,
     vector lane (an ``_rf`` block, the lanes vectorized; the guard's int8 max stays serial)
     and the output has the bits of the kernel whose max runs serially over the keys (the
     rule without ``pad_max``): a max is exact in any order and ignores the repeated keys."""
-    import schedules.cpu.attention as attention
+    from schedules.cpu import attention
 
     mod = sdpa(seq, 2, 64, mask=mask)
     compiled = compile_attention(mod)
@@ -217,7 +217,7 @@ def test_whole_key_tiles_run_in_one_pass_with_the_bits_of_two(rand, seq, masked,
     and p·v (one parallel loop holds both matmuls), kᵀ is packed in panels of a tile's keys
     (``[b, keys / width, k, width]``), and the output has the bits of the rule's two passes
     over a row-major kᵀ: the same sums in the same order, only where they run changes."""
-    import schedules.cpu.attention as attention
+    from schedules.cpu import attention
 
     heads, dim = 3, 64
     mod = sdpa(seq, heads, dim, mask=masked)
@@ -421,6 +421,13 @@ def test_one_pass_with_a_row_tail_matches_numpy(rand):
     """37 queries over 64 keys (whole key tiles, the last row tile padded): q·kᵀ runs in
     the softmax's tile loop, and the padded rows reach no output."""
     shapes = [(1, 2, 37, 16), (1, 2, 64, 16), (1, 2, 64, 16), (1, 2, 37, 64)]
+    mod, func = _scheduled_attention(shapes)
+    assert max(map(_matmuls, _parallel_loops(func))) == 2
+    _matches_numpy(mod, shapes, rand)
+
+
+def _scheduled_attention(shapes: list[tuple[int, ...]]) -> tuple[tvm.IRModule, tirx.PrimFunc]:
+    """``_attention`` on q, k, v and mask of ``shapes``, fused and scheduled by the rule."""
     from tvm.relax.dpl import is_op, wildcard
 
     pattern = is_op("relax.matmul")(is_op("relax.nn.softmax")(is_op("relax.add")(
@@ -430,7 +437,10 @@ def test_one_pass_with_a_row_tail_matches_numpy(rand):
         mod = apply_default_schedules()(mod)
     [func] = prim_funcs(mod).values()
     assert str(func.attrs["aicf.schedule"]) == "Attention"
-    assert max(map(_matmuls, _parallel_loops(func))) == 2
+    return mod, func
+
+
+def _matches_numpy(mod: tvm.IRModule, shapes: list[tuple[int, ...]], rand) -> None:
     q, k, v, m = (rand(*shape) for shape in shapes)
     s = q.astype(np.float64) @ k.transpose(0, 1, 3, 2) + m
     e = np.exp(s - s.max(-1, keepdims=True))
@@ -455,14 +465,13 @@ def _heads_and_rows_by_step(func: tirx.PrimFunc, block_name: str) -> list[tuple[
     tvm_ffi.structural_walk(func.body, [(tirx.For, visit)])
     [(loop, values)] = found
     analyzer = tvm.sym.analyzer.Analyzer()
-    out = []
-    for step in range(int(loop.extent)):
-        def at(expr: tirx.Expr) -> int:
-            value = tvm_ffi.structural_map(expr, [(tirx.Var, lambda v: tirx.const(
-                step if v.same_as(loop.loop_var) else 0, str(v.ty)))])
-            return int(analyzer.simplify(value))
-        out.append((at(values[1]), at(values[2])))
-    return out
+
+    def at(expr: tirx.Expr, step: int) -> int:
+        value = tvm_ffi.structural_map(expr, [(tirx.Var, lambda v: tirx.const(
+            step if v.same_as(loop.loop_var) else 0, str(v.ty)))])
+        return int(analyzer.simplify(value))
+
+    return [(at(values[1], step), at(values[2], step)) for step in range(int(loop.extent))]
 
 
 def test_a_heads_row_tiles_run_in_turn_on_a_core(rand):
@@ -470,23 +479,12 @@ def test_a_heads_row_tiles_run_in_turn_on_a_core(rand):
     then the next head's: a core's chunk of it reads one head's kᵀ and v at a time (they
     stay in L2).  41 queries over 41 keys, three heads; the output matches numpy."""
     shapes = [(1, 3, 41, 16), (1, 3, 41, 16), (1, 3, 41, 16), (1, 3, 41, 41)]
-    from tvm.relax.dpl import is_op, wildcard
-
-    pattern = is_op("relax.matmul")(is_op("relax.nn.softmax")(is_op("relax.add")(
-        is_op("relax.matmul")(wildcard(), is_op("relax.permute_dims")(wildcard())), wildcard())), wildcard())
-    mod = relax_module(shapes, _attention, pattern)
-    with llvm_target():
-        mod = apply_default_schedules()(mod)
-    [func] = prim_funcs(mod).values()
-    assert str(func.attrs["aicf.schedule"]) == "Attention"
+    mod, func = _scheduled_attention(shapes)
     rows = plan_attention(41, 41, 16, float32_lanes(llvm_target()), vector_registers(llvm_target())).rows
     tiles = -(-41 // rows)
     steps = _heads_and_rows_by_step(func, "matmul1_update")
     assert steps == [(step // tiles, step % tiles * rows) for step in range(3 * tiles)], steps
-    q, k, v, m = (rand(*shape) for shape in shapes)
-    s = q.astype(np.float64) @ k.transpose(0, 1, 3, 2) + m
-    e = np.exp(s - s.max(-1, keepdims=True))
-    np.testing.assert_allclose(run(mod, [q, k, v, m]), e / e.sum(-1, keepdims=True) @ v, rtol=2e-5, atol=2e-6)
+    _matches_numpy(mod, shapes, rand)
 
 
 def _all_blocks(sch: s_tir.Schedule) -> list:
