@@ -154,11 +154,9 @@ def _tile_loop(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> LoopRV:
     *batch, i, j, k = sch.get_loops(block)
     symbolic = static_extent(sch.get(i).extent) is None
     outer, inner = sch.split(i, [None, rows])
-    if symbolic:
-        sch.reorder(outer, *batch, inner, j, k)
-        return sch.fuse(outer, *batch)
-    sch.reorder(*batch, outer, inner, j, k)
-    return sch.fuse(*batch, outer)
+    fused = [outer, *batch] if symbolic else [*batch, outer]
+    sch.reorder(*fused, inner, j, k)
+    return sch.fuse(*fused)
 
 
 def _under(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> list[LoopRV]:
