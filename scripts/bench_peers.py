@@ -68,7 +68,7 @@ CONVNETS = ("resnet50", "mobilenetv2", "convnext")
 # Architectures no issue names, for checking the class: ``--models class`` runs them all.
 CLASS = ("distilbert", "roberta", "qwen2", "mistral", "phi", "gptneo", "deit", "swin",
          "efficientnet", "regnet", "albert", "electra", "opt", "bloom", "gemma", "t5", "beit",
-         "clip", "dinov2", "siglip", "modernbert", "qwen3")
+         "clip", "dinov2", "siglip", "modernbert", "qwen3", "wav2vec2", "whisper")
 PEERS = ("eager", "inductor", "ort", "openvino", "tvm", "ours")
 DEFAULT_PEERS = ("eager", "inductor", "ort", "openvino", "ours")
 SEQ = 128
@@ -156,6 +156,25 @@ def _image(name: str, model: Any, size: int = 224, calibrate: bool = False) -> M
     return Model(name, Image().eval(), (x,), ("pixel_values",), (y,))
 
 
+def _audio(name: str, model: Any, shape: tuple[int, ...], key: str) -> Model:
+    """An audio encoder on random input of ``shape``: ``key`` the raw samples
+    (``input_values``) or the log-mel frames (``input_features``)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(3)
+
+    class Audio(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, features: Any) -> Any:
+            return self.model(**{key: features}).last_hidden_state
+
+    x, y = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    return Model(name, Audio().eval(), (x,), (key,), (y,))
+
+
 def build(name: str, seq: int) -> Model:
     import torch
     import transformers as tf
@@ -238,6 +257,10 @@ def _class_model(name: str, seq: int) -> Model:
     if name == "qwen3":  # q/k RMS norms per head
         config = tf.Qwen3Config(**small, num_key_value_heads=4, head_dim=64, vocab_size=32000)
         return _text(name, tf.Qwen3Model(config), 32000, seq, mask=True)
+    if name == "wav2vec2":  # base size, 1 s at 16 kHz: a 7-layer conv1d feature encoder, 49 frames
+        return _audio(name, tf.Wav2Vec2Model(tf.Wav2Vec2Config()), (1, 16000), "input_values")
+    if name == "whisper":  # the encoder at its default (tiny) size: 30 s of 80 mel bins, 1500 frames
+        return _audio(name, tf.WhisperModel(tf.WhisperConfig()).get_encoder(), (1, 80, 3000), "input_features")
     if name == "swin":
         return _image(name, tf.SwinForImageClassification(tf.SwinConfig()))
     if name == "efficientnet":

@@ -32,6 +32,7 @@ from relax_passes.bounded_tables import PrecomputeBoundedTables
 from relax_passes.channels_first import ChannelsFirst
 from relax_passes.clip_pool_windows import ClipPoolWindows
 from relax_passes.combine_projections import CombineProjections
+from relax_passes.conv1d_as_conv2d import Conv1dAsConv2d
 from relax_passes.fold_batch_norm import FoldBatchNorm
 from relax_passes.fold_pad import FoldPadIntoConv
 from relax_passes.implicit_broadcasts import ImplicitBroadcasts
@@ -119,8 +120,8 @@ def optimize(mod: tvm.IRModule, report: FusionReport, candidates: Sequence[Any] 
     ``target``, convolution chains may take the target's blocked layouts (``layout_lanes``)."""
     check = check or (verify_contracts if _debug() else (lambda m: None))
     lanes = layout_lanes(target)
-    if lanes is not None:  # channels-last islands join the blockable chains
-        mod = ChannelsFirst()(mod)
+    if lanes is not None:  # channels-last islands and 1-D convolutions join the blockable chains
+        mod = ChannelsFirst()(Conv1dAsConv2d()(mod))
     mod = PropagateContracts()(LiftEmits()(mod))
     check(mod)
     fuse = FuseEmits(report=report) if candidates is None else FuseEmits(tuple(candidates), report=report)
