@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_op, wildcard
+
+from .dataflow_rewrite import rewrite_op_calls
 
 _POOLS = {
     "relax.nn.avg_pool1d": relax.op.nn.avg_pool1d,
@@ -88,10 +90,7 @@ class ClipPoolWindows:
 
     def transform_function(self, func: relax.Function, mod: tvm.IRModule,
                            ctx: tvm.transform.PassContext) -> relax.Function:
-        if func.attrs is not None and "Primitive" in func.attrs and int(func.attrs["Primitive"]):
-            return func
-        pattern, rewrite = _clip_rewrite()
-        return rewrite_call(pattern, rewrite, func)
+        return rewrite_op_calls(func, *_clip_rewrite())
 
 
 __all__ = ["ClipPoolWindows", "clipped_window"]

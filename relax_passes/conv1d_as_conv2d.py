@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_op, wildcard
+
+from .dataflow_rewrite import rewrite_op_calls
 
 
 def _plain(call: relax.Call) -> bool:
@@ -62,10 +64,7 @@ class Conv1dAsConv2d:
 
     def transform_function(self, func: relax.Function, mod: tvm.IRModule,
                            ctx: tvm.transform.PassContext) -> relax.Function:
-        if func.attrs is not None and "Primitive" in func.attrs and int(func.attrs["Primitive"]):
-            return func
-        pattern, rewrite = _conv1d_rewrite()
-        return rewrite_call(pattern, rewrite, func)
+        return rewrite_op_calls(func, *_conv1d_rewrite())
 
 
 __all__ = ["Conv1dAsConv2d"]

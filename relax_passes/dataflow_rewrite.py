@@ -7,6 +7,7 @@ from typing import Any
 
 import tvm
 from tvm import relax
+from tvm.relax.dpl import rewrite_call
 
 # (block builder, block, uses of each var in the function) -> (block, whether it changed)
 BlockRewrite = Callable[[relax.BlockBuilder, relax.DataflowBlock, dict], tuple[relax.DataflowBlock, bool]]
@@ -56,3 +57,12 @@ def rewrite_dataflow_blocks(mod: tvm.IRModule, rewrite: BlockRewrite, *,
     for gv, func in updates.items():
         mod[gv] = func
     return relax.transform.Normalize()(mod)
+
+
+def rewrite_op_calls(func: relax.Function, pattern: Any, rewrite: Callable[[relax.Expr, dict], relax.Expr]
+                     ) -> relax.Function:
+    """``relax.dpl.rewrite_call(pattern, rewrite, func)`` on a Relax function, leaving a
+    Primitive (already lifted) function alone: the body of an op-level pass."""
+    if func.attrs is not None and "Primitive" in func.attrs and int(func.attrs["Primitive"]):
+        return func
+    return rewrite_call(pattern, rewrite, func)

@@ -25,7 +25,9 @@ import math
 
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_op, wildcard
+
+from .dataflow_rewrite import rewrite_op_calls
 
 _PAD = "relax.nn.pad"
 _CONVS = {
@@ -91,10 +93,7 @@ class FoldPadIntoConv:
 
     def transform_function(self, func: relax.Function, mod: tvm.IRModule,
                            ctx: tvm.transform.PassContext) -> relax.Function:
-        if func.attrs is not None and "Primitive" in func.attrs and int(func.attrs["Primitive"]):
-            return func
-        pattern, rewrite = _fold_rewrite()
-        return rewrite_call(pattern, rewrite, func)
+        return rewrite_op_calls(func, *_fold_rewrite())
 
 
 __all__ = ["FoldPadIntoConv", "folded_padding"]
