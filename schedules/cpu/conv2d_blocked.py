@@ -124,10 +124,15 @@ def register_tile(blocks: int, width: int, vectors_per_block: int,
     dividing ``blocks``, whose accumulators and one weight vector per block fit beside the
     broadcasts; of those the most FMAs per step, then the fewest loads per FMA.
 
-    With 32 registers (AVX-512) the columns divide the width: 2 blocks by up to 14 columns.
+    With 32 registers (AVX-512) the columns divide the width, unless the best such tile
+    holds under half the accumulators of the best whose last tile is partial (run apart,
+    ``schedule_dense``): a prime width such as 199 would otherwise take one column per
+    step (wav2vec2's feature encoder as conv2ds over a height of 1, widths 1599, 799,
+    399 and 199 on 2 Zen 4 cores: 799 outputs went 12.7 -> 6.4 ms, now as fast as the
+    im2col GEMM or faster), while widths 7 and 49 keep 2 blocks by 7 columns.
     With 16 (AVX2: 12 for the tile) they divide it unless the widest dividing count is
-    under half the widest that fits; then the widest runs, its last, partial tile apart
-    (``schedule_dense``).  On a 2-core Zen 3 slice, tuning the plans chose 2x4 (widths 56,
+    under half the widest that fits; then the widest runs, its last, partial tile apart.
+    On a 2-core Zen 3 slice, tuning the plans chose 2x4 (widths 56,
     28, 112) or 2x5 (14, 7) over the 4x3 tile that left the weights no registers in 28 of
     the 30 dense ResNet-50 and ConvNeXt tasks (4x2 in the other two; ResNet-50 1.21x,
     ConvNeXt 1.23x end to end), and depthwise 1x8 (56) and 1x7 (14) over 1x12 (0.75 ->
@@ -135,7 +140,7 @@ def register_tile(blocks: int, width: int, vectors_per_block: int,
     """
     per_block = max(1, vectors_per_block)
     accumulators = registers - _spare_registers(registers)
-    tiles = []
+    dividing, partial = [], []
     for vb in (4, 2, 1):
         vectors = vb * per_block  # weight vectors of the tile, and accumulators per column
         if blocks % vb or 2 * vectors > accumulators:  # one column and the weights must fit
@@ -144,10 +149,16 @@ def register_tile(blocks: int, width: int, vectors_per_block: int,
         columns = _largest_divisor(width, widest)
         if registers < 32 and 2 * columns < widest:
             columns = widest
-        tiles.append((vb, columns))
-    if not tiles:
+        dividing.append((vb, columns))
+        partial.append((vb, widest))
+    if not dividing:
         return 1, 1
-    return max(tiles, key=lambda t: (t[0] * t[1], -(t[0] + t[1]) / (t[0] * t[1]), t[1]))
+
+    def best(tiles: list[tuple[int, int]]) -> tuple[int, int]:
+        return max(tiles, key=lambda t: (t[0] * t[1], -(t[0] + t[1]) / (t[0] * t[1]), t[1]))
+
+    tile, wide = best(dividing), best(partial)
+    return wide if registers >= 32 and 2 * tile[0] * tile[1] < wide[0] * wide[1] else tile
 
 
 def _split_columns(sch: s_tir.Schedule, x: LoopRV, width: int,

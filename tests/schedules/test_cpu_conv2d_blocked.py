@@ -22,9 +22,18 @@ from tvm import relax, s_tir
 from relax_passes.blocked_conv import LEGALIZE_MAP, is_blocked_form
 from relax_passes.materialize_layouts import blocked_per_channel, blocked_weight
 from schedules import default_rules, schedule_func
-from schedules.cpu.conv2d_blocked import (BlockedConv2d, ConvPlan, blocked_conv_block, dense_plans, depthwise_plans,
-                                           dense_plan, register_tile, schedule_dense, schedule_depthwise)
 from schedules.cpu.common import float32_lanes, vector_registers
+from schedules.cpu.conv2d_blocked import (
+    BlockedConv2d,
+    ConvPlan,
+    blocked_conv_block,
+    dense_plan,
+    dense_plans,
+    depthwise_plans,
+    register_tile,
+    schedule_dense,
+    schedule_depthwise,
+)
 from schedules.cpu.gemm_blocks import find_reduction_block
 from schedules.tune_space import space_count
 from tests.schedules.test_cpu_gemm import fused_primfunc, run_scheduled, target
@@ -119,6 +128,9 @@ CASES = {
     # inputs over the cache share, weights within it: tasks by output row
     "rows-1x1-stride2-residual": {"c": 256, "h": 56, "o": 64, "k": 1, "stride": 2, "residual": True},
     "rows-3x3-odd-width-45": {"c": 128, "h": 45, "o": 64, "k": 3, "padding": 1},
+    # a prime width: the columns cannot divide it, the last tile is partial
+    "3x3-prime-width-19": {"c": 32, "h": 19, "o": 32, "k": 3, "padding": 1},
+    "3x3-one-row-199-columns": {"c": 32, "h": 1, "w": 201, "o": 32, "k": 3, "padding": (1, 0, 1, 0)},
     # too few rows to balance the cores: tasks by channel tile and row
     "wide-input-7x7-output": {"c": 2048, "h": 14, "o": 64, "k": 1, "stride": 2},
 }
@@ -262,6 +274,12 @@ def test_register_tile_fits_the_accumulators():
     assert register_tile(blocks=3, width=7, vectors_per_block=1) == (1, 7)
     assert register_tile(blocks=2, width=13, vectors_per_block=1) == (2, 13)
     assert register_tile(blocks=2, width=13, vectors_per_block=2) == (1, 13)
+    # a width whose divisors make tiles under half the accumulators of a partial tile's
+    # (199 prime, 799 = 17 x 47) takes the widest, its last tile partial; 7 and 49 keep 2x7
+    assert register_tile(blocks=32, width=199, vectors_per_block=1) == (2, 14)
+    assert register_tile(blocks=32, width=799, vectors_per_block=1) == (2, 14)
+    assert register_tile(blocks=32, width=49, vectors_per_block=1) == (2, 7)
+    assert register_tile(blocks=32, width=7, vectors_per_block=1) == (2, 7)
     # AVX2: 12 registers for the accumulators and the weights (4x3 would leave the weights
     # none); the columns divide the width unless that halves the widest that fits
     assert register_tile(blocks=8, width=56, vectors_per_block=1, registers=16) == (2, 4)
