@@ -43,7 +43,7 @@ def _conv1d_rewrite():
     pattern = is_op("relax.nn.conv1d")(data, weight)
 
     def rewrite(expr: relax.Expr, matches: dict) -> relax.Expr:
-        if not isinstance(expr, relax.Call) or not _plain(expr):
+        if not isinstance(expr, relax.Call) or not _plain(expr) or not isinstance(expr.ty, relax.TensorType):
             return expr
         a = expr.attrs
         (left, right) = [int(p) for p in a.padding]
@@ -53,7 +53,44 @@ def _conv1d_rewrite():
             strides=(1, int(a.strides[0])), padding=(0, left, 0, right),
             dilation=(1, int(a.dilation[0])), groups=int(a.groups), data_layout="NCHW",
             kernel_layout="OIHW", out_layout="NCHW", out_dtype=out_dtype)
-        return relax.op.squeeze(conv, [2])
+        return relax.op.reshape(conv, list(expr.ty.shape))
+
+    return pattern, rewrite
+
+
+def _per_channel(constant: relax.Expr, channels: int) -> bool:
+    """Whether ``constant`` broadcasts against ``[N, channels, W]`` as one value per channel
+    (``[channels, 1]``, ``[1, channels, 1]``) or one value (any shape of one element)."""
+    if not isinstance(constant, tvm.ir.Constant):
+        return False
+    shape = list(constant.value.numpy().shape)
+    while shape and shape[0] == 1 and len(shape) > 2:
+        shape.pop(0)
+    return constant.value.numpy().size == 1 or shape == [channels, 1]
+
+
+def _bias_rewrite():
+    """``add(reshape(conv2d(..)), bias)`` -> ``reshape(add(conv2d(..), bias'))`` for the
+    reshape this pass made (a 4-D conv2d over a height of 1 to its 3-D value) and a bias of
+    one value per channel, ``bias'`` its ``[1, C, 1, 1]`` form: the same sum at the same
+    elements, so the bias and what follows it (``SinkReshapes``) can join the convolution's
+    epilogue."""
+    conv = is_op("relax.nn.conv2d")(wildcard(), wildcard())
+    shaped, bias = is_op("relax.reshape")(conv, wildcard()), wildcard()
+    pattern = is_op("relax.add")(shaped, bias)
+
+    def rewrite(expr: relax.Expr, matches: dict) -> relax.Expr:
+        out, four = matches[shaped], matches[conv]
+        if not (isinstance(four.ty, relax.TensorType) and isinstance(out.ty, relax.TensorType)
+                and four.ty.ndim == 4 and out.ty.ndim == 3 and isinstance(four.ty.shape[2], tvm.tirx.IntImm)
+                and int(four.ty.shape[2]) == 1 and isinstance(four.ty.shape[1], tvm.tirx.IntImm)):
+            return expr
+        channels = int(four.ty.shape[1])
+        if not _per_channel(matches[bias], channels) or str(matches[bias].ty.dtype) != str(out.ty.dtype):
+            return expr
+        value = matches[bias].value.numpy()
+        value = value.reshape(1, channels, 1, 1) if value.size == channels else value.reshape(())
+        return relax.op.reshape(relax.op.add(four, relax.const(value)), list(out.ty.shape))
 
     return pattern, rewrite
 
@@ -64,7 +101,7 @@ class Conv1dAsConv2d:
 
     def transform_function(self, func: relax.Function, mod: tvm.IRModule,
                            ctx: tvm.transform.PassContext) -> relax.Function:
-        return rewrite_op_calls(func, *_conv1d_rewrite())
+        return rewrite_op_calls(rewrite_op_calls(func, *_conv1d_rewrite()), *_bias_rewrite())
 
 
 __all__ = ["Conv1dAsConv2d"]

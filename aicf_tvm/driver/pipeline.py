@@ -121,7 +121,7 @@ def optimize(mod: tvm.IRModule, report: FusionReport, candidates: Sequence[Any] 
     check = check or (verify_contracts if _debug() else (lambda m: None))
     lanes = layout_lanes(target)
     if lanes is not None:  # channels-last islands and 1-D convolutions join the blockable chains
-        mod = ChannelsFirst()(Conv1dAsConv2d()(mod))
+        mod = ChannelsFirst()(SinkReshapes()(Conv1dAsConv2d()(mod)))
     mod = PropagateContracts()(LiftEmits()(mod))
     check(mod)
     fuse = FuseEmits(report=report) if candidates is None else FuseEmits(tuple(candidates), report=report)

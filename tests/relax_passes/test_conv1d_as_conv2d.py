@@ -105,3 +105,47 @@ def test_the_pass_alone_keeps_the_function_and_a_variable_weight():
 def test_a_channels_last_conv1d_stays():
     mod = conv1d_module((1, 20, 8), (12, 8, 3), data_layout="NWC", out_layout="NWC")
     assert ops(Conv1dAsConv2d()(mod)) == ops(mod)
+
+
+@pytest.mark.skipif(layout_lanes(resolve_target("llvm")) is None, reason="no blocked layouts here")
+def test_the_bias_and_activation_join_the_convolutions_epilogue():
+    """Whisper's front convolution, small: ``gelu(conv1d(x) + b)`` from PyTorch. The bias
+    is moved above the reshape back to 3-D, ``SinkReshapes`` moves the GELU, and the blocked
+    convolution computes all three in one kernel."""
+    torch.manual_seed(0)
+
+    class Front(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv1d(80, 384, 3, padding=1)
+
+        def forward(self, x):
+            return torch.nn.functional.gelu(self.conv(x))
+
+    model = Front().eval()
+    x, other = torch.randn(1, 80, 50), torch.randn(1, 80, 50)
+    compiled = aicf_tvm.compile(aicf_tvm.from_torch(model, (x,)), target="llvm")
+    assert any("conv2d_bias_act" in k.name and k.schedule == "BlockedConv2d" for k in compiled.kernels)
+    for data in (x, other):
+        np.testing.assert_allclose(np.asarray(compiled(data.numpy())), model(data).detach().numpy(),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_an_add_that_is_not_per_channel_stays_below_the_reshape():
+    """``conv1d(x) + y`` with ``y [1, C, W]`` a constant of its own per element: not a bias."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 8, 20)).astype("float32")
+    w = rng.standard_normal((16, 8, 3)).astype("float32")
+    y = rng.standard_normal((1, 16, 18)).astype("float32")
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv1d(xv, relax.const(w)))
+            out = bb.emit_output(relax.op.add(conv, relax.const(y)))
+        bb.emit_func_output(out)
+    before = bb.get()
+    after = Conv1dAsConv2d()(before)
+    found = ops(after)
+    assert found.index("relax.reshape") < found.index("relax.add")
+    np.testing.assert_allclose(run_vm(after, x)[0], run_vm(before, x)[0], rtol=1e-5, atol=1e-5)
