@@ -46,6 +46,12 @@ sys.path.insert(0, str(ROOT))
 
 TOLERANCE = 1e-3
 SEQ, VOCAB, IMAGE = 8, 100, 32
+# wav2vec2-style encoders: 3 feature layers of 32 channels (400 samples -> 79 -> 39 -> 19
+# frames), 16-tap positional convolution in 4 groups, 2 layers of hidden 64
+WAVE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
+            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
+WAVE_SAMPLES = 400
 TEXT = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
             max_position_embeddings=64)
 DECODER = dict(TEXT, num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -85,6 +91,9 @@ def _configs() -> dict[str, tuple[str, Callable[[], Any]]]:
             vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
             new_decoder_architecture=False, bos_token_id=1, eos_token_id=2))),
         "whisper-encoder": ("audio", whisper),
+        # raw samples: a conv1d feature encoder (strides 5, 2, 2), a grouped positional conv1d
+        "wav2vec2": ("waveform", lambda: T.Wav2Vec2Model(T.Wav2Vec2Config(**WAVE))),
+        "hubert": ("waveform", lambda: T.HubertModel(T.HubertConfig(**WAVE))),
         "albert": ("text", lambda: T.AlbertModel(T.AlbertConfig(**TEXT, embedding_size=32))),
         "electra": ("text", lambda: T.ElectraModel(T.ElectraConfig(**TEXT, embedding_size=32))),
         "roberta": ("text", lambda: T.RobertaModel(T.RobertaConfig(**TEXT, pad_token_id=1))),
@@ -184,6 +193,8 @@ def _inputs(kind: str, masked: bool, model: Any, rng: np.random.Generator) -> di
         if masked:
             feeds["attention_mask"] = np.array([[1] * (SEQ - 2) + [0, 0]], dtype=np.int64)
         return feeds
+    if kind == "waveform":
+        return {"input_values": rng.standard_normal((1, WAVE_SAMPLES), dtype=np.float32)}
     if kind == "audio":
         cfg = model.config
         return {"input_features": rng.standard_normal((1, cfg.num_mel_bins, 2 * cfg.max_source_positions),
