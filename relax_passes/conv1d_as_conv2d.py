@@ -82,6 +82,7 @@ def _bias_rewrite():
     def rewrite(expr: relax.Expr, matches: dict) -> relax.Expr:
         out, four = matches[shaped], matches[conv]
         if not (isinstance(four.ty, relax.TensorType) and isinstance(out.ty, relax.TensorType)
+                and isinstance(expr.ty, relax.TensorType) and expr.ty.ndim == 3  # the sum broadcasts to 3-D
                 and four.ty.ndim == 4 and out.ty.ndim == 3 and isinstance(four.ty.shape[2], tvm.tirx.IntImm)
                 and int(four.ty.shape[2]) == 1 and isinstance(four.ty.shape[1], tvm.tirx.IntImm)):
             return expr

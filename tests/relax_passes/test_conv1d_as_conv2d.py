@@ -131,12 +131,14 @@ def test_the_bias_and_activation_join_the_convolutions_epilogue():
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_an_add_that_is_not_per_channel_stays_below_the_reshape():
-    """``conv1d(x) + y`` with ``y [1, C, W]`` a constant of its own per element: not a bias."""
+@pytest.mark.parametrize("shape", [(1, 16, 18), (1, 1, 16, 1)], ids=["per-element", "broadcast-to-4d"])
+def test_an_add_that_is_not_a_bias_stays_below_the_reshape(shape):
+    """``conv1d(x) + y`` with ``y [1, C, W]`` (a value per element) or ``y [1, 1, C, 1]``
+    (per channel, but the sum is 4-D): not a bias of the 3-D convolution."""
     rng = np.random.default_rng(4)
     x = rng.standard_normal((1, 8, 20)).astype("float32")
     w = rng.standard_normal((16, 8, 3)).astype("float32")
-    y = rng.standard_normal((1, 16, 18)).astype("float32")
+    y = rng.standard_normal(shape).astype("float32")
     xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [xv]):
