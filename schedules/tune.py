@@ -14,6 +14,8 @@ midway and started again loses nothing: MetaSchedule's JSON database appends eve
 measured batch as it goes.
 
 A batch in which no candidate built raises ``TuningFailed`` with the builder's message.
+A search that raises (MetaSchedule's own rules failing on a workload) raises
+``SearchFailed``: the run goes on, the task keeping what it measured before.
 A candidate that crashes the runner's worker process (a segfault) or runs past
 ``runner_timeout`` seconds is recorded as failed (MetaSchedule commits it with run_secs
 1e10, which ``valid_records`` skips) and the search goes on: the runner kills its worker
@@ -63,6 +65,12 @@ FAILED_SECS = 1e9  # MetaSchedule stores failed candidates with run_secs of 1e10
 
 class TuningFailed(RuntimeError):
     """No candidate of a tuning batch built or ran; the message says why."""
+
+
+class SearchFailed(RuntimeError):
+    """MetaSchedule's search raised for a task (its own schedule rules can fail on a
+    workload they do not foresee: a ``reverse_compute_at`` on Whisper's attention); the
+    task keeps what was measured before, its default schedule among it."""
 
 
 @dataclass
@@ -329,13 +337,19 @@ def search(task: Task, target: tvm.target.Target, db: Any, trials: int, tools: T
         num_threads=tools.cores,
     )
     _warm_start(context, db, task, tools.cost_model)
-    ms.tune_tasks(
-        tasks=[context], task_weights=[1.0], work_dir=work_dir, max_trials_global=trials,
-        max_trials_per_task=trials, num_trials_per_iter=per_iter, builder=tools.builder,
-        runner=tools.runner, database=db, cost_model=tools.cost_model,
-        measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), watch],
-        task_scheduler="round-robin",
-    )
+    try:
+        ms.tune_tasks(
+            tasks=[context], task_weights=[1.0], work_dir=work_dir, max_trials_global=trials,
+            max_trials_per_task=trials, num_trials_per_iter=per_iter, builder=tools.builder,
+            runner=tools.runner, database=db, cost_model=tools.cost_model,
+            measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), watch],
+            task_scheduler="round-robin",
+        )
+    except (RuntimeError, ValueError) as err:  # ScheduleError and the FFI errors derive from them
+        first = str(err).strip().splitlines()
+        detail = next((line.strip() for line in first if "Error" in line), first[0] if first else "")
+        raise SearchFailed(f"task {task.key}: MetaSchedule's search raised after {watch.ok} candidate(s) ran: "
+                           f"{detail[:300]}") from err
     if watch.ok == 0 and watch.errors:
         first = watch.errors[0].strip().splitlines()
         detail = " | ".join(line.strip() for line in first[-3:])

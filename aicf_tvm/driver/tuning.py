@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 from collections import Counter
@@ -52,11 +53,13 @@ from schedules.tune_space import design_spaces, space_count
 from schedules.tune_symbolic import choice_label, kernel_bindings, task_choices, tune_choices
 
 from ..errors import TuningError
-from .frontends import load_model
 from . import tune_model as tm
+from .frontends import load_model
 from .pipeline import run_pipeline
 from .targets import describe, resolve_target
 from .threads import thread_count
+
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -69,6 +72,8 @@ class TuneResult:
     tasks: list[Any] = field(default_factory=list)  # schedules.tune.TaskOutcome
     measured: int = 0  # candidates measured by this run (the default baselines excluded)
     untuned: list[str] = field(default_factory=list)  # task keys left for lack of budget
+    # "kernel of model: message" for a task whose MetaSchedule search raised (it keeps what was measured)
+    search_failed: list[str] = field(default_factory=list)
     # "model: kernel (dims)" not tuned: symbolic extents, and a rule without tunable choices
     symbolic: list[str] = field(default_factory=list)
     measured_on: str = "this machine"  # or "rpc HOST:PORT key KEY (N servers)"
@@ -98,6 +103,8 @@ class TuneResult:
             lines.append(f"  {self.in_model}")
         if self.untuned:
             lines.append(f"  {len(self.untuned)} task(s) not tuned: no trials left for them")
+        for failure in self.search_failed:
+            lines.append(f"  search failed, kept what was measured before (the default at least): {failure}")
         if self.symbolic:
             lines.append(f"  {len(self.symbolic)} kernel(s) with symbolic extents and no tunable choices "
                          "keep their default schedule: "
@@ -366,8 +373,13 @@ def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: 
         step(measured)
         budget -= measured
     if budget > 0 and not exhaustive:
-        st.search(task, result.target, db, budget, tools, work_dir=str(result.work_dir), on_batch=step,
-                  seed=index, spaces=spaces)
+        try:
+            st.search(task, result.target, db, budget, tools, work_dir=str(result.work_dir), on_batch=step,
+                      seed=index, spaces=spaces)
+        except st.SearchFailed as err:
+            model, kernel = task.uses[0]
+            result.search_failed.append(f"{kernel} of {model}: {err}")
+            _LOG.warning("tune: %s of %s: %s; the task keeps what was measured before", kernel, model, err)
     return sm.outcome(task, result.target, db, baseline, tools, skipped=done >= per_task)
 
 

@@ -163,6 +163,24 @@ def test_crashing_and_hanging_candidates_are_recorded_as_failed(faulty_runner, w
     assert failed == [False] * 5 + [True, True, False]
 
 
+def test_a_search_that_raises_keeps_the_task_and_the_run_goes_on(monkeypatch, tmp_path):
+    """MetaSchedule's own rules raised a ``ScheduleError`` (``reverse_compute_at``) inside
+    ``tune_tasks`` on Whisper's attention, and the exception ended ``aicf tune``. Now the
+    task keeps what it measured before the search (its default and our rule's structural
+    neighbours), the summary names the failure, and the records compile and run right."""
+    def raises(**kwargs):
+        raise RuntimeError("ScheduleError: An error occurred in the schedule primitive 'reverse-compute-at'.")
+
+    monkeypatch.setattr(st.ms, "tune_tasks", raises)
+    work_dir = tmp_path / "w"
+    result = aicf_tvm.tune(model(), trials=TRIALS, trials_per_task=TRIALS, work_dir=work_dir, progress=False)
+    (failure,) = result.search_failed
+    assert "reverse-compute-at" in failure and "search failed" in result.summary()
+    (task,) = result.tasks  # judged on what was measured: the default and the neighbours
+    assert task.choice in ("default", "tuned")
+    assert runs_correctly(work_dir)
+
+
 def test_runner_timeout_must_be_positive(tmp_path):
     for bad in (0, -1.5, float("nan"), "10"):
         with pytest.raises(TuningError, match="runner_timeout="):
