@@ -411,6 +411,8 @@ def ours_tuned(model: Model, threads: int, work: Path, budget: int, builds: int 
             f"{won} of {len(result.tasks)} tuned kernels beat the default")
     if result.in_model:  # why the records that won alone were kept or not (``tune_model``)
         note += f"; {result.in_model}"
+    if result.search_failed:  # MetaSchedule's search raised: those tasks kept what they measured
+        note += f"; {len(result.search_failed)} task search(es) raised: " + " | ".join(result.search_failed)
     return ours(model, threads, work, database=str(tuning), builds=builds), note
 
 
