@@ -138,6 +138,17 @@ def register_tile(blocks: int, width: int, vectors_per_block: int,
     ConvNeXt 1.23x end to end), and depthwise 1x8 (56) and 1x7 (14) over 1x12 (0.75 ->
     0.33 ms).
     """
+    dividing, partial = tile_candidates(blocks, width, vectors_per_block, registers)
+    if not dividing:
+        return 1, 1
+    tile, wide = best_tile(dividing), best_tile(partial)
+    return wide if registers >= 32 and 2 * tile[0] * tile[1] < wide[0] * wide[1] else tile
+
+
+def tile_candidates(blocks: int, width: int, vectors_per_block: int,
+                    registers: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Per block count that fits (4, 2, 1), the tile whose columns divide the width (at
+    16 registers, unless that halves the widest) and the widest tile (its last partial)."""
     per_block = max(1, vectors_per_block)
     accumulators = registers - _spare_registers(registers)
     dividing, partial = [], []
@@ -151,14 +162,12 @@ def register_tile(blocks: int, width: int, vectors_per_block: int,
             columns = widest
         dividing.append((vb, columns))
         partial.append((vb, widest))
-    if not dividing:
-        return 1, 1
+    return dividing, partial
 
-    def best(tiles: list[tuple[int, int]]) -> tuple[int, int]:
-        return max(tiles, key=lambda t: (t[0] * t[1], -(t[0] + t[1]) / (t[0] * t[1]), t[1]))
 
-    tile, wide = best(dividing), best(partial)
-    return wide if registers >= 32 and 2 * tile[0] * tile[1] < wide[0] * wide[1] else tile
+def best_tile(tiles: list[tuple[int, int]]) -> tuple[int, int]:
+    """The most FMAs per step, then the fewest loads per FMA, then the most columns."""
+    return max(tiles, key=lambda t: (t[0] * t[1], -(t[0] + t[1]) / (t[0] * t[1]), t[1]))
 
 
 def _split_columns(sch: s_tir.Schedule, x: LoopRV, width: int,
