@@ -8,8 +8,8 @@ one or two columns per step.  Each side is built twice and their calls interleav
 (``ab_gemm_rules.compare_sides``: the ratio, the error against PyTorch and whether the bits
 equal old's, per model).
 
-MODEL: ``IMAGE@SIZE`` (``resnet50@299``: ResNet-50 at 299 px, whose stages are 150, 75,
-38, 19 and 10 wide) or any model ``ab_gemm_rules.make`` builds.
+MODEL: any model ``ab_gemm_rules.make`` builds, ``NAME@SIZE`` a convnet at SIZE px
+(``resnet50@299``: ResNet-50 at 299 px, whose stages are 150, 75, 38, 19 and 10 wide).
 """
 
 from __future__ import annotations

@@ -46,24 +46,13 @@ def use(rules: tuple) -> None:
     gemm_plan.AREA_SLACK, gemm_plan.KC_NEAR_BY_AREA, gemm_schedule.mark_loops = rules
 
 
-IMAGE_MODELS = {"resnet50": ("ResNetForImageClassification", "ResNetConfig", True),
-                "mobilenetv2": ("MobileNetV2ForImageClassification", "MobileNetV2Config", True),
-                "efficientnet": ("EfficientNetForImageClassification", "EfficientNetConfig", True),
-                "convnext": ("ConvNextForImageClassification", "ConvNextConfig", False)}
-
-
 def make(name: str, seq: int = 128) -> bench_peers.Model:
-    """A model of ``bench_peers.build``, ``distilbert``, ``qwen2``, or ``IMAGE@SIZE``: one of
-    ``IMAGE_MODELS`` at SIZE px (``resnet50@299``), sizes no issue names."""
+    """A model of ``bench_peers.build`` (``resnet50@299``: a convnet at another size), or
+    ``distilbert`` or ``qwen2``."""
     import torch
     import transformers as tf
 
     torch.manual_seed(0)
-    base, _, size = name.partition("@")
-    if size and base in IMAGE_MODELS:
-        model_class, config_class, calibrate = IMAGE_MODELS[base]
-        module = getattr(tf, model_class)(getattr(tf, config_class)())
-        return bench_peers._image(name, module, size=int(size), calibrate=calibrate)
     if name == "distilbert":
         return bench_peers._text(name, tf.DistilBertModel(tf.DistilBertConfig()), 30522, 128, mask=True)
     if name == "qwen2":

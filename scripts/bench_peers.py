@@ -74,10 +74,23 @@ DEFAULT_PEERS = ("eager", "inductor", "ort", "openvino", "ours")
 SEQ = 128
 
 
+# convolutional networks that take any image size: ``resnet50@299`` is ResNet-50 at 299 px
+SIZED = ("resnet50", "mobilenetv2", "convnext", "efficientnet", "regnet")
+
+
+def _model_name(name: str) -> str:
+    base, at, size = name.partition("@")
+    known = base in (*TRANSFORMERS, *CONVNETS, *CLASS) or name == "class"
+    if not known or (at and (base not in SIZED or not size.isdigit() or int(size) < 32)):
+        raise argparse.ArgumentTypeError(f"unknown model {name!r} (a size only for {', '.join(SIZED)}, >= 32 px)")
+    return name
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(TRANSFORMERS),
-                        choices=[*TRANSFORMERS, *CONVNETS, *CLASS, "class"])
+    parser.add_argument("--models", nargs="+", default=list(TRANSFORMERS), type=_model_name,
+                        help="names of " + ", ".join([*TRANSFORMERS, *CONVNETS, *CLASS]) + ", or class (all of "
+                        "CLASS); a convnet at another image size: NAME@SIZE (" + ", ".join(SIZED) + ")")
     parser.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS), choices=PEERS)
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds (median)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
@@ -176,10 +189,16 @@ def _audio(name: str, model: Any, shape: tuple[int, ...], key: str) -> Model:
 
 
 def build(name: str, seq: int) -> Model:
+    """The model ``name`` (``NAME@SIZE``: a convnet of ``SIZED`` at SIZE px), text models
+    at ``seq`` tokens."""
     import torch
     import transformers as tf
 
     torch.manual_seed(0)
+    base, _, size = name.partition("@")
+    if size:
+        model = build(base, seq)
+        return _image(name, model.module.model, size=int(size), calibrate=True)
     if name == "bert":
         return _text(name, tf.BertModel(tf.BertConfig()), 30522, seq, mask=True)
     if name == "gpt2":
