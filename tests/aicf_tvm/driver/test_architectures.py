@@ -5,7 +5,8 @@ Each brings an op pattern of its own: Gemma2's soft-capped scores (``tanh(s / c)
 sliding-window mask, ModernBERT's alternating local and global attention, BLOOM's ALiBi
 bias, LeViT's learned attention biases gathered by index and its subsampling attention,
 SegFormer's attention over spatially reduced keys, MobileViT's unfold of feature maps into
-patches and back.  Weights are random; every model is first checked to give different
+patches and back, wav2vec2's conv1d feature encoder (strides 5, 2, 2) and grouped positional
+conv1d on raw samples (``relax_passes.Conv1dAsConv2d``).  Weights are random; every model is first checked to give different
 outputs for different inputs, so a kernel that ignored its input could not pass.
 """
 
@@ -62,8 +63,17 @@ def _mobilevit() -> Any:
         expand_output=False)
 
 
+def _wav2vec2() -> Any:
+    return transformers.Wav2Vec2Model(transformers.Wav2Vec2Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
+        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4))
+
+
 TEXT: dict[str, Callable[[], Any]] = {"gemma2": _gemma2, "modernbert": _modernbert, "bloom": _bloom}
 IMAGES: dict[str, Callable[[], Any]] = {"levit": _levit, "segformer": _segformer, "mobilevit": _mobilevit}
+WAVEFORMS: dict[str, Callable[[], Any]] = {"wav2vec2": _wav2vec2}
+SAMPLES = 400
 
 
 class _LastHidden(torch.nn.Module):
@@ -80,6 +90,8 @@ def _inputs(name: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
     if name in TEXT:
         mask = np.array([[1] * (SEQ - 2) + [0, 0]], dtype=np.int64)  # the last two positions padded
         return {"input_ids": rng.integers(3, VOCAB, (1, SEQ)).astype(np.int64), "attention_mask": mask}
+    if name in WAVEFORMS:
+        return {"input_values": rng.standard_normal((1, SAMPLES), dtype=np.float32)}
     return {"pixel_values": rng.standard_normal((1, 3, IMAGE, IMAGE), dtype=np.float32)}
 
 
@@ -97,11 +109,11 @@ def _calibrate(model: Any, rng: np.random.Generator) -> None:
             model(pixel_values=torch.from_numpy(rng.standard_normal((4, 3, IMAGE, IMAGE), dtype=np.float32)))
 
 
-@pytest.mark.parametrize("name", [*TEXT, *IMAGES])
+@pytest.mark.parametrize("name", [*TEXT, *IMAGES, *WAVEFORMS])
 def test_architecture_matches_pytorch(name):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    model = {**TEXT, **IMAGES}[name]()
+    model = {**TEXT, **IMAGES, **WAVEFORMS}[name]()
     _calibrate(model, rng)
     feeds = [_inputs(name, rng) for _ in range(2)]
     module = _LastHidden(model.eval(), list(feeds[0])).eval()
@@ -113,6 +125,9 @@ def test_architecture_matches_pytorch(name):
     compiled = aicf_tvm.compile(aicf_tvm.from_torch(module, args[0]), target="llvm")
     if name == "modernbert":  # its packed q/k/v view is shared with the rotary path (FuseEmits)
         assert sum(k.kind == "fused_attention" for k in compiled.kernels) == 3
+    if name in WAVEFORMS:  # every conv1d became a conv2d over a height of 1
+        assert not any("conv1d" in k.name for k in compiled.kernels)
+        assert sum("conv2d" in k.name for k in compiled.kernels) >= 4  # 3 feature layers, the positional one
     for f, expected in zip(feeds, want):
         got = compiled(*f.values())
         got = got.numpy() if hasattr(got, "numpy") else np.asarray(got)
