@@ -31,3 +31,9 @@ def special_floats(rng: np.random.Generator, n: int) -> np.ndarray:
     """±0, ±inf and NaN, then distinct random values: ``n`` float32 values."""
     special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan], "float32")
     return np.concatenate([special, rng.standard_normal(n - special.size).astype("float32")])
+
+
+def op_names(mod: tvm.IRModule) -> list[str]:
+    """The ops ``main``'s bindings call, in binding order, over all its blocks."""
+    return [b.value.op.name for block in mod["main"].body.blocks for b in block.bindings
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]

@@ -12,6 +12,7 @@ import aicf_tvm
 from relax_passes.channels_first import ChannelsFirst
 
 from ..conftest import run_vm
+from .helpers import op_names
 
 
 def convnext_block(rng: np.random.Generator, c: int = 16, size: int = 6, leak: bool = False) -> tvm.IRModule:
@@ -39,11 +40,6 @@ def convnext_block(rng: np.random.Generator, c: int = 16, size: int = 6, leak: b
             out = bb.emit_output(relax.Tuple([y, n]) if leak else y)
         bb.emit_func_output(out)
     return bb.get()
-
-
-def op_names(mod: tvm.IRModule) -> list[str]:
-    return [b.value.op.name for b in mod["main"].body.blocks[0].bindings
-            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
 
 
 def test_closed_island_becomes_nchw_ops_with_the_same_values():

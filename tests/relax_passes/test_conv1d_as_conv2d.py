@@ -19,6 +19,7 @@ from aicf_tvm.driver.targets import resolve_target
 from relax_passes.conv1d_as_conv2d import Conv1dAsConv2d
 
 from ..conftest import run_vm
+from .helpers import op_names
 
 
 def conv1d_module(x_shape, w_shape, constant_weight: np.ndarray | None = None, **attrs) -> tvm.IRModule:
@@ -35,14 +36,6 @@ def conv1d_module(x_shape, w_shape, constant_weight: np.ndarray | None = None, *
             out = bb.emit_output(relax.op.nn.conv1d(x, w, **attrs))
         bb.emit_func_output(out)
     return bb.get()
-
-
-def ops(mod: tvm.IRModule) -> list[str]:
-    found = []
-    relax.analysis.post_order_visit(
-        mod["main"], lambda e: found.append(e.op.name) if isinstance(e, relax.Call) and
-        isinstance(e.op, tvm.ir.Op) else None)
-    return found
 
 
 CASES = [  # (channels in, out, taps, length, stride, padding, dilation, groups)
@@ -63,7 +56,7 @@ def test_compiled_conv1d_matches_pytorch(case):
     w = rng.standard_normal((cout, cin // groups, taps)).astype("float32")
     mod = conv1d_module(x.shape, w.shape, constant_weight=w, strides=stride, padding=padding,
                         dilation=dilation, groups=groups)
-    assert ops(Conv1dAsConv2d()(mod)).count("relax.nn.conv2d") == 1
+    assert op_names(Conv1dAsConv2d()(mod)).count("relax.nn.conv2d") == 1
     compiled = aicf_tvm.compile(mod, target="llvm")
 
     def reference(data):
@@ -98,13 +91,13 @@ def test_the_pass_alone_keeps_the_function_and_a_variable_weight():
     w = np.random.default_rng(2).standard_normal((12, 4, 5)).astype("float32")
     before = conv1d_module(x.shape, w.shape, strides=2, padding=(2, 1), groups=2)
     after = Conv1dAsConv2d()(before)
-    assert "relax.nn.conv1d" not in ops(after) and "relax.expand_dims" in ops(after)
+    assert "relax.nn.conv1d" not in op_names(after) and "relax.expand_dims" in op_names(after)
     np.testing.assert_allclose(run_vm(after, x, w)[0], run_vm(before, x, w)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_a_channels_last_conv1d_stays():
     mod = conv1d_module((1, 20, 8), (12, 8, 3), data_layout="NWC", out_layout="NWC")
-    assert ops(Conv1dAsConv2d()(mod)) == ops(mod)
+    assert op_names(Conv1dAsConv2d()(mod)) == op_names(mod)
 
 
 @pytest.mark.skipif(layout_lanes(resolve_target("llvm")) is None, reason="no blocked layouts here")
@@ -148,6 +141,6 @@ def test_an_add_that_is_not_a_bias_stays_below_the_reshape(shape):
         bb.emit_func_output(out)
     before = bb.get()
     after = Conv1dAsConv2d()(before)
-    found = ops(after)
+    found = op_names(after)
     assert found.index("relax.reshape") < found.index("relax.add")
     np.testing.assert_allclose(run_vm(after, x)[0], run_vm(before, x)[0], rtol=1e-5, atol=1e-5)

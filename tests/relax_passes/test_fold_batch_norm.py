@@ -13,6 +13,7 @@ from aicf_tvm.errors import UnsupportedModelError
 from relax_passes.fold_batch_norm import FoldBatchNorm
 
 from ..conftest import run_vm
+from .helpers import op_names
 
 CHANNELS = 4
 _KERNEL_SHAPES = {"OIHW": (CHANNELS, 3, 3, 3), "HWIO": (3, 3, 3, CHANNELS),
@@ -44,11 +45,6 @@ def conv_bn(rng: np.random.Generator, *, center: bool = True, scale: bool = True
             out = bb.emit_output(bn[0])
         bb.emit_func_output(out)
     return bb.get(), x_shape
-
-
-def op_names(mod: tvm.IRModule) -> list[str]:
-    return [b.value.op.name for b in mod["main"].body.blocks[0].bindings
-            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
 
 
 @pytest.mark.parametrize("center,scale",

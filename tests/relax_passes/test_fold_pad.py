@@ -18,6 +18,7 @@ import aicf_tvm
 from relax_passes.fold_pad import FoldPadIntoConv, folded_padding
 
 from ..conftest import run_vm
+from .helpers import op_names
 
 _CONV = {1: relax.op.nn.conv1d, 2: relax.op.nn.conv2d, 3: relax.op.nn.conv3d}
 _TORCH_CONV = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d, 3: torch.nn.functional.conv3d}
@@ -37,11 +38,6 @@ def pad_conv(x_shape, w_shape, widths, *, stride=1, padding=0, dilation=1, group
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     return bb.get()
-
-
-def op_names(mod: tvm.IRModule) -> list[str]:
-    return [b.value.op.name for b in mod["main"].body.blocks[0].bindings
-            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
 
 
 def torch_reference(x, w, widths, stride, padding, dilation, groups, value=0.0) -> np.ndarray:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-import tvm
 import tvm_ffi
-from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
@@ -13,11 +11,7 @@ from tvm.script import tirx as T
 from relax_passes.implicit_broadcasts import ImplicitBroadcasts
 
 from ..conftest import run_vm
-
-
-def _ops(mod: tvm.IRModule) -> list[str]:
-    return [b.value.op.name for blk in mod["main"].body.blocks for b in blk.bindings
-            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+from .helpers import op_names
 
 
 @I.ir_module
@@ -41,7 +35,7 @@ class Broadcasts:
 
 def test_broadcasts_the_consumer_makes_go_and_the_rest_stay():
     after = ImplicitBroadcasts()(Broadcasts)
-    assert _ops(after).count("relax.broadcast_to") == 2 and "relax.full_like" not in _ops(after)
+    assert op_names(after).count("relax.broadcast_to") == 2 and "relax.full_like" not in op_names(after)
     assert tvm_ffi.structural_equal(ImplicitBroadcasts()(after), after)  # idempotent
     rng = np.random.default_rng(21)
     for b, s in ((1, 3), (2, 5)):
