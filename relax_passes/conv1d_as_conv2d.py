@@ -18,6 +18,7 @@ other weight gets an ``expand_dims``. Runs on op-level Relax, before LiftEmits.
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
@@ -58,15 +59,13 @@ def _conv1d_rewrite():
     return pattern, rewrite
 
 
-def _per_channel(constant: relax.Expr, channels: int) -> bool:
-    """Whether ``constant`` broadcasts against ``[N, channels, W]`` as one value per channel
+def _per_channel(value: np.ndarray, channels: int) -> bool:
+    """Whether ``value`` broadcasts against ``[N, channels, W]`` as one value per channel
     (``[channels, 1]``, ``[1, channels, 1]``) or one value (any shape of one element)."""
-    if not isinstance(constant, tvm.ir.Constant):
-        return False
-    shape = list(constant.value.numpy().shape)
-    while shape and shape[0] == 1 and len(shape) > 2:
+    shape = list(value.shape)
+    while len(shape) > 2 and shape[0] == 1:
         shape.pop(0)
-    return constant.value.numpy().size == 1 or shape == [channels, 1]
+    return value.size == 1 or shape == [channels, 1]
 
 
 def _bias_rewrite():
@@ -87,9 +86,11 @@ def _bias_rewrite():
                 and int(four.ty.shape[2]) == 1 and isinstance(four.ty.shape[1], tvm.tirx.IntImm)):
             return expr
         channels = int(four.ty.shape[1])
-        if not _per_channel(matches[bias], channels) or str(matches[bias].ty.dtype) != str(out.ty.dtype):
+        if not isinstance(matches[bias], tvm.ir.Constant) or str(matches[bias].ty.dtype) != str(out.ty.dtype):
             return expr
         value = matches[bias].value.numpy()
+        if not _per_channel(value, channels):
+            return expr
         value = value.reshape(1, channels, 1, 1) if value.size == channels else value.reshape(())
         return relax.op.reshape(relax.op.add(four, relax.const(value)), list(out.ty.shape))
 
