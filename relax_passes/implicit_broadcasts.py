@@ -7,17 +7,35 @@ is ``where(cond, full_like(p, 0), p)``. With static shapes constant folding turn
 constants; with a symbolic batch or length they stay kernels that write a tensor of the
 full shape every call (a copy of the weight per batch element, a tensor of zeros), and
 they sit between ops a fused candidate would cover. This pass replaces such an operand by
-what it broadcasts: ``broadcast_to(b, s)`` by ``b``, ``full_like(x, c)`` of a rank-0
-constant ``c`` (of the result's dtype) by ``c``, wherever the consumer is a pointwise op
-(``is_pointwise``) or a ``matmul`` and its result type stays exactly the same.
+what it broadcasts, wherever the consumer is a pointwise op (``is_pointwise``) or a
+``matmul`` and its result type stays exactly the same:
+
+* ``broadcast_to(b, s)`` by ``b``;
+* ``full_like(x, c)`` of a rank-0 constant ``c`` (of the result's dtype) by ``c``;
+* a constant with two or more axes above 1 whose elements all have the same bits by that
+  element as a rank-0 constant, whether it is a constant already (what folding made of a
+  ``full_like`` or ``zeros``) or what a chain of ops on constants alone computes (SDPA's
+  mask from ``arange``, evaluated here by ``LegalizeOps`` and ``FoldConstant``, as the
+  pipeline folds it later anyway). Per-channel operands (biases, norm scales) keep their
+  shape: the kernels' epilogues take them as they are, and trained ones are not uniform,
+  where a random-init model's zero biases are.
+
+The uniform ones cost at every call: PyTorch's SDPA decomposition adds a zero mask
+``[1, 1, seq, seq]`` and fills fully masked rows from zeros ``[1, heads, seq, seq]``, so a
+ViT-B/16 layer's attention read 2 MB of constant zeros (24 MB of them in the module) for
+nothing; with rank-0 operands it reads two scalars.
 
 Sound: pointwise ops and ``matmul``'s batch axes broadcast their operands by NumPy's rules,
 and broadcasting composes (broadcasting ``b`` to ``s`` and the result to the output is
 broadcasting ``b`` to the output), so when the output shape is unchanged every output
-element reads the same operand elements. A ``matmul``'s last two axes are not broadcast:
-the type check refuses a change there (the shape, or the inference, would differ). Runs
-on op-level Relax, before LiftEmits; the broadcasts left unused go with dead-code
-elimination.
+element reads the same operand elements. A uniform constant is the broadcast of its one
+element; "the same" is bit for bit, so -0.0 and +0.0, or two NaN payloads, are not one
+value. A ``matmul``'s last two axes are not broadcast: the type check refuses a change
+there (the shape, or the inference, would differ). The rank-0 operand must then be read
+as IEEE arithmetic reads it: TVM's TIR simplifier folds an immediate ``x + 0.0`` into
+``x`` (wrong for x = -0.0), so a zero must stay a buffer where it is added, as our
+``LowerEmits`` keeps it (``lower_emits.bind_scalar_ports``). Runs on op-level Relax,
+before LiftEmits; the broadcasts and chains left unused go with dead-code elimination.
 """
 
 from __future__ import annotations
@@ -31,6 +49,11 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from aicf_tvm.kinds.describe import is_pointwise
+
+from .bounded_tables import evaluate_at_bounds
+
+# Elements of the largest constant-only chain evaluated to learn whether it is uniform.
+MAX_EVALUATED = 1 << 22
 
 
 def broadcast_source(value: Any) -> Any:
@@ -47,8 +70,85 @@ def broadcast_source(value: Any) -> Any:
     return None
 
 
+def uniform_constant(value: Any) -> Any:
+    """A constant tensor (rank 1 or more) whose elements all have the same bits, as the
+    rank-0 constant of that element; else None."""
+    if not isinstance(value, tvm.ir.Constant) or not isinstance(value.ty, relax.TensorType) or value.ty.ndim < 1:
+        return None
+    data = value.value.numpy()
+    if data.size == 0:
+        return None
+    bits = data.reshape(-1).view(f"u{data.dtype.itemsize}") if data.dtype.itemsize in (1, 2, 4, 8) else None
+    if bits is None or not (bits == bits[0]).all():
+        return None
+    return relax.const(data.reshape(-1)[:1].reshape(()), str(value.ty.dtype))
+
+
+def constant_chain(var: relax.Var, lookup: Any) -> list[relax.VarBinding] | None:
+    """The bindings that compute ``var`` from constants alone (pure op calls whose operands
+    are constants, shapes or such variables), in program order with ``var`` last; None
+    when ``var`` reads anything else (a parameter, a ``call_tir``, an impure op)."""
+    order: list[relax.VarBinding] = []
+    seen: set = set()
+
+    def visit(v: relax.Var) -> bool:
+        if v in seen:
+            return True
+        value = lookup(v)
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)) \
+                or value.op.name.startswith("relax.call_") or not value.op.get_attr("FPurity"):
+            return False
+        for a in value.args:
+            if isinstance(a, relax.Var):
+                if not visit(a):
+                    return False
+            elif isinstance(a, relax.Call) or relax.analysis.free_vars(a):
+                return False
+        seen.add(v)
+        order.append(relax.VarBinding(v, value))
+        return True
+
+    return order if visit(var) else None
+
+
+def _static_size(ty: Any) -> int | None:
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = ty.shape.values
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return int(np.prod([int(d) for d in dims]))
+
+
+def _spans_axes(expr: Any) -> bool:
+    """Whether ``expr`` has two axes or more of extent above 1: a mask or a fill, not a
+    per-channel bias or scale. Those keep their shape: the kernels' epilogues take them as
+    they are, and trained ones are not uniform (a random-init model's zero biases are)."""
+    ty = expr.ty if isinstance(expr, relax.Expr) else None
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return False
+    return sum(1 for d in ty.shape.values if not (isinstance(d, tvm.tirx.IntImm) and int(d) == 1)) >= 2
+
+
 @mutator
 class _Dropper(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.evaluated: dict = {}  # var -> its rank-0 value, or None
+
+    def uniform_chain(self, var: relax.Var) -> Any:
+        """The rank-0 value of ``var`` when a chain of ops on constants computes it and
+        every element it computes has the same bits (``constant_chain``); else None."""
+        if var not in self.evaluated:
+            size = _static_size(var.ty)
+            chain = constant_chain(var, self.lookup_binding) if size and size <= MAX_EVALUATED else None
+            try:
+                value = evaluate_at_bounds(chain, {}) if chain else None
+            except Exception:  # noqa: BLE001 - an op LegalizeOps cannot build: the chain stays
+                value = None
+            self.evaluated[var] = uniform_constant(value)
+        return self.evaluated[var]
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
         if not (is_pointwise(call) or (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul")):
@@ -57,6 +157,10 @@ class _Dropper(PyExprMutator):
         for i, arg in enumerate(args):
             bound = self.lookup_binding(arg) if isinstance(arg, relax.Var) else None
             source = broadcast_source(bound)
+            if source is None and _spans_axes(arg):
+                source = uniform_constant(arg if bound is None else bound)  # a constant, or a binding of one
+                if source is None and bound is not None and not isinstance(bound, tvm.ir.Constant):
+                    source = self.uniform_chain(arg)
             if source is None:
                 continue
             trial = args[:i] + [source] + args[i + 1:]
@@ -83,4 +187,4 @@ class ImplicitBroadcasts:
         return relax.transform.DeadCodeElimination()(dropper.builder_.get())
 
 
-__all__ = ["ImplicitBroadcasts", "broadcast_source"]
+__all__ = ["ImplicitBroadcasts", "broadcast_source", "constant_chain", "uniform_constant"]

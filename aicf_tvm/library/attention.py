@@ -91,6 +91,7 @@ def attention_variants() -> list[Variant]:
         if mask:
             r["mask"] = dpl.wildcard()
             s = r["mask_add"] = commutative("relax.add", s, r["mask"])
+            s = views(s)  # SinkReshapes moves the scores' reshape below a scalar mask
         p = r["softmax"] = op("relax.nn.softmax")(s)
         if safe:
             p = r["safe"] = _safe_tail(r, s, p)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import tvm
 import tvm_ffi
+from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
+import aicf_tvm
 from relax_passes.implicit_broadcasts import ImplicitBroadcasts
 
 from ..conftest import run_vm
@@ -44,3 +47,53 @@ def test_broadcasts_the_consumer_makes_go_and_the_rest_stay():
                 rng.standard_normal((1, 4)).astype("float32")]
         for got, want in zip(run_vm(after, *args), run_vm(Broadcasts, *args)):
             np.testing.assert_array_equal(got, want)
+
+
+_MIXED_ZEROS = np.zeros((2, 3, 5, 5), "float32")
+_MIXED_ZEROS[1, 2, 3, 4] = -0.0  # the same value, other bits: x + (-0.0) keeps a -0.0 that x + 0.0 does not
+_NANS = np.full((3, 5), np.nan, "float32")
+_NANS.view("uint32")[0, 0] |= 1  # another NaN payload
+
+
+@I.ir_module
+class Uniform:
+    @R.function
+    def main(s: R.Tensor((2, 3, 5, 5), "float32"), x: R.Tensor((3, 5), "float32"), v: R.Tensor((5,), "float32")):
+        with R.dataflow():
+            pos = R.arange(0, 5, 1, dtype="int64")  # SDPA's mask as torch.export leaves it: all kept
+            keep = R.greater_equal(R.expand_dims(pos, axis=[0, 1, 3]), R.const(0, "int64"))
+            mask = R.where(R.broadcast_to(keep, R.shape([1, 1, 5, 5])), R.const(0.0, "float32"),
+                           R.const(float("-inf"), "float32"))
+            masked = R.add(s, mask)  # a chain of ops on constants, all +0.0: a scalar
+            filled = R.where(R.less(s, R.const(0.0, "float32")), R.const(np.zeros((2, 3, 5, 5), "float32")), s)  # a scalar
+            mixed = R.add(s, R.const(_MIXED_ZEROS))  # -0.0 among +0.0: stays
+            nans = R.multiply(x, R.const(_NANS))  # two NaN payloads: stays
+            bias = R.add(x, R.const(np.zeros((5,), "float32")))  # per channel: stays
+            ones = R.add(v, R.const(np.ones((3, 5), "float32")))  # its shape makes the output's: stays
+            R.output(masked, filled, mixed, nans, bias, ones)
+        return (masked, filled, mixed, nans, bias, ones)
+
+
+def _tensor_constants(mod) -> list:
+    found = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(tuple(e.value.shape))
+                                    if isinstance(e, tvm.ir.Constant) and isinstance(e.ty, relax.TensorType)
+                                    and e.ty.ndim > 0 else None)
+    return found
+
+
+def test_a_uniform_constant_operand_becomes_its_one_element():
+    after = ImplicitBroadcasts()(Uniform)
+    assert "relax.arange" not in op_names(after)  # the mask chain went with its last use
+    assert sorted(_tensor_constants(after)) == [(2, 3, 5, 5), (3, 5), (3, 5), (5,)]
+    s = np.random.default_rng(22).standard_normal((2, 3, 5, 5)).astype("float32")
+    s.reshape(-1)[:6] = [-0.0, 0.0, np.inf, -np.inf, np.nan, -0.0]
+    s[1, 2, 3, 4] = -0.0
+    x = np.random.default_rng(23).standard_normal((3, 5)).astype("float32")
+    v = np.array([-0.0, 1.5, -2.0, np.inf, np.nan], "float32")
+    # TVM's default build of the rewritten module would not do: its TIR simplifier folds an
+    # immediate ``x + 0.0`` into ``x``, which keeps a -0.0. Ours keeps such a zero a buffer
+    # (``lower_emits.bind_scalar_ports``), and must give the original's bits.
+    ours = aicf_tvm.compile(after, target="llvm")(s, x, v)
+    for got, want in zip(ours, run_vm(Uniform, s, x, v)):
+        np.testing.assert_array_equal(np.asarray(got).view("uint32"), want.view("uint32"))

@@ -1,0 +1,35 @@
+"""Uniform constant operands as scalars against keeping them whole, in one process:
+``python scripts/ab_uniform_constants.py [MODEL ...]``.
+
+"new" is the default build: ``ImplicitBroadcasts`` gives a pointwise op the one element
+of a constant operand whose elements all have the same bits (SDPA's zero mask and the
+zeros its all-masked-row guard fills from).  "old" keeps such operands whole, as before,
+inside the same process.  Each side is built twice and their calls interleaved
+(``ab_gemm_rules.compare_sides``: the ratio, the error against PyTorch and whether the
+bits equal old's, per model).
+
+MODEL: any model ``ab_gemm_rules.make`` builds.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_gemm_rules import compare_main
+
+from relax_passes import implicit_broadcasts
+
+NEW = implicit_broadcasts.uniform_constant
+
+
+def use(uniform) -> None:
+    implicit_broadcasts.uniform_constant = uniform
+
+
+if __name__ == "__main__":
+    compare_main(__doc__, {"old": lambda: use(lambda value: None), "new": lambda: use(NEW)}, lambda: use(NEW),
+                 ["vit", "bert", "gpt2", "llama"], 128)
