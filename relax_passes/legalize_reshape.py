@@ -1,4 +1,4 @@
-"""Reshapes of symbolic shapes legalized axis group by axis group.
+"""Reshapes legalized axis group by axis group.
 
 TOPI's reshape flattens the whole output index and unravels it in the input shape. With a
 symbolic extent the divisions by products of extents (``(o0 * seq + o1) // (seq * 2)``)
@@ -11,10 +11,14 @@ sides, and each input index is computed from the output indices of its own group
 ``[batch, 1, 2] -> [batch * 2]`` indexes ``(o // 2, 0, o % 2)`` and an axis in a group of
 its own is indexed as it is.
 
+Static shapes take the same kernel: TOPI's flat index, once a fused kernel inlines it,
+stays half simplified (GPT-2's ``[128, 3072] -> [1, 128, 3072]`` read the GEMM's result at
+``(j // 3072 + i) % 128``: nothing bounds ``j`` where the index is built), and the GEMM rule
+then could not place the GELU epilogue inside its tile; grouped, the read is ``[i, j]``.
+
 ``group_axes`` finds the groups by factoring each extent into a constant and a multiset of
 symbolic factors, extending the side whose product divides the other's until they are
-equal; a reshape it cannot group, and every reshape of static shapes, keeps TOPI's
-kernel. Sound: within a group the row-major flat index of the output indices is the one
+equal; a reshape it cannot group keeps TOPI's kernel. Sound: within a group the row-major flat index of the output indices is the one
 of the input indices (the groups' products are equal and the groups are consecutive), so
 the element read is the one TOPI's kernel reads. Used as the ``relax.reshape`` entry of
 ``LegalizeOps`` in ``LowerEmits``; ``RewriteDataflowReshape`` still recognizes the kernel
@@ -112,8 +116,7 @@ def legalize_reshape(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         shape = bb.lookup_binding(shape)
     src = list(x.ty.shape.values) if isinstance(x.ty.shape, relax.ShapeExpr) else None
     dst = list(shape.values) if isinstance(shape, relax.ShapeExpr) else None
-    symbolic = src is not None and dst is not None and not all(isinstance(d, tirx.IntImm) for d in src + dst)
-    groups = group_axes(src, dst) if symbolic else None
+    groups = group_axes(src, dst) if src is not None and dst is not None else None
     if groups is None:
         return bb.call_te(topi.reshape, x, shape, primfunc_name_hint="reshape")
 

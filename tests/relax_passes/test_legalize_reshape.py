@@ -77,3 +77,51 @@ def test_grouped_kernel_divides_only_within_groups():
     text = "\n".join(f.script() for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc))
     assert "// T.int64(2)" in text and "% T.int64(2)" in text
     assert "// s" not in text and "% s" not in text and "// (s" not in text
+
+
+def test_static_reshapes_index_plainly():
+    """[24, 48] -> [1, 24, 48] (GPT-2's GEMM result back to 3-D) reads x[i, j], and
+    [1, 6, 4, 48] -> [24, 48] x[0, o // 4, o % 4, j]: no division by a whole row's length."""
+    mod = relax.transform.LegalizeOps({"relax.reshape": legalize_reshape})(
+        _reshape_module([_i(24), _i(48)], [_i(24), _i(48)], [_i(1), _i(24), _i(48)]))
+    text = "\n".join(f.script() for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc))
+    assert "//" not in text and "%" not in text
+    mod = relax.transform.LegalizeOps({"relax.reshape": legalize_reshape})(
+        _reshape_module([_i(1), _i(6), _i(4), _i(48)], [_i(1), _i(6), _i(4), _i(48)], [_i(24), _i(48)]))
+    text = "\n".join(f.script() for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc))
+    assert "// T.int64(4)" in text and "% T.int64(4)" in text and "192" not in text
+
+
+def test_a_gemm_epilogue_behind_a_static_reshape_runs_in_the_gemm_tiles():
+    """GPT-2's MLP input as PyTorch writes it: ``addmm`` on a 2-D view, the result viewed
+    back to 3-D, then the tanh GELU by elementwise ops. One parallel loop (the epilogue
+    inside the GEMM's tiles, not a pass of its own over the result; TOPI's static reshape
+    left two), and PyTorch's values, a row holding +inf, -inf and NaN included."""
+    import math
+
+    import torch
+
+    import aicf_tvm
+
+    class MLP(torch.nn.Module):
+        def __init__(self, k: int, n: int) -> None:
+            super().__init__()
+            g = torch.Generator().manual_seed(12)
+            self.w = torch.nn.Parameter(torch.randn(k, n, generator=g) * 0.2)
+            self.b = torch.nn.Parameter(torch.randn(n, generator=g))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.addmm(self.b, x.view(-1, x.size(-1)), self.w).view(1, x.shape[1], self.w.shape[1])
+            return 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+
+    m, k, n = 40, 64, 96
+    model = MLP(k, n).eval()
+    x = torch.randn(1, m, k, generator=torch.Generator().manual_seed(13))
+    compiled = aicf_tvm.compile(aicf_tvm.from_torch(model, (x,)), target=llvm_target())
+    (gemm,) = [f for f in compiled.lowered.functions.values()
+               if isinstance(f, tirx.PrimFunc) and "gemm" in str(f.attrs.get("aicf.kind", ""))]
+    assert gemm.script().count("T.parallel") == 1
+    x[0, 3, :3] = torch.tensor([np.inf, -np.inf, np.nan])
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(np.asarray(compiled(x.numpy())), want, rtol=2e-5, atol=2e-5)
