@@ -188,16 +188,17 @@ def _audio(name: str, model: Any, shape: tuple[int, ...], key: str) -> Model:
     return Model(name, Audio().eval(), (x,), (key,), (y,))
 
 
-def build(name: str, seq: int) -> Model:
+def build(name: str, seq: int, calibrate: bool = True) -> Model:
     """The model ``name`` (``NAME@SIZE``: a convnet of ``SIZED`` at SIZE px), text models
-    at ``seq`` tokens."""
+    at ``seq`` tokens; ``calibrate=False`` leaves a convnet's batch norms at init (for
+    ``NAME@SIZE``, which calibrates them at SIZE)."""
     import torch
     import transformers as tf
 
     torch.manual_seed(0)
     base, _, size = name.partition("@")
     if size:
-        model = build(base, seq)
+        model = build(base, seq, calibrate=False)
         return _image(name, model.module.model, size=int(size), calibrate=True)
     if name == "bert":
         return _text(name, tf.BertModel(tf.BertConfig()), 30522, seq, mask=True)
@@ -210,20 +211,20 @@ def build(name: str, seq: int) -> Model:
     if name == "vit":
         return _image(name, tf.ViTModel(tf.ViTConfig(), add_pooling_layer=False))
     if name == "resnet50":
-        return _image(name, tf.ResNetForImageClassification(tf.ResNetConfig()), calibrate=True)
+        return _image(name, tf.ResNetForImageClassification(tf.ResNetConfig()), calibrate=calibrate)
     if name == "mobilenetv2":
-        return _image(name, tf.MobileNetV2ForImageClassification(tf.MobileNetV2Config()), calibrate=True)
+        return _image(name, tf.MobileNetV2ForImageClassification(tf.MobileNetV2Config()), calibrate=calibrate)
     if name == "convnext":
         return _image(name, tf.ConvNextForImageClassification(tf.ConvNextConfig()))
-    return _class_model(name, seq)
+    return _class_model(name, seq, calibrate)
 
 
-def _class_model(name: str, seq: int) -> Model:
+def _class_model(name: str, seq: int, calibrate: bool = True) -> Model:
     """The architectures of ``CLASS``: default configs (ALBERT at base size), decoders and
     the T5 encoder at small sizes (4-6 layers)."""
     import transformers as tf
 
-    small = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16)
+    small = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 4, "num_attention_heads": 16}
     if name == "distilbert":
         return _text(name, tf.DistilBertModel(tf.DistilBertConfig()), 30522, seq, mask=True)
     if name == "roberta":
@@ -283,9 +284,9 @@ def _class_model(name: str, seq: int) -> Model:
     if name == "swin":
         return _image(name, tf.SwinForImageClassification(tf.SwinConfig()))
     if name == "efficientnet":
-        return _image(name, tf.EfficientNetForImageClassification(tf.EfficientNetConfig()), calibrate=True)
+        return _image(name, tf.EfficientNetForImageClassification(tf.EfficientNetConfig()), calibrate=calibrate)
     if name == "regnet":
-        return _image(name, tf.RegNetForImageClassification(tf.RegNetConfig()), calibrate=True)
+        return _image(name, tf.RegNetForImageClassification(tf.RegNetConfig()), calibrate=calibrate)
     raise SystemExit(f"unknown model {name!r}")
 
 
