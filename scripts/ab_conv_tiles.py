@@ -20,11 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ab_gemm_rules import compare_main
+from ab_gemm_rules import patched_main
 
 from schedules.cpu import conv2d_blocked
-
-NEW = conv2d_blocked.register_tile
 
 
 def dividing_tile(blocks: int, width: int, vectors_per_block: int, registers: int = 32) -> tuple[int, int]:
@@ -33,10 +31,6 @@ def dividing_tile(blocks: int, width: int, vectors_per_block: int, registers: in
     return conv2d_blocked.best_tile(dividing) if dividing else (1, 1)
 
 
-def use(tile) -> None:
-    conv2d_blocked.register_tile = tile
-
-
 if __name__ == "__main__":
-    compare_main(__doc__, {"old": lambda: use(dividing_tile), "new": lambda: use(NEW)}, lambda: use(NEW),
-                 ["resnet50@299", "efficientnet@260", "convnext@288", "resnet50"], 128)
+    patched_main(__doc__, conv2d_blocked, "register_tile", dividing_tile,
+                 ["resnet50@299", "efficientnet@260", "convnext@288", "resnet50"])

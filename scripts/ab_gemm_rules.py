@@ -25,17 +25,18 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_peers  # noqa: E402
+import bench_peers
 
-import aicf_tvm  # noqa: E402
-from schedules.cpu import gemm as gemm_schedule  # noqa: E402
-from schedules.cpu import gemm_plan  # noqa: E402
+import aicf_tvm
+from schedules.cpu import gemm as gemm_schedule
+from schedules.cpu import gemm_plan
 
 BUILDS, PAIRS = 2, 24
 NEW = (gemm_plan.AREA_SLACK, gemm_plan.KC_NEAR_BY_AREA, gemm_schedule.mark_loops)
@@ -118,6 +119,18 @@ def compare_main(doc: str, sides: dict[str, Callable[[], None]], reset: Callable
     args = parser.parse_args()
     for name in args.models:
         print(f"seq {args.seq:<5d} {compare_sides(name, sides, reset, seq=args.seq)}", flush=True)
+
+
+def patched_main(doc: str, owner: Any, attr: str, old: Any, models: list[str], seq: int = 128) -> None:
+    """``compare_main`` of two sides that differ in one attribute: "old" sets
+    ``owner.attr`` to ``old``, "new" keeps what it is (the default build), which is put
+    back after the builds."""
+    new = getattr(owner, attr)
+
+    def use(value: Any) -> None:
+        setattr(owner, attr, value)
+
+    compare_main(doc, {"old": lambda: use(old), "new": lambda: use(new)}, lambda: use(new), models, seq)
 
 
 def compare(name: str) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ab_gemm_rules import compare_main
+from ab_gemm_rules import patched_main
 from tvm import relax, tirx, topi
 
 from relax_passes import legalize_reshape as grouped
@@ -40,10 +40,5 @@ def topi_when_static(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return NEW(bb, call)
 
 
-def use(legalize) -> None:
-    lower_emits.legalize_reshape = legalize
-
-
 if __name__ == "__main__":
-    compare_main(__doc__, {"old": lambda: use(topi_when_static), "new": lambda: use(NEW)}, lambda: use(NEW),
-                 ["gpt2", "bert", "llama", "vit"], 128)
+    patched_main(__doc__, lower_emits, "legalize_reshape", topi_when_static, ["gpt2", "bert", "llama", "vit"])

@@ -19,17 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ab_gemm_rules import compare_main
+from ab_gemm_rules import patched_main
 
 from relax_passes import implicit_broadcasts
 
-NEW = implicit_broadcasts.uniform_constant
-
-
-def use(uniform) -> None:
-    implicit_broadcasts.uniform_constant = uniform
-
-
 if __name__ == "__main__":
-    compare_main(__doc__, {"old": lambda: use(lambda value: None), "new": lambda: use(NEW)}, lambda: use(NEW),
-                 ["vit", "bert", "gpt2", "llama"], 128)
+    patched_main(__doc__, implicit_broadcasts, "uniform_constant", lambda value: None,
+                 ["vit", "bert", "gpt2", "llama"])
