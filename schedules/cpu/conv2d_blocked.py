@@ -129,7 +129,10 @@ def register_tile(blocks: int, width: int, vectors_per_block: int,
     ``schedule_dense``): a prime width such as 199 would otherwise take one column per
     step (wav2vec2's feature encoder as conv2ds over a height of 1, widths 1599, 799,
     399 and 199 on 2 Zen 4 cores: 799 outputs went 12.7 -> 6.4 ms, now as fast as the
-    im2col GEMM or faster), while widths 7 and 49 keep 2 blocks by 7 columns.
+    im2col GEMM or faster), while widths 7 and 49 keep 2 blocks by 7 columns. A tile
+    with a partial last tile holds at most half the registers as accumulators (1 x 14,
+    not 2 x 14): tuning ResNet-50 at 299 px on 2 Zen 4 cores chose 1 x 14 over 2 x 14 in
+    6 of the 8 tasks of widths 38 and 19, each 8-23% faster in the model.
     With 16 (AVX2: 12 for the tile) they divide it unless the widest dividing count is
     under half the widest that fits; then the widest runs, its last, partial tile apart.
     On a 2-core Zen 3 slice, tuning the plans chose 2x4 (widths 56,
@@ -142,7 +145,10 @@ def register_tile(blocks: int, width: int, vectors_per_block: int,
     if not dividing:
         return 1, 1
     tile, wide = best_tile(dividing), best_tile(partial)
-    return wide if registers >= 32 and 2 * tile[0] * tile[1] < wide[0] * wide[1] else tile
+    if not (registers >= 32 and 2 * tile[0] * tile[1] < wide[0] * wide[1]):
+        return tile
+    held = [t for t in partial if t[0] * max(1, vectors_per_block) * t[1] <= registers // 2]
+    return best_tile(held) if held else wide
 
 
 def tile_candidates(blocks: int, width: int, vectors_per_block: int,

@@ -275,9 +275,12 @@ def test_register_tile_fits_the_accumulators():
     assert register_tile(blocks=2, width=13, vectors_per_block=1) == (2, 13)
     assert register_tile(blocks=2, width=13, vectors_per_block=2) == (1, 13)
     # a width whose divisors make tiles under half the accumulators of a partial tile's
-    # (199 prime, 799 = 17 x 47) takes the widest, its last tile partial; 7 and 49 keep 2x7
-    assert register_tile(blocks=32, width=199, vectors_per_block=1) == (2, 14)
-    assert register_tile(blocks=32, width=799, vectors_per_block=1) == (2, 14)
+    # (199 prime, 799 = 17 x 47, ResNet-50's 38 and 19 at 299 px) takes a partial last tile,
+    # of at most 16 accumulators: 1x14, not 2x14; 7 and 49 keep 2x7
+    assert register_tile(blocks=32, width=199, vectors_per_block=1) == (1, 14)
+    assert register_tile(blocks=32, width=799, vectors_per_block=1) == (1, 14)
+    assert register_tile(blocks=8, width=38, vectors_per_block=1) == (1, 14)
+    assert register_tile(blocks=16, width=19, vectors_per_block=1) == (1, 14)
     assert register_tile(blocks=32, width=49, vectors_per_block=1) == (2, 7)
     assert register_tile(blocks=32, width=7, vectors_per_block=1) == (2, 7)
     # AVX2: 12 registers for the accumulators and the weights (4x3 would leave the weights
