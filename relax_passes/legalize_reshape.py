@@ -18,9 +18,10 @@ then could not place the GELU epilogue inside its tile; grouped, the read is ``[
 
 ``group_axes`` finds the groups by factoring each extent into a constant and a multiset of
 symbolic factors, extending the side whose product divides the other's until they are
-equal; a reshape it cannot group keeps TOPI's kernel. Sound: within a group the row-major flat index of the output indices is the one
-of the input indices (the groups' products are equal and the groups are consecutive), so
-the element read is the one TOPI's kernel reads. Used as the ``relax.reshape`` entry of
+equal; a reshape it cannot group keeps TOPI's kernel. Sound: within a group the
+row-major flat index of the output indices is the one of the input indices (the groups'
+products are equal and the groups are consecutive), so the element read is the one
+TOPI's kernel reads. Used as the ``relax.reshape`` entry of
 ``LegalizeOps`` in ``LowerEmits``; ``RewriteDataflowReshape`` still recognizes the kernel
 as a reshape.
 """
