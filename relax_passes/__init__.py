@@ -12,6 +12,7 @@ from .eliminate_emits import EliminateEmits
 from .fold_batch_norm import FoldBatchNorm
 from .fold_pad import FoldPadIntoConv
 from .fuse_emits import FuseEmits
+from .ieee_fold import FoldConstantIEEE
 from .lift_emits import LiftEmits
 from .lower_emits import LowerEmits
 from .materialize_emits import MaterializeEmits
@@ -19,5 +20,6 @@ from .normalize_indices import NormalizeIndices
 from .propagate_contracts import PropagateContracts
 from .sink_reshapes import SinkReshapes
 
-__all__ = ["BoundShapes", "ChannelsFirst", "CombineProjections", "EliminateEmits", "FoldBatchNorm", "FoldPadIntoConv", "FuseEmits",
+__all__ = ["BoundShapes", "ChannelsFirst", "CombineProjections", "EliminateEmits", "FoldBatchNorm", "FoldConstantIEEE",
+           "FoldPadIntoConv", "FuseEmits",
            "LiftEmits", "LowerEmits", "MaterializeEmits", "NormalizeIndices", "PropagateContracts", "SinkReshapes"]

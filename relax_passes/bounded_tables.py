@@ -35,6 +35,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE, rule_for
 
 from .bound_shapes import bounds_of
+from .ieee_fold import scalars_as_buffers
 
 # Elements a precomputed table may hold (a 512 x 128 float32 table is 256 KiB).
 MAX_TABLE_ELEMENTS = 1 << 20
@@ -147,8 +148,9 @@ def evaluate_at_bounds(bindings: list[relax.VarBinding], bounds: dict[str, int])
     # a shape parameter defines the dims, so that they can be bound
     func = relax.Function([relax.Var("dims", relax.ShapeType(dims))], body, out.ty)
     func = func.bind_symbolic_vars({v: tirx.const(bounds[v.name], v.ty.dtype) for v in dims})
-    legal = relax.transform.LegalizeOps()(tvm.IRModule({"main": func}))
-    folded = relax.transform.FoldConstant()(legal)["main"]
+    with scalars_as_buffers():  # IEEE float arithmetic, not TVM's folds of immediates
+        legal = relax.transform.LegalizeOps()(tvm.IRModule({"main": func}))
+        folded = relax.transform.FoldConstant()(legal)["main"]
     result = folded.body.body if isinstance(folded.body, relax.SeqExpr) else folded.body
     if isinstance(result, relax.Var):
         for block in folded.body.blocks:

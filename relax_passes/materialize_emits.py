@@ -16,7 +16,7 @@ compile time the work that needs only constants (docs/design.md §6).
    candidate's benefit. The next FuseEmits round then takes the candidate.
 2. Fold. An effect-free single-op Emit whose inputs are all constants (a weight
    transposed for a GEMM, a broadcast mask) is evaluated now, by TVM's ``FoldConstant``
-   with the op's own legalization, so no kernel runs per inference.
+   with the op's own legalization (``FoldConstantIEEE``: rank-0 float constants as buffers), so no kernel runs per inference.
 
 3. Layouts. Given the target's vector width (``lanes``), chains of convolutions are
    blocked (``NCHW{b}c``) where the cost model says so, with ``layout_transform`` Emits at
@@ -50,6 +50,7 @@ from aicf_tvm.report import Decision, FusionReport
 
 from .fuse_emits import _bytes, _Planner
 from .group_rewrite import body_at_call_site, drop_unused_emits, with_blocks
+from .ieee_fold import FoldConstantIEEE
 from .lift_emits import build_emit_function
 from .materialize_layouts import materialize_layouts
 
@@ -243,5 +244,5 @@ class MaterializeEmits:
         if not changed:
             return mod
         with_blocks(bb, mod, self.func_name, blocks)
-        out = relax.transform.FoldConstant()(bb.get())
+        out = FoldConstantIEEE()(bb.get())
         return drop_unused_emits(relax.transform.CanonicalizeBindings()(out))

@@ -35,6 +35,7 @@ from relax_passes.combine_projections import CombineProjections
 from relax_passes.conv1d_as_conv2d import Conv1dAsConv2d
 from relax_passes.fold_batch_norm import FoldBatchNorm
 from relax_passes.fold_pad import FoldPadIntoConv
+from relax_passes.ieee_fold import FoldConstantIEEE
 from relax_passes.implicit_broadcasts import ImplicitBroadcasts
 from relax_passes.normalize_indices import NormalizeIndices
 from relax_passes.prepack_weights import mark_layout_free, prepack_weights
@@ -69,7 +70,7 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     gather read in bounds (``relax_passes.NormalizeIndices``: modules need not come through
     our importers), precompute float tables of bounded ``arange`` positions up to the bound
     (``relax_passes.PrecomputeBoundedTables``: a dynamic build's rotary tables), fold what
-    is computable at compile time (weights; batch-norm into conv
+    is computable at compile time (weights, with IEEE float arithmetic: ``relax_passes.FoldConstantIEEE``; batch-norm into conv
     weights where exact, ``relax_passes.FoldBatchNorm``, which decomposes every other
     batch-norm by its own ``training`` flag before TVM's inference decomposition could
     misread it; zero pads into the convolutions that read them, ``relax_passes.FoldPadIntoConv``;
@@ -83,15 +84,15 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     seq = [
         relax.transform.ConvertToDataflow(min_size=1),
         BoundShapes(),
-        relax.transform.FoldConstant(),
+        FoldConstantIEEE(),
         NormalizeIndices(),
         PrecomputeBoundedTables(),
         FoldBatchNorm(),
         FoldPadIntoConv(),
         ClipPoolWindows(),
-        relax.transform.FoldConstant(),
+        FoldConstantIEEE(),
         relax.transform.DecomposeOpsForInference(),
-        relax.transform.FoldConstant(),
+        FoldConstantIEEE(),
         CombineProjections(),
         ImplicitBroadcasts(),
         SinkReshapes(),
