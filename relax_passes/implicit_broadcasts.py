@@ -84,31 +84,47 @@ def uniform_constant(value: Any) -> Any:
     return relax.const(data.reshape(-1)[:1].reshape(()), str(value.ty.dtype))
 
 
-def constant_chain(var: relax.Var, lookup: Any) -> list[relax.VarBinding] | None:
-    """The bindings that compute ``var`` from constants alone (pure op calls whose operands
-    are constants, shapes or such variables), in program order with ``var`` last; None
-    when ``var`` reads anything else (a parameter, a ``call_tir``, an impure op)."""
+def _on_constants(value: Any, constant: set) -> bool:
+    """Whether ``value`` is a pure op call whose operands are constants, shapes or
+    variables of ``constant``."""
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)) \
+            or value.op.name.startswith("relax.call_") or not value.op.get_attr("FPurity"):
+        return False
+    return all(a in constant if isinstance(a, relax.Var)
+               else not isinstance(a, relax.Call) and not relax.analysis.free_vars(a) for a in value.args)
+
+
+def constant_vars(func: relax.Function) -> set:
+    """The variables of ``func`` that chains of pure op calls compute from constants alone,
+    found in one pass over its bindings in program order (``constant_chain``'s domain)."""
+    constant: set = set()
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if isinstance(binding, relax.VarBinding) and _on_constants(binding.value, constant):
+                constant.add(binding.var)
+    return constant
+
+
+def constant_chain(var: relax.Var, lookup: Any, constant: set) -> list[relax.VarBinding] | None:
+    """The bindings that compute ``var`` from constants alone, in program order with ``var``
+    last; None when ``var`` is not one of ``constant`` (``constant_vars``: it reads a
+    parameter, a ``call_tir`` or an impure op). Only the chain itself is walked."""
+    if var not in constant:
+        return None
     order: list[relax.VarBinding] = []
     seen: set = set()
-
-    def visit(v: relax.Var) -> bool:
-        if v in seen:
-            return True
-        value = lookup(v)
-        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)) \
-                or value.op.name.startswith("relax.call_") or not value.op.get_attr("FPurity"):
-            return False
-        for a in value.args:
-            if isinstance(a, relax.Var):
-                if not visit(a):
-                    return False
-            elif isinstance(a, relax.Call) or relax.analysis.free_vars(a):
-                return False
-        seen.add(v)
-        order.append(relax.VarBinding(v, value))
-        return True
-
-    return order if visit(var) else None
+    stack: list = [(var, False)]
+    while stack:  # depth first, each binding after the ones it reads
+        v, expanded = stack.pop()
+        if expanded:
+            order.append(relax.VarBinding(v, lookup(v)))
+        elif v not in seen:
+            if v not in constant:  # a variable this pass made: not a chain it knows
+                return None
+            seen.add(v)
+            stack.append((v, True))
+            stack += [(a, False) for a in reversed(lookup(v).args) if isinstance(a, relax.Var) and a not in seen]
+    return order
 
 
 def _static_size(ty: Any) -> int | None:
@@ -135,13 +151,14 @@ class _Dropper(PyExprMutator):
     def __init__(self, mod: tvm.IRModule) -> None:
         super().__init__(mod)
         self.evaluated: dict = {}  # var -> its rank-0 value, or None
+        self.constant: set = set()  # the visited function's constant_vars
 
     def uniform_chain(self, var: relax.Var) -> Any:
         """The rank-0 value of ``var`` when a chain of ops on constants computes it and
         every element it computes has the same bits (``constant_chain``); else None."""
         if var not in self.evaluated:
             size = _static_size(var.ty)
-            chain = constant_chain(var, self.lookup_binding) if size and size <= MAX_EVALUATED else None
+            chain = constant_chain(var, self.lookup_binding, self.constant) if size and size <= MAX_EVALUATED else None
             try:
                 value = evaluate_at_bounds(chain, {}) if chain else None
             except Exception:  # noqa: BLE001 - an op LegalizeOps cannot build: the chain stays
@@ -183,8 +200,9 @@ class ImplicitBroadcasts:
         dropper = _Dropper(mod)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
+                dropper.constant = constant_vars(func)
                 dropper.builder_.update_func(gv, dropper.visit_expr(func))
         return relax.transform.DeadCodeElimination()(dropper.builder_.get())
 
 
-__all__ = ["ImplicitBroadcasts", "broadcast_source", "constant_chain", "uniform_constant"]
+__all__ = ["ImplicitBroadcasts", "broadcast_source", "constant_chain", "constant_vars", "uniform_constant"]

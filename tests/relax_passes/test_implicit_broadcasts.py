@@ -97,3 +97,22 @@ def test_a_uniform_constant_operand_becomes_its_one_element():
     ours = aicf_tvm.compile(after, target="llvm")(s, x, v)
     for got, want in zip(ours, run_vm(Uniform, s, x, v)):
         np.testing.assert_array_equal(np.asarray(got).view("uint32"), want.view("uint32"))
+
+
+def test_a_deep_model_is_walked_once():
+    """1200 adds in a row, every other one of a uniform constant: the pass finds the
+    constant-only chains in one pass over the bindings (a walk from each add back to the
+    input exceeded Python's recursion limit), and the uniform operands become scalars."""
+    x = relax.Var("x", relax.TensorType((8, 8), "float32"))
+    rng = np.random.default_rng(24)
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = x
+            for i in range(1200):
+                c = np.full((8, 8), i, "float32") if i % 2 else rng.standard_normal((8, 8)).astype("float32")
+                y = bb.emit(relax.op.add(y, relax.const(c)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    after = ImplicitBroadcasts()(bb.get())
+    assert len(_tensor_constants(after)) == 600
