@@ -16,7 +16,8 @@ compile time the work that needs only constants (docs/design.md §6).
    candidate's benefit. The next FuseEmits round then takes the candidate.
 2. Fold. An effect-free single-op Emit whose inputs are all constants (a weight
    transposed for a GEMM, a broadcast mask) is evaluated now, by TVM's ``FoldConstant``
-   with the op's own legalization (``FoldConstantIEEE``: rank-0 float constants as buffers), so no kernel runs per inference.
+   with the op's own legalization (``FoldConstantIEEE``: rank-0 float constants as
+   buffers), so no kernel runs per inference.
 
 3. Layouts. Given the target's vector width (``lanes``), chains of convolutions are
    blocked (``NCHW{b}c``) where the cost model says so, with ``layout_transform`` Emits at
