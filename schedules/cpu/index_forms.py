@@ -44,8 +44,33 @@ def FoldNestedMods(target: Target | None = None) -> tvm.transform.Pass:  # noqa:
 
 
 def opaque_blocks() -> list[tvm.transform.Pass]:
-    """The S-TIR pipeline's passes up to ``ConvertBlocksToOpaque`` (each a no-op when the
-    pipeline runs them again)."""
+    """The S-TIR pipeline's passes up to ``ConvertBlocksToOpaque``; the rest of the
+    pipeline must then run without them (``after_opaque_blocks``)."""
     return [s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerCrossThreadReduction(),
             s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
             s_tir.transform.ConvertBlocksToOpaque()]
+
+
+def after_opaque_blocks(lower: tvm.transform.Pass) -> tvm.transform.Pass:
+    """``lower`` (the S-TIR pipeline) with the passes of ``opaque_blocks`` disabled, for a
+    module they have run on already.
+
+    A second run is not a no-op: ``PlanAndUpdateBufferAllocationLocation`` places each
+    buffer at the lowest common ancestor of its accesses, lifted above the loops that a
+    reduction block's reduce iterators are bound to.  Opaque blocks have no iterators, so
+    a second run moved an accumulator that only its reduction block reads (the running
+    maximum of argmax and argmin) inside the reduction loop: a fresh, uninitialized buffer
+    per step, and wrong indices.  The inner context keeps the outer one's opt level,
+    config and pass lists (not its instruments).
+    """
+    skipped = [p.info.name for p in opaque_blocks()]
+
+    @tvm.transform.module_pass(opt_level=0, name="LowerAfterOpaqueBlocks")
+    def _lower(mod: tvm.IRModule, _ctx: object) -> tvm.IRModule:
+        outer = tvm.transform.PassContext.current()
+        with tvm.transform.PassContext(opt_level=outer.opt_level, required_pass=list(outer.required_pass),
+                                       disabled_pass=[*outer.disabled_pass, *skipped],
+                                       config=dict(outer.config.items())):
+            return lower(mod)
+
+    return _lower

@@ -36,7 +36,7 @@ from tvm.target import Target
 
 from .common import MIN_PARALLEL_WORK
 from .gemm_prefetch import PrefetchNextPanel
-from .index_forms import FoldNestedMods, opaque_blocks
+from .index_forms import FoldNestedMods, after_opaque_blocks, opaque_blocks
 from .llvm_pass import llvm_prim_func_pass
 from .stack_tiles import StackLocalTiles
 
@@ -178,7 +178,8 @@ def _pipeline() -> tuple:
     """The S-TIR pipeline, with one form for nested head indices before its buffer
     compaction (``index_forms``), then ``GuardSmallParallel``; its finalization passes."""
     lower, host, device = tirx.get_tir_pipeline("s_tir")
-    passes = [*opaque_blocks(), FoldNestedMods(), lower, GuardSmallParallel(), PrefetchNextPanel(), StackLocalTiles()]
+    passes = [*opaque_blocks(), FoldNestedMods(), after_opaque_blocks(lower), GuardSmallParallel(),
+              PrefetchNextPanel(), StackLocalTiles()]
     return tvm.transform.Sequential(passes), host, device
 
 

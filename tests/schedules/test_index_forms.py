@@ -1,16 +1,21 @@
 """``(x % m) % c`` written ``x % c`` where ``c`` divides ``m`` (``schedules.cpu.index_forms``).
 
 Checked against the definition at many integer points (negative ones included: floormod),
-and left alone where ``c`` does not provably divide ``m``.
+and left alone where ``c`` does not provably divide ``m``.  The S-TIR passes up to
+``ConvertBlocksToOpaque`` run once in the CPU pipeline: argmax and argmin, whose running
+value only the reduction block reads, are compared with numpy.
 """
 
 import itertools
 
+import numpy as np
 import pytest
 import tvm
-from tvm import tirx
+from tvm import te, tirx, topi
+from tvm.s_tir import Schedule
 
-from schedules.cpu.index_forms import fold_nested_mods
+from schedules.cpu.index_forms import after_opaque_blocks, fold_nested_mods, opaque_blocks
+from schedules.cpu.parallel_guard import tir_pipeline
 
 
 def _func(expr: tirx.Expr, *params: tirx.Var) -> tirx.PrimFunc:
@@ -50,3 +55,34 @@ def test_folded_form_agrees_with_the_definition():
 def test_leaves_other_expressions_alone():
     expr = tirx.floordiv(tirx.floormod(x, b * 8), 8)
     tvm.ir.assert_structural_equal(_value(fold_nested_mods(_func(expr, x, b))), expr)
+
+
+def _column_arg_reduction(op: str) -> tvm.IRModule:
+    """``op`` over the rows of an 8 x 32 matrix, computed per tile of 8 columns with the
+    reduction loop outside the unrolled columns (the Reduction rule's shape of nest)."""
+    data = te.placeholder((8, 32), "float32", name="x")
+    sch = Schedule(te.create_prim_func([data, getattr(topi, op)(data, axis=0)]))
+    temp, out = sch.get_sblock("x_red_temp"), sch.get_sblock("x_red")
+    outer, _ = sch.split(sch.get_loops(out)[0], [None, 8])
+    sch.compute_at(temp, outer)
+    column, row = sch.get_loops(temp)[-2:]
+    sch.reorder(row, column)
+    sch.unroll(column)
+    return tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")})
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_cpu_pipeline_keeps_the_running_value_across_the_reduction(op):
+    """A second PlanAndUpdateBufferAllocationLocation on opaque blocks moved the running
+    value into the reduction loop (a fresh buffer per row): wrong indices."""
+    data = np.random.default_rng(3).standard_normal((8, 32)).astype("float32")
+    kernel = tvm.compile(_column_arg_reduction(op), target="llvm", tir_pipeline=tir_pipeline())["main"]
+    out = tvm.runtime.tensor(np.zeros(32, "int32"))
+    kernel(tvm.runtime.tensor(data), out)
+    np.testing.assert_array_equal(out.numpy(), getattr(np, op)(data, axis=0))
+
+
+def test_after_opaque_blocks_skips_the_passes_that_ran():
+    once = tvm.transform.Sequential(opaque_blocks())(_column_arg_reduction("argmax"))
+    again = after_opaque_blocks(tvm.transform.Sequential(opaque_blocks()))(once)
+    tvm.ir.assert_structural_equal(again, once)
