@@ -116,7 +116,11 @@ def _keeps_blocks(call: Any) -> bool:
     """A reduction over spatial axes only (2, 3) that keeps its dims: NCHW{b}c in, out."""
     axis = getattr(call.attrs, "axis", None)
     keep = bool(getattr(call.attrs, "keepdims", False))
-    return keep and axis is not None and sorted(int(a) % 5 for a in axis) == [2, 3]
+    if not keep or axis is None:
+        return False
+    # argmax/argmin name one axis (an int), sum/mean/max a list of them
+    axes = [axis] if isinstance(axis, (int, tvm.tirx.IntImm)) else list(axis)
+    return sorted(int(a) % 5 for a in axes) == [2, 3]
 
 
 __all__ = ["block_of", "blocked", "blocking_map", "output_layout", "transform_layouts", "unblocking_map"]

@@ -10,6 +10,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir
 
+import aicf_tvm
 from aicf_tvm import KindRegistrationError, emit_of, verify_contracts
 from aicf_tvm.driver.explainer import lift_and_propagate
 from aicf_tvm.driver.frontends import from_onnx
@@ -199,3 +200,38 @@ def test_table_registers_each_op_once(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", {})
     importlib.reload(table)
     assert registry._REGISTRY == loaded
+
+
+def _arg_reductions(source: relax.Expr, planes: tuple) -> tvm.IRModule:
+    """argmax and argmin with keepdims over several axes (negative ones included) of a
+    ReLU of ``source(x)``, one output per (op, axis)."""
+    bb = relax.BlockBuilder()
+    x = _var(planes)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            act = bb.emit(relax.op.nn.relu(bb.emit(source(x))))
+            outs = [bb.emit(getattr(relax.op, op)(act, axis=axis, keepdims=True))
+                    for op in ("argmax", "argmin") for axis in (1, 2, -1, -3)]
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["NCHW", "NCHW16c"])
+def test_arg_reductions_keeping_dims_match_the_unoptimized_build(blocked):
+    """argmax/argmin name one axis (an int, not a list): the layout transfer of a reduction
+    that keeps its dims iterated over it and raised TypeError."""
+    from aicf_tvm.kinds.layouts import blocking_map
+
+    from ..conftest import run_vm
+
+    source = (lambda x: relax.op.layout_transform(x, blocking_map(16))) if blocked else (lambda x: x + x)
+    mod = _arg_reductions(source, (1, 32, 6, 8))
+    data = np.random.default_rng(7).standard_normal((1, 32, 6, 8)).astype("float32")
+    got = aicf_tvm.compile(mod, target="llvm")(data)
+    logical = data.reshape(1, 2, 16, 6, 8).transpose(0, 1, 3, 4, 2) if blocked else data + data
+    for k, (g, want) in enumerate(zip(got, run_vm(mod, data))):
+        op, axis = ("argmax", "argmin")[k // 4], (1, 2, -1, -3)[k % 4]
+        np.testing.assert_array_equal(np.asarray(g), want, err_msg=f"{op} axis={axis}")
+        ref = np.expand_dims(getattr(np, op)(np.maximum(logical, 0), axis=axis), axis)
+        np.testing.assert_array_equal(want, ref, err_msg=f"{op} axis={axis}: numpy")
