@@ -11,7 +11,9 @@ Runs last among our passes, on a module whose Emits are final. Final-lowering AB
 * ``LegalizeOps`` turns each Emit function's ops into TensorIR (conv2d in blocked
   layouts through ``relax_passes.blocked_conv``, a reshape of symbolic shapes axis group
   by axis group through ``legalize_reshape``) and ``FuseTIR`` merges
-  it into one PrimFunc named after it; ``RewriteDataflowReshape`` turns reshape
+  it into one PrimFunc named after it (buffers declared with the default layout lose
+  it first, as FuseTIR does not remap the layout's shape variables:
+  ``drop_default_layouts``); ``RewriteDataflowReshape`` turns reshape
   kernels into views, so the kernel list is what runs;
 * FuseTIR drops custom function attrs, so the Emit (kind, contract) is carried onto
   the PrimFunc as ``aicf.emit``, and per port the ABI it was lowered with as
@@ -29,7 +31,9 @@ from typing import Any
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
+from tvm.tirx.layout import S, TileLayout
 
 from aicf_tvm.contract import EmitContract, PortFacts
 from aicf_tvm.emit import EMIT_ATTR, Emit, emit_of
@@ -165,6 +169,32 @@ def abi_of(func: tirx.PrimFunc, emit: Emit, scalars: list[str]) -> list[dict]:
     return out
 
 
+def _without_default_layout(ty: tirx.BufferType) -> tirx.BufferType:
+    """``ty`` without its layout when that is the compact row-major one of its own shape
+    (what a buffer without a layout means too)."""
+    if ty.layout is None or not ty.shape or ty.strides:
+        return ty
+    if not tvm_ffi.structural_equal(ty.layout, TileLayout(S[tuple(ty.shape)])):
+        return ty
+    return tirx._ffi_api.BufferType(ty.storage_scope, ty.dtype, ty.shape, ty.strides, ty.elem_offset,
+                                    ty.data_alignment, ty.offset_factor, None, ty.allocated_addr, ty.span)
+
+
+def drop_default_layouts(mod: tvm.IRModule) -> tvm.IRModule:
+    """PrimFuncs whose buffers carry the default (compact row-major) ``TileLayout`` get
+    buffers without one, which mean the same storage.
+
+    Python's ``decl_buffer`` gives every buffer that layout (TOPI's cumsum, cumprod and
+    sort kernels), TE's buffers have none. FuseTIR substitutes a callee's shape variables
+    in a buffer's shape but not in its layout, so a fused scan over a symbolic dim kept
+    the callee's variable: undefined in the fused kernel ("not passed in as API
+    arguments")."""
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, tirx.PrimFunc):
+            mod[gv] = tvm_ffi.structural_map(func, [(tirx.BufferType, _without_default_layout)])
+    return mod
+
+
 _FUSABLE = ("relax.call_tir", "relax.call_tir_inplace")
 
 
@@ -205,8 +235,8 @@ class LowerEmits:
 
         mod = tvm.transform.Sequential([backend.DispatchSampling(), backend.DispatchSortScan(),
                                         relax.transform.LegalizeOps({**LEGALIZE_MAP, "relax.reshape": legalize_reshape})])(mod)
-        mod = tvm.transform.Sequential([relax.transform.FuseTIR(),
-                                        relax.transform.RewriteDataflowReshape()])(_demote_unfusable(mod))
+        mod = tvm.transform.Sequential([relax.transform.FuseTIR(), relax.transform.RewriteDataflowReshape()])(
+            _demote_unfusable(drop_default_layouts(mod)))
         for gv, func in list(mod.functions_items()):
             found = emits.get(gv.name_hint)
             if isinstance(func, tirx.PrimFunc) and found is not None:
@@ -216,4 +246,4 @@ class LowerEmits:
         return mod
 
 
-__all__ = ["LowerEmits", "abi_of", "bind_scalar_ports", "kernel_calls", "np"]
+__all__ = ["LowerEmits", "abi_of", "bind_scalar_ports", "drop_default_layouts", "kernel_calls", "np"]
