@@ -53,6 +53,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 from . import default_rules
 from .cpu.codegen import codegen_target
 from .cpu.comparisons import NaNExactComparisons
+from .cpu.ieee_arith import IEEEArithmetic
 from .cpu.parallel_guard import tir_pipeline
 from .cpu.vector_math import VectorizeMath
 from .remote import RemoteRunner, Tracker
@@ -155,7 +156,8 @@ def _build(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    mod = VectorizeMath(target)(NaNExactComparisons(target)(mod))  # as compile builds the chosen schedule
+    # as compile builds the chosen schedule
+    mod = VectorizeMath(target)(IEEEArithmetic(target)(NaNExactComparisons(target)(mod)))
     if target.kind.name == "llvm":  # compile's TIR pipeline: a symbolic kernel's parallel loops guarded
         return tvm_build(mod, target=codegen_target(target), pipeline=tir_pipeline())
     return tvm_build(mod, target=target)

@@ -3,7 +3,8 @@
 normalize -> LiftEmits -> PropagateContracts -> (EliminateEmits, FuseEmits,
 MaterializeEmits, PropagateContracts)* to a bounded fixpoint -> LowerEmits ->
 kernel selection (tuned record, else default rule, else fallback) -> NaNExactComparisons
-(float comparisons that inlining made NaN-wrong) -> VectorizeMath (float32 transcendental
+(float comparisons that inlining made NaN-wrong) -> IEEEArithmetic (float + - * / kept from
+TIR's real-number simplifier and from FMA contraction) -> VectorizeMath (float32 transcendental
 calls as vectorizable arithmetic) -> the backend's own dataflow
 lowering -> ``tvm.compile`` (CPU kernels with ``GuardSmallParallel``: a parallel loop of
 symbolic work runs serially on calls too small for the thread pool). ``verify_contracts`` runs after every step
@@ -46,6 +47,7 @@ from schedules import apply_default_schedules
 from schedules.cpu.codegen import codegen_target
 from schedules.cpu.common import float32_lanes
 from schedules.cpu.comparisons import NaNExactComparisons
+from schedules.cpu.ieee_arith import IEEEArithmetic
 from schedules.cpu.parallel_guard import tir_pipeline
 from schedules.cpu.vector_math import VectorizeMath
 from schedules.cuda import host_bound_kernels
@@ -169,6 +171,7 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
         mod = apply_default_schedules(target)(mod)
         mod, packed, refused = prepack_weights(mod)
         mod = NaNExactComparisons(target)(mod)  # what the schedules inlined keeps IEEE NaN results
+        mod = IEEEArithmetic(target)(mod)  # float + - * / kept from the simplifier and contraction
         if vector_math:  # exp/erf/tanh/... as SIMD arithmetic, not one libm call per lane
             mod = VectorizeMath(target)(mod)
     if report is not None:
