@@ -10,6 +10,7 @@ side in their bodies, when a freshly compiled model calls them.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +21,10 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from ..emit import plain
-from ..errors import DeployError, InputError
+from ..errors import DeployError, InputError, TargetError
 from ..lattice.shape import row_major
 from ..report import Decision, FusionReport
+from .cpu_features import unrunnable_here
 from .cuda_binary import install_hook
 from .deploy import check_target, device_for, export, read_metadata
 from .targets import describe
@@ -204,7 +206,9 @@ class CompiledModel:
         self.metadata = dict(metadata) if metadata is not None else None
         self.path = path  # the library it was loaded from, if any
         self.threads = thread_count(threads, self.target_spec)
-        self._vm = None
+        self._vms = threading.local()  # one VM per calling thread (``vm``)
+        # instructions of the target this CPU lacks (a library that needs one is refused at load)
+        self.lacking_features = unrunnable_here(self.target_spec) if metadata is None else []
 
     @property
     def target(self) -> tvm.target.Target:
@@ -230,12 +234,24 @@ class CompiledModel:
 
     @property
     def vm(self) -> VirtualMachine:
-        """The VM, with the calling thread's TVM pool sized to ``threads`` (the pool is
-        per thread: every thread that runs the model goes through here)."""
+        """The calling thread's VM, with its TVM pool sized to ``threads`` (the pool is per
+        thread: every thread that runs the model goes through here).
+
+        One VM per thread: a VM keeps the frames and registers of the call it runs, so two
+        threads calling one VM overwrite each other's (TVM's ``reg <
+        frame->register_file.size()`` check, or a crash).  The VMs share the executable
+        and its constants, which no call writes.  A target whose instructions this CPU
+        lacks is refused here, before any kernel runs."""
+        if self.lacking_features:
+            raise TargetError(
+                f"{self.path or 'this model'} was compiled for {describe(self.target_spec)}, "
+                f"whose instructions {', '.join(self.lacking_features)} this CPU lacks; export it "
+                f"for a machine that has them, or compile it here with target='llvm'")
         use_threads(self.threads)
-        if self._vm is None:
-            self._vm = VirtualMachine(self.executable, self.device)
-        return self._vm
+        vm = getattr(self._vms, "vm", None)
+        if vm is None:
+            vm = self._vms.vm = VirtualMachine(self.executable, self.device)
+        return vm
 
     def check_inputs(self, args: Sequence[np.ndarray]) -> None:
         if len(args) != len(self.inputs):

@@ -13,10 +13,12 @@ checks that this host can run the target; ``aicf_tvm.load`` (``driver.compiled.l
 then loads the library with ``tvm.runtime.load_module``. Every problem is a
 ``DeployError`` that names the file. Reading and checking import only TVM's runtime
 (``metadata_of`` imports the Emit table, Relax, in its body: only ``export`` needs it), so
-``load`` works where ``libtvm_compiler`` is absent (``TVM_USE_RUNTIME_LIB=1``). There
-LLVM cannot name the host CPU, so the CPU check compares the build host's instruction-set
-flags (recorded by ``export`` when the model was compiled for the build host's CPU) with
-this host's.
+``load`` works where ``libtvm_compiler`` is absent (``TVM_USE_RUNTIME_LIB=1``). The CPU
+check needs no LLVM either: ``export`` records the instruction-set features the target
+enables (``cpu_features.target_isa``: its mcpu's and its mattr's), and ``check_target``
+refuses a library where this CPU's ``/proc/cpuinfo`` lacks one of them, naming them, before
+``dlopen`` (a library for an older CPU loads on a newer one).  Libraries exported before
+the features were recorded are checked by mcpu name, as then.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import tvm
 
 from ..errors import DeployError
 from ..version import __version__
+from .cpu_features import LLVM_TO_CPUINFO, missing_features, target_isa
 from .targets import describe
 
 MAGIC = b"\x00AICF-TVM-MODULE\x00"
@@ -67,6 +70,8 @@ def metadata_of(model: Any) -> dict:
         "target": model.target_spec,
         "target_description": describe(model.target_spec),
         "build_host": {"mcpu": host.get("mcpu"), "isa_flags": sorted(isa_flags())},
+        # the instruction-set features the kernels may use (LLVM's names, cpu_features)
+        "isa_features": target_isa(_cpu_spec(model.target_spec)),
         "inputs": [s.to_json() for s in model.inputs],
         "dim_bounds": model.dim_bounds,
         "outputs": [s.to_json() for s in model.outputs],
@@ -189,6 +194,12 @@ def isa_flags(cpuinfo: str | None = None) -> set[str]:
     return set()
 
 
+def _cpu_spec(target: dict) -> dict:
+    """The LLVM target whose code runs on the CPU: the target, or a CUDA target's host."""
+    host = target.get("host")
+    return host if target.get("kind") != "llvm" and isinstance(host, dict) else target
+
+
 def _check_cpu(meta: dict, spec: dict, name: str) -> None:
     what = meta.get("target_description", "llvm")
     arch = str(spec.get("mtriple", "")).split("-")[0]
@@ -198,6 +209,15 @@ def _check_cpu(meta: dict, spec: dict, name: str) -> None:
         raise DeployError(f"{name}: compiled for {arch} ({what}), this host is {host_arch}; "
                           f"recompile it here with --target llvm")
     mcpu, host_mcpu = spec.get("mcpu"), host.get("mcpu")
+    if "isa_features" in meta:  # the features decide, whatever the CPUs are called
+        missing = missing_features(meta["isa_features"], isa_flags())
+        if missing:
+            names = ", ".join(f if f == LLVM_TO_CPUINFO[f] else f"{f} ({LLVM_TO_CPUINFO[f]})"
+                              for f in missing)
+            raise DeployError(f"{name}: compiled for CPU {mcpu or 'generic'} ({what}), whose "
+                              f"instructions {names} this CPU lacks: recompile it for this host "
+                              f"with --target llvm")
+        return
     if mcpu and host_mcpu and mcpu != host_mcpu:
         raise DeployError(f"{name}: compiled for CPU {mcpu} ({what}), this host is {host_mcpu}; "
                           f"its code may use instructions this CPU lacks: recompile it here "

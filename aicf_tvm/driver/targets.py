@@ -21,7 +21,20 @@ def host_cpu_target(num_cores: int | None = None) -> tvm.target.Target:
         num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = num_cores
     keep = {k: v for k, v in host.items() if k in ("kind", "mtriple", "mcpu", "mattr")}
-    return tvm.target.Target({**keep, "num-cores": int(cores or 1)})
+    return tvm.target.Target({**keep, **_masked(keep), "num-cores": int(cores or 1)})
+
+
+def _masked(spec: dict) -> dict:
+    """``mattr`` turning off what the host's mcpu implies but this CPU does not offer: LLVM
+    names the host CPU by its model, and a VM may hide some of that model's extensions
+    (AVX-512, AMX) from its guests; code using them would die of SIGILL."""
+    from .cpu_features import missing_features, target_isa
+    from .deploy import isa_flags
+
+    hidden = missing_features(target_isa(spec), isa_flags())
+    if not hidden:
+        return {}
+    return {"mattr": [*spec.get("mattr", []), *(f"-{f}" for f in hidden)]}
 
 
 def cuda_host_target() -> tvm.target.Target:

@@ -88,10 +88,19 @@ def test_module_for_another_target_is_refused(tmp_path):
         aicf_tvm.load(path)
 
 
-def test_module_for_another_cpu_is_refused(exported, monkeypatch):
+def test_module_for_another_cpu_is_refused_by_its_features(exported, monkeypatch):
+    """Another CPU name with every feature the library needs loads; a missing one refuses
+    (tests/aicf_tvm/driver/test_cpu_features.py has the rest)."""
     host = deploy._host_target()
     monkeypatch.setattr(deploy, "_host_target", lambda: {**host, "mcpu": "some-other-cpu"})
-    with pytest.raises(DeployError, match=r"small\.so: compiled for CPU .* this host is some-other-cpu"):
+    aicf_tvm.load(exported)
+    needed = deploy.read_metadata(exported)["isa_features"]
+    if not needed:
+        pytest.skip("the library needs no instruction-set extension")
+    flag = deploy.LLVM_TO_CPUINFO[needed[-1]]
+    flags = deploy.isa_flags()
+    monkeypatch.setattr(deploy, "isa_flags", lambda: flags - {flag})
+    with pytest.raises(DeployError, match=rf"small\.so: compiled for CPU .* instructions .*{needed[-1]}"):
         aicf_tvm.load(exported)
 
 

@@ -125,20 +125,19 @@ def test_aicf_run_on_a_runtime_only_host(target_host, exported, tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "output.npy"), expected, rtol=1e-4, atol=1e-4)
 
 
-def test_cpu_check_without_llvm_uses_the_build_hosts_isa_flags(exported, monkeypatch):
-    """Runtime-only, LLVM cannot name the host CPU: a model compiled for the build host's
-    CPU is refused where a recorded instruction-set flag is missing."""
+def test_cpu_check_without_llvm_uses_the_recorded_features(exported, monkeypatch):
+    """Runtime-only, LLVM cannot name the host CPU: the library records the instruction-set
+    features its target enables, and is refused where /proc/cpuinfo lacks one."""
     lib = exported[0]
     meta = deploy.read_metadata(lib)
-    assert meta["build_host"]["mcpu"] == meta["target"]["mcpu"]
     monkeypatch.setattr(deploy, "_host_target", lambda: {})
-    flags = set(meta["build_host"]["isa_flags"])
-    deploy.check_target(meta, "encoder.so")  # this host: all flags present
-    if not flags:
-        pytest.skip("no instruction-set flags in /proc/cpuinfo here")
-    lacking = sorted(flags)[0]
-    monkeypatch.setattr(deploy, "isa_flags", lambda: flags - {lacking})
-    with pytest.raises(DeployError, match=rf"encoder\.so: .* instructions {lacking} this CPU lacks"):
+    deploy.check_target(meta, "encoder.so")  # this host: every feature present
+    if not meta["isa_features"]:
+        pytest.skip("the library needs no instruction-set extension")
+    lacking = meta["isa_features"][0]
+    flags = deploy.isa_flags()
+    monkeypatch.setattr(deploy, "isa_flags", lambda: flags - {deploy.LLVM_TO_CPUINFO[lacking]})
+    with pytest.raises(DeployError, match=rf"encoder\.so: .* instructions {lacking}\b.* this CPU lacks"):
         deploy.check_target(meta, "encoder.so")
 
 
