@@ -39,6 +39,7 @@ from .gemm_prefetch import PrefetchNextPanel
 from .index_forms import FoldNestedMods, after_opaque_blocks, opaque_blocks
 from .llvm_pass import llvm_prim_func_pass
 from .stack_tiles import StackLocalTiles
+from .tail_partition import PartitionVectorTails
 
 # Marks the parallel loop of a guard (so a second run leaves it).
 GUARDED = "aicf.work_guarded"
@@ -176,10 +177,11 @@ PIPELINE = "aicf_cpu"
 
 def _pipeline() -> tuple:
     """The S-TIR pipeline, with one form for nested head indices before its buffer
-    compaction (``index_forms``), then ``GuardSmallParallel``; its finalization passes."""
+    compaction (``index_forms``) and vector tails split off by us (``tail_partition``),
+    then ``GuardSmallParallel``; its finalization passes."""
     lower, host, device = tirx.get_tir_pipeline("s_tir")
-    passes = [*opaque_blocks(), FoldNestedMods(), after_opaque_blocks(lower), GuardSmallParallel(),
-              PrefetchNextPanel(), StackLocalTiles()]
+    passes = [*opaque_blocks(), FoldNestedMods(), PartitionVectorTails(), after_opaque_blocks(lower),
+              GuardSmallParallel(), PrefetchNextPanel(), StackLocalTiles()]
     return tvm.transform.Sequential(passes), host, device
 
 
