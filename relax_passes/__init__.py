@@ -8,6 +8,7 @@ BoundShapes, NormalizeIndices, FoldBatchNorm, FoldPadIntoConv, CombineProjection
 from .bound_shapes import BoundShapes
 from .channels_first import ChannelsFirst
 from .combine_projections import CombineProjections
+from .creation_ops import NormalizeCreationOps
 from .eliminate_emits import EliminateEmits
 from .fold_batch_norm import FoldBatchNorm
 from .fold_pad import FoldPadIntoConv
@@ -22,4 +23,4 @@ from .sink_reshapes import SinkReshapes
 
 __all__ = ["BoundShapes", "ChannelsFirst", "CombineProjections", "EliminateEmits", "FoldBatchNorm", "FoldConstantIEEE",
            "FoldPadIntoConv", "FuseEmits",
-           "LiftEmits", "LowerEmits", "MaterializeEmits", "NormalizeIndices", "PropagateContracts", "SinkReshapes"]
+           "LiftEmits", "LowerEmits", "MaterializeEmits", "NormalizeCreationOps", "NormalizeIndices", "PropagateContracts", "SinkReshapes"]

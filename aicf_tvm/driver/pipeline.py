@@ -34,6 +34,7 @@ from relax_passes.channels_first import ChannelsFirst
 from relax_passes.clip_pool_windows import ClipPoolWindows
 from relax_passes.combine_projections import CombineProjections
 from relax_passes.conv1d_as_conv2d import Conv1dAsConv2d
+from relax_passes.creation_ops import NormalizeCreationOps
 from relax_passes.fold_batch_norm import FoldBatchNorm
 from relax_passes.fold_pad import FoldPadIntoConv
 from relax_passes.ieee_fold import FoldConstantIEEE
@@ -68,7 +69,9 @@ MAX_ROUNDS = 4
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     """Put pure bindings into dataflow blocks (``relax.transform.ConvertToDataflow``: a
     module built with ``BlockBuilder`` outside ``bb.dataflow()`` would otherwise keep every
-    op out of the Emit passes, which lift only dataflow blocks), simplify symbolic shapes under their bounds (``relax_passes.BoundShapes``), make every
+    op out of the Emit passes, which lift only dataflow blocks), put the creation ops that
+    TVM types or legalizes wrongly in forms it gets right (descending ``arange``, a
+    non-finite ``full``: ``relax_passes.NormalizeCreationOps``), simplify symbolic shapes under their bounds (``relax_passes.BoundShapes``), make every
     gather read in bounds (``relax_passes.NormalizeIndices``: modules need not come through
     our importers), precompute float tables of bounded ``arange`` positions up to the bound
     (``relax_passes.PrecomputeBoundedTables``: a dynamic build's rotary tables), fold what
@@ -85,6 +88,7 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     feed (``relax_passes.SinkReshapes``)."""
     seq = [
         relax.transform.ConvertToDataflow(min_size=1),
+        NormalizeCreationOps(),
         BoundShapes(),
         FoldConstantIEEE(),
         NormalizeIndices(),

@@ -6,6 +6,7 @@ import tvm
 from tvm import relax
 
 from relax_passes.bound_shapes import BoundShapes
+from relax_passes.creation_ops import NormalizeCreationOps
 from relax_passes.normalize_indices import NormalizeIndices
 
 
@@ -18,7 +19,8 @@ def normalize_import(mod: tvm.IRModule) -> tvm.IRModule:
     indices, so the imported module is only right for any pipeline once it ran.
     """
     # bounds first: a shape left unknown by inference cannot be folded or legalized
-    seq = [BoundShapes(), relax.transform.FoldConstant(), NormalizeIndices(),
+    # creation ops first: TVM types a descending arange and legalizes a -inf full wrongly
+    seq = [NormalizeCreationOps(), BoundShapes(), relax.transform.FoldConstant(), NormalizeIndices(),
            relax.transform.DeadCodeElimination()]
     return tvm.transform.Sequential(seq)(mod)
 

@@ -127,3 +127,38 @@ def test_gpt2_with_a_dynamic_batch_and_length_matches_pytorch():
         with torch.no_grad():
             want = wrapped(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
         np.testing.assert_allclose(compiled(ids, mask), want, rtol=1e-4, atol=1e-5)
+
+
+class MasksAndPositions(torch.nn.Module):
+    """What decoders build from the sequence length: causal and banded masks of -inf/NaN
+    (``triu``/``tril`` of ``full``), reversed and strided positions (a descending
+    ``arange``), position ids from a mask (``cumsum``) and a running product (integers:
+    PyTorch's float scans accumulate in double)."""
+
+    def forward(self, x, mask):
+        n = x.shape[1]
+        causal = torch.triu(torch.full((n, n), float("-inf")), 1)
+        band = torch.tril(torch.full((n, n), float("nan")), -2)
+        reversed_positions = torch.arange(n - 1, -1, -1, dtype=torch.float32)
+        strided = torch.arange(n - 1, -1, -2)
+        position_ids = torch.cumsum(mask, dim=1) * mask - 1
+        return (x.unsqueeze(-1) + causal, band + x[0], x + reversed_positions, strided,
+                position_ids, torch.cumprod(mask + 1, dim=1))
+
+
+def test_masks_and_positions_over_a_dynamic_length_match_pytorch():
+    """Each crashed: the -inf ``full`` in TVM's legalization (TypeError), a descending
+    ``arange`` typed with ``n + 2`` elements, a scan over ``seq`` with ``seq`` undefined in
+    its kernel, and ``tril`` below the diagonal wrote before its output."""
+    seq = torch.export.Dim("seq", min=4, max=64)  # export specializes the strided arange below 4
+    rng = np.random.default_rng(8)
+    example = (torch.ones(2, 6), torch.ones(2, 6, dtype=torch.int64))
+    mod = aicf_tvm.from_torch(MasksAndPositions(), example, dynamic_shapes=({1: seq}, {1: seq}))
+    compiled = aicf_tvm.compile(mod, target=TARGET)
+    for length in (4, 5, 19):
+        x = rng.uniform(0.5, 1.5, (2, length)).astype(np.float32)
+        mask = (rng.uniform(size=(2, length)) > 0.3).astype(np.int64)
+        wants = MasksAndPositions()(torch.from_numpy(x), torch.from_numpy(mask))
+        for k, (got, want) in enumerate(zip(compiled(x, mask), wants)):
+            np.testing.assert_array_equal(np.asarray(got), want.numpy(),
+                                          err_msg=f"output {k}, seq={length}")
