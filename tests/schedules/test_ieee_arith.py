@@ -266,3 +266,21 @@ def test_floor_mod_is_not_contracted():
         want = x - np.floor(x / y) * y  # numpy: one rounding per op
     assert_same(got, want, "floor_mod")
     assert_same(got, run_default_build(mod, [x, y])[0], "floor_mod")
+
+
+def test_rounding_trick_through_from_torch():
+    """PyTorch's float32 ``(x + 1.5 * 2^23) - 1.5 * 2^23`` rounds x to an integer (ties to
+    even); the fused kernel returned x unrounded."""
+    torch = pytest.importorskip("torch")
+
+    class RoundTrick(torch.nn.Module):
+        def forward(self, x, y):
+            return (x + 12582912.0) - 12582912.0 + (x + y) - y
+
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((4, 64)) * 100).astype(np.float32)
+    x[0, :6] = [2.5, 3.5, -2.5, 0.49999997, 1e30, -0.0]
+    y = (rng.standard_normal((4, 64)) * 1e6).astype(np.float32)
+    model = aicf_tvm.compile(aicf_tvm.from_torch(RoundTrick(), (torch.from_numpy(x), torch.from_numpy(y))))
+    want = RoundTrick()(torch.from_numpy(x), torch.from_numpy(y)).numpy()
+    assert_same(model(x, y), want, "rounding trick")
