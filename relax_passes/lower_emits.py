@@ -10,7 +10,8 @@ Runs last among our passes, on a module whose Emits are final. Final-lowering AB
   would change the result or raise (``scalar_picks``);
 * ``LegalizeOps`` turns each Emit function's ops into TensorIR (conv2d in blocked
   layouts through ``relax_passes.blocked_conv``, a reshape of symbolic shapes axis group
-  by axis group through ``legalize_reshape``) and ``FuseTIR`` merges
+  by axis group through ``legalize_reshape``, norms and mean/variance in two passes with
+  float64 sums through ``legalize_norms``) and ``FuseTIR`` merges
   it into one PrimFunc named after it (buffers declared with the default layout lose
   it first, as FuseTIR does not remap the layout's shape variables:
   ``drop_default_layouts``); ``RewriteDataflowReshape`` turns reshape
@@ -41,8 +42,11 @@ from aicf_tvm.lattice import Flag
 
 from .blocked_conv import LEGALIZE_MAP
 from .group_rewrite import drop_unused_emits, with_blocks
+from .legalize_norms import LEGALIZE_MAP as NORMS_LEGALIZE_MAP
 from .legalize_reshape import legalize_reshape
 
+# TVM's legalization but for these ops (see each module)
+_LEGALIZE = {**LEGALIZE_MAP, **NORMS_LEGALIZE_MAP, "relax.reshape": legalize_reshape}
 _SCALAR_OK = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
               "relax.maximum", "relax.minimum"}
 # TVM folds an immediate operand when it builds and simplifies TIR (arith's TryConstFold),
@@ -234,7 +238,7 @@ class LowerEmits:
         from tvm.relax import backend
 
         mod = tvm.transform.Sequential([backend.DispatchSampling(), backend.DispatchSortScan(),
-                                        relax.transform.LegalizeOps({**LEGALIZE_MAP, "relax.reshape": legalize_reshape})])(mod)
+                                        relax.transform.LegalizeOps(_LEGALIZE)])(mod)
         mod = tvm.transform.Sequential([relax.transform.FuseTIR(), relax.transform.RewriteDataflowReshape()])(
             _demote_unfusable(drop_default_layouts(mod)))
         for gv, func in list(mod.functions_items()):
