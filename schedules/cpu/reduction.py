@@ -23,7 +23,9 @@ block, and whose blocks (after inlining) all start with ``n >= 1`` spatial loops
    when no divisor of the rows is near it, and a serial row reduction then steps those
    rows together (``interleave_rows``): independent chains, each row added in its own
    order, so the same bits at 2-5x the speed (BERT's 768-wide layer norm: 0.18 -> 0.09 ms
-   on 2 Zen 5 cores; ViT's add + layer norm over 197 rows 0.137 -> 0.053 ms).
+   on 2 Zen 5 cores; ViT's add + layer norm over 197 rows 0.137 -> 0.053 ms). A vector
+   reduction with one vector a row (the partial sums of ``relax_passes.legalize_norms``)
+   steps the task's rows together the same way.
 
 Every step goes through TensorIR's checked primitives, so a schedule this rule returns
 computes what the PrimFunc computes.  Returns None for all-spatial PrimFuncs (see
@@ -224,9 +226,15 @@ def is_contiguous_spatial(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) ->
 ACCUMULATORS = 4
 
 
-def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> bool:
+def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int,
+                             group: int = 1) -> bool:
     """Vectorize a reduction block's innermost spatial loop under its reduction loops;
-    False when it has none to vectorize (a horizontal reduction stays serial)."""
+    False when it has none to vectorize (a horizontal reduction stays serial).
+
+    With one vector accumulator per row under a task of ``group`` rows (the partial sums
+    ``relax_passes.legalize_norms`` gives a norm over 1000: 10 lanes a row), the rows'
+    loop goes inside the reduction too, unrolled: ``group`` independent vector chains,
+    each row still adding its own elements in its own order (``interleave_rows``)."""
     loops = sch.get_loops(block)[1:]
     kinds = loop_kinds(sch, block)[1:]
     if "O" in kinds or "R" not in kinds:
@@ -251,6 +259,10 @@ def schedule_reduction_block(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -
         if count > 1:  # independent vector accumulators hide the add latency
             outer, inner = sch.split(outer, factors=[None, count])
             spatial, chains = [*spatial[:-2], outer, last], [inner]
+    if extent is not None and extent <= lanes and group > 1:
+        rows = [loop for loop in spatial[:-1] if loop_extent(sch, loop) != 1]
+        if len(rows) == 1 and loop_extent(sch, rows[0]) == group:
+            spatial, chains = [loop for loop in spatial if not loop.same_as(rows[0])], rows
     sch.reorder(*spatial[:-1], *reduce, *chains, last)
     # Vectorize before decomposing: the update block without init is no longer a
     # reduction block, and TensorIR would refuse to vectorize it.
@@ -400,7 +412,7 @@ class Reduction(CPUScheduleRule):
                 if not calls_scalar_math(sch.get(info.block_rv)):
                     vectorize_innermost(sch, loops[-1], lanes)
             elif not info.is_injective():
-                if not schedule_reduction_block(sch, info.block_rv, lanes) and group > 1:
+                if not schedule_reduction_block(sch, info.block_rv, lanes, group) and group > 1:
                     interleave_rows(sch, info.block_rv, group)
         return sch
 

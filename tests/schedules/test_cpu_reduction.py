@@ -16,6 +16,7 @@ from tvm.relax.dpl import is_op, wildcard
 from tvm.script import relax as R
 from tvm.target import Target
 
+from relax_passes.legalize_norms import LEGALIZE_MAP as NORMS
 from schedules import apply_default_schedules
 from schedules.cpu import Reduction
 from schedules.cpu.reduction import is_cheap_copy, leading_spatial
@@ -28,8 +29,10 @@ FUSE = [
 ]
 
 
-def relax_module(shapes: list[tuple], body: Callable, fuse_pattern=None) -> tvm.IRModule:
-    """A legalized, fused module whose ``main`` computes ``body(*params)``."""
+def relax_module(shapes: list[tuple], body: Callable, fuse_pattern=None,
+                 legalize: dict | None = None) -> tvm.IRModule:
+    """A legalized (by TVM, but for the entries of ``legalize``), fused module whose
+    ``main`` computes ``body(*params)``."""
     bb = relax.BlockBuilder()
     params = [relax.Var(f"p{i}", R.Tensor(shape, "float32")) for i, shape in enumerate(shapes)]
     with bb.function("main", params):
@@ -41,9 +44,9 @@ def relax_module(shapes: list[tuple], body: Callable, fuse_pattern=None) -> tvm.
         mod = relax.transform.FuseOpsByPattern(
             [("fused", fuse_pattern)], bind_constants=False, annotate_codegen=False
         )(mod)
-        passes = [relax.transform.LegalizeOps(), relax.transform.FuseTIR()]
+        passes = [relax.transform.LegalizeOps(legalize), relax.transform.FuseTIR()]
     else:
-        passes = [relax.transform.LegalizeOps(), *FUSE]
+        passes = [relax.transform.LegalizeOps(legalize), *FUSE]
     return tvm.transform.Sequential([*passes, relax.transform.DeadCodeElimination()])(mod)
 
 
@@ -132,6 +135,29 @@ def test_row_norms_interleave_rows_with_the_same_bits(rand, norm):
     script = "\n".join(f.script() for f in prim_funcs(mod).values())
     assert re.search(r"T\.parallel\((T\.int64\()?8\)", script)
     assert re.search(r"T\.unroll\((T\.int64\()?8\)", script)
+
+
+def test_vector_partial_sums_step_rows_together_with_the_same_bits(rand):
+    """A layer norm over 1000 as ``relax_passes.legalize_norms`` writes it: 10 partial sums
+    a row (one vector); 64 rows on 2 cores make tasks of 8 rows, which each partial-sum
+    pass steps together (the rows' loop unrolled inside the reduction, around the vector
+    loop): 8 independent vector chains, each row adding in its own order, so the output
+    equals TVM's own build bit for bit, NaN, inf and -0 rows included."""
+    x, g, b = rand(64, 1000), rand(1000), rand(1000)
+    x[3, 5], x[4, 7], x[9, :] = np.nan, np.inf, -0.0
+    mod = relax_module([x.shape, g.shape, b.shape],
+                       lambda p, q, r: relax.op.nn.layer_norm(p, q, r, axes=[-1]), legalize=NORMS)
+    reference = run(mod, [x, g, b])  # unscheduled: TVM's own build
+    assert not np.array_equal(reference, run(mod, [x[::-1].copy(), g, b]), equal_nan=True)
+    for name, func in prim_funcs(mod).items():
+        sch = Reduction().apply(func, TARGET, False)
+        assert sch is not None, f"Reduction rejected {name}"
+        mod[name] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    assert np.array_equal(run(mod, [x, g, b]).view(np.int32), reference.view(np.int32))
+    script = "\n".join(f.script() for f in prim_funcs(mod).values())
+    stepped = (r"for \w+ in T\.unroll\((T\.int64\()?8\)+:\s+"
+               r"for \w+ in T\.vectorized\((T\.int64\()?10\)")
+    assert len(re.findall(stepped, script)) == 6  # the three passes: their inits and updates
 
 
 def test_row_groups_with_a_partial_task_and_the_residual_output(rand):
