@@ -8,7 +8,7 @@ reference. The bar is PyTorch's own float32 error against that reference, times
 vectorized kernel rounds through two or three, so statistics as accurate as PyTorch's
 still show up to about twice its error on the largest of ~10^4 outputs; 4x leaves room
 for that, while the one-pass ``E[x²] - E[x]²`` (GroupNorm, InstanceNorm) and the serial
-float32 mean (LayerNorm, ``mean``) gave 4-7x at mean 0 and 10^2-10^5x (or NaN) above it.
+float32 mean (LayerNorm, ``mean``) gave up to 7x at mean 0 and 10^2-10^5x (or NaN) above.
 """
 
 from __future__ import annotations
