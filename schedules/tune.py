@@ -54,6 +54,7 @@ from . import default_rules
 from .cpu.codegen import codegen_target
 from .cpu.comparisons import NaNExactComparisons
 from .cpu.ieee_arith import IEEEArithmetic
+from .cpu.int_arith import WrappingIntegers
 from .cpu.parallel_guard import tir_pipeline
 from .cpu.vector_math import VectorizeMath
 from .remote import RemoteRunner, Tracker
@@ -157,7 +158,8 @@ def _build(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     # as compile builds the chosen schedule
-    mod = VectorizeMath(target)(IEEEArithmetic(target)(NaNExactComparisons(target)(mod)))
+    mod = IEEEArithmetic(target)(NaNExactComparisons(target)(mod))
+    mod = VectorizeMath(target)(WrappingIntegers(target)(mod))
     if target.kind.name == "llvm":  # compile's TIR pipeline: a symbolic kernel's parallel loops guarded
         return tvm_build(mod, target=codegen_target(target), pipeline=tir_pipeline())
     return tvm_build(mod, target=target)

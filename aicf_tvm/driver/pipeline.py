@@ -4,7 +4,8 @@ normalize -> LiftEmits -> PropagateContracts -> (EliminateEmits, FuseEmits,
 MaterializeEmits, PropagateContracts)* to a bounded fixpoint -> LowerEmits ->
 kernel selection (tuned record, else default rule, else fallback) -> NaNExactComparisons
 (float comparisons that inlining made NaN-wrong) -> IEEEArithmetic (float + - * / kept from
-TIR's real-number simplifier and from FMA contraction) -> VectorizeMath (float32 transcendental
+TIR's real-number simplifier and from FMA contraction) -> WrappingIntegers (integer + - * on
+values wrap, fused or not) -> VectorizeMath (float32 transcendental
 calls as vectorizable arithmetic) -> the backend's own dataflow
 lowering -> ``tvm.compile`` (CPU kernels with ``GuardSmallParallel``: a parallel loop of
 symbolic work runs serially on calls too small for the thread pool). ``verify_contracts`` runs after every step
@@ -49,6 +50,7 @@ from schedules.cpu.codegen import codegen_target
 from schedules.cpu.common import float32_lanes
 from schedules.cpu.comparisons import NaNExactComparisons
 from schedules.cpu.ieee_arith import IEEEArithmetic
+from schedules.cpu.int_arith import WrappingIntegers
 from schedules.cpu.parallel_guard import tir_pipeline
 from schedules.cpu.vector_math import VectorizeMath
 from schedules.cuda import host_bound_kernels
@@ -176,6 +178,7 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
         mod, packed, refused = prepack_weights(mod)
         mod = NaNExactComparisons(target)(mod)  # what the schedules inlined keeps IEEE NaN results
         mod = IEEEArithmetic(target)(mod)  # float + - * / kept from the simplifier and contraction
+        mod = WrappingIntegers(target)(mod)  # integer + - * on values wrap, fused or not
         if vector_math:  # exp/erf/tanh/... as SIMD arithmetic, not one libm call per lane
             mod = VectorizeMath(target)(mod)
     if report is not None:
