@@ -1,35 +1,46 @@
-"""NormalizeIndices: every gather reads in bounds (take, gather_elements, gather_nd, index_tensor).
+"""NormalizeIndices: every gather reads in bounds or raises (take, gather_elements, gather_nd,
+index_tensor).
 
 ``take(mode="fast")``, ``gather_elements``, ``gather_nd`` and ``index_tensor`` address
 memory with the raw index: a negative index, which PyTorch and ONNX define as counting
 from the end, or any index past the end reads out of bounds. Frontends emit them for
 exactly such indexing: Falcon's ``fused_qkv[..., [-2], :]`` became ``take(mode="fast")``
-with index -2 and read the bytes before the tensor.
+with index -2 and read the bytes before the tensor; an embedding called with token id 150
+of 100 read past its table.
 
 Per call, on op-level Relax (in the importers, and in ``compile``'s normalize):
 
 * indices that are constants, on an axis of static size ``n``: decided at compile time.
   Under ``fast`` (no mode: the gathers) an index in ``[-n, n)`` becomes ``i mod n``; one
   outside is an ``UnsupportedModelError`` naming the op (PyTorch and ONNX reject it too).
-  A take under ``wrap``/``clip`` has the mode applied to the constant. The result is a
-  take in ``fast`` mode: its indices are proven in range.
-* indices proven in ``[0, n)``: left as they are.  The proof follows views (expand_dims,
-  reshape, broadcast_to, squeeze, permute_dims) and ``+ 0`` back to ``arange(0, m, 1)``
-  with ``m <= n`` (PyTorch's mask builders index a ``[batch, seq]`` mask by
-  ``arange(batch)`` and ``arange(seq)``: wrapped, a dynamic-shape build ran six more
-  kernels per call for the bound tensors and the ``floor_mod``);
-* any other indices: a ``fast`` take becomes ``wrap``; a gather gets its indices wrapped,
-  ``floor_mod(indices, n)``, unless they are already (this pass ran before).
-* ``take(mode="nan")`` defines every index: left alone.
+  A take under ``wrap``/``clip`` has the mode applied to the constant. So are checks
+  (below) of indices that are constants by now (the importers run this pass before
+  ``FoldConstant``; ``normalize`` runs it after).
+* indices proven in ``[0, n)``: left as they are. The proof follows views (expand_dims,
+  reshape, broadcast_to, squeeze, permute_dims), casts that keep the values and ``+ 0``
+  back to ``arange(0, m, 1)`` with ``m <= n`` (PyTorch's mask builders index a
+  ``[batch, seq]`` mask by ``arange(batch)`` and ``arange(seq)``), or to a check kernel's
+  result (below) for an extent ``<= n``.
+* any other indices get a check kernel (``relax_passes.index_checks``): at run time an
+  index outside ``[-n, n)`` raises ``InputError`` naming it and the bound, and negative
+  ones are counted from the end. The check reads the indices' source: back through views
+  and integer casts whose dtype holds every index in range (TVM's PyTorch frontend casts
+  token ids to int32 before its take: id 2**32 + 1 must be refused, not read as 1), and
+  through ONNX's ``where(i < 0, i + n, i)``, which counts from the end itself.
+  ``NormalizeIndices(from_end=False)`` rejects negative indices instead (the PyTorch
+  importer checks embedding, index_select and gather indices so, as PyTorch does).
+* a take on indices in range reads them in ``clip`` mode: the same elements as ``fast``,
+  without TVM's warning that ``fast`` reads out of bounds. ``take(mode="nan")``,
+  ``wrap`` and ``clip`` on other indices define every index: left alone.
 
-Sound: for an index in ``[-n, n)`` ``i mod n`` is the element PyTorch and ONNX read; they
-define no result for other indices (they raise), for which the kernel now stays in
-bounds instead of reading arbitrary memory.
+Sound: for an index in ``[-n, n)`` the element read is the one PyTorch and ONNX read; they
+define no result for other indices (they raise), and so do we, before the gather runs.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import tvm
@@ -37,6 +48,8 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from aicf_tvm.errors import UnsupportedModelError
+
+from .index_checks import checked_extents, emit_checked, folded_check
 
 Extent = int | tvm.ir.Expr
 
@@ -67,6 +80,16 @@ def resolve_constant(values: np.ndarray, extents: list[int], mode: str, op: str)
     return fixed.astype(values.dtype)
 
 
+def holds_range(dtype: str, extents: list[Extent]) -> bool:
+    """Whether integer ``dtype`` holds every index in ``[-n, n)`` of each extent (symbolic
+    extents: only 64-bit signed dtypes do)."""
+    if not dtype.startswith("int"):
+        return False
+    bits = int(dtype[3:])
+    static = static_extents(extents)
+    return bits >= 64 or (static is not None and all(n <= 2 ** (bits - 1) for n in static))
+
+
 def _const(values: np.ndarray) -> relax.Expr:
     return relax.const(values, str(values.dtype))
 
@@ -85,82 +108,128 @@ def _product(shape: list[Extent]) -> Extent:
     return tvm.sym.Analyzer().simplify(size) if not isinstance(size, int) else size
 
 
-@mutator
-class _IndexNormalizer(PyExprMutator):
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = self.visit_expr_post_order(call)
-        if not isinstance(call.op, tvm.ir.Op) or call.op.name not in _RULES:
-            return call
-        return _RULES[call.op.name](self, call)
+def _dims(shape: list[Extent]) -> list:
+    return [int(d) if isinstance(d, tirx.IntImm) else str(d) for d in shape]
 
-    # --- helpers shared by the rules --------------------------------------------------
 
-    def wrapped(self, indices: relax.Expr, extents: list[Extent]) -> relax.Expr:
-        """``floor_mod(indices, extents)`` (broadcast on the last axis when several), or the
-        indices themselves when they are that already."""
-        if self._is_wrapped(indices, extents) or self._in_range(indices, extents):
-            return indices
-        dtype = str(indices.ty.dtype)
-        static = static_extents(extents)
-        if static is not None:
-            bound: relax.Expr = _const(np.array(static if len(static) > 1 else static[0], dtype=dtype))
-        else:
-            bound = self.builder_.emit(relax.op.astype(relax.op.shape_to_tensor(relax.ShapeExpr(extents)), dtype))
-            if len(extents) == 1:
-                bound = self.builder_.emit(relax.op.reshape(bound, ()))
-        return self.builder_.emit(relax.op.floor_mod(indices, bound))
-
-    def _is_wrapped(self, indices: relax.Expr, extents: list[Extent]) -> bool:
-        value = self._bound_value(indices)
-        if not (isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.floor_mod"))):
-            return False
-        bound = self._extents_of(value.args[1])
-        return bound is not None and len(bound) == len(extents) and all(
-            tvm.sym.Analyzer().can_prove_equal(a, b) for a, b in zip(bound, extents))
-
-    def _in_range(self, indices: relax.Expr, extents: list[Extent]) -> bool:
-        """Whether every index is proven in ``[0, extents[0])`` (one extent only)."""
-        end = self._arange_end(indices)
-        return end is not None and len(extents) == 1 and tvm.sym.Analyzer().can_prove(end <= extents[0])
-
-    def _arange_end(self, expr: relax.Expr) -> tvm.ir.Expr | None:
-        """``m`` when every element of ``expr`` is a value of ``arange(0, m, 1)`` (so in
-        ``[0, m)``), through views and ``+ 0``; None when that is not proven."""
-        value = self._bound_value(expr)
-        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
-            return None
-        name = value.op.name
-        if name in _VALUE_VIEWS:
-            return self._arange_end(value.args[0])
-        if name == "relax.add" and _is_int_zero(value.args[1]):
-            return self._arange_end(value.args[0])
-        if name == "relax.arange" and len(value.args) == 3:
-            start, end, step = value.args
-            if _is_int(start, 0) and _is_int(step, 1) and str(end.ty).startswith("int"):
-                return end
-        return None
-
-    def _bound_value(self, expr: relax.Expr) -> Any:
-        return self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
-
-    def _extents_of(self, expr: relax.Expr) -> list[Extent] | None:
-        """The extents a ``wrapped`` bound tensor holds (the forms ``wrapped`` builds)."""
-        value = self._bound_value(expr)
-        if isinstance(value, tvm.ir.Constant):
-            return [int(v) for v in np.atleast_1d(value.value.numpy())]
-        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
-            return None
-        if value.op.name in ("relax.astype", "relax.reshape"):
-            return self._extents_of(value.args[0])
-        if value.op.name == "relax.shape_to_tensor":
-            shape = value.args[0]
-            return list(shape.values) if isinstance(shape, relax.ShapeExpr) else None
-        return None
+def describe_tensor(expr: relax.Expr) -> str:
+    """``a float32 [100, 16] tensor``: an operand as error messages name it."""
+    shape = _shape(expr)
+    dims = ", ".join(str(d) for d in _dims(shape)) if shape is not None else "?"
+    return f"a {expr.ty.dtype} [{dims}] tensor"
 
 
 # Ops whose every output element is an element of their first operand.
 _VALUE_VIEWS = frozenset({"relax.expand_dims", "relax.reshape", "relax.broadcast_to", "relax.squeeze",
                           "relax.permute_dims"})
+
+
+class IndexChecker:
+    """Emits the checks of gather indices into ``bb`` (module docstring); ``lookup`` gives
+    a var's bound value, ``params`` are the function's inputs (named in messages)."""
+
+    def __init__(self, bb: relax.BlockBuilder, lookup: Callable[[relax.Var], Any], params: list,
+                 from_end: bool = True) -> None:
+        self.bb, self.lookup, self.params, self.from_end = bb, lookup, params, from_end
+
+    def checked(self, indices: relax.Expr, extents: list[Extent], op: str) -> relax.Expr:
+        """``indices`` themselves when proven in ``[0, extents)``, else their check."""
+        if self.in_range(indices, extents):
+            return indices
+        src, views, from_end = self._source(indices, extents, self.from_end)
+        named = next((p.name for p in self.params if p.same_as(src)), None)
+        what = op.split(" ")[0]
+        subject = f"input {named}" if named else f"the indices of {what} (computed in the model)"
+        out = emit_checked(self.bb, src, extents, str(indices.ty.dtype), from_end, subject, op)
+        for view in views:  # the same views of the checked values
+            out = self.bb.emit(relax.Call(view.op, [out, *view.args[1:]], view.attrs, view.ty_args))
+        return out
+
+    def in_range(self, indices: relax.Expr, extents: list[Extent]) -> bool:
+        """Whether every index is proven in ``[0, extents[j])``: an arange within the extent
+        or a check against extents no larger, through views (one extent only) and casts."""
+        value = self._value(indices)
+        proven = checked_extents(value, self.bb.get(), self.lookup)
+        if proven is not None:
+            return len(proven) == len(extents) and all(
+                tvm.sym.Analyzer().can_prove(a <= b) for a, b in zip(proven, extents))
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return False
+        name = value.op.name
+        if name == "relax.astype" and holds_range(str(value.ty.dtype), extents):
+            return self.in_range(value.args[0], extents)
+        if len(extents) != 1:
+            return False
+        if name in _VALUE_VIEWS or (name == "relax.add" and _is_int_zero(value.args[1])):
+            return self.in_range(value.args[0], extents)
+        if name == "relax.arange" and len(value.args) == 3:
+            start, end, step = value.args
+            return (_is_int(start, 0) and _is_int(step, 1) and str(end.ty).startswith("int")
+                    and tvm.sym.Analyzer().can_prove(end <= extents[0]))
+        return False
+
+    def _source(self, indices: relax.Expr, extents: list[Extent],
+                from_end: bool) -> tuple[Any, list, bool]:
+        """The tensor to check for ``indices`` (module docstring), the views from it to them
+        in order, and whether its negative indices count from the end."""
+        value = self._value(indices)
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return indices, [], from_end
+        name = value.op.name
+        if name == "relax.astype" and holds_range(str(value.ty.dtype), extents) and \
+                str(value.args[0].ty.dtype).startswith(("int", "uint")):
+            return self._source(value.args[0], extents, from_end)
+        counted = self._counted_from_end(value, extents)
+        if counted is not None:
+            return self._source(counted, extents, True)
+        if name in _VALUE_VIEWS and len(extents) == 1:
+            src, views, fe = self._source(value.args[0], extents, from_end)
+            return src, [*views, value], fe
+        return indices, [], from_end
+
+    def _counted_from_end(self, value: relax.Call, extents: list[Extent]) -> relax.Expr | None:
+        """``i`` when ``value`` is ``where(i < 0, i + n, i)`` with ``n`` the (static) extents
+        (ONNX's Gather, GatherElements and GatherND count negative indices so), else None."""
+        static = static_extents(extents)
+        if value.op.name != "relax.where" or static is None:
+            return None
+        cond, added = self._value(value.args[0]), self._value(value.args[1])
+        src = value.args[2]
+        if not (_is_call(cond, "relax.less") and _is_call(added, "relax.add")
+                and _is_int_zero(cond.args[1])
+                and cond.args[0].same_as(src) and added.args[0].same_as(src)
+                and isinstance(added.args[1], tvm.ir.Constant)):
+            return None
+        n = added.args[1].value.numpy()
+        wanted = np.array(static if len(static) > 1 else static[0])
+        if n.size == 0 or n.ndim > 1 or (n.ndim == 1 and n.shape[0] not in (1, wanted.size)):
+            return None
+        n = np.broadcast_to(n, np.broadcast_shapes(n.shape, wanted.shape))
+        return src if np.all(n == wanted) else None
+
+    def _value(self, expr: relax.Expr) -> Any:
+        return self.lookup(expr) if isinstance(expr, relax.Var) else expr
+
+
+@mutator
+class _IndexNormalizer(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, params: list, from_end: bool) -> None:
+        super().__init__(mod)
+        self.checker = IndexChecker(self.builder_, self.lookup_binding, params, from_end)
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        # a check of indices constant by now (FoldConstant ran): decided here
+        folded = folded_check(call, self.builder_.get(), self.lookup_binding)
+        if folded is not None:
+            return folded
+        if not isinstance(call.op, tvm.ir.Op) or call.op.name not in _RULES:
+            return call
+        return _RULES[call.op.name](self.checker, call)
+
+
+def _is_call(value: Any, op: str) -> bool:
+    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == op
 
 
 def _is_int(expr: Any, value: int) -> bool:
@@ -174,7 +243,7 @@ def _is_int_zero(expr: relax.Expr) -> bool:
     return not np.any(expr.value.numpy())
 
 
-def _take(self: _IndexNormalizer, call: relax.Call) -> relax.Expr:
+def _take(checker: IndexChecker, call: relax.Call) -> relax.Expr:
     data, indices = call.args
     axis, mode = call.attrs.axis, str(call.attrs.mode)
     shape = _shape(data)
@@ -184,43 +253,47 @@ def _take(self: _IndexNormalizer, call: relax.Call) -> relax.Expr:
     static = static_extents([extent])
     if isinstance(indices, tvm.ir.Constant) and static is not None:
         fixed = resolve_constant(indices.value.numpy(), static, mode, "take")
-        return relax.op.take(data, _const(fixed), axis, mode="fast")
-    return relax.op.take(data, indices, axis, mode="wrap") if mode == "fast" else call
+        return relax.op.take(data, _const(fixed), axis, mode="clip")
+    if mode != "fast" and not checker.in_range(indices, [extent]):
+        return call  # the mode defines every index
+    where = f"along axis {int(axis)}" if axis is not None else "of the flattened"
+    op = f"take {where} of {describe_tensor(data)}"
+    return relax.op.take(data, checker.checked(indices, [extent], op), axis, mode="clip")
 
 
-def _gather_elements(self: _IndexNormalizer, call: relax.Call) -> relax.Expr:
+def _gather_elements(checker: IndexChecker, call: relax.Call) -> relax.Expr:
     data, indices = call.args
     shape = _shape(data)
     if shape is None:
         return call
-    extent = [shape[int(call.attrs.axis) % len(shape)]]
-    return relax.op.gather_elements(data, _fix(self, indices, extent, "gather_elements"), int(call.attrs.axis))
+    axis = int(call.attrs.axis)
+    op = f"gather_elements along axis {axis} of {describe_tensor(data)}"
+    checked = _fix(checker, indices, [shape[axis % len(shape)]], op)
+    return relax.op.gather_elements(data, checked, axis)
 
 
-def _gather_nd(self: _IndexNormalizer, call: relax.Call) -> relax.Expr:
+def _gather_nd(checker: IndexChecker, call: relax.Call) -> relax.Expr:
     data, indices = call.args
     shape, ishape = _shape(data), _shape(indices)
     batch = int(call.attrs.batch_dims)
     if shape is None or ishape is None or static_extents(ishape[-1:]) is None:
         return call
     extents = shape[batch:batch + int(ishape[-1])]
-    return relax.op.gather_nd(data, _fix(self, indices, extents, "gather_nd"), batch)
+    op = f"gather_nd of {describe_tensor(data)}"
+    return relax.op.gather_nd(data, _fix(checker, indices, extents, op), batch)
 
 
-def _index_tensor(self: _IndexNormalizer, call: relax.Call) -> relax.Expr:
+def _index_tensor(checker: IndexChecker, call: relax.Call) -> relax.Expr:
     data, indices = call.args
     shape = _shape(data)
     if shape is None or not isinstance(indices, relax.Tuple):
         return call
-    fixed = [_fix(self, idx, [shape[k]], "index_tensor") for k, idx in enumerate(indices.fields)]
+    fixed = [_fix(checker, idx, [shape[k]], f"index_tensor on axis {k} of {describe_tensor(data)}")
+             for k, idx in enumerate(indices.fields)]
     return relax.op.index_tensor(data, relax.Tuple(fixed))
 
 
-def _dims(shape: list[Extent]) -> list:
-    return [int(d) if isinstance(d, tirx.IntImm) else str(d) for d in shape]
-
-
-def _scatter_elements(self: _IndexNormalizer, call: relax.Call) -> relax.Expr:
+def _scatter_elements(checker: IndexChecker, call: relax.Call) -> relax.Expr:
     """TVM 0.27's scatter_elements kernel places an update wrongly when the indices are
     smaller than the data on an axis other than ``axis`` (its offsets use the data's
     extents to unflatten the indices' positions): such a call is refused, not miscomputed."""
@@ -238,14 +311,14 @@ def _scatter_elements(self: _IndexNormalizer, call: relax.Call) -> relax.Expr:
     return call
 
 
-def _fix(self: _IndexNormalizer, indices: relax.Expr, extents: list[Extent], op: str) -> relax.Expr:
+def _fix(checker: IndexChecker, indices: relax.Expr, extents: list[Extent], op: str) -> relax.Expr:
     static = static_extents(extents)
     if isinstance(indices, tvm.ir.Constant) and static is not None:
-        return _const(resolve_constant(indices.value.numpy(), static, "fast", op))
-    return self.wrapped(indices, extents)
+        return _const(resolve_constant(indices.value.numpy(), static, "fast", op.split(" ")[0]))
+    return checker.checked(indices, extents, op)
 
 
-_RULES: dict[str, Callable[[_IndexNormalizer, relax.Call], relax.Expr]] = {
+_RULES: dict[str, Callable[[IndexChecker, relax.Call], relax.Expr]] = {
     "relax.take": _take,
     "relax.gather_elements": _gather_elements,
     "relax.gather_nd": _gather_nd,
@@ -254,9 +327,21 @@ _RULES: dict[str, Callable[[_IndexNormalizer, relax.Call], relax.Expr]] = {
 }
 
 
-@relax.transform.function_pass(opt_level=0, name="NormalizeIndices")
+@tvm.transform.module_pass(opt_level=0, name="NormalizeIndices")
 class NormalizeIndices:
-    """Make every take/gather read in bounds (module docstring)."""
+    """Make every take/gather read in bounds or raise (module docstring). ``from_end``:
+    whether negative indices count from the end (else they are out of range)."""
 
-    def transform_function(self, func: relax.Function, mod: tvm.IRModule, ctx: Any) -> relax.Function:
-        return _IndexNormalizer(mod).visit_expr(func)
+    def __init__(self, from_end: bool = True) -> None:
+        self.from_end = from_end
+
+    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        for gv, func in list(mod.functions_items()):
+            if not isinstance(func, relax.Function) or "Primitive" in (func.attrs or {}):
+                continue
+            normalizer = _IndexNormalizer(mod, list(func.params), self.from_end)
+            new = normalizer.visit_expr(func)
+            if not new.same_as(func):
+                normalizer.builder_.update_func(gv, new)
+                mod = normalizer.builder_.get()
+        return mod

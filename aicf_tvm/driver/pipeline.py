@@ -40,6 +40,7 @@ from relax_passes.fold_batch_norm import FoldBatchNorm
 from relax_passes.fold_pad import FoldPadIntoConv
 from relax_passes.ieee_fold import FoldConstantIEEE
 from relax_passes.implicit_broadcasts import ImplicitBroadcasts
+from relax_passes.index_checks import HostIndexChecks
 from relax_passes.normalize_indices import NormalizeIndices
 from relax_passes.prepack_weights import mark_layout_free, prepack_weights
 from relax_passes.rewrites import rewrite_passes
@@ -190,6 +191,8 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
 
 
 def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
+    if "gpu" in target.keys:  # a GPU kernel cannot call the host to raise: check on the host
+        mod = HostIndexChecks()(mod)
     if "gpu" in target.keys and (unbound := host_bound_kernels(mod)):
         raise UnsupportedModelError(
             f"kernel(s) {', '.join(unbound)} have no GPU schedule (a loop bound to no GPU thread "

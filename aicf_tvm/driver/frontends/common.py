@@ -11,16 +11,18 @@ from relax_passes.normalize_indices import NormalizeIndices
 
 
 def normalize_import(mod: tvm.IRModule) -> tvm.IRModule:
-    """Simplify shapes under their bounds, fold constants, make every gather read in bounds,
-    drop dead code.
+    """Simplify shapes under their bounds, make every gather read in bounds or raise, fold
+    constants, drop dead code.
 
     ``NormalizeIndices`` runs here, not only in ``compile``: TVM's frontends emit
     ``take(mode="fast")`` for indexing that PyTorch and ONNX define with negative
-    indices, so the imported module is only right for any pipeline once it ran.
+    indices, so the imported module is only right for any pipeline once it ran. It runs
+    before ``FoldConstant``, which folds a take of constants (a position table indexed by
+    ``arange``) through TVM's legalization, and that warns of every ``fast`` take.
     """
     # bounds first: a shape left unknown by inference cannot be folded or legalized
     # creation ops first: TVM types a descending arange and legalizes a -inf full wrongly
-    seq = [NormalizeCreationOps(), BoundShapes(), relax.transform.FoldConstant(), NormalizeIndices(),
+    seq = [NormalizeCreationOps(), BoundShapes(), NormalizeIndices(), relax.transform.FoldConstant(),
            relax.transform.DeadCodeElimination()]
     return tvm.transform.Sequential(seq)(mod)
 

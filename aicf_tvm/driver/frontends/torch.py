@@ -22,6 +22,7 @@ from ...errors import UnsupportedModelError
 from ..symbolic import rename_dims, torch_dim_names
 from .common import first_line, normalize_import
 from .torch_export import capture
+from .torch_indices import index_converters
 
 # Ops that compute in their result dtype: every tensor operand not listed in _KEEP_ARGS is
 # cast to it (PyTorch: an int or bool sum/cumsum accumulates in int64, true division and
@@ -165,7 +166,7 @@ def from_torch(module: Any, example_args: Sequence[Any], dynamic_shapes: Any = N
             ep.graph_module.recompile()
         try:
             mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,
-                                        run_ep_decomposition=False)
+                                        run_ep_decomposition=False, custom_convert_map=index_converters())
         except Exception as err:  # noqa: BLE001 - the frontend asserts on unknown ops
             text = first_line(err)
             missing = re.search(r"Unsupported function types? (\[.*?\])", text)
