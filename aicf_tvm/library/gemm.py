@@ -77,8 +77,9 @@ def _bias_and_residual(m: Match, out_role: str, channel_axis: int, blocked: bool
             dims = (1, n, 1, 1, out.dims[-1])
         elif channel_axis == -1:
             dims = (1,) * (rank - 1) + (n,)
-        else:  # per-channel bias of NCHW: [C, 1, 1] or [1, C, 1, 1]
-            dims = (1,) * (rank - 3) + (n, 1, 1) if rank >= 3 else (n,)
+        else:  # per-channel bias of NCHW: [C, 1, 1] or [1, C, 1, 1]; a [C] one would
+            # broadcast along W, so a scalar bias is broadcast to [C, 1, 1], not to [C]
+            dims = (1,) * max(rank - 3, 0) + (n, 1, 1)
         req["bias"] = ShapeFact.shape(dims)
     if m.has("residual") and out.dims is not None:
         req["residual"] = ShapeFact.shape(out.dims)
