@@ -6,7 +6,7 @@ Comparing mcpu names cannot tell: a library for this host's mcpu with an extra `
 has the same name, and a library for an older CPU runs fine on a newer one.  So the
 decision is made on features: LLVM lists the features a target enables
 (``target_isa``: its instruction-set extensions, without LLVM's tuning flags), and Linux
-lists the host's (``/proc/cpuinfo`` flags, ``deploy.isa_flags``).  Both are x86 names
+lists the host's (``/proc/cpuinfo`` flags, ``isa_flags``).  Both are x86 names
 here; ``LLVM_TO_CPUINFO`` pairs them.  ``export`` records the target's list, so a library
 loaded where only TVM's runtime exists is checked the same way (``deploy.check_target``),
 and ``CompiledModel`` refuses to run such a target before its first kernel.
@@ -17,7 +17,9 @@ left out of the pairing: a host without them runs our kernels all the same.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 # LLVM's x86 feature name -> the /proc/cpuinfo flag of the same instructions.
@@ -37,6 +39,27 @@ LLVM_TO_CPUINFO = {
     "amx-fp16": "amx_fp16",
 }
 X86_ARCHES = ("x86_64", "i386", "i686")
+
+# The /proc/cpuinfo flags that name instruction-set extensions (x86); every aarch64
+# "Features" entry is one.
+_X86_ISA = re.compile(r"(sse\S*|ssse3|pni|avx\S*|amx\S*|fma4?|f16c|bmi\d|abm|popcnt|movbe|aes|vaes|"
+                      r"pclmulqdq|vpclmulqdq|gfni|sha_ni|adx)")
+
+
+def isa_flags(cpuinfo: str | None = None) -> set[str]:
+    """This CPU's instruction-set extensions as Linux lists them (empty where unknown)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return {f for f in value.split() if _X86_ISA.fullmatch(f)}
+        if key.strip() == "Features":
+            return set(value.split())
+    return set()
 
 
 def is_x86(spec: Mapping[str, Any]) -> bool:
@@ -73,8 +96,6 @@ def missing_features(isa: Iterable[str], host_flags: set[str]) -> list[str]:
 def unrunnable_here(spec: Mapping[str, Any]) -> list[str]:
     """The instruction-set features an LLVM target built for this machine's architecture
     enables and this CPU lacks (compiler side: ``target_isa``)."""
-    from .deploy import isa_flags
-
     if spec.get("kind") != "llvm" or not is_x86(spec) or not is_x86({}):
         return []
     return missing_features(target_isa(spec), isa_flags())

@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import platform
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ import tvm
 
 from ..errors import DeployError
 from ..version import __version__
+from . import cpu_features
 from .cpu_features import LLVM_TO_CPUINFO, missing_features, target_isa
 from .targets import describe
 
@@ -69,7 +69,7 @@ def metadata_of(model: Any) -> dict:
         "tvm_version": tvm.__version__,
         "target": model.target_spec,
         "target_description": describe(model.target_spec),
-        "build_host": {"mcpu": host.get("mcpu"), "isa_flags": sorted(isa_flags())},
+        "build_host": {"mcpu": host.get("mcpu"), "isa_flags": sorted(cpu_features.isa_flags())},
         # the instruction-set features the kernels may use (LLVM's names, cpu_features)
         "isa_features": target_isa(_cpu_spec(model.target_spec)),
         "inputs": [s.to_json() for s in model.inputs],
@@ -172,28 +172,6 @@ def _host_target() -> dict:
     return dict(tvm.target.Target.from_device(tvm.cpu()).export())
 
 
-# The /proc/cpuinfo flags that name instruction-set extensions (x86); every aarch64
-# "Features" entry is one.
-_X86_ISA = re.compile(r"(sse\S*|ssse3|pni|avx\S*|amx\S*|fma4?|f16c|bmi\d|abm|popcnt|movbe|aes|vaes|"
-                      r"pclmulqdq|vpclmulqdq|gfni|sha_ni|adx)")
-
-
-def isa_flags(cpuinfo: str | None = None) -> set[str]:
-    """This CPU's instruction-set extensions as Linux lists them (empty where unknown)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return {f for f in value.split() if _X86_ISA.fullmatch(f)}
-        if key.strip() == "Features":
-            return set(value.split())
-    return set()
-
-
 def _cpu_spec(target: dict) -> dict:
     """The LLVM target whose code runs on the CPU: the target, or a CUDA target's host."""
     host = target.get("host")
@@ -210,7 +188,7 @@ def _check_cpu(meta: dict, spec: dict, name: str) -> None:
                           f"recompile it here with --target llvm")
     mcpu, host_mcpu = spec.get("mcpu"), host.get("mcpu")
     if "isa_features" in meta:  # the features decide, whatever the CPUs are called
-        missing = missing_features(meta["isa_features"], isa_flags())
+        missing = missing_features(meta["isa_features"], cpu_features.isa_flags())
         if missing:
             names = ", ".join(f if f == LLVM_TO_CPUINFO[f] else f"{f} ({LLVM_TO_CPUINFO[f]})"
                               for f in missing)
@@ -224,7 +202,7 @@ def _check_cpu(meta: dict, spec: dict, name: str) -> None:
                           f"with --target llvm")
     built_on = meta.get("build_host") or {}
     if host_mcpu is None and mcpu and mcpu == built_on.get("mcpu"):
-        missing = sorted(set(built_on.get("isa_flags", ())) - isa_flags())
+        missing = sorted(set(built_on.get("isa_flags", ())) - cpu_features.isa_flags())
         if missing:
             raise DeployError(f"{name}: compiled for CPU {mcpu} ({what}), whose instructions "
                               f"{', '.join(missing)} this CPU lacks: recompile it for this host")

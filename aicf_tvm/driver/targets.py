@@ -28,8 +28,7 @@ def _masked(spec: dict) -> dict:
     """``mattr`` turning off what the host's mcpu implies but this CPU does not offer: LLVM
     names the host CPU by its model, and a VM may hide some of that model's extensions
     (AVX-512, AMX) from its guests; code using them would die of SIGILL."""
-    from .cpu_features import missing_features, target_isa
-    from .deploy import isa_flags
+    from .cpu_features import isa_flags, missing_features, target_isa
 
     hidden = missing_features(target_isa(spec), isa_flags())
     if not hidden:

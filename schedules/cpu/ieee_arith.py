@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import tvm
 import tvm_ffi
-from tvm import s_tir, tirx
-from tvm import ir
-from tvm.ir import Expr, op as ir_op
+from tvm import ir, s_tir, tirx
+from tvm.ir import Expr
+from tvm.ir import op as ir_op
 from tvm.target import Target
 from tvm.tirx import CallEffectKind
 
@@ -157,7 +157,7 @@ def ieee_arithmetic(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tvm_ffi.structural_map(func, rules)
 
 
-def IEEEArithmetic(target: Target | None = None) -> tvm.transform.Pass:  # noqa: N802 - a pass
+def IEEEArithmetic(target: Target | None = None) -> tvm.transform.Pass:
     """PrimFunc pass applying ``ieee_arithmetic`` to the PrimFuncs compiled for an LLVM
     target (the PrimFunc's ``target`` attr, else ``target``, else ``with target:``)."""
     return llvm_prim_func_pass(ieee_arithmetic, target, "IEEEArithmetic")

@@ -14,12 +14,12 @@ from tvm import relax
 
 import aicf_tvm
 from aicf_tvm import DeployError, TargetError
-from aicf_tvm.driver import deploy
+from aicf_tvm.driver import cpu_features, deploy
 from aicf_tvm.driver.cpu_features import LLVM_TO_CPUINFO, is_x86, target_isa, unrunnable_here
 from aicf_tvm.driver.models import BUILTIN_MODELS
 from aicf_tvm.driver.targets import resolve_target
 
-HOST_FLAGS = deploy.isa_flags()
+HOST_FLAGS = cpu_features.isa_flags()
 pytestmark = pytest.mark.skipif(not (is_x86({}) and HOST_FLAGS),
                                 reason="x86 feature names and /proc/cpuinfo flags only")
 # CPUs LLVM knows, oldest first; a test takes the first this host cannot run
@@ -72,13 +72,13 @@ def test_this_mcpu_with_an_extension_the_cpu_lacks_is_refused(model_and_input, m
     isa = target_isa(host)
     assert isa, "the host target enables no extension"
     feature = "avx2" if "avx2" in isa else isa[-1]
-    monkeypatch.setattr(deploy, "isa_flags", lambda: HOST_FLAGS - {LLVM_TO_CPUINFO[feature]})
+    monkeypatch.setattr(cpu_features, "isa_flags", lambda: HOST_FLAGS - {LLVM_TO_CPUINFO[feature]})
     model = aicf_tvm.compile(mod, target={k: v for k, v in host.items() if k != "mattr"})
     with pytest.raises(TargetError, match=rf"instructions .*\b{feature}\b"):
         model(x)
     monkeypatch.undo()
     path = aicf_tvm.compile(mod).export(tmp_path / "host.so")
-    monkeypatch.setattr(deploy, "isa_flags", lambda: HOST_FLAGS - {LLVM_TO_CPUINFO[feature]})
+    monkeypatch.setattr(cpu_features, "isa_flags", lambda: HOST_FLAGS - {LLVM_TO_CPUINFO[feature]})
     with pytest.raises(DeployError, match=rf"host\.so: .* instructions .*\b{feature}\b.* this CPU lacks"):
         aicf_tvm.load(path)
 
@@ -97,7 +97,7 @@ def test_the_host_target_leaves_out_extensions_the_cpu_hides(monkeypatch):
     """LLVM names the host CPU by its model; extensions a VM hides become ``-feature``."""
     isa = target_isa(resolve_target("llvm").export())
     hidden = "avx2" if "avx2" in isa else isa[-1]
-    monkeypatch.setattr(deploy, "isa_flags", lambda: HOST_FLAGS - {LLVM_TO_CPUINFO[hidden]})
+    monkeypatch.setattr(cpu_features, "isa_flags", lambda: HOST_FLAGS - {LLVM_TO_CPUINFO[hidden]})
     target = resolve_target("llvm").export()
     assert f"-{hidden}" in target.get("mattr", ())
     assert hidden not in target_isa(target) and not unrunnable_here(target)

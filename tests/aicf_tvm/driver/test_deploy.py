@@ -12,7 +12,7 @@ from tvm import relax
 
 import aicf_tvm
 from aicf_tvm import DeployError, InputError
-from aicf_tvm.driver import deploy
+from aicf_tvm.driver import cpu_features, deploy
 from aicf_tvm.driver.compiled import flat_outputs
 from aicf_tvm.driver.models import BUILTIN_MODELS
 from aicf_tvm.emit import Emit
@@ -97,9 +97,9 @@ def test_module_for_another_cpu_is_refused_by_its_features(exported, monkeypatch
     needed = deploy.read_metadata(exported)["isa_features"]
     if not needed:
         pytest.skip("the library needs no instruction-set extension")
-    flag = deploy.LLVM_TO_CPUINFO[needed[-1]]
-    flags = deploy.isa_flags()
-    monkeypatch.setattr(deploy, "isa_flags", lambda: flags - {flag})
+    flag = cpu_features.LLVM_TO_CPUINFO[needed[-1]]
+    flags = cpu_features.isa_flags()
+    monkeypatch.setattr(cpu_features, "isa_flags", lambda: flags - {flag})
     with pytest.raises(DeployError, match=rf"small\.so: compiled for CPU .* instructions .*{needed[-1]}"):
         aicf_tvm.load(exported)
 

@@ -23,7 +23,7 @@ import tvm
 
 import aicf_tvm
 from aicf_tvm import DeployError
-from aicf_tvm.driver import deploy
+from aicf_tvm.driver import cpu_features, deploy
 from aicf_tvm.driver.models import SMALL_SIZES, encoder_layer
 from aicf_tvm.driver.threads import available_cpus
 from tests.aicf_tvm.driver.test_models import numpy_encoder
@@ -135,8 +135,8 @@ def test_cpu_check_without_llvm_uses_the_recorded_features(exported, monkeypatch
     if not meta["isa_features"]:
         pytest.skip("the library needs no instruction-set extension")
     lacking = meta["isa_features"][0]
-    flags = deploy.isa_flags()
-    monkeypatch.setattr(deploy, "isa_flags", lambda: flags - {deploy.LLVM_TO_CPUINFO[lacking]})
+    flags = cpu_features.isa_flags()
+    monkeypatch.setattr(cpu_features, "isa_flags", lambda: flags - {cpu_features.LLVM_TO_CPUINFO[lacking]})
     with pytest.raises(DeployError, match=rf"encoder\.so: .* instructions {lacking}\b.* this CPU lacks"):
         deploy.check_target(meta, "encoder.so")
 
@@ -148,7 +148,7 @@ def test_cpu_check_without_llvm_uses_the_recorded_features(exported, monkeypatch
     ("processor\t: 0\n", set()),
 ])
 def test_isa_flags_keep_only_instruction_set_extensions(cpuinfo, expected):
-    assert deploy.isa_flags(cpuinfo) == expected
+    assert cpu_features.isa_flags(cpuinfo) == expected
 
 
 def test_cuda_host_code_is_generic_and_checked_on_load():
