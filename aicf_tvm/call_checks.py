@@ -21,8 +21,9 @@ Only numpy and TVM's FFI are imported: ``aicf_tvm.load`` runs where only TVM's r
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,11 @@ _BINARY = {
     "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
     "and": lambda a, b: bool(a) and bool(b), "or": lambda a, b: bool(a) or bool(b),
 }
-_INFIX = {"+", "-", "*", "//", "%", "==", "!=", "<", "<=", "and", "or"}
+# How tightly each infix operator binds (Python's order), and which may chain unbracketed.
+_RANK = {"or": 0, "and": 1, "==": 2, "!=": 2, "<": 2, "<=": 2, "+": 3, "-": 3, "*": 4, "//": 4,
+         "%": 4}
+_INFIX = set(_RANK)
+_ASSOCIATIVE = {"or", "and", "+", "*"}
 
 
 def evaluate(expr: DimExpr, dims: Mapping[str, int]) -> Any:
@@ -62,15 +67,21 @@ def evaluate(expr: DimExpr, dims: Mapping[str, int]) -> Any:
 
 
 def render(expr: DimExpr) -> str:
-    """``expr`` as text: ``b == 16``, ``min(seq, 16)``, ``(a * b) % 8 == 0``."""
+    """``expr`` as text: ``b == 16``, ``a * b == 128``, ``b == 1 or b == 16``,
+    ``(a * b) % 8 == 0``: an operand in parentheses unless it binds tighter (or is the
+    same associative operator)."""
     if isinstance(expr, (int, str)):
         return str(expr)
     op, *args = expr
-    parts = [render(a) if isinstance(a, (int, str)) or a[0] not in _INFIX else f"({render(a)})"
-             for a in args]
-    if op in _INFIX:
-        return f" {op} ".join(parts)
-    return f"{op}({', '.join(parts)})"
+    if op not in _INFIX:
+        return f"{op}({', '.join(render(a) for a in args)})"
+    parts = []
+    for k, arg in enumerate(args):
+        inner = arg[0] if isinstance(arg, list) and arg[0] in _INFIX else None
+        loose = inner is not None and (_RANK[inner] < _RANK[op] or (
+            _RANK[inner] == _RANK[op] and (k > 0 or inner != op or op not in _ASSOCIATIVE)))
+        parts.append(f"({render(arg)})" if loose else render(arg))
+    return f" {op} ".join(parts)
 
 
 def names_in(expr: DimExpr) -> list[str]:
@@ -83,6 +94,34 @@ def names_in(expr: DimExpr) -> list[str]:
     for arg in expr[1:]:
         out += [n for n in names_in(arg) if n not in out]
     return out
+
+
+# A bound dim: (its size, the input that gave it, the axis of that input).
+BoundDim = tuple[int, str, int]
+
+
+def _compiled(expr: DimExpr) -> Callable[[Mapping[str, BoundDim]], Any]:
+    """``evaluate`` of ``expr`` as a tree of closures over bound dims, built once: a model
+    checks its requirements at every call."""
+    if isinstance(expr, (bool, int)):
+        return lambda dims, v=int(expr): v
+    if isinstance(expr, str):
+        return lambda dims: dims[expr][0]
+    op, *args = expr
+    parts = [_compiled(a) for a in args]
+    if op == "not":
+        return lambda dims: not parts[0](dims)
+    if op == "select":
+        return lambda dims: parts[1](dims) if parts[0](dims) else parts[2](dims)
+    fn, left, right = _BINARY[op], parts[0], parts[1]
+    if op in ("//", "%"):  # None for a division by zero, as evaluate
+
+        def divide(dims: Mapping[str, BoundDim]) -> Any:
+            a, b = left(dims), right(dims)
+            return None if a is None or b is None else fn(a, b)
+
+        return divide
+    return lambda dims: fn(left(dims), right(dims))
 
 
 @dataclass(frozen=True)
@@ -100,26 +139,27 @@ class Requirement:
     def from_json(cls, data: Mapping[str, Any]) -> Requirement:
         return cls(data["expr"], str(data["op"]), str(data["role"]))
 
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(names_in(self.expr))
+
+    @cached_property
+    def holds(self) -> Callable[[Mapping[str, BoundDim]], Any]:
+        """Whether the bound dims meet it (each name bound)."""
+        return _compiled(self.expr)
+
     def __str__(self) -> str:
         return render(self.expr)
-
-
-# A bound dim: (its size, the input that gave it, the axis of that input).
-BoundDim = tuple[int, str, int]
 
 
 def check_requirements(requirements: Sequence[Requirement], dims: Mapping[str, BoundDim]) -> None:
     """Raise ``InputError`` for the first requirement the bound ``dims`` break, naming each
     input and dim it reads; a requirement over a dim no input binds is not checked here."""
-    values = {name: bound[0] for name, bound in dims.items()}
     for req in requirements:
-        names = names_in(req.expr)
-        if any(n not in values for n in names):
-            continue
-        if evaluate(req.expr, values):
+        if req.holds(dims) if all(n in dims for n in req.names) else True:
             continue
         given = ", ".join(f"input {dims[n][1]}: dim {n} = {dims[n][0]} (axis {dims[n][2]})"
-                          for n in names)
+                          for n in req.names)
         raise InputError(f"{given}, but {req.op} requires {req} ({req.role}); give inputs whose "
                          f"dims satisfy it")
 

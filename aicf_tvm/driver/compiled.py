@@ -3,8 +3,13 @@
 ``load`` makes one from a library written by ``CompiledModel.export`` (the format is
 ``driver.deploy``'s). Only TVM's runtime is imported here (``tvm.runtime``, the VM, no
 Relax): a model loaded by ``aicf_tvm.load`` runs where only ``libtvm_runtime`` exists.
-The Relax helpers (``specs_of``, ``dim_bounds_of``, ``kernels_of``) import the compiler
-side in their bodies, when a freshly compiled model calls them.
+The Relax helpers (``specs_of``, ``dim_bounds_of``, ``requirements_of``, ``kernels_of``)
+import the compiler side in their bodies, when a freshly compiled model calls them.
+
+Every call is checked before anything runs: the inputs' names, dtypes and static dims,
+each symbolic dim equal across the inputs and within its bounds, and the relations of
+the dims that the model's ops require (``aicf_tvm.call_checks``); all of it travels in an
+exported library's metadata.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import numpy as np
 import tvm
 from tvm.runtime.vm import VirtualMachine
 
+from ..call_checks import BoundDim, Requirement, check_requirements
 from ..emit import plain
 from ..errors import DeployError, InputError, TargetError
 from ..lattice.shape import row_major
@@ -135,6 +141,13 @@ def dim_bounds_of(func: relax.Function) -> dict[str, list]:
     return {name: list(pair) for name, pair in bounds_of(func).items()}
 
 
+def requirements_of(func: relax.Function) -> list[Requirement]:
+    """The relations of input dims ``func``'s ops require (``relax_passes.shape_requirements``)."""
+    from relax_passes.shape_requirements import requirements_of as derive
+
+    return derive(func)
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One PrimFunc called per inference: its name, Emit kind and schedule source."""
@@ -188,7 +201,8 @@ class CompiledModel:
                  optimized: tvm.IRModule | None = None, inputs: Sequence[TensorSpec] | None = None,
                  outputs: Sequence[TensorSpec] | None = None, kernels: Sequence[Kernel] | None = None,
                  device: Any = None, metadata: Mapping[str, Any] | None = None,
-                 path: str | None = None, dim_bounds: Mapping[str, Sequence] | None = None) -> None:
+                 path: str | None = None, dim_bounds: Mapping[str, Sequence] | None = None,
+                 requirements: Sequence[Requirement] | None = None) -> None:
         self.executable = executable
         self._target = None if isinstance(target, Mapping) else target
         self.target_spec = _spec_of(target)
@@ -198,7 +212,9 @@ class CompiledModel:
         if main is not None:
             inputs, outputs = specs_of(main)
             dim_bounds = dim_bounds_of(main)
+            requirements = requirements_of(main)
         self.dim_bounds = {str(k): list(v) for k, v in (dim_bounds or {}).items()}
+        self.requirements = list(requirements or [])
         self.inputs = list(inputs or [])
         self.outputs = list(outputs or [])
         self.kernels = list(kernels) if kernels is not None else (kernels_of(lowered) if lowered else [])
@@ -257,14 +273,14 @@ class CompiledModel:
         if len(args) != len(self.inputs):
             names = ", ".join(s.name for s in self.inputs)
             raise InputError(f"expected {len(self.inputs)} inputs ({names}), got {len(args)}")
-        bound: dict[str, tuple[int, str]] = {}  # symbolic dim -> (value, the input that set it)
+        bound: dict[str, BoundDim] = {}  # symbolic dim -> (value, the input, its axis)
         for spec, value in zip(self.inputs, args):
             value = np.asarray(value)
             spec.check(value)
-            for want, got in zip(spec.shape, value.shape):
+            for axis, (want, got) in enumerate(zip(spec.shape, value.shape)):
                 if not (isinstance(want, str) and want.isidentifier()):
                     continue
-                first = bound.setdefault(want, (got, spec.name))
+                first = bound.setdefault(want, (got, spec.name, axis))
                 if first[0] != got:
                     raise InputError(f"input {spec.name}: dim {want} = {got}, but input {first[1]} "
                                      f"has {want} = {first[0]}")
@@ -272,6 +288,7 @@ class CompiledModel:
                 if (low is not None and got < low) or (high is not None and got > high):
                     raise InputError(f"input {spec.name}: dim {want} = {got} is outside its bounds "
                                      f"[{'' if low is None else low}, {'' if high is None else high}]")
+        check_requirements(self.requirements, bound)
 
     def arrange(self, args: Sequence[Any], named: Mapping[str, Any]) -> list[np.ndarray]:
         """Positional then named inputs, in the order of ``inputs``; names are checked."""
@@ -328,6 +345,7 @@ def load(path: str | os.PathLike, device: Any = None, threads: int | None = None
             lib, target, report=report, device=dev, metadata=meta, path=name, threads=threads,
             inputs=[TensorSpec.from_json(s) for s in meta["inputs"]],
             dim_bounds=meta.get("dim_bounds", {}),
+            requirements=[Requirement.from_json(r) for r in meta.get("requirements", [])],
             outputs=[TensorSpec.from_json(s) for s in meta["outputs"]],
             kernels=[Kernel(k["name"], k["kind"], k["schedule"]) for k in meta["kernels"]],
         )

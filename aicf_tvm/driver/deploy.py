@@ -74,6 +74,7 @@ def metadata_of(model: Any) -> dict:
         "isa_features": target_isa(_cpu_spec(model.target_spec)),
         "inputs": [s.to_json() for s in model.inputs],
         "dim_bounds": model.dim_bounds,
+        "requirements": [r.to_json() for r in model.requirements],
         "outputs": [s.to_json() for s in model.outputs],
         "kernels": [{"name": k.name, "kind": k.kind, "schedule": k.schedule} for k in model.kernels],
         "emits": emits,

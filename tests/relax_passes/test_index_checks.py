@@ -17,7 +17,8 @@ from relax_passes.index_checks import CHECK_ATTR, HostIndexChecks, emit_checked
 from ..conftest import llvm_target, run_vm
 
 
-def _checked_module(dtype: str, shape: tuple, extents: list, from_end: bool, out_dtype: str = "int64") -> tvm.IRModule:
+def _checked_module(dtype: str, shape: tuple, extents: list, from_end: bool,
+                    out_dtype: str = "int64") -> tvm.IRModule:
     i = relax.Var("i", relax.TensorType(shape, dtype))
     bb = relax.BlockBuilder()
     with bb.function("main", [i]):
@@ -29,15 +30,18 @@ def _checked_module(dtype: str, shape: tuple, extents: list, from_end: bool, out
 
 
 def test_in_range_indices_come_back_counted_from_the_end():
-    got = run_vm(_checked_module("int32", (2, 3), [7], True), np.array([[0, -1, 6], [-7, 3, 2]], "int32"))[0]
-    np.testing.assert_array_equal(got, np.arange(7)[np.array([[0, -1, 6], [-7, 3, 2]])])
+    indices = np.array([[0, -1, 6], [-7, 3, 2]], "int32")
+    got = run_vm(_checked_module("int32", (2, 3), [7], True), indices)[0]
+    np.testing.assert_array_equal(got, np.arange(7)[indices])
     assert got.dtype == np.int64
 
 
-@pytest.mark.parametrize("from_end, bad, low", [(True, -8, -7), (True, 7, -7), (False, -1, 0), (False, 2**40, 0)])
+@pytest.mark.parametrize("from_end, bad, low",
+                         [(True, -8, -7), (True, 7, -7), (False, -1, 0), (False, 2**40, 0)])
 def test_an_index_out_of_range_raises_naming_index_position_and_bound(from_end, bad, low):
     indices = np.array([[0, 1, 2], [3, bad, 4]])
-    with pytest.raises(InputError, match=rf"input i: index {bad} at \[1, 1\] is out of range \[{low}, 7\) of a test"):
+    with pytest.raises(InputError, match=rf"input i: index {bad} at \[1, 1\] is out of range "
+                                         rf"\[{low}, 7\) of a test"):
         run_vm(_checked_module("int64", (2, 3), [7], from_end), indices)
 
 
@@ -50,13 +54,14 @@ def test_each_coordinate_is_checked_against_its_own_axis():
 
 
 def test_unsigned_and_scalar_indices():
-    np.testing.assert_array_equal(run_vm(_checked_module("uint8", (3,), [200], True), np.array([0, 199, 7], "uint8"))[0],
-                                  [0, 199, 7])
+    small = _checked_module("uint8", (3,), [200], True)
+    np.testing.assert_array_equal(run_vm(small, np.array([0, 199, 7], "uint8"))[0], [0, 199, 7])
     with pytest.raises(InputError, match=r"index 250 at \[1\] is out of range \[0, 200\)"):
-        run_vm(_checked_module("uint8", (3,), [200], True), np.array([0, 250, 7], "uint8"))
-    np.testing.assert_array_equal(run_vm(_checked_module("uint8", (2,), [300], True), np.array([255, 44], "uint8"))[0],
-                                  [255, 44])  # 300 does not fit uint8: compared wide
-    with pytest.raises(InputError, match=r"index 18446744073709551615 at \[0\] is out of range \[0, 5\)"):
+        run_vm(small, np.array([0, 250, 7], "uint8"))
+    wide = _checked_module("uint8", (2,), [300], True)  # 300 does not fit uint8: compared wide
+    np.testing.assert_array_equal(run_vm(wide, np.array([255, 44], "uint8"))[0], [255, 44])
+    with pytest.raises(InputError, match=r"index 18446744073709551615 at \[0\] is out of range "
+                                         r"\[0, 5\)"):
         run_vm(_checked_module("uint64", (2,), [5], True), np.array([2**64 - 1, 1], "uint64"))
     with pytest.raises(InputError, match=r"index 9 is out of range \[-5, 5\)"):
         run_vm(_checked_module("int64", (), [5], True), np.array(9))
@@ -68,7 +73,8 @@ def _embedding(bad: bool):
     bb = relax.BlockBuilder()
     with bb.function("main", [x, i]):
         with bb.dataflow():
-            out = bb.emit_output(relax.op.multiply(relax.op.take(x, i, axis=0), relax.const(2.0, "float32")))
+            rows = relax.op.take(x, i, axis=0)
+            out = bb.emit_output(relax.op.multiply(rows, relax.const(2.0, "float32")))
         bb.emit_func_output(out)
     return bb.get()
 
@@ -81,12 +87,14 @@ def test_compiled_take_keeps_its_check_and_the_host_form_checks_alike():
     target = llvm_target()
     stages = run_pipeline(_embedding(False), target, until="schedule")
     on_host = HostIndexChecks()(stages.lowered)
-    assert not [f for f in on_host.functions.values() if isinstance(f, tirx.PrimFunc) and CHECK_ATTR in (f.attrs or {})]
+    assert not [f for f in on_host.functions.values()
+                if isinstance(f, tirx.PrimFunc) and CHECK_ATTR in (f.attrs or {})]
     for executable in (build(stages.lowered, target), build(on_host, target)):
         vm = relax.VirtualMachine(executable, tvm.cpu())
         got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(np.array([3, -1, 0]))).numpy()
         np.testing.assert_array_equal(got, x[[3, -1, 0]] * 2)
-        with pytest.raises(InputError, match=r"input i: index 10 at \[2\] is out of range \[-10, 10\)"):
+        with pytest.raises(InputError, match=r"input i: index 10 at \[2\] is out of range "
+                                             r"\[-10, 10\)"):
             vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(np.array([3, 1, 10])))
 
 
@@ -98,8 +106,10 @@ def test_an_exported_library_loaded_in_a_fresh_process_still_checks(tmp_path):
     path = compiled.export(tmp_path / "take.so")
     probe = (f"import numpy as np, aicf_tvm\nm = aicf_tvm.load({str(path)!r})\n"
              "x = np.ones((10, 4), np.float32)\nprint(m(x, np.array([9, 0, -10]))[0, 0])\n"
-             "try:\n    m(x, np.array([1, 12, 0]))\nexcept aicf_tvm.InputError as e:\n    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=False)
+             "try:\n    m(x, np.array([1, 12, 0]))\n"
+             "except aicf_tvm.InputError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=300, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == "2.0"
     assert "input i: index 12 at [1] is out of range [-10, 10)" in out.stdout

@@ -115,7 +115,8 @@ def test_dynamic_take_of_an_index_out_of_range_raises_naming_it(bad):
     with pytest.raises(IndexError):
         np.take(x, i, axis=0)
     got = NormalizeIndices()(TakeDynamic)
-    with pytest.raises(InputError, match=rf"input i: index {bad} at \[2\] is out of range \[-5, 5\) of take"):
+    with pytest.raises(InputError, match=rf"input i: index {bad} at \[2\] is out of range "
+                                         r"\[-5, 5\) of take"):
         run_vm(got, x, i)
 
 
@@ -134,7 +135,7 @@ class Gathers:
 
 def test_gathers_with_negative_dynamic_indices_match_numpy():
     got = NormalizeIndices()(Gathers)
-    tvm.ir.assert_structural_equal(NormalizeIndices()(got), got)  # checked indices are not checked again
+    tvm.ir.assert_structural_equal(NormalizeIndices()(got), got)  # checked ones are not again
     rng = np.random.default_rng(2)
     x = rng.standard_normal((5, 4)).astype("float32")
     e = rng.integers(-5, 5, (2, 4))
@@ -155,7 +156,7 @@ def test_gathers_of_an_index_out_of_range_raise_naming_it(which, bad, message):
     """numpy raises on each; gather_nd checks each coordinate against its own axis."""
     rng = np.random.default_rng(8)
     x = rng.standard_normal((5, 4)).astype("float32")
-    args = [rng.integers(-4, 4, (2, 4)), rng.integers(-4, 4, (3, 2)), rng.integers(-4, 4, 3), rng.integers(-4, 4, 3)]
+    args = [rng.integers(-4, 4, shape) for shape in ((2, 4), (3, 2), 3, 3)]
     args[which][bad[:-1]] = bad[-1]
     e, nd, r, c = args
     with pytest.raises(IndexError):
@@ -258,11 +259,13 @@ def test_arange_past_the_axis_is_checked():
     """``arange(0, s + 1)`` on an axis of s reaches index s: it is checked, and raises."""
     got = NormalizeIndices()(_arange_mask_module(1))
     assert _count_calls(got, "relax.call_tir") == 1
-    with pytest.raises(InputError, match=r"index 3 at \[3\] is out of range \[-3, 3\) of index_tensor on axis 1 of a float32 \[b, s\]"):
+    with pytest.raises(InputError, match=r"index 3 at \[3\] is out of range \[-3, 3\) of "
+                                         r"index_tensor on axis 1 of a float32 \[b, s\]"):
         run_vm(got, np.zeros((2, 3), "float32"))
 
 
-def _take_module(index_dtype: str, cast_to: str | None = None, onnx_from_end: bool = False) -> tvm.IRModule:
+def _take_module(index_dtype: str, cast_to: str | None = None,
+                 onnx_from_end: bool = False) -> tvm.IRModule:
     """``take(x, i)`` on a [5, 3] table, the indices cast to ``cast_to`` first (TVM's PyTorch
     frontend casts token ids to int32) or counted from the end as ONNX's frontend does."""
     x = relax.Var("x", relax.TensorType((5, 3), "float32"))
@@ -287,7 +290,8 @@ def test_indices_are_checked_before_a_narrowing_cast():
     with pytest.raises(IndexError):
         np.take(x, i, axis=0)
     got = NormalizeIndices()(_take_module("int64", "int32"))
-    with pytest.raises(InputError, match=r"input i: index 4294967297 at \[1\] is out of range \[-5, 5\)"):
+    with pytest.raises(InputError, match=r"input i: index 4294967297 at \[1\] is out of range "
+                                         r"\[-5, 5\)"):
         run_vm(got, x, i)
     i[1] = 3
     np.testing.assert_array_equal(run_vm(got, x, i)[0], x[i])
@@ -341,8 +345,9 @@ def test_indices_checked_for_a_longer_axis_are_checked_again():
     got = NormalizeIndices()(bb.get())
     assert _count_calls(got, "relax.call_tir") == 2
     rng = np.random.default_rng(12)
-    xs, ys = rng.standard_normal((5, 2)).astype("float32"), rng.standard_normal((3, 2)).astype("float32")
-    with pytest.raises(InputError, match=r"index 4 at \[1\] is out of range \[-3, 3\) of take along axis 0"):
+    xs, ys = (rng.standard_normal(shape).astype("float32") for shape in ((5, 2), (3, 2)))
+    with pytest.raises(InputError, match=r"index 4 at \[1\] is out of range \[-3, 3\) of take "
+                                         r"along axis 0"):
         run_vm(got, xs, ys, np.array([0, 4]))
 
 
@@ -364,6 +369,7 @@ def test_constant_indices_behind_a_cast_are_decided_at_compile_time():
     assert _count_calls(got, "relax.call_tir") == 0
     x = np.random.default_rng(13).standard_normal((5, 3)).astype("float32")
     np.testing.assert_array_equal(run_vm(got, x)[0], x[[1, -2, 4]])
-    with pytest.raises(UnsupportedModelError, match=r"take along axis 0 of a float32 \[5, 3\] tensor: "
-                                                    r"constant index 7 at \[2\] is out of range \[-5, 5\)"):
+    with pytest.raises(UnsupportedModelError, match=r"take along axis 0 of a float32 \[5, 3\] "
+                                                    r"tensor: constant index 7 at \[2\] is out "
+                                                    r"of range \[-5, 5\)"):
         NormalizeIndices()(_take_of_cast_constant(np.array([1, -2, 7])))
