@@ -17,6 +17,9 @@ import re
 from typing import Any, Sequence
 
 import tvm
+from tvm import relax, tirx
+
+from relax_passes.creation_ops import arange_form
 
 from ...errors import UnsupportedModelError
 from ..symbolic import rename_dims, torch_dim_names
@@ -144,6 +147,23 @@ def _result_back_to_bool(graph: Any, node: Any) -> int:
     return 1
 
 
+def _arange(node: Any, importer: Any) -> Any:
+    """TVM's translation of a constant ``arange``, typed with its true length
+    (``relax_passes.creation_ops``): Relax types ``arange(6, -1, -1)`` with 9 elements, and
+    a sum with the 7 it is made for fails in the translator. Symbolic ones are left to
+    ``NormalizeCreationOps``, which knows the dims' bounds."""
+    var = importer._arange(node)
+    call = importer.block_builder.lookup_binding(var)
+    if not isinstance(call, relax.Call) or not all(isinstance(a, (tirx.IntImm, tirx.FloatImm))
+                                                   for a in call.args):
+        return var
+    fixed = arange_form(call, tvm.sym.Analyzer())  # the wrong binding is dead code now
+    return var if fixed is None else importer.block_builder.emit(fixed)
+
+
+_CONVERTERS = {name: _arange for name in ("arange.default", "arange.start", "arange.start_step")}
+
+
 def from_torch(module: Any, example_args: Sequence[Any], dynamic_shapes: Any = None) -> tvm.IRModule:
     """Import a ``torch.nn.Module`` through ``torch.export`` (needs the ``torch`` extra).
 
@@ -166,7 +186,8 @@ def from_torch(module: Any, example_args: Sequence[Any], dynamic_shapes: Any = N
             ep.graph_module.recompile()
         try:
             mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,
-                                        run_ep_decomposition=False, custom_convert_map=index_converters())
+                                        run_ep_decomposition=False,
+                                        custom_convert_map={**index_converters(), **_CONVERTERS})
         except Exception as err:  # noqa: BLE001 - the frontend asserts on unknown ops
             text = first_line(err)
             missing = re.search(r"Unsupported function types? (\[.*?\])", text)

@@ -147,6 +147,19 @@ def test_comparison_of_an_int_tensor_with_a_float_compares_in_float():
     _torch_matches(Compare(), a, torch.tensor([[True, False, True, True]]), exact=True)
 
 
+def test_descending_aranges_of_constant_bounds_import_and_match_pytorch():
+    """Relax typed ``arange(6, -1, -1)`` with 9 elements: the sum with the 7-element input
+    failed in TVM's translator."""
+    torch = pytest.importorskip("torch")
+
+    class Reversed(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.arange(6, -1, -1, dtype=torch.float32), torch.arange(7, 0, -3) * 2
+
+    x = torch.from_numpy(np.random.default_rng(9).standard_normal(7).astype(np.float32))
+    _torch_matches(Reversed(), x, exact=True)
+
+
 def test_negative_indices_count_from_the_end():
     """Falcon's ``fused_qkv[..., [-2], :]`` (a constant index), and tensor indices with
     negative values through advanced indexing and ``torch.take``."""
