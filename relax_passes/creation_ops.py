@@ -27,9 +27,11 @@ right.
 
 Facts for the proofs: the parameters' symbolic dims are at least 0 and the function's
 ``tir_var_*_bound`` attrs hold (``bound_shapes.bound_analyzer``). Runs first on op-level
-Relax: in ``normalize_import`` and ``aicf_tvm.driver.pipeline.normalize``; the PyTorch
+Relax: in ``normalize_import``, in ``compile`` before the inputs' dim requirements are
+derived from ``main``'s types, and in ``aicf_tvm.driver.pipeline.normalize``; the PyTorch
 importer applies ``arange_form`` as it converts (a static descending ``arange`` added to
-a tensor fails TVM's type check right there).
+a tensor fails TVM's type check right there). The bindings after a rewrite get their
+types inferred again.
 """
 
 from __future__ import annotations
@@ -37,12 +39,11 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import DataTypeCode, relax, sym, tirx
-from tvm.relax.dpl import is_op, wildcard
+from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from aicf_tvm.errors import UnsupportedModelError
 
 from .bound_shapes import bound_analyzer, bounds_of
-from .dataflow_rewrite import rewrite_op_calls
 
 
 def _is_integer(expr: tirx.Expr) -> bool:
@@ -111,25 +112,45 @@ def fill_form(call: relax.Call) -> relax.Expr | None:
     return relax.op.broadcast_to(fill, relax.op.shape_of(call.args[0]) if shape is None else shape)
 
 
+_FILLS = ("relax.full", "relax.full_like")
+
+
+@mutator
+class _Creations(PyExprMutator):
+    """Rewrites the creation ops; the mutator re-infers the types of the bindings after them."""
+
+    def __init__(self, mod: tvm.IRModule, analyzer: sym.Analyzer) -> None:
+        super().__init__(mod)
+        self.analyzer = analyzer
+        self.changed = False
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
+        if name == "relax.arange":
+            found = arange_form(call, self.analyzer)
+        else:
+            found = fill_form(call) if name in _FILLS else None
+        if found is None:
+            return call
+        self.changed = True
+        return found
+
+
 @relax.transform.function_pass(opt_level=0, name="NormalizeCreationOps")
 class NormalizeCreationOps:
     """Rewrite the creation ops TVM gets wrong into forms it gets right (module docstring)."""
 
     def transform_function(self, func: relax.Function, mod: tvm.IRModule,
                            ctx: tvm.transform.PassContext) -> relax.Function:
-        analyzer = shape_analyzer(func)
-        arange = is_op("relax.arange")(wildcard(), wildcard(), wildcard())
-        fills = is_op("relax.full")(wildcard(), wildcard()) | is_op("relax.full_like")(
-            wildcard(), wildcard())
-
-        def rewrite(expr: relax.Expr, _matches: dict) -> relax.Expr:
-            if not isinstance(expr, relax.Call):
-                return expr
-            is_arange = expr.op.name == "relax.arange"
-            found = arange_form(expr, analyzer) if is_arange else fill_form(expr)
-            return expr if found is None else found
-
-        return rewrite_op_calls(func, arange | fills, rewrite)
+        if func.attrs is not None and "Primitive" in func.attrs and int(func.attrs["Primitive"]):
+            return func
+        creations = _Creations(mod, shape_analyzer(func))
+        new = creations.visit_expr(func)
+        if not creations.changed:
+            return func
+        # the body's type, re-inferred: the function's return type may name the old length
+        return relax.Function(new.params, new.body, new.body.ty, new.is_pure, new.attrs)
 
 
 __all__ = ["NormalizeCreationOps", "arange_form", "fill_form", "shape_analyzer"]

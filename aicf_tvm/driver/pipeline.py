@@ -265,6 +265,9 @@ def compile(mod: Any, target: Any = "llvm", database: Any = None, *, candidates:
     tgt = resolve_target(target)
     thread_count(threads)  # a bad count fails now, not after the build
     mod = load_model(mod) if not isinstance(mod, tvm.IRModule) else mod
+    # main's outputs and dim requirements as typed right: Relax types a descending arange
+    # longer than it is, and its length would be required non-negative (creation_ops)
+    mod = NormalizeCreationOps()(mod)
     stages = run_pipeline(mod, tgt, database=database, candidates=candidates)
     return CompiledModel(stages.executable, tgt, mod["main"], report=stages.report, lowered=stages.lowered,
                          optimized=stages.optimized, threads=threads)
