@@ -1,7 +1,10 @@
-"""Check kernels: gather indices computed from the inputs are checked when the model runs.
+"""Check kernels: gather and scatter indices computed from the inputs are checked when the
+model runs.
 
 An index that is neither a constant nor proven in range (a token id, an ``argmax``) can
-only be checked at run time. ``emit_checked`` puts a small kernel in front of the gather:
+only be checked at run time. ``IndexChecker.checked`` decides what to check (the proof of
+indices in range, and the source the check reads: ``relax_passes.normalize_indices``
+states both), and ``emit_checked`` puts a small kernel in front of the op:
 it reads the indices once, calls ``aicf.index_out_of_range`` (``aicf_tvm.call_checks``:
 raises our ``InputError`` through the FFI, naming the indices, the offending index, its
 position and the bound) on the first index outside ``[-n, n)`` (negative ones counting
@@ -28,12 +31,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax, te, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from aicf_tvm import call_checks
 from aicf_tvm.errors import UnsupportedModelError
+
+Extent = int | tvm.ir.Expr
 
 CHECK_ATTR = "aicf.check_indices"
 _RAISE = "aicf.index_out_of_range"
@@ -130,6 +136,131 @@ def checked_extents(value: Any, mod: tvm.IRModule,
     return extents
 
 
+def static_extents(extents: list[Extent | None]) -> list[int] | None:
+    """The extents as ints when every one is static, else None."""
+    if any(not isinstance(e, (int, tirx.IntImm)) for e in extents):
+        return None
+    return [int(e) for e in extents]
+
+
+def holds_range(dtype: str, extents: list[Extent]) -> bool:
+    """Whether integer ``dtype`` holds every index in ``[-n, n)`` of each extent (symbolic
+    extents: only 64-bit signed dtypes do)."""
+    if not dtype.startswith("int"):
+        return False
+    bits = int(dtype[3:])
+    static = static_extents(extents)
+    return bits >= 64 or (static is not None and all(n <= 2 ** (bits - 1) for n in static))
+
+
+# Ops whose every output element is an element of their first operand.
+_VALUE_VIEWS = frozenset({"relax.expand_dims", "relax.reshape", "relax.broadcast_to",
+                          "relax.squeeze", "relax.permute_dims"})
+
+
+class IndexChecker:
+    """Emits the checks of gather and scatter indices into ``bb`` (what it proves and what it
+    reads: ``relax_passes.normalize_indices``); ``lookup`` gives
+    a var's bound value, ``params`` are the function's inputs (named in messages)."""
+
+    def __init__(self, bb: relax.BlockBuilder, lookup: Callable[[relax.Var], Any], params: list,
+                 from_end: bool = True) -> None:
+        self.bb, self.lookup, self.params, self.from_end = bb, lookup, params, from_end
+
+    def checked(self, indices: relax.Expr, extents: list[Extent], op: str) -> relax.Expr:
+        """``indices`` themselves when proven in ``[0, extents)``, else their check."""
+        if self.in_range(indices, extents):
+            return indices
+        src, views, from_end = self._source(indices, extents, self.from_end)
+        named = next((p.name for p in self.params if p.same_as(src)), None)
+        what = op.split(" ")[0]
+        subject = f"input {named}" if named else f"the indices of {what} (computed in the model)"
+        out = emit_checked(self.bb, src, extents, str(indices.ty.dtype), from_end, subject, op)
+        for view in views:  # the same views of the checked values
+            out = self.bb.emit(relax.Call(view.op, [out, *view.args[1:]], view.attrs, view.ty_args))
+        return out
+
+    def in_range(self, indices: relax.Expr, extents: list[Extent]) -> bool:
+        """Whether every index is proven in ``[0, extents[j])``: an arange within the extent
+        or a check against extents no larger, through views (one extent only) and casts."""
+        value = self._value(indices)
+        proven = checked_extents(value, self.bb.get(), self.lookup)
+        if proven is not None:
+            return len(proven) == len(extents) and all(
+                tvm.sym.Analyzer().can_prove(a <= b) for a, b in zip(proven, extents))
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return False
+        name = value.op.name
+        if name == "relax.astype" and holds_range(str(value.ty.dtype), extents):
+            return self.in_range(value.args[0], extents)
+        if len(extents) != 1:
+            return False
+        if name in _VALUE_VIEWS or (name == "relax.add" and _is_int_zero(value.args[1])):
+            return self.in_range(value.args[0], extents)
+        if name == "relax.arange" and len(value.args) == 3:
+            start, end, step = value.args
+            return (_is_int(start, 0) and _is_int(step, 1) and str(end.ty).startswith("int")
+                    and tvm.sym.Analyzer().can_prove(end <= extents[0]))
+        return False
+
+    def _source(self, indices: relax.Expr, extents: list[Extent],
+                from_end: bool) -> tuple[Any, list, bool]:
+        """The tensor to check for ``indices`` (module docstring), the views from it to them
+        in order, and whether its negative indices count from the end."""
+        value = self._value(indices)
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return indices, [], from_end
+        name = value.op.name
+        if name == "relax.astype" and holds_range(str(value.ty.dtype), extents) and \
+                str(value.args[0].ty.dtype).startswith(("int", "uint")):
+            return self._source(value.args[0], extents, from_end)
+        counted = self._counted_from_end(value, extents)
+        if counted is not None:
+            return self._source(counted, extents, True)
+        if name in _VALUE_VIEWS and len(extents) == 1:
+            src, views, fe = self._source(value.args[0], extents, from_end)
+            return src, [*views, value], fe
+        return indices, [], from_end
+
+    def _counted_from_end(self, value: relax.Call, extents: list[Extent]) -> relax.Expr | None:
+        """``i`` when ``value`` is ``where(i < 0, i + n, i)`` with ``n`` the (static) extents
+        (ONNX's Gather, GatherElements and GatherND count negative indices so), else None."""
+        static = static_extents(extents)
+        if value.op.name != "relax.where" or static is None:
+            return None
+        cond, added = self._value(value.args[0]), self._value(value.args[1])
+        src = value.args[2]
+        if not (_is_call(cond, "relax.less") and _is_call(added, "relax.add")
+                and _is_int_zero(cond.args[1])
+                and cond.args[0].same_as(src) and added.args[0].same_as(src)
+                and isinstance(added.args[1], tvm.ir.Constant)):
+            return None
+        n = added.args[1].value.numpy()
+        wanted = np.array(static if len(static) > 1 else static[0])
+        if n.size == 0 or n.ndim > 1 or (n.ndim == 1 and n.shape[0] not in (1, wanted.size)):
+            return None
+        n = np.broadcast_to(n, np.broadcast_shapes(n.shape, wanted.shape))
+        return src if np.all(n == wanted) else None
+
+    def _value(self, expr: relax.Expr) -> Any:
+        return self.lookup(expr) if isinstance(expr, relax.Var) else expr
+
+
+def _is_call(value: Any, op: str) -> bool:
+    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == op
+
+
+def _is_int(expr: Any, value: int) -> bool:
+    return isinstance(expr, tirx.IntImm) and int(expr.value) == value
+
+
+def _is_int_zero(expr: relax.Expr) -> bool:
+    """An integer constant whose every element is 0."""
+    if not isinstance(expr, tvm.ir.Constant) or not str(expr.ty.dtype).startswith(("int", "uint")):
+        return False
+    return not np.any(expr.value.numpy())
+
+
 @mutator
 class _ToHost(PyExprMutator):
     def __init__(self, mod: tvm.IRModule) -> None:
@@ -167,5 +298,5 @@ class HostIndexChecks:
         return out
 
 
-__all__ = ["CHECK_ATTR", "HostIndexChecks", "check_kernel", "checked_extents", "emit_checked",
-           "folded_check"]
+__all__ = ["CHECK_ATTR", "HostIndexChecks", "IndexChecker", "check_kernel", "checked_extents",
+           "emit_checked", "folded_check", "holds_range", "static_extents"]

@@ -1,5 +1,6 @@
 """NormalizeIndices: every gather reads in bounds or raises (take, gather_elements, gather_nd,
-index_tensor).
+index_tensor), every scatter writes in bounds or raises (scatter_elements, scatter_nd,
+index_put).
 
 ``take(mode="fast")``, ``gather_elements``, ``gather_nd`` and ``index_tensor`` address
 memory with the raw index: a negative index, which PyTorch and ONNX define as counting
@@ -40,7 +41,6 @@ define no result for other indices (they raise), and so do we, before the gather
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import tvm
@@ -49,16 +49,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from aicf_tvm.errors import UnsupportedModelError
 
-from .index_checks import checked_extents, emit_checked, folded_check
-
-Extent = int | tvm.ir.Expr
-
-
-def static_extents(extents: list[Extent | None]) -> list[int] | None:
-    """The extents as ints when every one is static, else None."""
-    if any(not isinstance(e, (int, tirx.IntImm)) for e in extents):
-        return None
-    return [int(e) for e in extents]
+from .index_checks import Extent, IndexChecker, folded_check, static_extents
 
 
 def resolve_constant(values: np.ndarray, extents: list[int], mode: str, op: str) -> np.ndarray:
@@ -78,16 +69,6 @@ def resolve_constant(values: np.ndarray, extents: list[int], mode: str, op: str)
                                         f"{extents[0] if len(extents) == 1 else extents}")
         fixed = np.mod(wide, np.where(n == 0, 1, n))
     return fixed.astype(values.dtype)
-
-
-def holds_range(dtype: str, extents: list[Extent]) -> bool:
-    """Whether integer ``dtype`` holds every index in ``[-n, n)`` of each extent (symbolic
-    extents: only 64-bit signed dtypes do)."""
-    if not dtype.startswith("int"):
-        return False
-    bits = int(dtype[3:])
-    static = static_extents(extents)
-    return bits >= 64 or (static is not None and all(n <= 2 ** (bits - 1) for n in static))
 
 
 def _const(values: np.ndarray) -> relax.Expr:
@@ -119,98 +100,6 @@ def describe_tensor(expr: relax.Expr) -> str:
     return f"a {expr.ty.dtype} [{dims}] tensor"
 
 
-# Ops whose every output element is an element of their first operand.
-_VALUE_VIEWS = frozenset({"relax.expand_dims", "relax.reshape", "relax.broadcast_to", "relax.squeeze",
-                          "relax.permute_dims"})
-
-
-class IndexChecker:
-    """Emits the checks of gather indices into ``bb`` (module docstring); ``lookup`` gives
-    a var's bound value, ``params`` are the function's inputs (named in messages)."""
-
-    def __init__(self, bb: relax.BlockBuilder, lookup: Callable[[relax.Var], Any], params: list,
-                 from_end: bool = True) -> None:
-        self.bb, self.lookup, self.params, self.from_end = bb, lookup, params, from_end
-
-    def checked(self, indices: relax.Expr, extents: list[Extent], op: str) -> relax.Expr:
-        """``indices`` themselves when proven in ``[0, extents)``, else their check."""
-        if self.in_range(indices, extents):
-            return indices
-        src, views, from_end = self._source(indices, extents, self.from_end)
-        named = next((p.name for p in self.params if p.same_as(src)), None)
-        what = op.split(" ")[0]
-        subject = f"input {named}" if named else f"the indices of {what} (computed in the model)"
-        out = emit_checked(self.bb, src, extents, str(indices.ty.dtype), from_end, subject, op)
-        for view in views:  # the same views of the checked values
-            out = self.bb.emit(relax.Call(view.op, [out, *view.args[1:]], view.attrs, view.ty_args))
-        return out
-
-    def in_range(self, indices: relax.Expr, extents: list[Extent]) -> bool:
-        """Whether every index is proven in ``[0, extents[j])``: an arange within the extent
-        or a check against extents no larger, through views (one extent only) and casts."""
-        value = self._value(indices)
-        proven = checked_extents(value, self.bb.get(), self.lookup)
-        if proven is not None:
-            return len(proven) == len(extents) and all(
-                tvm.sym.Analyzer().can_prove(a <= b) for a, b in zip(proven, extents))
-        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
-            return False
-        name = value.op.name
-        if name == "relax.astype" and holds_range(str(value.ty.dtype), extents):
-            return self.in_range(value.args[0], extents)
-        if len(extents) != 1:
-            return False
-        if name in _VALUE_VIEWS or (name == "relax.add" and _is_int_zero(value.args[1])):
-            return self.in_range(value.args[0], extents)
-        if name == "relax.arange" and len(value.args) == 3:
-            start, end, step = value.args
-            return (_is_int(start, 0) and _is_int(step, 1) and str(end.ty).startswith("int")
-                    and tvm.sym.Analyzer().can_prove(end <= extents[0]))
-        return False
-
-    def _source(self, indices: relax.Expr, extents: list[Extent],
-                from_end: bool) -> tuple[Any, list, bool]:
-        """The tensor to check for ``indices`` (module docstring), the views from it to them
-        in order, and whether its negative indices count from the end."""
-        value = self._value(indices)
-        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
-            return indices, [], from_end
-        name = value.op.name
-        if name == "relax.astype" and holds_range(str(value.ty.dtype), extents) and \
-                str(value.args[0].ty.dtype).startswith(("int", "uint")):
-            return self._source(value.args[0], extents, from_end)
-        counted = self._counted_from_end(value, extents)
-        if counted is not None:
-            return self._source(counted, extents, True)
-        if name in _VALUE_VIEWS and len(extents) == 1:
-            src, views, fe = self._source(value.args[0], extents, from_end)
-            return src, [*views, value], fe
-        return indices, [], from_end
-
-    def _counted_from_end(self, value: relax.Call, extents: list[Extent]) -> relax.Expr | None:
-        """``i`` when ``value`` is ``where(i < 0, i + n, i)`` with ``n`` the (static) extents
-        (ONNX's Gather, GatherElements and GatherND count negative indices so), else None."""
-        static = static_extents(extents)
-        if value.op.name != "relax.where" or static is None:
-            return None
-        cond, added = self._value(value.args[0]), self._value(value.args[1])
-        src = value.args[2]
-        if not (_is_call(cond, "relax.less") and _is_call(added, "relax.add")
-                and _is_int_zero(cond.args[1])
-                and cond.args[0].same_as(src) and added.args[0].same_as(src)
-                and isinstance(added.args[1], tvm.ir.Constant)):
-            return None
-        n = added.args[1].value.numpy()
-        wanted = np.array(static if len(static) > 1 else static[0])
-        if n.size == 0 or n.ndim > 1 or (n.ndim == 1 and n.shape[0] not in (1, wanted.size)):
-            return None
-        n = np.broadcast_to(n, np.broadcast_shapes(n.shape, wanted.shape))
-        return src if np.all(n == wanted) else None
-
-    def _value(self, expr: relax.Expr) -> Any:
-        return self.lookup(expr) if isinstance(expr, relax.Var) else expr
-
-
 @mutator
 class _IndexNormalizer(PyExprMutator):
     def __init__(self, mod: tvm.IRModule, params: list, from_end: bool) -> None:
@@ -226,21 +115,6 @@ class _IndexNormalizer(PyExprMutator):
         if not isinstance(call.op, tvm.ir.Op) or call.op.name not in _RULES:
             return call
         return _RULES[call.op.name](self.checker, call)
-
-
-def _is_call(value: Any, op: str) -> bool:
-    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == op
-
-
-def _is_int(expr: Any, value: int) -> bool:
-    return isinstance(expr, tirx.IntImm) and int(expr.value) == value
-
-
-def _is_int_zero(expr: relax.Expr) -> bool:
-    """An integer constant whose every element is 0."""
-    if not isinstance(expr, tvm.ir.Constant) or not str(expr.ty.dtype).startswith(("int", "uint")):
-        return False
-    return not np.any(expr.value.numpy())
 
 
 def _take(checker: IndexChecker, call: relax.Call) -> relax.Expr:
@@ -294,7 +168,8 @@ def _index_tensor(checker: IndexChecker, call: relax.Call) -> relax.Expr:
 
 
 def _scatter_elements(checker: IndexChecker, call: relax.Call) -> relax.Expr:
-    """TVM 0.27's scatter_elements kernel places an update wrongly when the indices are
+    """Its indices are checked as a gather's (an index past the axis wrote past the data).
+    TVM 0.27's scatter_elements kernel places an update wrongly when the indices are
     smaller than the data on an axis other than ``axis`` (its offsets use the data's
     extents to unflatten the indices' positions): such a call is refused, not miscomputed."""
     data, indices = call.args[0], call.args[1]
@@ -308,7 +183,31 @@ def _scatter_elements(checker: IndexChecker, call: relax.Call) -> relax.Expr:
                 f"scatter_elements along axis {axis} with indices of shape {_dims(ishape)} on data of shape "
                 f"{_dims(shape)}: TVM's kernel places such updates wrongly unless the indices span every other "
                 "axis of the data")
-    return call
+    op = f"scatter_elements along axis {axis} into {describe_tensor(data)}"
+    checked = _fix(checker, indices, [shape[axis]], op)
+    return relax.op.scatter_elements(data, checked, call.args[2], int(call.attrs.axis),
+                                     str(call.attrs.reduction))
+
+
+def _scatter_nd(checker: IndexChecker, call: relax.Call) -> relax.Expr:
+    """The last axis of its indices holds a coordinate per leading axis of the data."""
+    data, indices, updates = call.args
+    shape, ishape = _shape(data), _shape(indices)
+    if shape is None or ishape is None or static_extents(ishape[-1:]) is None:
+        return call
+    op = f"scatter_nd into {describe_tensor(data)}"
+    checked = _fix(checker, indices, shape[:int(ishape[-1])], op)
+    return relax.op.scatter_nd(data, checked, updates, str(call.attrs.reduction))
+
+
+def _index_put(checker: IndexChecker, call: relax.Call) -> relax.Expr:
+    data, indices, values = call.args
+    shape = _shape(data)
+    if shape is None or not isinstance(indices, relax.Tuple):
+        return call
+    fixed = [_fix(checker, idx, [shape[k]], f"index_put on axis {k} of {describe_tensor(data)}")
+             for k, idx in enumerate(indices.fields)]
+    return relax.op.index_put(data, relax.Tuple(fixed), values, bool(call.attrs.accumulate))
 
 
 def _fix(checker: IndexChecker, indices: relax.Expr, extents: list[Extent], op: str) -> relax.Expr:
@@ -324,6 +223,8 @@ _RULES: dict[str, Callable[[IndexChecker, relax.Call], relax.Expr]] = {
     "relax.gather_nd": _gather_nd,
     "relax.index_tensor": _index_tensor,
     "relax.scatter_elements": _scatter_elements,
+    "relax.scatter_nd": _scatter_nd,
+    "relax.index_put": _index_put,
 }
 
 

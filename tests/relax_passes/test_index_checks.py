@@ -12,7 +12,7 @@ from tvm import relax, tirx
 import aicf_tvm
 from aicf_tvm import InputError
 from aicf_tvm.driver.pipeline import build, run_pipeline
-from relax_passes.index_checks import CHECK_ATTR, HostIndexChecks, emit_checked
+from relax_passes.index_checks import CHECK_ATTR, HostIndexChecks, emit_checked, holds_range
 
 from ..conftest import llvm_target, run_vm
 
@@ -113,3 +113,9 @@ def test_an_exported_library_loaded_in_a_fresh_process_still_checks(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == "2.0"
     assert "input i: index 12 at [1] is out of range [-10, 10)" in out.stdout
+
+
+def test_holds_range_only_for_dtypes_that_hold_every_index():
+    assert holds_range("int32", [100]) and holds_range("int64", [tirx.Var("n", "int64")])
+    assert not holds_range("int8", [200]) and not holds_range("int32", [tirx.Var("n", "int64")])
+    assert not holds_range("uint32", [4]) and not holds_range("float32", [4])

@@ -18,7 +18,7 @@ from tvm.script import relax as R
 import aicf_tvm
 from aicf_tvm import InputError, UnsupportedModelError
 from relax_passes.index_checks import CHECK_ATTR
-from relax_passes.normalize_indices import NormalizeIndices, holds_range, resolve_constant
+from relax_passes.normalize_indices import NormalizeIndices, resolve_constant
 
 from ..conftest import run_vm
 
@@ -297,12 +297,6 @@ def test_indices_are_checked_before_a_narrowing_cast():
     np.testing.assert_array_equal(run_vm(got, x, i)[0], x[i])
 
 
-def test_holds_range_only_for_dtypes_that_hold_every_index():
-    assert holds_range("int32", [100]) and holds_range("int64", [tirx.Var("n", "int64")])
-    assert not holds_range("int8", [200]) and not holds_range("int32", [tirx.Var("n", "int64")])
-    assert not holds_range("uint32", [4]) and not holds_range("float32", [4])
-
-
 def test_onnx_count_from_the_end_is_checked_on_its_source():
     """ONNX's ``where(i < 0, i + n, i)`` maps -7 to -2; checked there, -2 would count from
     the end again and read row 3. ONNX Runtime refuses -7 (numpy too): so does the module."""
@@ -373,3 +367,50 @@ def test_constant_indices_behind_a_cast_are_decided_at_compile_time():
                                                     r"tensor: constant index 7 at \[2\] is out "
                                                     r"of range \[-5, 5\)"):
         NormalizeIndices()(_take_of_cast_constant(np.array([1, -2, 7])))
+
+
+def _scatters() -> tvm.IRModule:
+    x = relax.Var("x", relax.TensorType((4, 3), "float32"))
+    e = relax.Var("e", relax.TensorType((2, 3), "int64"))
+    nd = relax.Var("nd", relax.TensorType((2, 2), "int64"))
+    r = relax.Var("r", relax.TensorType((2,), "int64"))
+    u = relax.Var("u", relax.TensorType((2, 3), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, e, nd, r, u]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.scatter_elements(x, e, u, 0))
+            column = bb.emit(relax.op.reshape(relax.op.strided_slice(u, [1], [0], [1]), [2]))
+            b = bb.emit(relax.op.scatter_nd(x, nd, column))
+            cols = relax.const(np.array([0, 2]), "int64")
+            c = bb.emit(relax.op.index_put(x, relax.Tuple([r, cols]), column))
+            out = bb.emit_output(relax.Tuple([a, b, c]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_scatters_write_in_bounds_or_raise():
+    """An index past the axis wrote past the data (a silently lost update, memory behind the
+    tensor overwritten); numpy raises on it and counts [-n, 0) from the end as we do."""
+    rng = np.random.default_rng(14)
+    x, u = rng.standard_normal((4, 3)).astype("float32"), rng.standard_normal((2, 3)).astype("float32")
+    e = np.stack([rng.permutation(4)[:2] for _ in range(3)], axis=1) - 2  # distinct per column
+    nd, r = np.array([[0, -1], [-4, 2]]), np.array([3, -3])
+    got = NormalizeIndices()(_scatters())
+    a, b, c = run_vm(got, x, e, nd, r, u)
+    want_a = x.copy()
+    np.put_along_axis(want_a, e, u, axis=0)
+    want_b, want_c = x.copy(), x.copy()
+    want_b[nd[:, 0], nd[:, 1]] = u[:, 0]
+    want_c[r, [0, 2]] = u[:, 0]
+    for got_one, want in ((a, want_a), (b, want_b), (c, want_c)):
+        np.testing.assert_array_equal(got_one, want)
+    for which, value, message in [(0, 4, r"input e: index 4 at \[1, 2\] is out of range \[-4, 4\) "
+                                          r"of scatter_elements"),
+                                  (1, -4, r"input nd: index -4 at \[1, 1\] is out of range \[-3, 3\)"),
+                                  (2, 9, r"input r: index 9 at \[1\] is out of range \[-4, 4\)")]:
+        args = [e.copy(), nd.copy(), r.copy()]
+        args[which][(1, 2) if which == 0 else (1, 1) if which == 1 else (1,)] = value
+        with pytest.raises(IndexError):
+            np.zeros((4, 3))[tuple(args[1].T) if which == 1 else args[which]]
+        with pytest.raises(InputError, match=message):
+            run_vm(got, x, *args, u)

@@ -18,7 +18,8 @@ from typing import Any
 
 from tvm import relax
 
-from relax_passes.normalize_indices import IndexChecker, describe_tensor
+from relax_passes.index_checks import IndexChecker
+from relax_passes.normalize_indices import describe_tensor
 
 
 def _checker(importer: Any) -> IndexChecker:
