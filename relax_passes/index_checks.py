@@ -104,6 +104,8 @@ def folded_check(call: relax.Call, mod: tvm.IRModule,
     (PyTorch and ONNX refuse the model too); None for any other call."""
     extents = checked_extents(call, mod, lookup)
     src = call.args[1].fields[0] if extents is not None else None
+    if isinstance(src, relax.Var) and lookup is not None:  # a var bound to folded indices
+        src = lookup(src)
     if not isinstance(src, tvm.ir.Constant) or any(not isinstance(e, tirx.IntImm) for e in extents):
         return None
     info = mod.functions[call.args[0]].attrs[CHECK_ATTR]

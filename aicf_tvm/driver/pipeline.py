@@ -102,6 +102,7 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
         FoldConstantIEEE(),
         relax.transform.DecomposeOpsForInference(),
         FoldConstantIEEE(),
+        NormalizeIndices(),  # a check of indices that only the folds above made constant
         CombineProjections(),
         ImplicitBroadcasts(),
         SinkReshapes(),

@@ -119,3 +119,31 @@ def test_holds_range_only_for_dtypes_that_hold_every_index():
     assert holds_range("int32", [100]) and holds_range("int64", [tirx.Var("n", "int64")])
     assert not holds_range("int8", [200]) and not holds_range("int32", [tirx.Var("n", "int64")])
     assert not holds_range("uint32", [4]) and not holds_range("float32", [4])
+
+
+def test_indices_that_folding_makes_constant_are_checked_at_compile_time():
+    """BERT's embeddings: position and token-type ids sliced from constant buffers become
+    constants only after normalize's later folds; their check kernel then had a constant
+    operand, which FuseTIR refuses ("Tensor constants are not supported in primitive
+    functions"): BERT, GPT-2 and LLaMA did not compile."""
+    torch = pytest.importorskip("torch")
+
+    class PositionEmbedding(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(512, 8)
+            self.typ = torch.nn.Embedding(2, 8)
+            self.register_buffer("pos", torch.arange(512).expand((1, -1)), persistent=False)
+            self.register_buffer("types", torch.zeros((1, 512), dtype=torch.long), persistent=False)
+
+        def forward(self, x):
+            seq = x.shape[1]
+            types = torch.gather(self.types[:, :seq].expand(x.shape[0], seq), 1, self.pos[:, :seq])
+            return self.emb(self.pos[:, :seq]) + self.typ(types) + x
+
+    torch.manual_seed(0)
+    module = PositionEmbedding().eval()
+    x = torch.randn(1, 128, 8)
+    model = aicf_tvm.compile(aicf_tvm.from_torch(module, (x,)))
+    assert not any(k.kind == "opaque" for k in model.kernels)  # no check kernel is left
+    np.testing.assert_array_equal(model(x.numpy()), module(x).detach().numpy())
