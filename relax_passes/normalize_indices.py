@@ -171,22 +171,39 @@ def _scatter_elements(checker: IndexChecker, call: relax.Call) -> relax.Expr:
     """Its indices are checked as a gather's (an index past the axis wrote past the data).
     TVM 0.27's scatter_elements kernel places an update wrongly when the indices are
     smaller than the data on an axis other than ``axis`` (its offsets use the data's
-    extents to unflatten the indices' positions): such a call is refused, not miscomputed."""
-    data, indices = call.args[0], call.args[1]
+    extents to unflatten the indices' positions). Such a scatter runs on the region of the
+    data its indices cover (``[0, ishape[k])`` off the axis, where the kernel is right), and
+    the rest of the data is concatenated back around it, axis by axis: the same elements
+    written. Symbolic extents that differ cannot be sliced so: refused, not miscomputed."""
+    data, indices, updates = call.args
     shape, ishape = _shape(data), _shape(indices)
     if shape is None or ishape is None:
         return call
-    axis = int(call.attrs.axis) % len(shape)
-    for k, (dim, idim) in enumerate(zip(shape, ishape)):
-        if k != axis and not (static_extents([dim]) is not None and static_extents([dim]) == static_extents([idim])):
-            raise UnsupportedModelError(
-                f"scatter_elements along axis {axis} with indices of shape {_dims(ishape)} on data of shape "
-                f"{_dims(shape)}: TVM's kernel places such updates wrongly unless the indices span every other "
-                "axis of the data")
+    rank = len(shape)
+    axis = int(call.attrs.axis) % rank
+    narrow = [k for k, (dim, idim) in enumerate(zip(shape, ishape))
+              if k != axis and static_extents([dim]) != static_extents([idim])]
+    if any(static_extents([shape[k], ishape[k]]) is None for k in narrow):
+        raise UnsupportedModelError(
+            f"scatter_elements along axis {axis} with indices of shape {_dims(ishape)} on data of "
+            f"shape {_dims(shape)}: symbolic extents of the indices smaller than the data's off "
+            "the axis are not supported")
     op = f"scatter_elements along axis {axis} into {describe_tensor(data)}"
     checked = _fix(checker, indices, [shape[axis]], op)
-    return relax.op.scatter_elements(data, checked, call.args[2], int(call.attrs.axis),
-                                     str(call.attrs.reduction))
+    reduction = str(call.attrs.reduction)
+    if not narrow:
+        return relax.op.scatter_elements(data, checked, updates, int(call.attrs.axis), reduction)
+    bb = checker.bb
+    extents = [int(ishape[k]) if k in narrow else shape[k] for k in range(rank)]
+    region = bb.emit(relax.op.strided_slice(data, list(range(rank)), [0] * rank, extents))
+    result = bb.emit(relax.op.scatter_elements(region, checked, updates, axis, reduction))
+    for k in narrow:  # grow the result back to the data's extent on axis k
+        begin = [int(ishape[k]) if j == k else 0 for j in range(rank)]
+        end = [shape[k] if j == k else extents[j] for j in range(rank)]
+        rest = bb.emit(relax.op.strided_slice(data, list(range(rank)), begin, end))
+        result = bb.emit(relax.op.concat([result, rest], axis=k))
+        extents[k] = shape[k]
+    return result
 
 
 def _scatter_nd(checker: IndexChecker, call: relax.Call) -> relax.Expr:

@@ -203,11 +203,27 @@ def _scatter_module(data_shape, index_shape, axis):
     return bb.get()
 
 
-def test_scatter_elements_with_indices_narrower_than_the_data_is_refused():
-    """TVM's kernel puts update (0, 1, 0) of a [1, 2, 1] update into data[i, 0, 1] of a
-    [4, 2, 3] tensor: a wrong answer, so the call is an error naming the shapes."""
-    with pytest.raises(UnsupportedModelError, match=r"scatter_elements along axis 0 with indices of shape \[1, 2, 1\]"):
-        aicf_tvm.compile(_scatter_module((4, 2, 3), (1, 2, 1), 0), target={"kind": "llvm", "num-cores": 2})
+@pytest.mark.parametrize("data_shape, index_shape, axis", [
+    ((4, 2, 3), (1, 2, 1), 0), ((1, 5), (1, 1), 0), ((4, 1), (1, 1), 1), ((5, 4, 3), (2, 3, 2), 1),
+    ((5, 4, 3), (2, 1, 3), -1),
+])
+def test_scatter_elements_with_indices_narrower_than_the_data_matches_numpy(data_shape, index_shape, axis):
+    """TVM's kernel put update (0, 1, 0) of a [1, 2, 1] update into data[i, 0, 1] of a
+    [4, 2, 3] tensor; the scatter now runs on the region the indices cover (ONNX's
+    ScatterElements: update ``p`` goes to ``p`` with ``p[axis]`` replaced by its index)."""
+    rng = np.random.default_rng(12)
+    data = rng.standard_normal(data_shape).astype("float32")
+    upd = rng.standard_normal(index_shape).astype("float32")
+    n = data_shape[axis]
+    idx = rng.integers(-n, n, size=index_shape).astype("int64")
+    compiled = aicf_tvm.compile(_scatter_module(data_shape, index_shape, axis),
+                                target={"kind": "llvm", "num-cores": 2})
+    want = data.copy()
+    for p in np.ndindex(*index_shape):
+        q = list(p)
+        q[axis] = idx[p] % n
+        want[tuple(q)] = upd[p]
+    np.testing.assert_array_equal(compiled(data, idx, upd), want)
 
 
 def test_scatter_elements_spanning_the_other_axes_matches_numpy():
