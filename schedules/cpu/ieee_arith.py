@@ -41,9 +41,8 @@ from tvm import ir, s_tir, tirx
 from tvm.ir import Expr
 from tvm.ir import op as ir_op
 from tvm.target import Target
-from tvm.tirx import CallEffectKind
 
-from .llvm_pass import llvm_prim_func_pass
+from .llvm_pass import llvm_prim_func_pass, register_sealed_op
 
 # Emits whose reduction blocks are dot products (docstring).
 CONTRACTING_KINDS = frozenset({
@@ -84,9 +83,7 @@ def _register() -> None:
     ir_op.register_op_attr("tirx.copysign", "TVectorizable", True)
     tirx.register_intrin_lowering("tirx.copysign", "llvm", f=_llvm_copysign, level=99)
     for name, op_name in _OPS.items():
-        ir_op.register_op_attr(op_name, "TCallEffectKind", CallEffectKind.Pure.value)
-        ir_op.register_op_attr(op_name, "TVectorizable", True)
-        tirx.register_intrin_lowering(op_name, "llvm", f=_lower(name), level=99)
+        register_sealed_op(op_name, _lower(name))
 
 
 _register()

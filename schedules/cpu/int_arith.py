@@ -33,11 +33,9 @@ import tvm
 import tvm_ffi
 from tvm import ir, tirx
 from tvm.ir import Expr
-from tvm.ir import op as ir_op
 from tvm.target import Target
-from tvm.tirx import CallEffectKind
 
-from .llvm_pass import llvm_prim_func_pass
+from .llvm_pass import llvm_prim_func_pass, register_sealed_op
 
 _NODES = {tirx.Add: "add", tirx.Sub: "sub", tirx.Mul: "mul"}
 _OPS = {name: f"aicf.wrap_{name}" for name in _NODES.values()}
@@ -73,9 +71,7 @@ def _lower(name: str):
 
 def _register() -> None:
     for name, op_name in _OPS.items():
-        ir_op.register_op_attr(op_name, "TCallEffectKind", CallEffectKind.Pure.value)
-        ir_op.register_op_attr(op_name, "TVectorizable", True)
-        tirx.register_intrin_lowering(op_name, "llvm", f=_lower(name), level=99)
+        register_sealed_op(op_name, _lower(name))
 
 
 _register()
@@ -103,7 +99,7 @@ def wrapping_integers(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tvm_ffi.structural_map(func, [(t, binary) for t in _NODES])
 
 
-def WrappingIntegers(target: Target | None = None) -> tvm.transform.Pass:  # noqa: N802 - a pass
+def WrappingIntegers(target: Target | None = None) -> tvm.transform.Pass:
     """PrimFunc pass applying ``wrapping_integers`` to the PrimFuncs compiled for LLVM."""
     return llvm_prim_func_pass(wrapping_integers, target, "WrappingIntegers")
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import tvm
 from tvm import tirx
+from tvm.ir import Expr
+from tvm.ir import op as ir_op
 from tvm.target import Target
+from tvm.tirx import CallEffectKind
 from tvm.tirx.transform import prim_func_pass
 
 
@@ -26,3 +29,12 @@ def llvm_prim_func_pass(rewrite: Callable[[tirx.PrimFunc], tirx.PrimFunc], targe
         return rewrite(func)
 
     return prim_func_pass(_apply, opt_level=0, name=name)
+
+
+def register_sealed_op(op_name: str, lower: Callable[[tirx.Call], Expr]) -> None:
+    """Register an op of our own that TIR's simplifier cannot look into (a pure call) and
+    TVM's vectorizer vectorizes, turned into plain TIR by ``lower`` in ``LowerIntrin``, the
+    last pass before LLVM code generation (``ieee_arith``, ``int_arith``)."""
+    ir_op.register_op_attr(op_name, "TCallEffectKind", CallEffectKind.Pure.value)
+    ir_op.register_op_attr(op_name, "TVectorizable", True)
+    tirx.register_intrin_lowering(op_name, "llvm", f=lower, level=99)
