@@ -104,8 +104,9 @@ def _strip_cast(expr: Expr) -> Expr:
 
 
 def accumulated_products(func: tirx.PrimFunc) -> list[Expr]:
-    """The products ``A * B`` of the reduction blocks of ``func`` whose update is
-    ``C[i] = C[i] + A * B`` (either operand order): where a dot product accumulates."""
+    """The updates ``C[i] + A * B`` (either operand order) of the reduction blocks of
+    ``func``, and their products: where a dot product accumulates.  Both stay plain TIR:
+    the GEMM rule's ``PrefetchNextPanel`` rewrites only a K loop that calls nothing."""
     found: list[Expr] = []
 
     def visit(node: s_tir.SBlock) -> None:
@@ -118,7 +119,7 @@ def accumulated_products(func: tirx.PrimFunc) -> list[Expr]:
             acc = _strip_cast(acc)
             if (isinstance(acc, ir.TensorLoad) and acc.source.same_as(store.buffer)
                     and isinstance(prod, tirx.Mul)):
-                found.append(prod)
+                found.extend([store.value, prod])
 
     tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit)])
     return found
