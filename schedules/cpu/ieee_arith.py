@@ -103,10 +103,15 @@ def _strip_cast(expr: Expr) -> Expr:
     return expr
 
 
-def accumulated_products(func: tirx.PrimFunc) -> list[Expr]:
+def accumulated_products(func: tirx.PrimFunc, two_operands: bool = False) -> list[Expr]:
     """The updates ``C[i] + A * B`` (either operand order) of the reduction blocks of
     ``func``, and their products: where a dot product accumulates.  Both stay plain TIR:
-    the GEMM rule's ``PrefetchNextPanel`` rewrites only a K loop that calls nothing."""
+    the GEMM rule's ``PrefetchNextPanel`` rewrites only a K loop that calls nothing.
+    ``two_operands``: only where the product reads two distinct buffers, neither the
+    accumulator, as the GEMM rule's matmul block does (``gemm_analysis
+    .is_multiply_accumulate``), for a kernel the GEMM rule scheduled whose Emit is a generic
+    group (``fused_reduce_epilogue``: a matmul with a SwiGLU epilogue); an RMS norm's
+    ``acc + x * x`` there stays sealed."""
     found: list[Expr] = []
 
     def visit(node: s_tir.SBlock) -> None:
@@ -118,11 +123,26 @@ def accumulated_products(func: tirx.PrimFunc) -> list[Expr]:
         for acc, prod in ((store.value.a, store.value.b), (store.value.b, store.value.a)):
             acc = _strip_cast(acc)
             if (isinstance(acc, ir.TensorLoad) and acc.source.same_as(store.buffer)
-                    and isinstance(prod, tirx.Mul)):
+                    and isinstance(prod, tirx.Mul)
+                    and (not two_operands or _two_operands(prod, store.buffer))):
                 found.extend([store.value, prod])
 
     tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit)])
     return found
+
+
+def _two_operands(prod: tirx.Mul, acc: object) -> bool:
+    a, b = _strip_cast(prod.a), _strip_cast(prod.b)
+    return (isinstance(a, ir.TensorLoad) and isinstance(b, ir.TensorLoad)
+            and not a.source.same_as(b.source)
+            and not a.source.same_as(acc) and not b.source.same_as(acc))
+
+
+def _gemm_scheduled(func: tirx.PrimFunc) -> bool:
+    """Whether a GEMM or convolution rule scheduled ``func`` (or a record tuned from one):
+    its anchor block was a matrix product."""
+    rule = func.attrs.get("aicf.schedule") if func.attrs is not None else None
+    return rule is not None and any(name in str(rule) for name in ("Gemm", "Conv"))
 
 
 def _contracting(func: tirx.PrimFunc) -> bool:
@@ -133,7 +153,12 @@ def _contracting(func: tirx.PrimFunc) -> bool:
 def ieee_arithmetic(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with its float arithmetic sealed (module docstring); the accumulated
     products of a dot-product Emit stay plain, free to contract."""
-    keep = accumulated_products(func) if _contracting(func) else []
+    if _contracting(func):
+        keep = accumulated_products(func)
+    elif _gemm_scheduled(func):
+        keep = accumulated_products(func, two_operands=True)
+    else:
+        keep = []
 
     def binary(node: Expr) -> Expr:
         if not _is_sealed_dtype(node) or any(node.same_as(k) for k in keep):
