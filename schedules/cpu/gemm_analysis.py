@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from tvm import ir, s_tir, tirx
-from tvm.sym.analyzer import Analyzer
 from tvm.s_tir.schedule import SBlockRV
+from tvm.sym.analyzer import Analyzer
 from tvm.tirx.analysis import undefined_vars
 
 # In TVM 0.27 `tirx.BufferLoad` is a constructor function; the node class lives in `tvm.ir`.
@@ -63,7 +63,7 @@ class GemmTraits:
         return all(isinstance(e, int) for r, e in zip(self.block, self.extents) if r == role)
 
 
-def _strip_cast(expr: tirx.Expr) -> tirx.Expr:
+def strip_cast(expr: tirx.Expr) -> tirx.Expr:
     while isinstance(expr, tirx.Cast):
         expr = expr.value
     return expr
@@ -84,14 +84,14 @@ def is_multiply_accumulate(block: s_tir.SBlock) -> bool:
     value = store.value
     if not isinstance(value, tirx.Add):
         return False
-    acc, prod = _strip_cast(value.a), _strip_cast(value.b)
+    acc, prod = strip_cast(value.a), strip_cast(value.b)
     if not isinstance(acc, _Load):
         acc, prod = prod, acc
     if not isinstance(acc, _Load) or not acc.source.same_as(store.buffer):
         return False
     if not isinstance(prod, tirx.Mul):
         return False
-    lhs, rhs = _strip_cast(prod.a), _strip_cast(prod.b)
+    lhs, rhs = strip_cast(prod.a), strip_cast(prod.b)
     return (
         isinstance(lhs, _Load)
         and isinstance(rhs, _Load)

@@ -24,7 +24,8 @@ neither ``LowerIntrin``'s FMA rule nor LLVM's contraction can merge it into an a
 Contraction stays where the Emit's numeric contract allows it (docs/numerics.md): in the
 multiply-accumulate update ``C = C + A * B`` of a reduction block of a dot-product Emit
 (``CONTRACTING_KINDS``: matmul, einsum, convolutions, and the fused GEMM, convolution and
-attention kernels).  A matrix product is defined as a sum of products in no stated order and
+attention kernels), and in a kernel the GEMM or convolution rule scheduled, where the
+product reads two distinct buffers (a matmul inside a generic group).  A matrix product is defined as a sum of products in no stated order and
 with no stated rounding of each product, as BLAS, MLAS and oneDNN compute it with FMA; a
 graph's separate ``multiply`` and ``add``, or a ``sum`` of an elementwise product, each round.
 
@@ -42,6 +43,7 @@ from tvm.ir import Expr
 from tvm.ir import op as ir_op
 from tvm.target import Target
 
+from .gemm_analysis import strip_cast
 from .llvm_pass import llvm_prim_func_pass, register_sealed_op
 
 # Emits whose reduction blocks are dot products (docstring).
@@ -97,12 +99,6 @@ def _call(name: str, a: Expr, b: Expr) -> Expr:
     return tirx.call_intrin(a.ty, _OPS[name], a, b)
 
 
-def _strip_cast(expr: Expr) -> Expr:
-    while isinstance(expr, tirx.Cast):
-        expr = expr.value
-    return expr
-
-
 def accumulated_products(func: tirx.PrimFunc, two_operands: bool = False) -> list[Expr]:
     """The updates ``C[i] + A * B`` (either operand order) of the reduction blocks of
     ``func``, and their products: where a dot product accumulates.  Both stay plain TIR:
@@ -121,7 +117,7 @@ def accumulated_products(func: tirx.PrimFunc, two_operands: bool = False) -> lis
         if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
             return
         for acc, prod in ((store.value.a, store.value.b), (store.value.b, store.value.a)):
-            acc = _strip_cast(acc)
+            acc = strip_cast(acc)
             if (isinstance(acc, ir.TensorLoad) and acc.source.same_as(store.buffer)
                     and isinstance(prod, tirx.Mul)
                     and (not two_operands or _two_operands(prod, store.buffer))):
@@ -132,7 +128,7 @@ def accumulated_products(func: tirx.PrimFunc, two_operands: bool = False) -> lis
 
 
 def _two_operands(prod: tirx.Mul, acc: object) -> bool:
-    a, b = _strip_cast(prod.a), _strip_cast(prod.b)
+    a, b = strip_cast(prod.a), strip_cast(prod.b)
     return (isinstance(a, ir.TensorLoad) and isinstance(b, ir.TensorLoad)
             and not a.source.same_as(b.source)
             and not a.source.same_as(acc) and not b.source.same_as(acc))
