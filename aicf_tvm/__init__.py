@@ -1,24 +1,28 @@
 """AICF on TVM: the Emit IR model (contract lattices, Emits in Relax) and its API.
 
-The core values (lattices, contracts, Emit, errors: plain Python) load eagerly; the
-rest of the public API loads on first use through ``_LAZY``: ``verify`` (Relax) and the
-driver (``aicf_tvm.driver``: compile, frontends, load, tune, ...). That table is the
-only place the core names the driver (docs/design.md §8; ``tests/test_imports.py``
-allows exactly it), so ``import relax_passes`` and ``import schedules`` never pull the
-driver in, and ``aicf_tvm.load`` works where TVM has only its runtime library.
+Four layers (docs/design.md §8): ``aicf_tvm.core`` (lattices, contracts, kinds, facts,
+the Emit encoding, errors), ``aicf_tvm.library`` (candidate Emits), ``aicf_tvm.runtime``
+(the compiled model, ``load``, deploy checks) and ``aicf_tvm.driver`` (pipeline,
+frontends, tuning, CLI); ``relax_passes`` and ``schedules`` sit on the core.
+
+The core values load eagerly; the rest of the public API loads on first use through
+``_LAZY``. The table stays lazy for two reasons the layering cannot remove: importing
+``relax_passes`` first runs this file (its parent package) before the passes exist, so an
+eager driver import here would import the passes half-built; and ``aicf_tvm.load`` must
+work where TVM has only its runtime library, without Relax.
 """
 
-from .contract import (
+from aicf_tvm.core.contract import (
     ADAM_STEP_CONTRACT, RELU_CONTRACT, ContractFacts, EmitContract, Entailment, PortFacts, entails,
 )
-from .emit import EMIT_ATTR, Emit, Interface, Port, emit_of
-from .errors import (
+from aicf_tvm.core.emit import EMIT_ATTR, Emit, Interface, Port, emit_of
+from aicf_tvm.core.errors import (
     AicfError, AliasContradiction, ContractContradiction, ContractViolation, DeployError,
     EncodingError, InputError, KindRegistrationError, TargetError, TuningError,
     UnsupportedModelError,
 )
-from .version import __version__ as __version__
-from .lattice import (
+from aicf_tvm.core.version import __version__ as __version__
+from aicf_tvm.core.lattice import (
     ABIFact, AccumDtype, Alias, Alignment, Determinism, Effect, Flag, MathTag, NumericFact,
     Rounding, ShapeFact,
 )
@@ -32,18 +36,18 @@ __all__ = [
 ]
 
 _LAZY = {
-    "contract_problems": ".verify",
-    "verify_contracts": ".verify",
+    "contract_problems": ".driver.verify",
+    "verify_contracts": ".driver.verify",
     "compile": ".driver.pipeline",
     "compile_optimizer_step": ".driver.optimizer",
-    "CompiledModel": ".driver.compiled",
+    "CompiledModel": ".runtime.compiled",
     "explain": ".driver.explainer",
     "from_onnx": ".driver.frontends",
     "from_torch": ".driver.frontends",
     "load_model": ".driver.frontends",
     "tune": ".driver.tuning",
     "TuneResult": ".driver.tuning",
-    "load": ".driver.compiled",
+    "load": ".runtime.compiled",
 }
 __all__ += list(_LAZY)
 

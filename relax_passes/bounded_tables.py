@@ -32,7 +32,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE, rule_for
+from aicf_tvm.core.kinds.registry import BROADCAST, ELEMENTWISE, rule_for
 
 from .bound_shapes import bounds_of
 from .ieee_fold import scalars_as_buffers

@@ -31,7 +31,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE, rule_for
+from aicf_tvm.core.kinds.registry import BROADCAST, ELEMENTWISE, rule_for
 
 _TO_NHWC, _TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
 

@@ -42,7 +42,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from aicf_tvm.tvm_values import static_shape
+from aicf_tvm.core.tvm_values import static_shape
 
 from .dataflow_rewrite import rewrite_dataflow_blocks
 

@@ -41,7 +41,7 @@ import tvm
 from tvm import DataTypeCode, relax, sym, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from aicf_tvm.errors import UnsupportedModelError
+from aicf_tvm.core.errors import UnsupportedModelError
 
 from .bound_shapes import bound_analyzer, bounds_of
 

@@ -7,7 +7,7 @@ Rules, each named in the report with the facts that justify it:
   * ``x + (-0.0)``, ``x - 0.0``, ``x * 1``, ``x / 1`` (and the commuted add/multiply)
     with a constant that does not broadcast x to a new shape; the float constant must
     match bit for bit (``x + 0.0`` stays: it turns -0.0 into +0.0; see
-    ``aicf_tvm.elimination.RIGHT_NEUTRAL``);
+    ``aicf_tvm.core.elimination.RIGHT_NEUTRAL``);
   * inverse permute_dims pairs cancel, and so do inverse ``layout_transform`` pairs between
     NCHW and a blocked ``NCHW{b}c`` (both are bijections: the block divides the
     channels); a cast pair A -> B -> A only when B represents
@@ -33,17 +33,17 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from aicf_tvm.elimination import (
+from aicf_tvm.core.elimination import (
     compose_permutations, is_free_view, is_identity_permutation, is_neutral_operand, represents_exactly,
 )
-from aicf_tvm.emit_graph import EmitGraph, Node
-from aicf_tvm.facts import FactTable
-from aicf_tvm.kinds.describe import type_shape
-from aicf_tvm.kinds.layouts import transform_layouts
-from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE
-from aicf_tvm.lattice import Failure, ShapeFact
-from aicf_tvm.propagation import analyze
-from aicf_tvm.report import Decision, FusionReport
+from aicf_tvm.core.emit_graph import EmitGraph, Node
+from aicf_tvm.core.facts import FactTable
+from aicf_tvm.core.kinds.describe import type_shape
+from aicf_tvm.core.kinds.layouts import transform_layouts
+from aicf_tvm.core.kinds.registry import BROADCAST, ELEMENTWISE
+from aicf_tvm.core.lattice import Failure, ShapeFact
+from aicf_tvm.core.propagation import analyze
+from aicf_tvm.core.report import Decision, FusionReport
 
 from .group_rewrite import body_at_call_site, drop_unused_emits, with_blocks
 from .lift_emits import build_emit_function

@@ -37,7 +37,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import TupleGetItemPattern, is_const, is_op, rewrite_call, wildcard
 
-from aicf_tvm.errors import UnsupportedModelError
+from aicf_tvm.core.errors import UnsupportedModelError
 
 _BATCH_NORM = "relax.nn.batch_norm"
 _CONVS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")

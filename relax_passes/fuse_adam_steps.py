@@ -32,11 +32,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from aicf_tvm.emit import EMIT_ATTR
-from aicf_tvm.emit_graph import EmitGraph
-from aicf_tvm.facts import FactTable, alias_between
-from aicf_tvm.lattice import MUST_ALIAS, NO_ALIAS, UNKNOWN_ALIAS, Alias, Failure
-from aicf_tvm.library.adam import (
+from aicf_tvm.core.emit import EMIT_ATTR
+from aicf_tvm.core.emit_graph import EmitGraph
+from aicf_tvm.core.facts import FactTable, alias_between
+from aicf_tvm.core.lattice import MUST_ALIAS, NO_ALIAS, UNKNOWN_ALIAS, Alias, Failure
+from aicf_tvm.core.kinds.adam import (
     ADAM_PORTS,
     DISTINCT_INPUTS_ATTR,
     OUT_OF,
@@ -44,9 +44,9 @@ from aicf_tvm.library.adam import (
     fused_adam_kernel,
     fused_emit,
 )
-from aicf_tvm.propagation import analyze
-from aicf_tvm.report import Decision, FusionReport
-from aicf_tvm.tvm_values import static_shape
+from aicf_tvm.core.propagation import analyze
+from aicf_tvm.core.report import Decision, FusionReport
+from aicf_tvm.core.tvm_values import static_shape
 
 from .lift_adam_steps import caller_paths
 from .group_rewrite import drop_unused_emits, with_blocks

@@ -6,7 +6,7 @@ LowerEmits; re-propagate afterwards.
 
 1. Library candidates (``aicf_tvm.library``): ``relax.dpl`` patterns matched on the
    op-level view of the DAG (each single-op Emit call seen as the op it wraps).
-2. Each match S is judged (``aicf_tvm.library.legality``): convex (a match that is not
+2. Each match S is judged (``aicf_tvm.core.legality``): convex (a match that is not
    first gives back the shared view chains on its input side, which a pattern's longest
    view chain took in: ``_Planner._without_shared_input_views``); no opaque member
    and no effectful Emit inside its span touching its values; ``F ⊢ Requires(E*)``
@@ -34,18 +34,18 @@ import tvm
 from tvm import relax
 from tvm.relax import dpl
 
-from aicf_tvm.contract import ContractFacts, EmitContract, PortFacts
-from aicf_tvm.emit import Emit, Interface, Port
-from aicf_tvm.emit_graph import EmitGraph
-from aicf_tvm.facts import FactTable
-from aicf_tvm.kinds.transfer import ALLOC_ALIGN, abi_of, fresh_shape
-from aicf_tvm.library import DEFAULT_CANDIDATES, Candidate, Match
-from aicf_tvm.library.legality import (
+from aicf_tvm.core.contract import ContractFacts, EmitContract, PortFacts
+from aicf_tvm.core.emit import Emit, Interface, Port
+from aicf_tvm.core.emit_graph import EmitGraph
+from aicf_tvm.core.facts import FactTable
+from aicf_tvm.core.kinds.transfer import ALLOC_ALIGN, abi_of, fresh_shape
+from aicf_tvm.core.candidate import Candidate, Match, registered_candidates
+from aicf_tvm.core.legality import (
     derived_numeric, effect_failures, numeric_failures, requires_failures,
 )
-from aicf_tvm.lattice import Effect
-from aicf_tvm.propagation import analyze
-from aicf_tvm.report import Decision, FusionReport
+from aicf_tvm.core.lattice import Effect
+from aicf_tvm.core.propagation import analyze
+from aicf_tvm.core.report import Decision, FusionReport
 
 from .generic_groups import STRUCTURAL_VIEWS, GenericGrouping, finish_groups, is_structural_view
 from .group_rewrite import _ACCUMULATING, Group, rewrite_function
@@ -370,8 +370,10 @@ def _config(m: Match) -> dict:
 class FuseEmits:
     """Fuse the Emits of ``main``; decisions are appended to ``self.report``."""
 
-    def __init__(self, candidates: tuple[Candidate, ...] = DEFAULT_CANDIDATES,
+    def __init__(self, candidates: tuple[Candidate, ...] | None = None,
                  report: FusionReport | None = None, func_name: str = "main") -> None:
+        if candidates is None:
+            candidates = registered_candidates()
         self.candidates = tuple(sorted(candidates, key=lambda c: -c.priority))
         self.report = report if report is not None else FusionReport()
         self.func_name = func_name

@@ -35,9 +35,9 @@ from typing import Any, Callable
 import tvm
 from tvm import relax
 
-from aicf_tvm.emit_graph import EmitGraph
-from aicf_tvm.kinds import registry as K
-from aicf_tvm.report import Decision, FusionReport
+from aicf_tvm.core.emit_graph import EmitGraph
+from aicf_tvm.core.kinds import registry as K
+from aicf_tvm.core.report import Decision, FusionReport
 
 from .group_rewrite import Group, group_inputs
 from .lift_emits import defined_vars

@@ -17,8 +17,8 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.relax.utils import copy_with_new_vars
 
-from aicf_tvm.emit import EMIT_ATTR, Emit
-from aicf_tvm.emit_graph import EmitGraph, Node
+from aicf_tvm.core.emit import EMIT_ATTR, Emit
+from aicf_tvm.core.emit_graph import EmitGraph, Node
 
 from .lift_emits import param_types
 

@@ -48,7 +48,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from aicf_tvm.kinds.describe import is_pointwise
+from aicf_tvm.core.kinds.describe import is_pointwise
 
 from .bounded_tables import evaluate_at_bounds
 

@@ -5,7 +5,7 @@ An index that is neither a constant nor proven in range (a token id, an ``argmax
 only be checked at run time. ``IndexChecker.checked`` decides what to check (the proof of
 indices in range, and the source the check reads: ``relax_passes.normalize_indices``
 states both), and ``emit_checked`` puts a small kernel in front of the op:
-it reads the indices once, calls ``aicf.index_out_of_range`` (``aicf_tvm.call_checks``:
+it reads the indices once, calls ``aicf.index_out_of_range`` (``aicf_tvm.runtime.call_checks``:
 raises our ``InputError`` through the FFI, naming the indices, the offending index, its
 position and the bound) on the first index outside ``[-n, n)`` (negative ones counting
 from the end, as ONNX and NumPy define them) or ``[0, n)`` (where the op rejects negative
@@ -36,8 +36,8 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from aicf_tvm import call_checks
-from aicf_tvm.errors import UnsupportedModelError
+from aicf_tvm.runtime import call_checks
+from aicf_tvm.core.errors import UnsupportedModelError
 
 Extent = int | tvm.ir.Expr
 

@@ -10,7 +10,7 @@ Recognizes, in the dataflow blocks of the public functions, the per-parameter up
 (``bias_i = 1 - β_i^t`` as rank-0 tensors; add/multiply operands in any order; ``lr * a / b``
 also as ``(lr * a) / b``) — what ``relax.training.optimizer.Adam(...).get_function()``
 emits and what one writes by hand — and replaces it by ``t = adam_step(p, g, m, v, bias1,
-bias2)`` with ``p', m', v'`` read from ``t`` (``aicf_tvm.library.adam``). When the
+bias2)`` with ``p', m', v'`` read from ``t`` (``aicf_tvm.core.kinds.adam``). When the
 function carries ``aicf.distinct_inputs``, the Emit asserts NoAlias for each pair of its
 ports bound to two different caller inputs.
 
@@ -28,10 +28,10 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax import dpl
 
-from aicf_tvm.contract import ContractFacts
-from aicf_tvm.emit import exact_key
-from aicf_tvm.lattice import NO_ALIAS
-from aicf_tvm.library.adam import (
+from aicf_tvm.core.contract import ContractFacts
+from aicf_tvm.core.emit import exact_key
+from aicf_tvm.core.lattice import NO_ALIAS
+from aicf_tvm.core.kinds.adam import (
     ADAM_PORTS,
     ATTRS,
     DISTINCT_INPUTS_ATTR,

@@ -23,8 +23,8 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from aicf_tvm.emit import EMIT_ATTR, emit_of
-from aicf_tvm.kinds.describe import (
+from aicf_tvm.core.emit import EMIT_ATTR, emit_of
+from aicf_tvm.core.kinds.describe import (
     describe_call, flat_tensor_args, is_tensor, is_tensor_tuple, split_call,
 )
 

@@ -9,7 +9,7 @@ Runs last among our passes, on a module whose Emits are final. Final-lowering AB
   contract gets ``scalar_view``; never where TVM's constant folding of the immediate
   would change the result or raise (``scalar_picks``);
 * ``LegalizeOps`` turns each Emit function's ops into TensorIR (conv2d in blocked
-  layouts through ``relax_passes.blocked_conv``, a reshape of symbolic shapes axis group
+  layouts through ``relax_passes.legalize_blocked_conv``, a reshape of symbolic shapes axis group
   by axis group through ``legalize_reshape``, norms and mean/variance in two passes with
   float64 sums through ``legalize_norms``) and ``FuseTIR`` merges
   it into one PrimFunc named after it (buffers declared with the default layout lose
@@ -36,11 +36,11 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.tirx.layout import S, TileLayout
 
-from aicf_tvm.contract import EmitContract, PortFacts
-from aicf_tvm.emit import EMIT_ATTR, Emit, emit_of
-from aicf_tvm.lattice import Flag
+from aicf_tvm.core.contract import EmitContract, PortFacts
+from aicf_tvm.core.emit import EMIT_ATTR, Emit, emit_of
+from aicf_tvm.core.lattice import Flag
 
-from .blocked_conv import LEGALIZE_MAP
+from relax_passes.legalize_blocked_conv import LEGALIZE_MAP
 from .group_rewrite import drop_unused_emits, with_blocks
 from .legalize_norms import LEGALIZE_MAP as NORMS_LEGALIZE_MAP
 from .legalize_reshape import legalize_reshape

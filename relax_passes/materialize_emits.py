@@ -41,13 +41,13 @@ from typing import Any, Optional
 import tvm
 from tvm import relax
 
-from aicf_tvm.emit_graph import EmitGraph
-from aicf_tvm.facts import FactTable
-from aicf_tvm.kinds.describe import type_shape
-from aicf_tvm.lattice import ShapeFact
-from aicf_tvm.library import DEFAULT_CANDIDATES
-from aicf_tvm.propagation import analyze
-from aicf_tvm.report import Decision, FusionReport
+from aicf_tvm.core.emit_graph import EmitGraph
+from aicf_tvm.core.facts import FactTable
+from aicf_tvm.core.kinds.describe import type_shape
+from aicf_tvm.core.lattice import ShapeFact
+from aicf_tvm.core.candidate import Candidate, registered_candidates
+from aicf_tvm.core.propagation import analyze
+from aicf_tvm.core.report import Decision, FusionReport
 
 from .fuse_emits import _bytes, _Planner
 from .group_rewrite import body_at_call_site, drop_unused_emits, with_blocks
@@ -210,9 +210,11 @@ class MaterializeEmits:
     """Block convolution chains (given ``lanes``), insert broadcasts that enable fusion, fold
     constant-only Emits; report all three."""
 
-    def __init__(self, report: FusionReport | None = None, candidates=DEFAULT_CANDIDATES,
+    def __init__(self, report: FusionReport | None = None, candidates: tuple[Candidate, ...] | None = None,
                  func_name: str = "main", lanes: int | None = None) -> None:
         self.report = report if report is not None else FusionReport()
+        if candidates is None:
+            candidates = registered_candidates()
         self.candidates = tuple(sorted(candidates, key=lambda c: -c.priority))
         self.func_name = func_name
         self.lanes = lanes

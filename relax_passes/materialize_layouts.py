@@ -40,11 +40,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from aicf_tvm.emit_graph import EmitGraph
-from aicf_tvm.kinds.layouts import blocked, blocking_map, unblocking_map
-from aicf_tvm.kinds.registry import BROADCAST, ELEMENTWISE, kind_name, rule_for
-from aicf_tvm.report import Decision, FusionReport
-from aicf_tvm.tvm_values import static_shape
+from aicf_tvm.core.emit_graph import EmitGraph
+from aicf_tvm.core.kinds.layouts import blocked, blocking_map, unblocking_map
+from aicf_tvm.core.kinds.registry import BROADCAST, ELEMENTWISE, kind_name, rule_for
+from aicf_tvm.core.report import Decision, FusionReport
+from aicf_tvm.core.tvm_values import static_shape
 
 from .channels_first import names_an_axis
 from .fuse_emits import op_view

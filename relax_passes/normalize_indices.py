@@ -47,7 +47,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from aicf_tvm.errors import UnsupportedModelError
+from aicf_tvm.core.errors import UnsupportedModelError
 
 from .index_checks import Extent, IndexChecker, folded_check, static_extents
 

@@ -1,6 +1,6 @@
 """PropagateContracts: refine every Emit's contract with the facts of its call sites.
 
-The facts come from the contract analysis (``aicf_tvm.propagation.analyze``); an Emit
+The facts come from the contract analysis (``aicf_tvm.core.propagation.analyze``); an Emit
 function called from several sites keeps the join (the common guarantee) of its sites'
 facts, met with what is asserted on it.
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import tvm
 
-from aicf_tvm.contract import ContractFacts, EmitContract
-from aicf_tvm.emit import EMIT_ATTR, Emit, emit_of
-from aicf_tvm.errors import ContractContradiction
-from aicf_tvm.propagation import analyze
+from aicf_tvm.core.contract import ContractFacts, EmitContract
+from aicf_tvm.core.emit import EMIT_ATTR, Emit, emit_of
+from aicf_tvm.core.errors import ContractContradiction
+from aicf_tvm.core.propagation import analyze
 
 
 def refine_contract(gv_name: str, emit: Emit, sites: list[ContractFacts]) -> EmitContract:

@@ -6,7 +6,7 @@ assumed in bounds within its input, ...). Called with dims that break one, a ker
 past its buffers and returns garbage or crashes: ``from_onnx(shapes={"x": ["a", "b"]})``
 of a MatMul by a 16-row weight read past the weight at ``b = 40`` and segfaulted at
 ``b = 4,000,000``. ``requirements_of`` collects, over every op call of a function, the
-conditions of ``shape_rules`` as ``aicf_tvm.call_checks.Requirement`` values over the names
+conditions of ``shape_rules`` as ``aicf_tvm.runtime.call_checks.Requirement`` values over the names
 of the input dims; the compiled model checks them in Python before any kernel runs, and an
 exported library carries them in its metadata.
 
@@ -29,8 +29,8 @@ from typing import Any
 import tvm
 from tvm import relax, sym, tirx
 
-from aicf_tvm.call_checks import Requirement, names_in, render
-from aicf_tvm.errors import UnsupportedModelError
+from aicf_tvm.runtime.call_checks import Requirement, names_in, render
+from aicf_tvm.core.errors import UnsupportedModelError
 
 from .bound_shapes import bounds_of
 from .shape_rules import conditions, type_shape

@@ -4,7 +4,7 @@ Frontends flatten a ``Linear`` on a 3-D input to 2-D for the matmul and reshape 
 result back before the activation (``matmul -> add(bias) -> reshape -> relu``), so the
 reshape separates the GEMM from its epilogue and no candidate sees
 ``relu(add(matmul))``. When the reshape's only use is a pointwise op
-(``aicf_tvm.kinds.describe.is_pointwise``: an elementwise or broadcast kind with no
+(``aicf_tvm.core.kinds.describe.is_pointwise``: an elementwise or broadcast kind with no
 attribute naming an axis or layout, so not ``prelu(axis=1)``) whose other operands are
 scalars, the op is applied first and the reshape after it:
 ``relu(reshape(x, s))`` becomes ``reshape(relu(x), s)``; repeated until no reshape moves.
@@ -23,7 +23,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from aicf_tvm.kinds.describe import is_pointwise
+from aicf_tvm.core.kinds.describe import is_pointwise
 
 from .dataflow_rewrite import rewrite_dataflow_blocks
 

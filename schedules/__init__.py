@@ -21,28 +21,11 @@ from tvm.ir import IRModule
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from . import cpu, cuda
+from .rules import default_rules
 
 __all__ = ["apply_default_schedules", "default_rules", "is_scheduled", "schedule_func"]
 
 _LOG = logging.getLogger(__name__)
-
-
-def default_rules(target: Target) -> list[ScheduleRule]:
-    """The rules tried, in order, for PrimFuncs compiled for ``target`` (empty if none)."""
-    if target.kind.name == "llvm":
-        matmul_rules = [getattr(cpu, name, None) for name in ("Gemm", "BlockedConv2d", "Depthwise", "Conv2d")]
-        return [
-            *(rule() for rule in matmul_rules if rule is not None),
-            cpu.Attention(),
-            cpu.BlockedNorm(),
-            cpu.Reduction(),
-            cpu.Elementwise(),
-            cpu.Fallback(),
-        ]
-    if "gpu" in target.keys:
-        return cuda.gpu_rules()
-    return []
 
 
 def is_scheduled(func: tirx.PrimFunc) -> bool:

@@ -42,10 +42,11 @@ from typing import Any
 import tvm
 from tvm import tirx
 
-from aicf_tvm.errors import TuningError
-from aicf_tvm.tvm_values import to_python
+from aicf_tvm.core.errors import TuningError
+from aicf_tvm.core.tvm_values import to_python
 
 from .cpu.gemm_blocks import LAYOUT_FREE_ATTR
+from .choices import apply_choice, choice_label
 
 _LOG = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def workload_of(func: tirx.PrimFunc, target: tvm.target.Target) -> tvm.IRModule 
     """The MetaSchedule workload tuned and queried for ``func``; None if not an Emit kernel.
 
     The workload keeps TVM's ``layout_free_buffers`` (the parameters every call passes a
-    constant, ``relax_passes.prepack_weights.mark_layout_free``): a kernel is tuned and
+    constant, ``schedules.prepack_weights.mark_layout_free``): a kernel is tuned and
     timed as it runs, on prepacked weights, and the key tells the two uses apart.
     """
     signature = contract_signature(func, target)
@@ -304,8 +305,6 @@ def _chosen_schedule(db: Any, workload: tvm.IRModule, target: tvm.target.Target,
 def _by_choice(func: tirx.PrimFunc, target: tvm.target.Target, plan: dict, name: str) -> tirx.PrimFunc | None:
     """``func`` scheduled by its rule with the saved choice (``tune_symbolic``), marked
     with it; None (and a warning) when the rule no longer offers that choice for it."""
-    from .choices import apply_choice, choice_label
-
     sch = apply_choice(func, target, plan)
     if sch is None:
         _LOG.warning("the tuned choice %s for %s is not one its rule offers for it: using the default rule",

@@ -60,6 +60,7 @@ from .cpu.vector_math import VectorizeMath
 from .remote import RemoteRunner, Tracker
 from .select import SIGNATURE_ATTR, contract_signature, workload_of
 from .tune_space import space_generator
+from .choices import tunable_rule
 
 _LOG = logging.getLogger(__name__)
 FAILED_SECS = 1e9  # MetaSchedule stores failed candidates with run_secs of 1e10
@@ -124,8 +125,6 @@ def extract_tasks(lowered: list[tuple[str, tvm.IRModule]], target: tvm.target.Ta
     A kernel with symbolic extents (``symbolic_dims``) is a task only when ``bindings``
     gives the bindings to time it at and its default rule offers choices
     (``tune_symbolic``); otherwise it keeps its default schedule."""
-    from .choices import tunable_rule
-
     tasks: dict[int, Task] = {}
     for model, mod in lowered:
         for gv, func in mod.functions_items():

@@ -17,7 +17,7 @@ in place of a search.  No postprocessor runs: the rule's schedule is complete
 second time.  A workload no tunable rule takes is searched in MetaSchedule's own space.
 
 ``timed_form`` is a kernel as tuning times it: like ``compile``, which splits a constant
-weight's packing out of the kernel and runs it once (``relax_passes.prepack_weights``),
+weight's packing out of the kernel and runs it once (``schedules.prepack_weights``),
 MetaSchedule times a kernel without its marked layout rewrites, but it can only remove a
 plain copy (``gemm_blocks.is_plain_copy``).  A padded packing is timed as the copy of the
 load inside it, which costs the same once removed; one without such a load keeps packing.

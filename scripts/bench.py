@@ -57,8 +57,8 @@ import tvm
 from tvm import relax
 
 import aicf_tvm
-from aicf_tvm.driver.targets import describe, resolve_target
-from aicf_tvm.driver.threads import thread_count, use_threads
+from aicf_tvm.runtime.targets import describe, resolve_target
+from aicf_tvm.runtime.threads import thread_count, use_threads
 
 TARGET = resolve_target("llvm")
 # What ours runs with (TVM_NUM_THREADS, else every usable CPU); TVM's own peers run on this

@@ -23,9 +23,9 @@ from tvm import relax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aicf_tvm.driver.targets import resolve_target  # noqa: E402
-from aicf_tvm.driver.threads import use_threads  # noqa: E402
-from relax_passes.blocked_conv import LEGALIZE_MAP  # noqa: E402
+from aicf_tvm.runtime.targets import resolve_target  # noqa: E402
+from aicf_tvm.runtime.threads import use_threads  # noqa: E402
+from relax_passes.legalize_blocked_conv import LEGALIZE_MAP  # noqa: E402
 from relax_passes.materialize_layouts import blocked_per_channel, blocked_weight, channel_block  # noqa: E402
 from schedules import default_rules, schedule_func  # noqa: E402
 from schedules.cpu.common import float32_lanes  # noqa: E402

@@ -197,7 +197,7 @@ def bench(model: Model, args: argparse.Namespace, work: Path) -> list[str]:
 
 
 def main() -> None:
-    from aicf_tvm.errors import UnsupportedModelError
+    from aicf_tvm.core.errors import UnsupportedModelError
 
     args = parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_dynamic_") as tmp:

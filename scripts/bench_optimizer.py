@@ -18,7 +18,7 @@ from tvm import relax
 
 import aicf_tvm
 from aicf_tvm.driver.optimizer import adam_function, adam_state, profile_call
-from aicf_tvm.driver.targets import resolve_target
+from aicf_tvm.runtime.targets import resolve_target
 
 # 784 -> 2048 -> 2048 -> 1600 -> 10-ish MLP weights and biases: 10,032,704 parameters.
 MLP_SHAPES = [(2048, 2048), (2048,), (2048, 2048), (2048,), (1024, 1600), (1600,)]

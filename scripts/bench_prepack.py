@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aicf_tvm  # noqa: E402
-import relax_passes.prepack_weights as prepack  # noqa: E402
+import schedules.prepack_weights as prepack  # noqa: E402
 
 
 def compile_both(model: str, target: str):

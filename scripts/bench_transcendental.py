@@ -25,8 +25,8 @@ import tvm  # noqa: E402
 from tvm import relax, te, tirx  # noqa: E402
 
 from aicf_tvm.driver.pipeline import run_pipeline  # noqa: E402
-from aicf_tvm.driver.targets import resolve_target  # noqa: E402
-from aicf_tvm.driver.threads import thread_count, use_threads  # noqa: E402
+from aicf_tvm.runtime.targets import resolve_target  # noqa: E402
+from aicf_tvm.runtime.threads import thread_count, use_threads  # noqa: E402
 from schedules.cpu.common import try_parallel  # noqa: E402
 from schedules.cpu.vector_math import vectorize_math  # noqa: E402
 

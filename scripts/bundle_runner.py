@@ -290,14 +290,14 @@ def describe_device(target: str, torch: Any) -> str:
     import tvm
 
     if target == "cuda":
-        from aicf_tvm.driver.deploy import _cuda_available
+        from aicf_tvm.runtime.deploy import _cuda_available
 
         if not _cuda_available():
             return "no CUDA device visible to TVM's runtime"
         dev = tvm.cuda(0)
         text = f"{dev.device_name} (compute {dev.compute_version})"
     else:
-        from aicf_tvm.driver.threads import thread_count
+        from aicf_tvm.runtime.threads import thread_count
 
         name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                      if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \

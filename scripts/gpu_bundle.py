@@ -44,9 +44,10 @@ from tvm import relax  # noqa: E402
 
 import aicf_tvm  # noqa: E402
 import bundle_runner as runner  # noqa: E402
-from aicf_tvm.driver.compiled import CompiledModel  # noqa: E402
+from aicf_tvm.driver.compiled import compiled_model  # noqa: E402
+from aicf_tvm.runtime.compiled import CompiledModel  # noqa: E402
 from aicf_tvm.driver.models import decoder_block, encoder_layer  # noqa: E402
-from aicf_tvm.driver.targets import describe, host_cpu_target  # noqa: E402
+from aicf_tvm.runtime.targets import describe, host_cpu_target  # noqa: E402
 from bench_optimizer import HYPER  # noqa: E402
 from bundle_models import SEED, Bundled, Streams, adam, arrays_of, convnet, transformer  # noqa: E402
 
@@ -128,8 +129,8 @@ def compile_for(model: Bundled, target: str) -> CompiledModel:
     if model.kind != "optimizer":
         return aicf_tvm.compile(model.mod, target=tgt)
     step = aicf_tvm.compile_optimizer_step(model.mod["main"], target=tgt)
-    return CompiledModel(step.executable, step.target, step.lowered["main"], report=step.report,
-                         lowered=step.lowered)
+    return compiled_model(step.executable, step.target, step.lowered["main"], report=step.report,
+                          lowered=step.lowered)
 
 
 def write_model(model: Bundled, target: str, out: Path) -> dict:

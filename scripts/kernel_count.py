@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aicf_tvm.driver.frontends import load_model  # noqa: E402
 from aicf_tvm.driver.pipeline import run_pipeline  # noqa: E402
-from aicf_tvm.driver.targets import resolve_target  # noqa: E402
+from aicf_tvm.runtime.targets import resolve_target  # noqa: E402
 from relax_passes.lower_emits import kernel_calls  # noqa: E402
 
 LIGHT = Path(__import__("onnx").__file__).parent / "backend" / "test" / "data" / "light"

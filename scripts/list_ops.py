@@ -33,7 +33,7 @@ from tvm.relax.frontend.onnx import from_onnx
 # Run as a file from anywhere: make the repository root importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aicf_tvm.driver.models import BUILTIN_MODELS
-from aicf_tvm.tvm_values import to_python
+from aicf_tvm.core.tvm_values import to_python
 
 # Calls whose first argument names the real callee.
 CALLEE_FIRST = {"relax.call_tir", "relax.call_dps_packed", "relax.call_pure_packed"}

@@ -33,8 +33,8 @@ def profile_run(compiled: Any, arrays: list) -> list[tuple[str, float]]:
     """``[(symbol, seconds)]`` for every VM call of one run of ``main``, in order."""
     from tvm.runtime.vm import VirtualMachine, VMInstrumentReturnKind
 
-    from aicf_tvm.driver.compiled import to_device
-    from aicf_tvm.driver.threads import use_threads
+    from aicf_tvm.runtime.compiled import to_device
+    from aicf_tvm.runtime.threads import use_threads
 
     kernels = {k.name for k in compiled.kernels}
     use_threads(compiled.threads)

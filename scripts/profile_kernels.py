@@ -32,7 +32,7 @@ import tvm  # noqa: E402
 from tvm import tirx  # noqa: E402
 
 import aicf_tvm  # noqa: E402
-from aicf_tvm.driver.threads import use_threads  # noqa: E402
+from aicf_tvm.runtime.threads import use_threads  # noqa: E402
 from aicf_tvm.driver.tune_model import kernel_seconds, model_inputs  # noqa: E402
 from relax_passes.lower_emits import kernel_calls  # noqa: E402
 

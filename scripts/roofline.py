@@ -38,7 +38,7 @@ import tvm
 from tvm import relax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from aicf_tvm.driver.threads import use_threads
+from aicf_tvm.runtime.threads import use_threads
 from schedules.cpu.gemm import Gemm
 
 

@@ -350,7 +350,7 @@ def _run_row(row: str, path: str, with_tvm: bool) -> dict:
     import torch
 
     import aicf_tvm
-    from aicf_tvm.driver.targets import resolve_target
+    from aicf_tvm.runtime.targets import resolve_target
 
     name, masked = row.removesuffix("+mask"), row.endswith("+mask")
     kind, build = _configs()[name]

@@ -11,6 +11,8 @@ import pytest
 import tvm
 from tvm import relax
 
+import aicf_tvm.library  # noqa: F401 - registers the Emit library: FuseEmits() tries its candidates
+
 from .helpers import Operands
 
 LIGHT_DIR = Path(__import__("onnx").__file__).parent / "backend" / "test" / "data" / "light"

@@ -19,12 +19,21 @@ _spec = importlib.util.spec_from_file_location("aicf_import_graph", ROOT / "scri
 graph = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
 _spec.loader.exec_module(graph)
 
-# What each layer may import besides itself; the driver may import anything.
-MAY_IMPORT = {"core": {"core"}, "passes": {"core", "passes"}, "schedules": {"core", "schedules"}}
+# What each layer may import besides itself (docs/design.md §8): the core sits at the
+# bottom; the library (candidate Emits) and the runtime (running a compiled model) on it;
+# the Relax passes and the schedules on the core, and on the runtime where a rule needs
+# a runtime fact (CPU features, the call-time checks it plans); the driver on everything.
+MAY_IMPORT = {
+    "core": {"core"},
+    "library": {"core", "library"},
+    "runtime": {"core", "runtime"},
+    "passes": {"core", "runtime", "passes"},
+    "schedules": {"core", "runtime", "schedules"},
+}
 
 # The public names ``aicf_tvm`` loads on first use (``aicf_tvm/__init__.py``'s ``_LAZY``):
-# the one place the core names the driver, so that importing the core stays light and
-# ``aicf_tvm.load`` needs only TVM's runtime.
+# the one place the package names the layers above the core, so that importing the core
+# stays light and ``aicf_tvm.load`` needs only TVM's runtime.
 PUBLIC_LAZY = {
     "compile", "compile_optimizer_step", "CompiledModel", "explain", "from_onnx", "from_torch",
     "load_model", "tune", "TuneResult", "load", "contract_problems", "verify_contracts",
@@ -36,9 +45,9 @@ def layer(module: str) -> str:
         return "passes"
     if module.startswith("schedules"):
         return "schedules"
-    if module == "aicf_tvm.driver" or module.startswith("aicf_tvm.driver."):
-        return "driver"
-    return "core"
+    if module == "aicf_tvm":
+        return "api"
+    return module.split(".")[1]  # aicf_tvm.<core | library | runtime | driver>
 
 
 @pytest.fixture(scope="module")
@@ -46,18 +55,33 @@ def edges() -> list:
     return graph.edges()
 
 
+def test_every_module_is_in_a_layer():
+    assert {layer(m) for m in graph.modules()} == {*MAY_IMPORT, "driver", "api"}
+
+
 def test_imports_point_down(edges):
-    """The core imports only TVM; passes and schedules import the core (not each other);
-    only the driver imports passes and schedules."""
+    """The core imports only TVM; passes and schedules import the core (not each other,
+    nor the library or the driver); only the driver imports passes and schedules; the
+    package itself loads the core eagerly and the rest through its facade."""
     wrong = [f"{e.source}:{e.line} -> {e.target}" for e in edges
-             if layer(e.source) != "driver" and not e.facade and layer(e.target) not in MAY_IMPORT[layer(e.source)]]
+             if layer(e.source) not in ("driver", "api") and layer(e.target) not in MAY_IMPORT[layer(e.source)]]
     assert not wrong, wrong
+    eager = [e for e in edges if layer(e.source) == "api" and not e.facade]
+    assert eager and all(layer(e.target) == "core" for e in eager), eager
+
+
+def test_no_deferred_import_of_our_modules_outside_the_cli(edges):
+    """An import inside a function hides a dependency; only the CLI defers (its commands
+    import the compiler side on start, so ``aicf run`` works with TVM's runtime alone)."""
+    deferred = [f"{e.source}:{e.line} -> {e.target}" for e in edges
+                if e.deferred and not e.facade and e.source != "aicf_tvm.driver.cli"]
+    assert not deferred, deferred
 
 
 def test_the_lazy_facade_is_the_only_way_up_and_names_the_public_api(edges):
     facade = [e for e in edges if e.facade]
     assert {e.source for e in facade} == {"aicf_tvm"}
-    assert all(layer(e.target) in ("core", "driver") for e in facade)
+    assert all(layer(e.target) in ("runtime", "driver") for e in facade)
     tree = ast.parse((ROOT / "aicf_tvm" / "__init__.py").read_text())
     assert set(graph.facade_table(tree)) == PUBLIC_LAZY
 

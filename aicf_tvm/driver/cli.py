@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AicfError, InputError, TuningError, UnsupportedModelError
-from .compiled import CompiledModel, flat_outputs, load
-from .targets import describe, resolve_target
-from .threads import thread_count, use_threads
+from aicf_tvm.core.errors import AicfError, InputError, TuningError, UnsupportedModelError
+from aicf_tvm.runtime.compiled import CompiledModel, flat_outputs, load
+from aicf_tvm.runtime.targets import describe, resolve_target
+from aicf_tvm.runtime.threads import thread_count, use_threads
 
 MODEL_HELP = "an ONNX file, a built-in model name (encoder_layer, ...), or package.module:function"
 TARGET_HELP = "'llvm' (this CPU), 'cuda', or a JSON target dict such as '{\"kind\": \"llvm\", \"num-cores\": 4}'"
@@ -121,6 +121,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     import tvm
     from tvm import relax
 
+    from .compiled import compiled_model
     from .models import BUILTIN_MODELS
     from .pipeline import compile as aicf_compile
 
@@ -136,7 +137,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     ref_ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
     t_ref = time.perf_counter() - start
-    ref = CompiledModel(ref_ex, target, mod["main"], threads=args.threads)
+    ref = compiled_model(ref_ex, target, mod["main"], threads=args.threads)
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(s.shape).astype(s.dtype) for s in ours.inputs]
     got, want = _as_list(ours(*inputs)), _as_list(ref(*inputs))

@@ -8,9 +8,9 @@ import tvm
 
 from relax_passes import LiftEmits, PropagateContracts
 
-from ..emit_table import emit_calls, emit_table
-from .compiled import kernels_of
-from .targets import describe
+from aicf_tvm.core.emit_table import emit_calls, emit_table
+from aicf_tvm.driver.compiled import kernels_of
+from aicf_tvm.runtime.targets import describe
 
 
 def lift_and_propagate(mod: tvm.IRModule) -> tvm.IRModule:

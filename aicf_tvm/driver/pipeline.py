@@ -42,7 +42,7 @@ from relax_passes.ieee_fold import FoldConstantIEEE
 from relax_passes.implicit_broadcasts import ImplicitBroadcasts
 from relax_passes.index_checks import HostIndexChecks
 from relax_passes.normalize_indices import NormalizeIndices
-from relax_passes.prepack_weights import mark_layout_free, prepack_weights
+from schedules.prepack_weights import mark_layout_free, prepack_weights
 from relax_passes.rewrites import rewrite_passes
 from relax_passes.single_pointer_noalias import SinglePointerNoAlias
 from relax_passes.sink_reshapes import SinkReshapes
@@ -57,14 +57,16 @@ from schedules.cpu.vector_math import VectorizeMath
 from schedules.cuda import host_bound_kernels
 from schedules.select import apply_database
 
-from ..errors import UnsupportedModelError
-from ..report import Decision, FusionReport
-from ..verify import verify_contracts
-from .compiled import CompiledModel
-from .cuda_binary import precompiled
+from aicf_tvm.library import DEFAULT_CANDIDATES
+from aicf_tvm.core.errors import UnsupportedModelError
+from aicf_tvm.core.report import Decision, FusionReport
+from aicf_tvm.driver.verify import verify_contracts
+from aicf_tvm.driver.compiled import compiled_model
+from aicf_tvm.runtime.compiled import CompiledModel
+from aicf_tvm.runtime.cuda_binary import precompiled
 from .frontends import load_model
-from .targets import resolve_target
-from .threads import thread_count
+from aicf_tvm.runtime.targets import resolve_target
+from aicf_tvm.runtime.threads import thread_count
 
 MAX_ROUNDS = 4
 
@@ -135,7 +137,8 @@ def optimize(mod: tvm.IRModule, report: FusionReport, candidates: Sequence[Any] 
         mod = ChannelsFirst()(SinkReshapes()(Conv1dAsConv2d()(mod)))
     mod = PropagateContracts()(LiftEmits()(mod))
     check(mod)
-    fuse = FuseEmits(report=report) if candidates is None else FuseEmits(tuple(candidates), report=report)
+    candidates = tuple(DEFAULT_CANDIDATES if candidates is None else candidates)
+    fuse = FuseEmits(candidates, report=report)
     for _ in range(MAX_ROUNDS):
         before = mod
         for rewrite in [*rewrite_passes(report, candidates=candidates, lanes=lanes), fuse]:
@@ -262,7 +265,7 @@ def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target, *, until: str = "
 def compile(mod: Any, target: Any = "llvm", database: Any = None, *, candidates: Sequence[Any] | None = None,  # noqa: A001
             threads: int | None = None) -> CompiledModel:
     """Compile a Relax IRModule (or anything ``load_model`` accepts) to a ``CompiledModel``
-    that runs with ``threads`` CPU threads (default: ``aicf_tvm.driver.threads.thread_count``)."""
+    that runs with ``threads`` CPU threads (default: ``aicf_tvm.runtime.threads.thread_count``)."""
     tgt = resolve_target(target)
     thread_count(threads)  # a bad count fails now, not after the build
     mod = load_model(mod) if not isinstance(mod, tvm.IRModule) else mod
@@ -270,5 +273,5 @@ def compile(mod: Any, target: Any = "llvm", database: Any = None, *, candidates:
     # longer than it is, and its length would be required non-negative (creation_ops)
     mod = NormalizeCreationOps()(mod)
     stages = run_pipeline(mod, tgt, database=database, candidates=candidates)
-    return CompiledModel(stages.executable, tgt, mod["main"], report=stages.report, lowered=stages.lowered,
-                         optimized=stages.optimized, threads=threads)
+    return compiled_model(stages.executable, tgt, mod["main"], report=stages.report, lowered=stages.lowered,
+                          optimized=stages.optimized, threads=threads)

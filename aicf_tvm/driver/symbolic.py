@@ -17,7 +17,7 @@ from typing import Any
 import tvm
 from tvm import relax, tirx
 
-from ..errors import InputError
+from aicf_tvm.core.errors import InputError
 
 
 def torch_dim_names(ep: Any, dynamic_shapes: Any) -> dict[str, str]:

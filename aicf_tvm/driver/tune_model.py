@@ -52,11 +52,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from relax_passes.prepack_weights import PREPACKED_SUFFIX
+from schedules.prepack_weights import PREPACKED_SUFFIX
 from schedules import tune_measure as sm
 from schedules.select import record_digest
 
-from .compiled import CompiledModel, specs_of
+from aicf_tvm.driver.compiled import compiled_model, specs_of
+from aicf_tvm.runtime.compiled import CompiledModel
 from .pipeline import build, schedule
 
 _LOG = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ class _Variants:
         built = []
         for m in self.models:
             lowered = schedule(m.kernels, self.target, self.work_dir, choices=choices)
-            built.append(CompiledModel(build(lowered, self.target), self.target, m.kernels["main"],
+            built.append(compiled_model(build(lowered, self.target), self.target, m.kernels["main"],
                                        threads=self.threads, lowered=lowered))
             self.step()
         return built

@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 
 from relax_passes.bound_shapes import bounds_of
 from relax_passes.lower_emits import kernel_calls
-from relax_passes.prepack_weights import mark_layout_free
+from schedules.prepack_weights import mark_layout_free
 from schedules import tune as st
 from schedules import tune_measure as sm
 from schedules.remote import RemoteError, Tracker
@@ -52,12 +52,12 @@ from schedules.select import CHOICES_FILE, load_choices, open_database
 from schedules.tune_space import design_spaces, space_count
 from schedules.tune_symbolic import choice_label, kernel_bindings, task_choices, tune_choices
 
-from ..errors import TuningError
+from aicf_tvm.core.errors import TuningError
 from . import tune_model as tm
 from .frontends import load_model
 from .pipeline import run_pipeline
-from .targets import describe, resolve_target
-from .threads import thread_count
+from aicf_tvm.runtime.targets import describe, resolve_target
+from aicf_tvm.runtime.threads import thread_count
 
 _LOG = logging.getLogger(__name__)
 

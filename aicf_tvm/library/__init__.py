@@ -6,15 +6,17 @@ Library candidates are tried by benefit; ``fused_elementwise`` and
 
 from __future__ import annotations
 
-from .adam import ADAM_KINDS
+from aicf_tvm.core.candidate import Candidate, Match, register_candidates
+from aicf_tvm.core.kinds.adam import ADAM_KINDS
+
 from .attention import ATTENTION
-from .candidate import Candidate, Match
 from .gemm import CONV, GEMM, gemm_candidate
 from .norms import LAYERNORM, RMSNORM, SOFTMAX
 
 GENERIC_KINDS = ("fused_elementwise", "fused_reduce_epilogue")
 
 DEFAULT_CANDIDATES: tuple[Candidate, ...] = (ATTENTION, GEMM, CONV, LAYERNORM, RMSNORM, SOFTMAX)
+register_candidates(*DEFAULT_CANDIDATES)
 
 
 def library_kinds() -> list[str]:

@@ -3,7 +3,7 @@ vectorised over the channel block.
 
 Accepts a static-shape PrimFunc whose single reduction block writes a 5-D
 ``out[n, o, y, x, j]`` (``j`` the output channel block, at most four vectors wide) as
-``relax_passes.blocked_conv`` computes it: dense (reduction ``(c, r, q, i)``, or
+``relax_passes.legalize_blocked_conv`` computes it: dense (reduction ``(c, r, q, i)``, or
 ``(c, r, q)`` for a plain NCHW input), grouped (reduction ``(c, r, q, i)`` over the input
 blocks of the output block's group) or depthwise (reduction ``(r, q)``), with injective
 producers (the padding block) and consumers (bias, activation, residual add). Anything

@@ -17,7 +17,7 @@ from ..constants import inlines_a_constant
 from .common import loop_extent
 
 # TVM's names (relax.transform.SplitLayoutRewritePreproc reads the annotation); this
-# package imports only TVM, so they are spelled here as in aicf_tvm.emit
+# package imports only TVM, so they are spelled here as in aicf_tvm.core.emit
 LAYOUT_FREE_ATTR = "layout_free_buffers"
 PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
 
@@ -151,7 +151,7 @@ def is_plain_copy(block: s_tir.SBlock) -> bool:
 def mark_prepack(sch: s_tir.Schedule, block: SBlockRV, plain_only: bool = False) -> bool:
     """Mark ``block`` as a compile-time layout rewrite when it reads exactly one buffer and
     that buffer is a parameter every caller passes a constant (``LAYOUT_FREE_ATTR``, set by
-    ``relax_passes.prepack_weights.mark_layout_free``); True if marked.  ``plain_only``
+    ``schedules.prepack_weights.mark_layout_free``); True if marked.  ``plain_only``
     (tuning's design spaces): only a plain copy, which MetaSchedule can time prepacked."""
     func = sch.mod["main"]
     if func.attrs is None or LAYOUT_FREE_ATTR not in func.attrs:

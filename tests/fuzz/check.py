@@ -22,7 +22,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from aicf_tvm.driver.targets import host_cpu_target
+from aicf_tvm.runtime.targets import host_cpu_target
 
 # Both builds on the host CPU, with its mcpu: that is what ``aicf_tvm.compile`` fills in
 # for a target without one, and without it LLVM lowers float16 through soft-float code

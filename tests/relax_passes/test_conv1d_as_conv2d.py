@@ -15,7 +15,7 @@ from tvm import relax
 
 import aicf_tvm
 from aicf_tvm.driver.pipeline import layout_lanes
-from aicf_tvm.driver.targets import resolve_target
+from aicf_tvm.runtime.targets import resolve_target
 from relax_passes.conv1d_as_conv2d import Conv1dAsConv2d
 
 from ..conftest import run_vm

@@ -12,8 +12,8 @@ from tvm.script import tirx as T
 
 import aicf_tvm
 from aicf_tvm import emit_of, verify_contracts
-from aicf_tvm.elimination import compose_permutations, is_neutral_operand, represents_exactly
-from aicf_tvm.report import FusionReport
+from aicf_tvm.core.elimination import compose_permutations, is_neutral_operand, represents_exactly
+from aicf_tvm.core.report import FusionReport
 from relax_passes import EliminateEmits, LiftEmits, MaterializeEmits, PropagateContracts
 
 from ..conftest import run_vm

@@ -9,7 +9,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from aicf_tvm.errors import UnsupportedModelError
+from aicf_tvm.core.errors import UnsupportedModelError
 from relax_passes.fold_batch_norm import FoldBatchNorm
 
 from ..conftest import run_vm

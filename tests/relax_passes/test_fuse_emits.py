@@ -10,12 +10,12 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from aicf_tvm import EMIT_ATTR, emit_of, verify_contracts
-from aicf_tvm.contract import ContractFacts, PortFacts
+from aicf_tvm.core.contract import ContractFacts, PortFacts
 from aicf_tvm.library import DEFAULT_CANDIDATES, Candidate, gemm_candidate
-from aicf_tvm.library.candidate import port_requirement
+from aicf_tvm.core.candidate import port_requirement
 from aicf_tvm.library.gemm import gemm_variants
-from aicf_tvm.lattice import Alias, Effect, ShapeFact
-from aicf_tvm.report import FusionReport
+from aicf_tvm.core.lattice import Alias, Effect, ShapeFact
+from aicf_tvm.core.report import FusionReport
 from relax_passes import FuseEmits, LiftEmits, PropagateContracts
 
 from ..conftest import run_vm

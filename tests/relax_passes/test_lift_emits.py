@@ -10,7 +10,7 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from aicf_tvm import emit_of, verify_contracts
-from aicf_tvm.lattice import Effect
+from aicf_tvm.core.lattice import Effect
 from relax_passes import LiftEmits
 
 from ..conftest import run_vm

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from tvm import relax
 
 from aicf_tvm import EMIT_ATTR, AliasContradiction, ContractContradiction, Emit, emit_of, verify_contracts
-from aicf_tvm.contract import ContractFacts, PortFacts
-from aicf_tvm.kinds import views
-from aicf_tvm.lattice import ABIFact, Alias, Alignment, ShapeFact
+from aicf_tvm.core.contract import ContractFacts, PortFacts
+from aicf_tvm.core.kinds import views
+from aicf_tvm.core.lattice import ABIFact, Alias, Alignment, ShapeFact
 from relax_passes import LiftEmits, PropagateContracts
 
-from ..aicf_tvm.strategies import extents
-from ..aicf_tvm.test_propagation import SameValueTwice, Views
+from ..aicf_tvm.core.strategies import extents
+from ..aicf_tvm.core.test_propagation import SameValueTwice, Views
 
 
 def test_alias_facts_of_call_sites():

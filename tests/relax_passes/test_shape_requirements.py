@@ -11,7 +11,7 @@ import tvm
 from tvm import relax, tirx
 
 from aicf_tvm import UnsupportedModelError
-from aicf_tvm.call_checks import Requirement, evaluate
+from aicf_tvm.runtime.call_checks import Requirement, evaluate
 from relax_passes.shape_requirements import requirements_of, to_json
 
 A, B, C, K = (tirx.Var(n, "int64") for n in "abck")

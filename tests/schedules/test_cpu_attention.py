@@ -16,7 +16,7 @@ import tvm_ffi
 from tvm import relax, s_tir, tirx
 
 import aicf_tvm
-from aicf_tvm.driver.targets import resolve_target
+from aicf_tvm.runtime.targets import resolve_target
 from schedules import apply_default_schedules, default_rules
 from schedules.cpu import Attention
 from schedules.cpu.attention_analysis import plan_attention

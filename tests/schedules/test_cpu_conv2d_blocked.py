@@ -19,7 +19,7 @@ import torch
 import tvm
 from tvm import relax, s_tir
 
-from relax_passes.blocked_conv import LEGALIZE_MAP, is_blocked_form
+from relax_passes.legalize_blocked_conv import LEGALIZE_MAP, is_blocked_form
 from relax_passes.materialize_layouts import blocked_per_channel, blocked_weight
 from schedules import default_rules, schedule_func
 from schedules.cpu.common import float32_lanes, vector_registers

@@ -20,7 +20,7 @@ import tvm
 from tvm import relax, te, tirx
 
 import aicf_tvm
-from aicf_tvm.driver.targets import resolve_target
+from aicf_tvm.runtime.targets import resolve_target
 from schedules.cpu.codegen import codegen_target
 from schedules.cpu.ieee_arith import IEEEArithmetic, accumulated_products, ieee_arithmetic
 from schedules.cpu.parallel_guard import tir_pipeline

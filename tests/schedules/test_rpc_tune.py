@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import aicf_tvm
-from aicf_tvm.errors import TuningError
+from aicf_tvm.core.errors import TuningError
 from schedules.remote import Tracker, is_lost_server
 from schedules.tune_measure import CONFIRM_ROUNDS, CONFIRM_TOP
 from tests.schedules.test_tune import gemm_model

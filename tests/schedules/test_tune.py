@@ -14,7 +14,7 @@ from tvm import relax
 from tvm.script import relax as R
 
 from aicf_tvm.driver.tuning import lower_for_tuning
-from aicf_tvm.errors import TuningError
+from aicf_tvm.core.errors import TuningError
 from schedules.select import SIGNATURE_ATTR, open_database, signature_key, workload_of
 from schedules.tune import extract_tasks
 

@@ -11,7 +11,7 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from aicf_tvm.driver.symbolic import with_dim_bounds
-from aicf_tvm.driver.targets import resolve_target
+from aicf_tvm.runtime.targets import resolve_target
 from aicf_tvm.driver.tuning import lower_for_tuning
 from relax_passes.bound_shapes import bounds_of
 from schedules.cpu import Gemm

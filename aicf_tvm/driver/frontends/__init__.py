@@ -21,7 +21,7 @@ from typing import Any
 
 import tvm
 
-from ...errors import UnsupportedModelError
+from aicf_tvm.core.errors import UnsupportedModelError
 from .. import models
 from ..symbolic import with_dim_bounds
 from .onnx import from_onnx

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 import tvm
 from tvm import relax, tirx
 
-from ...errors import UnsupportedModelError
+from aicf_tvm.core.errors import UnsupportedModelError
 from ..symbolic import with_dim_bounds
 from .common import first_line, normalize_import
 from .onnx_fold import fold_shapes

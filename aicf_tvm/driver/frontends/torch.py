@@ -21,7 +21,7 @@ from tvm import relax, tirx
 
 from relax_passes.creation_ops import arange_form
 
-from ...errors import UnsupportedModelError
+from aicf_tvm.core.errors import UnsupportedModelError
 from ..symbolic import rename_dims, torch_dim_names
 from .common import first_line, normalize_import
 from .torch_export import capture

@@ -29,7 +29,7 @@ import logging
 import re
 from typing import Any, Iterator, Sequence
 
-from ...errors import UnsupportedModelError
+from aicf_tvm.core.errors import UnsupportedModelError
 from .common import first_line
 
 # Loggers draft_export writes its report and each real-value evaluation to: an accepted

@@ -12,7 +12,7 @@ import pytest
 import aicf_tvm
 from aicf_tvm.driver.models import BUILTIN_MODELS
 from aicf_tvm.driver.models_onnx import to_onnx
-from aicf_tvm.driver.targets import resolve_target
+from aicf_tvm.runtime.targets import resolve_target
 
 from ...conftest import LIGHT_MODELS, random_inputs
 from ...helpers import assert_matches_reference, light_model, ort_function

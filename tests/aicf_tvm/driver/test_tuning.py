@@ -16,7 +16,7 @@ import pytest
 import tvm
 
 import aicf_tvm
-from aicf_tvm.errors import TuningError
+from aicf_tvm.core.errors import TuningError
 from schedules.cpu.gemm_blocks import PREPACK_ANNOTATION
 from schedules.select import open_database, record_digest
 from tests.schedules.test_tune import gemm_model
@@ -94,7 +94,7 @@ def test_a_lucky_measurement_is_not_chosen(model, tuned, tmp_path):
     outcome measures it again side by side with the default, and it is not the choice."""
     from tvm.s_tir import meta_schedule as ms
 
-    from aicf_tvm.driver.targets import resolve_target
+    from aicf_tvm.runtime.targets import resolve_target
     from aicf_tvm.driver.tuning import lower_for_tuning
     from schedules.select import open_database, record_digest
     from schedules.tune import extract_tasks
@@ -149,7 +149,7 @@ def test_a_searched_record_replays_correctly(model, tuned):
     """The best schedule MetaSchedule found (not the default's), applied alone, is right."""
     from tvm.s_tir import meta_schedule as ms
 
-    from aicf_tvm.driver.targets import resolve_target
+    from aicf_tvm.runtime.targets import resolve_target
     from aicf_tvm.driver.tuning import lower_for_tuning
     from schedules.select import open_database
     from schedules.tune import default_schedule, extract_tasks
@@ -239,7 +239,7 @@ def test_a_model_whose_kernels_are_all_symbolic_and_untunable_says_how_to_tune_i
     with only such kernels is refused before anything builds, naming the way to pin the dims."""
     from tvm import relax, tirx
 
-    from aicf_tvm.driver.targets import resolve_target
+    from aicf_tvm.runtime.targets import resolve_target
     from aicf_tvm.driver.tuning import lower_for_tuning
     from schedules.tune import symbolic_dims
     from tests.helpers import relax_main

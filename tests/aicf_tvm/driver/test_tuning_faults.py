@@ -31,7 +31,7 @@ from tvm.s_tir import meta_schedule as ms
 
 import aicf_tvm
 from aicf_tvm.driver.cli import main
-from aicf_tvm.errors import TuningError
+from aicf_tvm.core.errors import TuningError
 from schedules import tune as st
 from schedules.select import RECORD_FILE, WORKLOAD_FILE, open_database
 from schedules.tune_measure import CONFIRM_ROUNDS, CONFIRM_TOP

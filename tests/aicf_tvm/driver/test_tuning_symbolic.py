@@ -23,9 +23,9 @@ from tvm import relax, tirx
 import aicf_tvm
 from aicf_tvm.driver.cli import main
 from aicf_tvm.driver.symbolic import with_dim_bounds
-from aicf_tvm.driver.targets import resolve_target
+from aicf_tvm.runtime.targets import resolve_target
 from aicf_tvm.driver.tuning import lower_for_tuning
-from aicf_tvm.errors import TuningError
+from aicf_tvm.core.errors import TuningError
 from schedules import tune_symbolic
 from schedules.cpu import Gemm
 from schedules.select import CHOICES_FILE, workload_of

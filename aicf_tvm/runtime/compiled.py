@@ -1,0 +1,300 @@
+"""CompiledModel: run a compiled module on numpy arrays; inspect its kernels and report.
+
+``load`` makes one from a library written by ``CompiledModel.export`` (the format is
+``driver.deploy``'s). Only TVM's runtime is imported here (``tvm.runtime``, the VM, no
+Relax): a model loaded by ``aicf_tvm.load`` runs where only ``libtvm_runtime`` exists.
+A freshly compiled model gets its signature, bounds, requirements and kernels from
+the driver (``aicf_tvm.driver.compiled``), which reads them off the Relax module.
+
+Every call is checked before anything runs: the inputs' names, dtypes and static dims,
+each symbolic dim equal across the inputs and within its bounds, and the relations of
+the dims that the model's ops require (``aicf_tvm.runtime.call_checks``); all of it travels in an
+exported library's metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm.runtime.vm import VirtualMachine
+
+from aicf_tvm.runtime.call_checks import BoundDim, Requirement, check_requirements
+from aicf_tvm.core.emit import plain
+from aicf_tvm.core.errors import DeployError, InputError, TargetError
+from aicf_tvm.core.lattice.shape import row_major
+from aicf_tvm.core.report import Decision, FusionReport
+from .cpu_features import unrunnable_here
+from .cuda_binary import install_hook
+from .deploy import check_target, device_for, export, read_metadata
+from .targets import describe
+from .threads import thread_count, use_threads
+
+# Every kernel buffer assumes TVM's allocation alignment (LowerEmits records it per port
+# as ``aicf.abi``); external inputs are proven only ``align1``.
+BOUNDARY_ALIGN = 64
+
+
+def to_device(value: np.ndarray, device: Any) -> tuple[Any, bool]:
+    """The input as a TVM tensor: zero-copy when it already meets the kernels' ABI
+    (row-major strides, 64-byte aligned, on the CPU), else an explicit copy. Returns
+    (tensor, copied)."""
+    arr = np.asarray(value)
+    if (device.dlpack_device_type() == 1 and arr.size > 0 and _has_row_major_strides(arr)
+            and arr.ctypes.data % BOUNDARY_ALIGN == 0):
+        try:
+            return tvm.runtime.from_dlpack(arr), False
+        except (BufferError, TypeError, ValueError):  # e.g. a read-only array
+            pass
+    return tvm.runtime.tensor(_contiguous(arr), device), True  # rank 0 stays rank 0
+
+
+def _has_row_major_strides(arr: np.ndarray) -> bool:
+    """Whether ``arr``'s strides are exactly the row-major ones of its shape, as the
+    kernels' buffers declare them. numpy's ``c_contiguous`` flag is weaker: it holds for
+    every zero-size array (``np.zeros((0, 4))`` has strides ``(0, 0)``) and ignores the
+    strides of size-1 dims, and DLPack passes the strides on as they are."""
+    return arr.strides == tuple(s * arr.itemsize for s in row_major(arr.shape))
+
+
+def _contiguous(value: Any) -> np.ndarray:
+    """A C-contiguous array; unlike ``np.ascontiguousarray`` a rank-0 input stays rank 0."""
+    arr = np.asarray(value)
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
+def _to_numpy(value: Any) -> Any:
+    """A VM result as numpy: a tensor as an array, a tuple as a list (nested as returned)."""
+    if hasattr(value, "numpy"):
+        return value.numpy()
+    return [_to_numpy(v) for v in value]
+
+
+def flat_outputs(result: Any) -> list[np.ndarray]:
+    """The arrays of a ``CompiledModel`` call's result in the order of its ``outputs``
+    (whose names number the nesting: ``output.0.1``)."""
+    if isinstance(result, (list, tuple)):
+        return [a for r in result for a in flat_outputs(r)]
+    return [result]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, shape (ints, or str for symbolic dims) and dtype of one input or output."""
+
+    name: str
+    shape: tuple
+    dtype: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TensorSpec:
+        return cls(str(data["name"]), tuple(data["shape"]), str(data["dtype"]))
+
+    def check(self, value: np.ndarray) -> None:
+        if str(value.dtype) != self.dtype:
+            raise InputError(f"input {self.name}: dtype {value.dtype}, expected {self.dtype}")
+        if len(value.shape) != len(self.shape) or any(
+            isinstance(want, int) and want != got for want, got in zip(self.shape, value.shape)
+        ):
+            raise InputError(f"input {self.name}: shape {list(value.shape)}, expected {list(self.shape)}")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One PrimFunc called per inference: its name, Emit kind and schedule source."""
+
+    name: str
+    kind: str
+    schedule: str
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind}, {self.schedule})"
+
+
+def _spec_of(target: Any) -> dict:
+    """A target as its exported, JSON-able dict."""
+    if isinstance(target, Mapping):
+        return dict(target)
+    return plain(target.export())
+
+
+def is_gpu(spec: Mapping[str, Any]) -> bool:
+    return spec.get("kind") == "cuda" or "gpu" in (spec.get("keys") or ())
+
+
+class CompiledModel:
+    """A compiled module: call it with numpy arrays, get numpy arrays back.
+
+    Inputs go in order, or by name (``model(x=a)``); one output returns one array,
+    a tuple returns a list (a nested tuple, nested lists; ``flat_outputs`` lines them up
+    with ``outputs``). A model returned by ``aicf_tvm.load`` has no Relax modules
+    (``optimized``/``lowered`` are None) but keeps the metadata it was exported with.
+    ``target`` is a ``tvm.target.Target`` or its exported dict (``target_spec``, what a
+    runtime-only process has). It runs with ``threads`` CPU threads (see
+    ``aicf_tvm.runtime.threads.thread_count`` for the default).
+    """
+
+    def __init__(self, executable: Any, target: tvm.target.Target | Mapping[str, Any],
+                 *, threads: int | None = None,
+                 report: FusionReport | None = None, lowered: tvm.IRModule | None = None,
+                 optimized: tvm.IRModule | None = None, inputs: Sequence[TensorSpec] | None = None,
+                 outputs: Sequence[TensorSpec] | None = None, kernels: Sequence[Kernel] | None = None,
+                 device: Any = None, metadata: Mapping[str, Any] | None = None,
+                 path: str | None = None, dim_bounds: Mapping[str, Sequence] | None = None,
+                 requirements: Sequence[Requirement] | None = None,
+                 emit_listing: Callable[[], tuple[list, str]] | None = None) -> None:
+        self.executable = executable
+        self._target = None if isinstance(target, Mapping) else target
+        self.target_spec = _spec_of(target)
+        self.report = report if report is not None else FusionReport()
+        self.optimized = optimized
+        self.lowered = lowered
+        self.dim_bounds = {str(k): list(v) for k, v in (dim_bounds or {}).items()}
+        self.requirements = list(requirements or [])
+        self.inputs = list(inputs or [])
+        self.outputs = list(outputs or [])
+        self.kernels = list(kernels or [])
+        # () -> (the Emit calls as JSON, the Emit table): what an export records (deploy)
+        self.emit_listing = emit_listing
+        self.device = device if device is not None else (tvm.cuda() if is_gpu(self.target_spec) else tvm.cpu())
+        self.metadata = dict(metadata) if metadata is not None else None
+        self.path = path  # the library it was loaded from, if any
+        self.threads = thread_count(threads, self.target_spec)
+        self._vms = threading.local()  # one VM per calling thread (``vm``)
+        # instructions of the target this CPU lacks (a library that needs one is refused at load)
+        self.lacking_features = unrunnable_here(self.target_spec) if metadata is None else []
+
+    @property
+    def target(self) -> tvm.target.Target:
+        """The ``tvm.target.Target`` (built from ``target_spec`` on first use: that needs
+        TVM's compiler library, which a runtime-only process lacks)."""
+        if self._target is None:
+            if getattr(tvm.base, "_RUNTIME_ONLY", False):
+                raise DeployError(f"{self.path or 'model'}: a tvm.target.Target needs TVM's compiler "
+                                  f"library; use target_spec in a runtime-only process")
+            spec = dict(self.target_spec)
+            host = spec.pop("host", None)
+            self._target = tvm.target.Target(spec, host=tvm.target.Target(host) if host else None)
+        return self._target
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{s.name}: {s.dtype}{list(s.shape)}" for s in self.inputs)
+        where = f" from {self.path}" if self.path else ""
+        return f"<CompiledModel ({sig}) on {describe(self.target_spec)}, {len(self.kernels)} kernels{where}>"
+
+    def export(self, path: str | Path) -> Path:
+        """Write a shared library that carries this model's metadata (see ``aicf_tvm.load``)."""
+        return export(self, path)
+
+    @property
+    def vm(self) -> VirtualMachine:
+        """The calling thread's VM, with its TVM pool sized to ``threads`` (the pool is per
+        thread: every thread that runs the model goes through here).
+
+        One VM per thread: a VM keeps the frames and registers of the call it runs, so two
+        threads calling one VM overwrite each other's (TVM's ``reg <
+        frame->register_file.size()`` check, or a crash).  The VMs share the executable
+        and its constants, which no call writes.  A target whose instructions this CPU
+        lacks is refused here, before any kernel runs."""
+        if self.lacking_features:
+            raise TargetError(
+                f"{self.path or 'this model'} was compiled for {describe(self.target_spec)}, "
+                f"whose instructions {', '.join(self.lacking_features)} this CPU lacks; export it "
+                f"for a machine that has them, or compile it here with target='llvm'")
+        use_threads(self.threads)
+        vm = getattr(self._vms, "vm", None)
+        if vm is None:
+            vm = self._vms.vm = VirtualMachine(self.executable, self.device)
+        return vm
+
+    def check_inputs(self, args: Sequence[np.ndarray]) -> None:
+        if len(args) != len(self.inputs):
+            names = ", ".join(s.name for s in self.inputs)
+            raise InputError(f"expected {len(self.inputs)} inputs ({names}), got {len(args)}")
+        bound: dict[str, BoundDim] = {}  # symbolic dim -> (value, the input, its axis)
+        for spec, value in zip(self.inputs, args):
+            value = np.asarray(value)
+            spec.check(value)
+            for axis, (want, got) in enumerate(zip(spec.shape, value.shape)):
+                if not (isinstance(want, str) and want.isidentifier()):
+                    continue
+                first = bound.setdefault(want, (got, spec.name, axis))
+                if first[0] != got:
+                    raise InputError(f"input {spec.name}: dim {want} = {got}, but input {first[1]} "
+                                     f"has {want} = {first[0]}")
+                low, high = self.dim_bounds.get(want, (None, None))
+                if (low is not None and got < low) or (high is not None and got > high):
+                    raise InputError(f"input {spec.name}: dim {want} = {got} is outside its bounds "
+                                     f"[{'' if low is None else low}, {'' if high is None else high}]")
+        check_requirements(self.requirements, bound)
+
+    def arrange(self, args: Sequence[Any], named: Mapping[str, Any]) -> list[np.ndarray]:
+        """Positional then named inputs, in the order of ``inputs``; names are checked."""
+        names = [s.name for s in self.inputs]
+        expected = ", ".join(names) or "none"
+        if len(args) > len(names):
+            raise InputError(f"expected {len(names)} inputs ({expected}), got {len(args)}")
+        values: dict[str, Any] = dict(zip(names, args))
+        for key, value in named.items():
+            if key not in names:
+                raise InputError(f"no input named {key!r}; the inputs are: {expected}")
+            if key in values:
+                raise InputError(f"input {key!r} given twice")
+            values[key] = value
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise InputError(f"missing input {', '.join(missing)} (the inputs are: {expected})")
+        return [np.asarray(values[n]) for n in names]
+
+    def __call__(self, *args: np.ndarray, **named: np.ndarray) -> Any:
+        arrays = self.arrange(args, named)
+        self.check_inputs(arrays)
+        moved = [to_device(a, self.device) for a in arrays]
+        self.boundary_copies = [spec.name for spec, (_, copied) in zip(self.inputs, moved) if copied]
+        return _to_numpy(self.vm["main"](*[t for t, _ in moved]))
+
+    def benchmark(self, *args: np.ndarray, number: int = 10, repeat: int = 3) -> float:
+        """Median seconds per call of ``main`` (TVM's time evaluator)."""
+        arrays = [tvm.runtime.tensor(_contiguous(a), self.device) for a in args]
+        timer = self.vm.time_evaluator("main", self.device, number=number, repeat=repeat)
+        return float(timer(*arrays).median)
+
+
+def load(path: str | os.PathLike, device: Any = None, threads: int | None = None) -> CompiledModel:
+    """A callable ``CompiledModel`` from a library written by ``export``, run with
+    ``threads`` CPU threads (default: see ``aicf_tvm.runtime.threads.thread_count``)."""
+    name = os.fspath(path)
+    meta = read_metadata(name)
+    target = check_target(meta, name)
+    dev = device_for(target, device, name)
+    if target.get("kind") == "cuda":
+        install_hook()  # the kernels' fatbin travels in the library: no CUDA compiler needed here
+    try:
+        lib = tvm.runtime.load_module(name)
+    except Exception as err:
+        raise DeployError(f"{name}: cannot be loaded: {str(err).strip().splitlines()[0]}") from err
+    if lib.kind != "relax.VMExecutable":
+        raise DeployError(f"{name}: holds a {lib.kind} module, not a Relax VM executable")
+    try:
+        report = FusionReport([Decision(d["candidate"], tuple(d["members"]), bool(d["accepted"]),
+                                        tuple(d["failures"]), d["note"], int(d["benefit"]))
+                               for d in meta["fusion"]["decisions"]])
+        return CompiledModel(
+            lib, target, report=report, device=dev, metadata=meta, path=name, threads=threads,
+            inputs=[TensorSpec.from_json(s) for s in meta["inputs"]],
+            dim_bounds=meta.get("dim_bounds", {}),
+            requirements=[Requirement.from_json(r) for r in meta.get("requirements", [])],
+            outputs=[TensorSpec.from_json(s) for s in meta["outputs"]],
+            kernels=[Kernel(k["name"], k["kind"], k["schedule"]) for k in meta["kernels"]],
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise DeployError(f"{name}: incomplete AICF metadata ({type(err).__name__}: {err})") from err
