@@ -1,6 +1,6 @@
 """The Emit call sites of a function, and their table: kind, ports, contract facts.
 
-What ``aicf explain`` prints and what an exported library carries (``driver.deploy``).
+What ``aicf explain`` prints and what an exported library carries (``aicf_tvm.runtime.deploy``).
 """
 
 from __future__ import annotations

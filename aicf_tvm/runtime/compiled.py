@@ -1,7 +1,7 @@
 """CompiledModel: run a compiled module on numpy arrays; inspect its kernels and report.
 
 ``load`` makes one from a library written by ``CompiledModel.export`` (the format is
-``driver.deploy``'s). Only TVM's runtime is imported here (``tvm.runtime``, the VM, no
+``aicf_tvm.runtime.deploy``'s). Only TVM's runtime is imported here (``tvm.runtime``, the VM, no
 Relax): a model loaded by ``aicf_tvm.load`` runs where only ``libtvm_runtime`` exists.
 A freshly compiled model gets its signature, bounds, requirements and kernels from
 the driver (``aicf_tvm.driver.compiled``), which reads them off the Relax module.

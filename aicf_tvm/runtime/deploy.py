@@ -9,7 +9,7 @@ after linking, so any change to the file (truncation, a flipped byte, ``strip``)
 caught before the file is handed to ``dlopen``.
 
 ``read_metadata`` reads that frame without loading the library and ``check_target``
-checks that this host can run the target; ``aicf_tvm.load`` (``driver.compiled.load``)
+checks that this host can run the target; ``aicf_tvm.load`` (``aicf_tvm.runtime.compiled.load``)
 then loads the library with ``tvm.runtime.load_module``. Every problem is a
 ``DeployError`` that names the file. Reading and checking import only TVM's runtime
 (``metadata_of`` imports the Emit table, Relax, in its body: only ``export`` needs it), so

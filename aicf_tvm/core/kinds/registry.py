@@ -71,7 +71,7 @@ def register(op_name: str, category: str, kind: str | None = None, math: str = "
     if op_name in _REGISTRY:
         raise KindRegistrationError(
             f"{op_name} is registered twice (as {_REGISTRY[op_name].category}, then as "
-            f"{category}); keep one entry in aicf_tvm/kinds/table.py")
+            f"{category}); keep one entry in aicf_tvm/core/kinds/table.py")
     rule = KindRule(kind or kind_name(op_name), category, math, strides)
     owners = [op for op, r in _REGISTRY.items() if r.kind == rule.kind]
     if owners or rule.kind == OPAQUE_RULE.kind:
