@@ -25,6 +25,8 @@ from typing import Any
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
+from aicf_tvm.core.errors import TuningError
+
 _LOG = logging.getLogger(__name__)
 
 # Messages of an RPC session that ended because the server (or the link to it) went away.
@@ -35,7 +37,7 @@ _LOST_SERVER = (
 )
 
 
-class RemoteError(RuntimeError):
+class RemoteError(TuningError, RuntimeError):
     """The tracker cannot be reached or has no server under the key; the message says which."""
 
 

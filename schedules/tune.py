@@ -50,6 +50,8 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 
+from aicf_tvm.core.errors import TuningError
+
 from . import default_rules
 from .cpu.codegen import codegen_target
 from .cpu.comparisons import NaNExactComparisons
@@ -66,11 +68,11 @@ _LOG = logging.getLogger(__name__)
 FAILED_SECS = 1e9  # MetaSchedule stores failed candidates with run_secs of 1e10
 
 
-class TuningFailed(RuntimeError):
+class TuningFailed(TuningError, RuntimeError):
     """No candidate of a tuning batch built or ran; the message says why."""
 
 
-class SearchFailed(RuntimeError):
+class SearchFailed(TuningError, RuntimeError):
     """MetaSchedule's search raised for a task (its own schedule rules can fail on a
     workload they do not foresee: a ``reverse_compute_at`` on Whisper's attention); the
     task keeps what was measured before, its default schedule among it."""

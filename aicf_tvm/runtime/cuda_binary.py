@@ -26,6 +26,8 @@ from typing import Any
 
 import tvm_ffi
 
+from aicf_tvm.core.errors import DeployError
+
 COMPILE_HOOK = "tvm_callback_cuda_compile"
 POSTPROC_HOOK = "tvm_callback_cuda_postproc"
 MARK = "\n/* aicf-tvm fatbin, base64:\n"
@@ -36,8 +38,12 @@ _LINE = 100  # base64 characters per comment line
 _state: dict[str, Any] = {"installed": False}
 
 
-class CarriedBinaryError(RuntimeError):
+class CarriedBinaryError(DeployError, RuntimeError):
     """A source whose carried fatbin comment is damaged (never silently recompiled)."""
+
+
+# raised inside the CUDA compile hook, which TVM calls from C++: registered, it keeps its type
+tvm_ffi.register_error(CarriedBinaryError.__name__, CarriedBinaryError)
 
 
 def carried_fatbin(source: str) -> bytes | None:
