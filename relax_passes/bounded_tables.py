@@ -4,10 +4,10 @@ n's bound, sliced per call.
 A static build folds the rotary tables of a decoder (``cos``/``sin`` of ``positions x
 inverse frequencies``) into constants; with a symbolic ``seq`` the positions are
 ``arange(0, seq)`` and the tables cost four kernels per call (arange, the product, cos,
-sin; 3 us each at 16 positions, transcendentals through libm).  When the frontend bounds
-the dim (``tir_var_upper_bound``, ``Dim("seq", max=512)``), this pass evaluates such a
-table once at the bound (``FoldConstant``, what a static build runs on it) and replaces
-it by ``strided_slice(table, 0, seq)`` on each of its symbolic axes.
+sin; the transcendentals through libm), each call recomputing the same values.  When
+the frontend bounds the dim (``tir_var_upper_bound``, ``Dim("seq", max=512)``), this pass
+evaluates such a table once at the bound (``FoldConstant``, what a static build runs on
+it) and replaces it by ``strided_slice(table, 0, seq)`` on each of its symbolic axes.
 
 A *table* is a value computed only from constants and ``arange(0, n, 1)`` of a bounded
 symbolic ``n``, through elementwise and broadcasting ops (the kind registry's

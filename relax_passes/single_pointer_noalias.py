@@ -5,7 +5,7 @@ as soon as one function of it lacks the ``tirx.noalias`` attr. Relax's ``VMShape
 adds such a function to every module with symbolic shapes (``shape_func``, which computes
 shapes on the VM's shape heap), so each kernel of a dynamic model lost ``noalias``: LLVM
 then could not keep a GEMM's C tile in registers across K (it stored the tile and reloaded
-A on every step; the dynamic kernel ran 2.8x slower than the static one, the same
+A on every step, so the dynamic kernel ran far slower than the static one of the same
 schedule). Runs after Relax's VM lowering, as the last pass of the Relax pipeline.
 
 Sound: ``noalias`` on a function's only pointer parameter states that no other parameter

@@ -21,7 +21,7 @@ A candidate that crashes the runner's worker process (a segfault) or runs past
 1e10, which ``valid_records`` skips) and the search goes on: the runner kills its worker
 and starts a fresh one for the next candidate.
 The build function skips ``import tvm.s_tir.tensor_intrin`` on LLVM targets: that import
-alone takes 25-50 s per build worker here, longer than MetaSchedule's default builder
+alone takes longer per build worker than MetaSchedule's default builder
 timeout (docs/design.md §9); it applies ``NaNExactComparisons`` and ``VectorizeMath`` as ``compile`` does, so a candidate is
 timed with the math code it will run.  ``Tools(..., tracker=...)`` measures on the servers of a TVM RPC
 tracker instead of this machine (``schedules.remote``).  Imports only TVM, the standard
@@ -169,7 +169,7 @@ def _build(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
 @contextlib.contextmanager
 def cpu_intrinsics_only(target: tvm.target.Target) -> Iterator[None]:
     """On LLVM targets, let MetaSchedule's ``import tvm.s_tir.tensor_intrin`` load only the
-    CPU intrinsics its rules name (x86 or Arm), not the CUDA ones (~40 of its ~50 s here).
+    CPU intrinsics its rules name (x86 or Arm), not the CUDA ones (most of its time).
 
     A stand-in package with the real ``__path__`` sits in ``sys.modules`` while tuning and
     is removed afterwards, so a later import anywhere loads the real package in full.
@@ -209,7 +209,7 @@ def evaluator_config() -> ms.runner.EvaluatorConfig:
 def fastest_repeat(rt_mod: Any, device: Any, config: Any, repeated_args: Any) -> list[float]:
     """MetaSchedule's local timing, reduced to the fastest repeat: on a shared machine a
     neighbour only ever adds time, so the fastest repeat is the closest to the kernel's own
-    (the mean of ten moved by 20% between runs of one kernel here, under load)."""
+    (under load, the mean of ten moves between runs of one kernel)."""
     from tvm.s_tir.meta_schedule.runner.local_runner import default_run_evaluator
 
     return [min(default_run_evaluator(rt_mod, device, config, repeated_args))]

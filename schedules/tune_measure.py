@@ -185,7 +185,7 @@ def tuned_records(db: Any, task: Task, baseline: Baseline) -> list[Any]:
 def win_ratio(tuned_runs: list[float], default_runs: list[float]) -> float:
     """A tuned record's time over the default's: the median of the paired turns' ratios,
     or the ratio of the two medians where that is higher: a record must win by both.  The
-    paired median alone once chose a ResNet-50 record whose median turn took 1.37x the
+    paired median alone once chose a ResNet-50 record whose median turn was slower than the
     default's (a few turns a neighbour slowed sway the pairs one way, the medians the other)."""
     paired = statistics.median(t / d for t, d in zip(tuned_runs, default_runs))
     return max(paired, statistics.median(tuned_runs) / statistics.median(default_runs))

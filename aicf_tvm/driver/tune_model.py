@@ -2,11 +2,11 @@
 
 Tuning times a candidate alone (``schedules.tune_measure``): one kernel, caches flushed,
 the fastest of its repeats.  In a model the kernel runs after its producer, on an input
-that producer has just written, beside kernels that evict its weights.  On a 2-core
-Zen 5 the two orders disagree: of ResNet-50's blocked-convolution plans, some ran 3x the
-default's time in the model and ranked near it alone, and a tuning run that kept the
-kernel-time winners left the model as fast as before.  So once every task is measured,
-``choose`` times the candidates where they run:
+that producer has just written, beside kernels that evict its weights.  The two orders
+can disagree: a blocked-convolution plan of ResNet-50 that ranked near the default alone
+ran far slower in the model, and a tuning run that kept the kernel-time winners left the
+model no faster (docs/benchmarks-history.md, "Timings moved out of the source").  So
+once every task is measured, ``choose`` times the candidates where they run:
 
 1. The candidates of a task: the default rule, then its ``MODEL_CANDIDATES`` fastest
    records by kernel time.
@@ -21,16 +21,15 @@ kernel-time winners left the model as fast as before.  So once every task is mea
 5. The model with every task so chosen and the default are built again, each
    ``CONFIRM_BUILDS`` times, and timed in ``MODEL_TURNS`` fresh turns, each side's builds
    averaged; a task keeps its record only if it wins there again. The least of many
-   medians is otherwise a lucky draw, of the turns or of the build: on 2 Zen 5 cores,
-   four identical builds of ResNet-50 in one process ran its kernels up to 1.38x apart
-   (20 of 27 tasks over 1.05x; the calls 22.9-24.7 ms), while four VMs of one build, the
-   weights and code shared, stayed within 1.05x (1 task) and 1%. Two compiles export
-   byte-identical libraries: it is where a loaded build lies, not what it is.
+   medians is otherwise a lucky draw, of the turns or of the build: identical builds of
+   one model in one process time its kernels further apart than VMs of one build (the
+   weights and code shared) do. Two compiles export byte-identical libraries: it is where
+   a loaded build lies, not what it is.
 6. Those records stay only if the models' own calls (no instrument), summed over the
    models, are ``WIN_MARGIN`` faster with them in the same turns; else every task keeps
-   its default rule. Timed per kernel, 10 of ResNet-50's 19 tasks once won by up to 21%
-   and the model was no faster in a fresh process: a tuned model must not be slower
-   than the untuned one where it is measured.
+   its default rule. Records that won timed per kernel have left the model no faster in a
+   fresh process: a tuned model must not be slower than the untuned one where it is
+   measured.
 
 A model with symbolic input dims, a run measured over RPC and a GPU target are not timed
 here: their tasks keep the choice their kernel times made.

@@ -147,7 +147,7 @@ def _tile_loop(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> LoopRV:
     batch axes (the heads) outside it.  A core's chunk of the parallel loop then runs a
     head's row tiles one after another, which all read that head's kᵀ and v from L2;
     with the row tiles outside, each step read another head's, and 12 heads' kᵀ and v
-    (1.3-1.7 MiB at 197-257 tokens) do not fit a 1 MiB L2 (models 1-2% faster, the same bits).
+    (1.3-1.7 MiB at 197-257 tokens) do not fit a 1 MiB L2 (the same bits either way).
     At a symbolic row count the row tiles stay outside: the lowering gives each tile's
     softmax buffers one head only when the heads are the inner, constant part of the fused
     index (``index_forms.FoldNestedMods``)."""
@@ -172,7 +172,7 @@ def _under(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> list[LoopRV]:
 def _schedule_pack(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan) -> None:
     """kᵀ ``[b, k, keys]`` from k stored ``[keys, k]``, in panels of a register tile's keys
     (``_key_panels``): blocks of lanes keys x head vectors, read along the head dimension
-    (whole vectors), written a key at a time (measured 6% faster on ViT-B/16 than
+    (whole vectors), written a key at a time (faster on ViT-B/16 than
     gathering a vector of keys per store)."""
     _key_panels(sch, pack, plan)
     *outer, head, keys = sch.get_loops(pack)
@@ -228,7 +228,7 @@ def _accumulate_locally(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, lane
     """The register tile of ``block`` accumulated in a local buffer of constant shape and
     copied out once per ``tile``.  Accumulated in place, rows of a symbolic key count are a
     symbolic stride apart, LLVM cannot prove two rows' vectors disjoint and keeps every
-    accumulator in memory (a load and a store per FMA: dynamic attention ran 2x slower).
+    accumulator in memory (a load and a store per FMA).
     ``reverse_compute_at`` is safe here: the copy reads exactly the tile the padded
     matmul computes, so no consumer point is left uncovered (module docstring)."""
     local = sch.cache_write(block, 0, "local")

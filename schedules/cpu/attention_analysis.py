@@ -21,7 +21,7 @@ from .common import is_one, largest_pow2_divisor
 from .gemm_analysis import is_multiply_accumulate
 
 # Query rows per tile: 8 rows x 2 key vectors, or 8 rows x 2 head vectors, is a 16-vector
-# register tile (measured on ViT-B/16 and GPT-2: 4 and 6 rows ran 3-8% slower).
+# register tile (on ViT-B/16 and GPT-2, tiles of 4 and 6 rows ran slower).
 MAX_ROWS = 8
 
 

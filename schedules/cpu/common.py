@@ -152,11 +152,11 @@ def gemm_tiles_by_area(target: Target) -> bool:
     """Whether the GEMM rule picks its register tile by accumulator count (``gemm_plan``'s
     ``tile_by_area``): on x86 with AVX-512, except AMD's Zen cores (``mcpu=znver*``).
 
-    Measured, not derived: on a 2-core Intel Xeon (AVX-512) tuning chose 8 rows x 3
-    vectors over the widest-first 4 x 4 for every 128-row GEMM of BERT and GPT-2, and as
-    the default it ran those models 3-4% faster with the same output bits; on Zen 5 that
-    tile was a tuning candidate of the same GEMMs and never won in the model, and AVX2's
-    tiles were calibrated on Zen 3 (README, speed).
+    Measured, not derived: on an Intel Xeon (AVX-512) tuning chose 8 rows x 3 vectors
+    over the widest-first 4 x 4 for every 128-row GEMM of BERT and GPT-2, and as the
+    default it ran those models faster with the same output bits; on Zen 5 that tile was
+    a tuning candidate of the same GEMMs and never won in the model, and AVX2's tiles
+    were calibrated on Zen 3 (docs/benchmarks-history.md).
     """
     if not _has_feature(target, "avx512f"):
         return False
@@ -182,8 +182,8 @@ def num_cores(target: Target) -> int:
 
 
 # Calls LLVM expands into one libm call per lane on x86 (there is no vector math library
-# in the TVM build): vectorizing a block that makes them only adds lane shuffles, which
-# measured 10-20% slower than the scalar loop for exp.  The float32 ones ``VectorizeMath``
+# in the TVM build): vectorizing a block that makes them only adds lane shuffles around
+# the same calls, slower than the scalar loop.  The float32 ones ``VectorizeMath``
 # expands into arithmetic after scheduling (``vector_math.expands``) do not count.
 SCALAR_MATH_OPS = frozenset(
     f"tirx.{name}"
@@ -235,7 +235,7 @@ def split_vector_tail(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> tuple[Lo
     The outer loop carries ``PARTITION_HINT``: lowering splits it into the iterations whose
     vectors are whole, which ``VectorizeLoop`` keeps as vectors, and the last one, whose
     predicate it scalarizes. Without the hint the predicate scalarizes every iteration (a
-    symbolic elementwise loop measured 8x slower than whole vectors)."""
+    symbolic elementwise loop then runs lane by lane, far slower than whole vectors)."""
     outer, vec = sch.split(loop, factors=[None, lanes])
     sch.annotate(outer, PARTITION_HINT, tirx.IntImm("int32", 1))
     return outer, vec

@@ -128,18 +128,17 @@ def register_tile(blocks: int, width: int, vectors_per_block: int,
     holds under half the accumulators of the best whose last tile is partial (run apart,
     ``schedule_dense``): a prime width such as 199 would otherwise take one column per
     step (wav2vec2's feature encoder as conv2ds over a height of 1, widths 1599, 799,
-    399 and 199 on 2 Zen 4 cores: 799 outputs went 12.7 -> 6.4 ms, now as fast as the
-    im2col GEMM or faster), while widths 7 and 49 keep 2 blocks by 7 columns. A tile
+    399 and 199, which the wider tile runs as fast as the im2col GEMM or faster), while
+    widths 7 and 49 keep 2 blocks by 7 columns. A tile
     with a partial last tile holds at most half the registers as accumulators (1 x 14,
-    not 2 x 14): tuning ResNet-50 at 299 px on 2 Zen 4 cores chose 1 x 14 over 2 x 14 in
-    6 of the 8 tasks of widths 38 and 19, each 8-23% faster in the model.
+    not 2 x 14): tuning ResNet-50 at 299 px on Zen 4 chose 1 x 14 over 2 x 14 in
+    6 of the 8 tasks of widths 38 and 19, each faster in the model.
     With 16 (AVX2: 12 for the tile) they divide it unless the widest dividing count is
     under half the widest that fits; then the widest runs, its last, partial tile apart.
-    On a 2-core Zen 3 slice, tuning the plans chose 2x4 (widths 56,
+    On Zen 3, tuning the plans chose 2x4 (widths 56,
     28, 112) or 2x5 (14, 7) over the 4x3 tile that left the weights no registers in 28 of
-    the 30 dense ResNet-50 and ConvNeXt tasks (4x2 in the other two; ResNet-50 1.21x,
-    ConvNeXt 1.23x end to end), and depthwise 1x8 (56) and 1x7 (14) over 1x12 (0.75 ->
-    0.33 ms).
+    the 30 dense ResNet-50 and ConvNeXt tasks (4x2 in the other two), and depthwise 1x8
+    (56) and 1x7 (14) over 1x12; both models ran faster end to end with those tiles.
     """
     dividing, partial = tile_candidates(blocks, width, vectors_per_block, registers)
     if not dividing:

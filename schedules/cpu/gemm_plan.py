@@ -13,9 +13,10 @@ with B packed as ``[S, N/nr, K, nr]``:
 * ``nc`` is the per-thread column block: the parallel loop runs over ``S x N/nc``; when that
   gives fewer chunks than cores the M blocks become parallel too (``parallel_m``).
 
-The numbers were measured on the 2-core AVX-512 host (1024^3 single-threaded: mr=4..6,
-nr=64, kc=256 ran at 88-97% of OpenBLAS; kc=128 or nr=32 lost 10-20%). mr prefers a divisor
-of M in [max/2, max]: padding M costs a copy of A (for a conv, a second im2col pass).
+The numbers were measured on an AVX-512 host against OpenBLAS (1024^3 single-threaded:
+mr=4..6, nr=64, kc=256 came closest to it; kc=128 or nr=32 fell further behind). mr prefers
+a divisor of M in [max/2, max]: padding M costs a copy of A (for a conv, a second im2col
+pass).
 
 Symbolic extents (``batch * seq`` rows, an attention's key length) are padded at run time
 to whole tiles, so no predicate reaches a micro-kernel of whole tiles (a predicate there
@@ -119,8 +120,8 @@ def _choose_mr(m: int, nr: int, lanes: int, registers: int) -> int:
 
 
 # How much more padded work (M x N, padded) the by-area rule accepts for a tile with
-# more accumulators: on a 2-core Intel Xeon the 8 x 3-vector tile beat 4 x 4 by 15% on
-# 128 x 2816 (0.6% padding), 5% on 128 x 1024 (3%), and tied on 128 x 256 (12.5%).
+# more accumulators: on an Intel Xeon the 8 x 3-vector tile beat 4 x 4 on
+# 128 x 2816 (0.6% padding), by less on 128 x 1024 (3%), and tied on 128 x 256 (12.5%).
 AREA_SLACK = 1.10
 
 
@@ -149,8 +150,8 @@ def _tile_by_area(m: int, n: int, lanes: int, registers: int) -> tuple[int, int]
 
 
 # kc near 128 with the by-area tile (Intel AVX-512): a 48-column B panel is then 24 KiB,
-# half the 48 KiB L1 beside the A strip.  On 2 Intel Xeon cores, in one process: BERT
-# 0.976x, ViT 0.975x, GPT-2 0.981x the time of kc near 256, LLaMA 1.00x, the same bits.
+# half the 48 KiB L1 beside the A strip.  On an Intel Xeon, in one process, BERT,
+# ViT and GPT-2 ran faster than with kc near 256, LLaMA as fast, the same bits.
 KC_NEAR, KC_NEAR_BY_AREA = 256, 128
 
 
@@ -167,9 +168,9 @@ def _choose_nc(n_padded: int, nr: int, batch: int, cores: int) -> int:
     """The per-thread column block: a multiple of ``nr`` dividing the padded N, at most
     ``NC_MAX``, that splits ``batch x N/nc`` chunks most evenly over the cores, then the
     widest.  Widest alone gave 1536 columns 3 chunks of 512 (one core idle a third of the
-    time) and 2816 columns 11 chunks of 256; on 2 AMD EPYC (Zen 4) cores the even split
-    ran the LLaMA decoder of ``scripts/bench_peers.py`` in 0.95x the time (0.94x with its
-    q/k/v projections combined, ``relax_passes.CombineProjections``), the same bits."""
+    time) and 2816 columns 11 chunks of 256; on an AMD EPYC (Zen 4) the even split
+    ran the LLaMA decoder of ``scripts/bench_peers.py`` faster (also with its q/k/v
+    projections combined, ``relax_passes.CombineProjections``), the same bits."""
     sizes = [nr * count for count in range(1, n_padded // nr + 1)
              if n_padded % (nr * count) == 0 and nr * count <= max(nr, NC_MAX)]
     return max(sizes, key=lambda size: (_balance(batch * (n_padded // size), cores), size))

@@ -2,24 +2,24 @@
 prefetched while the current one is in use.
 
 Inside a model a GEMM's weights come from memory, not from the caches a GEMM timed
-alone runs in: on a 2-core Intel Xeon, BERT's 3072 x 768 GEMM took 1.45 ms with its
-packed B warm and 1.83 ms with a fresh copy of B each call (the model's case), and its
-first strip over each B panel ran at memory speed while the next strips ran from L2.
+alone runs in: BERT's 3072 x 768 GEMM runs markedly slower with a fresh copy of its
+packed B each call (the model's case) than with B warm, and its first strip over each
+B panel runs at memory speed while the next strips run from L2.
 
 The rule: each step of the K loop prefetches, into L2, one cache line of the B panel the
 nest reads next (the next panel; after the last panel, the first panel of the next K
 block).  The panel's ``kc x lines`` lines are spread evenly over the ``strips x kc``
 steps that use the current panel: step ``t = strip * kc + k`` fetches line
-``t * lines // strips``, so the next panel arrives at the pace it is computed on.  It
-gave 1.83 -> 1.56 ms for that GEMM (the warm time 1.45 ms unchanged), 0.45 -> 0.40 ms for
-the 768 x 768 ones, with the lines fetched in the first strips of each panel (the strip
-choosing a line of the ``k`` row); spreading them over all strips then made BERT,
-GPT-2 and LLaMA end to end 0.96x (ViT 1.01x), in one process, the same bits.
+``t * lines // strips``, so the next panel arrives at the pace it is computed on.  That
+brought the cold GEMM most of the way back to its warm time (the warm time unchanged),
+with the lines fetched in the first strips of each panel (the strip choosing a line of
+the ``k`` row); spreading them over all strips then made BERT, GPT-2 and LLaMA faster
+end to end (ViT unchanged), in one process, the same bits.
 
 A prefetch is a call LLVM cannot see through, and with one inside the K loop LLVM no
 longer keeps the accumulator tile in registers (it is a workspace buffer that LLVM
-promotes itself only when nothing else in the loop may touch memory): the GEMM ran 2.5x
-slower.  So the rewrite first moves the tile into a ``local`` buffer for the length of
+promotes itself only when nothing else in the loop may touch memory), and every FMA
+then loads and stores its accumulator.  So the rewrite first moves the tile into a ``local`` buffer for the length of
 the K loop (loaded before it, stored after it; scalar promotion made explicit), which
 LLVM keeps in registers whatever else the loop calls.
 

@@ -4,8 +4,8 @@ A schedule decides on a constant extent whether a loop is worth the thread pool:
 ``MIN_PARALLEL_WORK`` statement instances the launch (waking the pool, joining it) costs
 more than it saves, and the rules leave the loop serial.  A symbolic extent has no such
 answer at compile time, so the rules parallelize, and a dynamic-shape kernel then pays a
-pool launch (about 1.5-2 us here) on every call, also at a sequence of 16 where its static
-twin runs serially in 0.3 us.
+pool launch on every call, also at a sequence of 16 where its static twin runs serially in
+a fraction of a launch's time.
 
 ``GuardSmallParallel`` makes the choice per call: each parallel loop whose work (the
 statement instances of its nest, ``symbolic_work``: a vector store counts its lanes, as

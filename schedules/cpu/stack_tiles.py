@@ -6,8 +6,8 @@ allocates inside the parallel task.  TVM's ``LowerTVMBuiltin`` puts only ``globa
 buffers under 1 KB on the stack; every other allocation becomes a call of
 ``TVMBackendAllocWorkspace`` and ``TVMBackendFreeWorkspace`` per task, and LLVM, which
 cannot see through that call, keeps the tile in memory: a ``memset`` at every init and
-stores and reloads around the epilogue.  In MobileNetV2 that was 3-4% of the run
-(``perf``: the pool's ``Alloc``/``Free`` and libc's ``memset``).
+stores and reloads around the epilogue.  In MobileNetV2 ``perf`` showed the cost (the
+pool's ``Alloc``/``Free`` and libc's ``memset``).
 
 ``StackLocalTiles`` marks each constant-size ``local`` allocation of at most
 ``MAX_TILE_BYTES`` with the ``disable_lower_builtin`` annotation, so ``LowerTVMBuiltin``

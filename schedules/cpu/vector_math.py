@@ -255,10 +255,10 @@ EXPANSIONS: dict[str, Callable[[Expr], Expr]] = {
 }
 
 
-# Expanded in scalar code too: glibc's erff costs ~40 ns a call (the expansion ~15 ns even
-# unvectorized), and TVM's tanh formula loses all precision near 0 and the sign of -0.
+# Expanded in scalar code too: a glibc erff call costs more than the expansion even
+# unvectorized, and TVM's tanh formula loses all precision near 0 and the sign of -0.
 # exp, log and sigmoid stay libm calls outside vector loops: in a serial loop LLVM cannot
-# vectorize (a float sum), their scalar expansion measured about 2x slower than libm.
+# vectorize (a float sum), their scalar expansion is slower than libm.
 # pow with a small integer exponent is a few multiplies, far cheaper than a powf call.
 EVERYWHERE = frozenset({"tirx.erf", "tirx.tanh", "tirx.pow"})
 

@@ -17,8 +17,8 @@ The padded extent is a multiple of ``lanes``, so the attention rule can ``rfacto
 into a max per lane without the tail predicate that ``compute_at`` would drop in TVM 0.27
 (a vector max over the keys instead of a scalar one; ``schedules/cpu/attention.py``).
 A sum is not idempotent and is never rewritten; neither is an integer max (SDPA's
-all-masked-row guard, an int8 max of ``score != -inf``: split over int8 lanes it ran
-attention at 192 to 257 keys 1.03-1.17x slower on 2 Zen 4 cores) nor a max whose
+all-masked-row guard, an int8 max of ``score != -inf``: split over int8 lanes it made
+attention at 192 to 257 keys slower) nor a max whose
 reduction loop binds anything but its own iter.
 """
 
