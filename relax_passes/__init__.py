@@ -11,16 +11,18 @@ from .combine_projections import CombineProjections
 from .creation_ops import NormalizeCreationOps
 from .eliminate_emits import EliminateEmits
 from .fold_batch_norm import FoldBatchNorm
+from .fold_constant_emits import FoldConstantEmits
 from .fold_pad import FoldPadIntoConv
 from .fuse_emits import FuseEmits
 from .ieee_fold import FoldConstantIEEE
+from .insert_emits import InsertEmits
 from .lift_emits import LiftEmits
 from .lower_emits import LowerEmits
-from .materialize_emits import MaterializeEmits
+from .materialize_emits import MaterializeEmits, MaterializeLayouts
 from .normalize_indices import NormalizeIndices
 from .propagate_contracts import PropagateContracts
 from .sink_reshapes import SinkReshapes
 
-__all__ = ["BoundShapes", "ChannelsFirst", "CombineProjections", "EliminateEmits", "FoldBatchNorm", "FoldConstantIEEE",
-           "FoldPadIntoConv", "FuseEmits",
-           "LiftEmits", "LowerEmits", "MaterializeEmits", "NormalizeCreationOps", "NormalizeIndices", "PropagateContracts", "SinkReshapes"]
+__all__ = ["BoundShapes", "ChannelsFirst", "CombineProjections", "EliminateEmits", "FoldBatchNorm", "FoldConstantEmits",
+           "FoldConstantIEEE", "FoldPadIntoConv", "FuseEmits", "InsertEmits",
+           "LiftEmits", "LowerEmits", "MaterializeEmits", "MaterializeLayouts", "NormalizeCreationOps", "NormalizeIndices", "PropagateContracts", "SinkReshapes"]

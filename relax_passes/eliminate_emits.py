@@ -42,10 +42,10 @@ from aicf_tvm.core.kinds.describe import type_shape
 from aicf_tvm.core.kinds.layouts import transform_layouts
 from aicf_tvm.core.kinds.registry import BROADCAST, ELEMENTWISE
 from aicf_tvm.core.lattice import Failure, ShapeFact
-from aicf_tvm.core.propagation import analyze
 from aicf_tvm.core.report import Decision, FusionReport
 
-from .group_rewrite import body_at_call_site, drop_unused_emits, with_blocks
+from .emit_rewrite import EmitRewrite
+from .group_rewrite import body_at_call_site, drop_unused_emits
 from .lift_emits import build_emit_function
 
 _VIEWS = {"reshape", "squeeze", "expand_dims", "flatten", "batch_flatten"}
@@ -261,36 +261,14 @@ def eliminate_block(bb: relax.BlockBuilder, graph: EmitGraph, table: FactTable,
 
 
 @tvm.transform.module_pass(opt_level=0, name="EliminateEmits")
-class EliminateEmits:
+class EliminateEmits(EmitRewrite):
     """Apply the elimination rules to ``main``; decisions go to ``self.report``."""
 
-    def __init__(self, report: FusionReport | None = None, func_name: str = "main") -> None:
-        self.report = report if report is not None else FusionReport()
-        self.func_name = func_name
+    sweeps = 8  # a removal can leave its producer dead: sweep again
 
-    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        if self.func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
-            return mod
-        for _ in range(8):  # a removal can leave its producer dead: sweep again
-            new = self._sweep(mod)
-            if new is mod:
-                break
-            mod = new
-        return mod
+    def rewrite_block(self, bb: relax.BlockBuilder, graph: EmitGraph,
+                      facts: FactTable) -> Optional[relax.DataflowBlock]:
+        return eliminate_block(bb, graph, facts, self.report)
 
-    def _sweep(self, mod: tvm.IRModule) -> tvm.IRModule:
-        table = analyze(mod, self.func_name)
-        func = mod[self.func_name]
-        bb = relax.BlockBuilder(mod)
-        blocks, changed, cache = [], False, {}
-        for block in func.body.blocks:
-            new = None
-            if isinstance(block, relax.DataflowBlock):
-                new = eliminate_block(bb, EmitGraph(mod, block, cache), table, self.report)
-            changed |= new is not None
-            blocks.append(new or block)
-        if not changed:
-            return mod
-        with_blocks(bb, mod, self.func_name, blocks)
-        out = relax.transform.CanonicalizeBindings()(bb.get())
-        return drop_unused_emits(out)
+    def finish(self, mod: tvm.IRModule) -> tvm.IRModule:
+        return drop_unused_emits(relax.transform.CanonicalizeBindings()(mod))

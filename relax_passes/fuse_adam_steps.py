@@ -26,7 +26,7 @@ the old values, overwriting them is unobservable.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import tvm
@@ -44,12 +44,11 @@ from aicf_tvm.core.kinds.adam import (
     fused_adam_kernel,
     fused_emit,
 )
-from aicf_tvm.core.propagation import analyze
 from aicf_tvm.core.report import Decision, FusionReport
 from aicf_tvm.core.tvm_values import static_shape
 
+from .emit_rewrite import EmitRewrite
 from .lift_adam_steps import caller_paths
-from .group_rewrite import drop_unused_emits, with_blocks
 
 KIND = "fused_adam_step"
 
@@ -214,33 +213,17 @@ def plan_block(graph: EmitGraph, facts: AliasFacts, rest: relax.Expr) -> tuple[D
 
 
 @tvm.transform.module_pass(opt_level=0, name="FuseAdamSteps")
-class FuseAdamSteps:
+class FuseAdamSteps(EmitRewrite):
     """Fuse the adam_step Emits of ``main`` into one in-place kernel; verdicts go to ``self.report``."""
 
     def __init__(self, report: FusionReport | None = None, func_name: str = "main", gpu: bool = False) -> None:
-        self.report = report if report is not None else FusionReport()
-        self.func_name = func_name
+        super().__init__(report, func_name)
         self.gpu = gpu  # the kernel's loops bound to GPU blocks and threads
 
-    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        if self.func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
-            return mod
-        func = mod[self.func_name]
-        facts = AliasFacts(func, analyze(mod, self.func_name))
-        bb = relax.BlockBuilder(mod)
-        blocks = list(func.body.blocks)
-        changed = False
-        for k, block in enumerate(blocks):
-            if not isinstance(block, relax.DataflowBlock):
-                continue
-            graph = EmitGraph(mod, block)
-            if not any(n.emit is not None and n.emit.kind == "adam_step" for n in graph.nodes):
-                continue
-            decision, group = plan_block(graph, facts, relax.SeqExpr(blocks[k + 1:], func.body.body))
-            self.report.add(decision)
-            if group is not None:
-                blocks[k], changed = group.rewrite(bb, self.gpu), True
-        if not changed:
-            return mod
-        with_blocks(bb, mod, self.func_name, blocks)
-        return drop_unused_emits(bb.get())
+    def rewrite_block(self, bb: relax.BlockBuilder, graph: EmitGraph,
+                      facts: FactTable) -> Optional[relax.DataflowBlock]:
+        if not any(n.emit is not None and n.emit.kind == "adam_step" for n in graph.nodes):
+            return None
+        decision, group = plan_block(graph, AliasFacts(self.func, facts), self.rest())
+        self.report.add(decision)
+        return None if group is None else group.rewrite(bb, self.gpu)

@@ -1,7 +1,7 @@
 """Replace groups of Emit calls by calls of one new Emit function each.
 
-Shared by the rewriting passes. A group's function takes the group's boundary inputs,
-inlines each member's body in program order (so it computes exactly what the members
+Shared by the rewriting passes (``EmitRewrite.plan`` returns the groups). A group's
+function takes the group's boundary inputs, inlines each member's body in program order (so it computes exactly what the members
 did), and returns every member value needed outside the group. The block is then
 re-emitted in a topological order of groups and remaining bindings.
 """
@@ -22,7 +22,8 @@ from aicf_tvm.core.emit_graph import EmitGraph, Node
 
 from .lift_emits import param_types
 
-_ACCUMULATING = {"relax.matmul", "relax.nn.conv2d"}
+# ops whose accumulator a group may widen (``Group.accumulation``)
+ACCUMULATING = {"relax.matmul", "relax.nn.conv2d"}
 
 
 @dataclass
@@ -51,7 +52,7 @@ def group_inputs(graph: EmitGraph, members: list[int]) -> list[Any]:
 
 def _widened(bb: relax.BlockBuilder, call: Any, out_dtype: str, acc: str) -> Any:
     """``call`` recomputed with accumulator ``acc`` and cast back, when it accumulates."""
-    if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in _ACCUMULATING):
+    if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in ACCUMULATING):
         return call
     if out_dtype == acc:
         return call
@@ -192,28 +193,6 @@ def with_blocks(bb: relax.BlockBuilder, mod: tvm.IRModule, name: str, blocks: li
     new_func = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
                               func.is_pure, func.attrs)
     bb.update_func(mod.get_global_var(name), bb.normalize(new_func))
-
-
-def rewrite_function(mod: tvm.IRModule, name: str, plan) -> tvm.IRModule:
-    """Apply ``plan(graph) -> list[Group]`` to every dataflow block of ``mod[name]``."""
-    bb = relax.BlockBuilder(mod)
-    func = mod[name]
-    cache: dict = {}
-    blocks = []
-    changed = False
-    for block in func.body.blocks:
-        if isinstance(block, relax.DataflowBlock):
-            graph = EmitGraph(mod, block, cache)
-            groups = plan(graph)
-            if groups:
-                block = rewrite_block(bb, graph, groups)
-                changed = True
-        blocks.append(block)
-    if not changed:
-        return mod
-    with_blocks(bb, mod, name, blocks)
-    out = bb.get()
-    return drop_unused_emits(out)
 
 
 def drop_unused_emits(mod: tvm.IRModule) -> tvm.IRModule:

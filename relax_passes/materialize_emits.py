@@ -1,251 +1,86 @@
 """MaterializeEmits: insert the Emits that make a refused candidate legal, and do at
 compile time the work that needs only constants (docs/design.md §6).
 
-1. Insert. A library candidate refused only because boundary inputs' shape/stride
-   facts do not entail its requirement gets, on each such input, the Emit that makes it
-   true, when the cost model says insert-and-fuse beats not fusing:
+Three jobs, one module each, each also a pass of its own; this pass runs them on every
+dataflow block of ``main`` in this order, on one analysis:
 
-   * ``broadcast_to`` where the input broadcasts to the required shape (a padding mask
-     ``[1,1,1,S]`` for attention's ``[1,1,S,S]``, a residual into a norm);
-   * ``contiguous`` (an identity ``layout_transform``: a fresh row-major copy) where the
-     shape is the required one but the strides are not (a transposed view fed to a
-     candidate that requires a contiguous operand).
-
-   The inserted Emit writes and the fused kernel reads ``2 x bytes``, nothing when the
-   input is a constant (then the insert is folded at compile time); the fusion saves the
-   candidate's benefit. The next FuseEmits round then takes the candidate.
-2. Fold. An effect-free single-op Emit whose inputs are all constants (a weight
-   transposed for a GEMM, a broadcast mask) is evaluated now, by TVM's ``FoldConstant``
-   with the op's own legalization (``FoldConstantIEEE``: rank-0 float constants as
-   buffers), so no kernel runs per inference.
-
-3. Layouts. Given the target's vector width (``lanes``), chains of convolutions are
-   blocked (``NCHW{b}c``) where the cost model says so, with ``layout_transform`` Emits at
-   the chains' boundaries only (``materialize_layouts``); that round does nothing else.
+1. Layouts (``materialize_layouts``, pass ``MaterializeLayouts``). Given the target's
+   vector width (``lanes``), chains of convolutions are blocked (``NCHW{b}c``) where the
+   cost model says so, with ``layout_transform`` Emits at the chains' boundaries only. A
+   block whose layouts changed gets nothing else this round.
+2. Insert (``insert_emits``, pass ``InsertEmits``). A library candidate refused only on
+   boundary inputs' shape/stride facts gets the ``broadcast_to`` or contiguous copy that
+   makes them entail its requirement, when insert-and-fuse costs less than it saves.
+3. Fold (``fold_constant_emits``, pass ``FoldConstantEmits``). An effect-free single-op
+   Emit whose inputs are all constants is evaluated now (``FoldConstantIEEE``). It sees
+   the block as it was before the inserts: an inserted Emit is folded in the next round.
 
 Layouts the kernel itself wants (the GEMM's packed B) are materialized on constants
-after scheduling, by ``prepack_weights``. Casts are never inserted: Relax ops take
-operands of one dtype, so no candidate refusal is a dtype one, and a cast that widens
-an operand would change the numerics the contract states.
+after scheduling, by ``prepack_weights``.
 
-Sound: ``broadcast_to`` to the shape the consumer broadcasts to anyway, and a copy of
-the same values, leave every consumer's result unchanged; folding evaluates the same op
-on the same constants.
-Runs in the pipeline's fixpoint after FuseEmits; re-propagate afterwards.
+Sound: each job is (see its module); running them in sequence composes rewrites that
+each keep every value the block computes.
+Runs in the pipeline's fixpoint after EliminateEmits, before FuseEmits; re-propagate afterwards.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
-
 import tvm
 from tvm import relax
 
+from aicf_tvm.core.candidate import Candidate, registered_candidates
 from aicf_tvm.core.emit_graph import EmitGraph
 from aicf_tvm.core.facts import FactTable
-from aicf_tvm.core.kinds.describe import type_shape
-from aicf_tvm.core.lattice import ShapeFact
-from aicf_tvm.core.candidate import Candidate, registered_candidates
-from aicf_tvm.core.propagation import analyze
-from aicf_tvm.core.report import Decision, FusionReport
+from aicf_tvm.core.report import FusionReport
 
-from .fuse_emits import _bytes, _Planner
-from .group_rewrite import body_at_call_site, drop_unused_emits, with_blocks
-from .ieee_fold import FoldConstantIEEE
-from .lift_emits import build_emit_function
+from .emit_rewrite import EmitRewrite
+from .fold_constant_emits import fold_and_tidy, fold_constant_emits
+from .insert_emits import broadcasts_to, insert_block
 from .materialize_layouts import materialize_layouts
 
 
-def _is_constant(expr: Any) -> bool:
-    return isinstance(expr, tvm.ir.Constant)
+@tvm.transform.module_pass(opt_level=0, name="MaterializeLayouts")
+class MaterializeLayouts(EmitRewrite):
+    """Block the convolution chains of ``main`` worth it for vectors of ``lanes``; report each chain."""
 
+    def __init__(self, lanes: int, report: FusionReport | None = None, func_name: str = "main") -> None:
+        super().__init__(report, func_name)
+        self.lanes = lanes
 
-def broadcasts_to(have: Optional[tuple], want: Optional[tuple]) -> bool:
-    """numpy's rule: ``have`` broadcasts to the static ``want`` of at least its rank."""
-    if have is None or want is None or len(have) > len(want):
-        return False
-    if not all(isinstance(d, int) for d in want):
-        return False
-    return all(h == w or h == 1 for h, w in zip(reversed(have), reversed(want)))
+    def rewrite_block(self, bb: relax.BlockBuilder, graph: EmitGraph,
+                      facts: FactTable) -> relax.DataflowBlock | None:
+        relaid = materialize_layouts(bb, graph, self.lanes, self.report)
+        return None if relaid is None else relax.DataflowBlock(relaid)
 
-
-def _fix_for(have: ShapeFact, want: ShapeFact) -> Optional[tuple[str, tuple]]:
-    """The Emit that turns a port's shape fact ``have`` into one entailing ``want``:
-    ``("broadcast_to", dims)``, ``("contiguous", dims)`` or None when neither does."""
-    if want.strides is None and broadcasts_to(have.dims, want.dims) and have.dims != want.dims:
-        return "broadcast_to", tuple(want.dims)
-    static = have.dims is not None and all(isinstance(d, int) for d in have.dims)
-    if static and have.dims == want.dims and want.is_contiguous() and not have.is_contiguous():
-        return "contiguous", tuple(have.dims)
-    return None
-
-
-def repairs(graph: EmitGraph, table: FactTable, candidates) -> list[tuple[Decision, Any, dict]]:
-    """Refused library matches that inserted Emits on boundary inputs would make legal:
-    (decision, match, {port: (fix kind, dims)}); every failure must be a shape/stride one
-    on a boundary input that ``_fix_for`` repairs."""
-    judged = _Planner(graph, table, candidates, FusionReport()).judged_matches()
-    out = []
-    for decision, m in judged:
-        if decision.accepted or decision.note or not decision.failures:
-            continue
-        # a legal candidate of at least this priority would take these members anyway
-        if any(d.accepted and o.candidate.priority >= m.candidate.priority and set(o.members) & set(m.members)
-               for d, o in judged):
-            continue
-        fixes: dict[str, tuple[str, tuple]] = {}
-        for f in decision.failures:
-            port = f.path[: -len(".shape")] if f.path.endswith(".shape") else None
-            if port is None or port not in m.roles or port in m.role_nodes:
-                break
-            fix = _fix_for(f.have, f.required)
-            if fix is None:
-                break
-            fixes[port] = fix
-        else:
-            out.append((decision, m, fixes))
-    return out
-
-
-def _inserted_call(kind: str, x: Any, dims: tuple) -> relax.Call:
-    if kind == "broadcast_to":
-        return relax.op.broadcast_to(x, dims)
-    # a fresh row-major copy: an identity layout_transform (an injective Emit, never elided)
-    identity = tvm.tirx.IndexMap.from_func(lambda *axes: list(axes), ndim=len(dims))
-    return relax.op.layout_transform(x, index_map=identity)
-
-
-class _Inserter:
-    def __init__(self, bb: relax.BlockBuilder, graph: EmitGraph, report: FusionReport) -> None:
-        self.bb, self.graph, self.report = bb, graph, report
-        self.before: dict[int, list] = {}  # node index -> bindings to insert before it
-        self.replace: dict[int, dict] = {}  # node index -> {old arg: new var}
-
-    def repair(self, decision: Decision, m: Any, fixes: dict) -> None:
-        """Insert the fixes when they cost less than the fusion saves: each inserted Emit
-        writes and the fused kernel reads ``2 x bytes``, nothing for a constant (folded)."""
-        cost = 0
-        for port, (_, dims) in fixes.items():
-            x = m.roles[port]
-            cost += 0 if _is_constant(x) else 2 * _bytes(relax.Var("t", relax.TensorType(dims, x.ty.dtype)))
-        kinds = sorted({kind for kind, _ in fixes.values()})
-        what = ", ".join(f"{p} {type_shape(m.roles[p].ty).show()} -> {ShapeFact.shape(d).show()}"
-                         if kind == "broadcast_to" else f"{p} {_shown(m, p)} -> contiguous copy"
-                         for p, (kind, d) in fixes.items())
-        verdict = cost < decision.benefit
-        note = (f"for {decision.candidate} [{', '.join(decision.members)}]: {what}; "
-                f"cost {cost} B {'<' if verdict else '>='} benefit {decision.benefit} B")
-        self.report.add(Decision(f"materialize:{'+'.join(kinds)}", decision.members, verdict, note=note))
-        if not verdict:
-            return
-        for port, (kind, dims) in fixes.items():
-            x = m.roles[port]
-            users = [i for i in m.members if any(a.same_as(x) for a in self.graph.nodes[i].value.args)]
-            if not users:
-                continue
-            call = self.bb.normalize(_inserted_call(kind, x, dims))
-            built = build_emit_function(call)
-            if built is None:
-                continue
-            gv = self.bb.add_func(built[0], f"emit_{kind}")
-            name = getattr(x, "name", "const")
-            new = relax.DataflowVar(f"{name}_{'bcast' if kind == 'broadcast_to' else 'contig'}", call.ty)
-            self.before.setdefault(min(users), []).append(relax.VarBinding(new, self.bb.normalize(relax.Call(gv, [x]))))
-            for i in users:
-                self.replace.setdefault(i, {})[x] = new
-
-    def bindings(self) -> list:
-        out = []
-        for node in self.graph.nodes:
-            out.extend(self.before.get(node.index, []))
-            b = self.graph.block.bindings[node.index]
-            swap = self.replace.get(node.index)
-            if swap:
-                b = self._relifted(node, swap) or b
-            out.append(b)
-        return out
-
-    def _relifted(self, node: Any, swap: dict) -> Any:
-        """The member's op applied to the new argument, lifted to its own Emit function
-        (the old function's parameter type no longer fits)."""
-        if node.body is None:
-            return None
-        body = body_at_call_site(self.graph.mod, node)
-        args = [next((v for k, v in swap.items() if k.same_as(a)), a) for a in body.args]
-        call = self.bb.normalize(relax.Call(body.op, args, body.attrs, body.ty_args))
-        built = build_emit_function(call)
-        if built is None:
-            return None
-        gv = self.bb.add_func(built[0], node.callee.name_hint)
-        return relax.VarBinding(node.var, self.bb.normalize(relax.Call(gv, list(built[1]))))
-
-
-def _shown(m: Any, port: str) -> str:
-    fact = m.shapes.get(port)
-    return fact.show() if fact is not None else type_shape(m.roles[port].ty).show()
-
-
-def _fold_constant_emits(graph: EmitGraph, mod: tvm.IRModule, bindings: list, report: FusionReport) -> bool:
-    changed = False
-    for k, b in enumerate(bindings):
-        node = graph.node_of(b.var)
-        if node is None or not b.same_as(graph.block.bindings[node.index]):
-            continue
-        args = list(node.value.args) if isinstance(node.value, relax.Call) else []
-        pure = node.emit is not None and not node.is_opaque and all(
-            not node.emit.contract.provides.port(p.name).effect.writes for p in node.emit.interface.inputs)
-        if pure and node.body is not None and all(_is_constant(a) for a in args):  # no args: creation
-            sub = dict(zip(mod[node.callee].params, args))
-            call = relax.Call(node.body.op, [sub.get(a, a) for a in node.body.args], node.body.attrs,
-                              node.body.ty_args)
-            bindings[k] = relax.VarBinding(b.var, call)
-            report.add(Decision(f"materialize:{node.emit.kind}", (node.var.name,), True,
-                                note="inputs are constants: computed at compile time"))
-            changed = True
-    return changed
+    def finish(self, mod: tvm.IRModule) -> tvm.IRModule:
+        return fold_and_tidy(mod)
 
 
 @tvm.transform.module_pass(opt_level=0, name="MaterializeEmits")
-class MaterializeEmits:
+class MaterializeEmits(EmitRewrite):
     """Block convolution chains (given ``lanes``), insert broadcasts that enable fusion, fold
     constant-only Emits; report all three."""
 
     def __init__(self, report: FusionReport | None = None, candidates: tuple[Candidate, ...] | None = None,
                  func_name: str = "main", lanes: int | None = None) -> None:
-        self.report = report if report is not None else FusionReport()
+        super().__init__(report, func_name)
         if candidates is None:
             candidates = registered_candidates()
         self.candidates = tuple(sorted(candidates, key=lambda c: -c.priority))
-        self.func_name = func_name
         self.lanes = lanes
 
-    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        if self.func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
-            return mod
-        table = analyze(mod, self.func_name)
-        bb = relax.BlockBuilder(mod)
-        func = mod[self.func_name]
-        blocks, changed, cache = [], False, {}
-        for block in func.body.blocks:
-            if not isinstance(block, relax.DataflowBlock):
-                blocks.append(block)
-                continue
-            graph = EmitGraph(mod, block, cache)
-            relaid = materialize_layouts(bb, graph, self.lanes, self.report) if self.lanes else None
-            if relaid is not None:
-                blocks.append(relax.DataflowBlock(relaid))
-                changed = True
-                continue
-            inserter = _Inserter(bb, graph, self.report)
-            for decision, m, fixes in repairs(graph, table, self.candidates):
-                inserter.repair(decision, m, fixes)
-            bindings = inserter.bindings()
-            inserted = bool(inserter.before)
-            folded = _fold_constant_emits(graph, mod, bindings, self.report)
-            changed |= inserted or folded
-            blocks.append(relax.DataflowBlock(bindings))
-        if not changed:
-            return mod
-        with_blocks(bb, mod, self.func_name, blocks)
-        out = FoldConstantIEEE()(bb.get())
-        return drop_unused_emits(relax.transform.CanonicalizeBindings()(out))
+    def rewrite_block(self, bb: relax.BlockBuilder, graph: EmitGraph,
+                      facts: FactTable) -> relax.DataflowBlock | None:
+        relaid = materialize_layouts(bb, graph, self.lanes, self.report) if self.lanes else None
+        if relaid is not None:
+            return relax.DataflowBlock(relaid)
+        inserted = insert_block(bb, graph, facts, self.candidates, self.report)
+        bindings = list(graph.block.bindings) if inserted is None else inserted
+        folded = fold_constant_emits(graph, graph.mod, bindings, self.report)
+        return relax.DataflowBlock(bindings) if inserted is not None or folded else None
+
+    def finish(self, mod: tvm.IRModule) -> tvm.IRModule:
+        return fold_and_tidy(mod)
+
+
+__all__ = ["MaterializeEmits", "MaterializeLayouts", "broadcasts_to"]

@@ -47,7 +47,7 @@ from aicf_tvm.core.report import Decision, FusionReport
 from aicf_tvm.core.tvm_values import static_shape
 
 from .channels_first import names_an_axis
-from .fuse_emits import op_view
+from .fusion_planner import op_view
 from .lift_emits import build_emit_function
 
 # GFLOP/s of one core for the default CPU rules, float32: medians over ResNet-50 and
