@@ -1,5 +1,5 @@
 """The attention row max over vector lanes at key counts that are not whole vectors,
-against the serial max, in one process: ``python scripts/ab_attention_max.py [MODEL ...]``.
+against the serial max, in one process: ``python -m scripts.ab_attention_max [MODEL ...]``.
 
 Sides, each built twice and called in turn (``ab_gemm_rules.compare_sides``): ``serial``
 without ``whole_vectors.pad_max`` (a static key count that is not a multiple of the lanes
@@ -13,13 +13,8 @@ has serial's bits.  MODEL: as ``ab_gemm_rules.py``; the default models have 196 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from ab_gemm_rules import compare_sides  # noqa: E402
+from scripts.ab_gemm_rules import compare_sides
 
 from schedules.cpu import attention  # noqa: E402
 

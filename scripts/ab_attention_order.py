@@ -1,5 +1,5 @@
 """Attention's tile loop with each head's row tiles in turn against the row tiles outside
-the heads, in one process: ``python scripts/ab_attention_order.py [--seq N] [MODEL ...]``.
+the heads, in one process: ``python -m scripts.ab_attention_order [--seq N] [MODEL ...]``.
 
 Sides, each built twice and called in turn (``ab_gemm_rules.compare_sides``):
 ``tile_major`` fuses the parallel tile loop as (row tile, head), as the rule did before,
@@ -12,13 +12,8 @@ tile_major's bits.  MODEL: as ``ab_gemm_rules.py``; ``--seq`` sets the text mode
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from ab_gemm_rules import compare_main  # noqa: E402
+from scripts.ab_gemm_rules import compare_main
 
 from schedules.cpu import attention  # noqa: E402
 

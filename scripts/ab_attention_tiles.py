@@ -1,5 +1,5 @@
 """Attention in one pass over tiles, with kᵀ packed in panels, against the two passes
-over a row-major kᵀ, in one process: ``python scripts/ab_attention_tiles.py [--seq N] [MODEL ...]``.
+over a row-major kᵀ, in one process: ``python -m scripts.ab_attention_tiles [--seq N] [MODEL ...]``.
 
 Sides, each built twice and called in turn (``ab_gemm_rules.compare_sides``): ``two_pass``
 packs kᵀ ``[b, k, keys]`` and runs q·kᵀ for every row before the softmax and p·v
@@ -14,13 +14,8 @@ with it: at 128 tokens it is a few percent of the model, at 1024 a third of GPT-
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from ab_gemm_rules import compare_main  # noqa: E402
+from scripts.ab_gemm_rules import compare_main
 
 from schedules.cpu import attention  # noqa: E402
 

@@ -1,5 +1,5 @@
 """The blocked convolution's register tile against its earlier forms, in one process:
-``python scripts/ab_conv_tiles.py [MODEL ...]``.
+``python -m scripts.ab_conv_tiles [MODEL ...]``.
 
 "held" is the default build.  Inside the same process, "dividing" restores the AVX-512
 tile whose columns always divide the output width (``conv2d_blocked.register_tile``
@@ -16,13 +16,8 @@ MODEL: any model ``ab_gemm_rules.make`` builds, ``NAME@SIZE`` a convnet at SIZE 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from ab_gemm_rules import compare_main
+from scripts.ab_gemm_rules import compare_main
 
 from schedules.cpu import conv2d_blocked
 

@@ -1,5 +1,5 @@
 """The GEMM rules of Intel AVX-512 cores against their earlier form, in one process:
-``python scripts/ab_gemm_rules.py [MODEL ...]``.
+``python -m scripts.ab_gemm_rules [MODEL ...]``.
 
 "new" is the default build.  "old" switches off, inside the same process, the three
 rules that followed the by-area tile: the B panel prefetch (``gemm_prefetch``, by
@@ -11,7 +11,7 @@ median of new/old over the pairs.  Both outputs are checked against
 PyTorch (the error relative to the output's largest magnitude) after checking that two
 different inputs give different outputs.
 
-MODEL: a model of ``scripts/bench_peers.py`` (bert, gpt2, llama, vit, resnet50, ...) or
+MODEL: a model of ``scripts/bench_peers.py`` (``harness.ab_model``) (bert, gpt2, llama, vit, resnet50, ...) or
 ``distilbert`` or ``qwen2`` (a 3-layer Qwen2-style decoder: hidden 896, 14 heads, 2
 key/value heads, sequence 96), which no issue names.  On other CPUs the rules may not
 apply (``common.gemm_tiles_by_area``); the two sides then compile alike.
@@ -21,22 +21,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench_peers
-
 import aicf_tvm
 from schedules.cpu import gemm as gemm_schedule
 from schedules.cpu import gemm_plan
+from scripts.harness import ab_model
 
 BUILDS, PAIRS = 2, 24
 NEW = (gemm_plan.AREA_SLACK, gemm_plan.KC_NEAR_BY_AREA, gemm_schedule.mark_loops)
@@ -45,22 +39,6 @@ OLD = (1.0, gemm_plan.KC_NEAR, lambda *args: None)
 
 def use(rules: tuple) -> None:
     gemm_plan.AREA_SLACK, gemm_plan.KC_NEAR_BY_AREA, gemm_schedule.mark_loops = rules
-
-
-def make(name: str, seq: int = 128) -> bench_peers.Model:
-    """A model of ``bench_peers.build`` (``resnet50@299``: a convnet at another size), or
-    ``distilbert`` or ``qwen2``."""
-    import torch
-    import transformers as tf
-
-    torch.manual_seed(0)
-    if name == "distilbert":
-        return bench_peers._text(name, tf.DistilBertModel(tf.DistilBertConfig()), 30522, 128, mask=True)
-    if name == "qwen2":
-        config = tf.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=3,
-                                num_attention_heads=14, num_key_value_heads=2, vocab_size=32000)
-        return bench_peers._text(name, tf.Qwen2Model(config), 32000, 96, mask=True)
-    return bench_peers.build(name, seq)
 
 
 def compare_sides(name: str, sides: dict[str, Callable[[], None]], reset: Callable[[], None],
@@ -72,7 +50,7 @@ def compare_sides(name: str, sides: dict[str, Callable[[], None]], reset: Callab
     ``seq``: the sequence length of a text model (``bench_peers.build``)."""
     import torch
 
-    model = make(name, seq)
+    model = ab_model(name, seq)
     mod = aicf_tvm.from_torch(model.module, model.inputs)
     inputs = [t.numpy() for t in model.inputs]
     with torch.no_grad():

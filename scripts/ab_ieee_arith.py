@@ -1,5 +1,5 @@
 """Sealed float arithmetic against TVM's real-number algebra and contraction, in one
-process: ``python scripts/ab_ieee_arith.py [MODEL ...]``.
+process: ``python -m scripts.ab_ieee_arith [MODEL ...]``.
 
 "new" is the default build: ``schedules.cpu.ieee_arith.IEEEArithmetic`` keeps every float
 ``+ - * /`` of a kernel from the TIR simplifier and from FMA contraction, except a dot
@@ -12,13 +12,8 @@ MODEL: any model ``ab_gemm_rules.make`` builds.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from ab_gemm_rules import patched_main
+from scripts.ab_gemm_rules import patched_main
 
 from schedules.cpu import ieee_arith
 

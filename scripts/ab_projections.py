@@ -1,5 +1,5 @@
 """Combined projections and even column blocks against their absence, in one process:
-``python scripts/ab_projections.py [MODEL ...]``.
+``python -m scripts.ab_projections [MODEL ...]``.
 
 Sides, each built twice and called in turn (``ab_gemm_rules.compare_sides``): ``base``
 without ``relax_passes.CombineProjections`` and with the widest column block of at most
@@ -12,15 +12,10 @@ against PyTorch and whether the output has base's bits.  MODEL: as ``ab_gemm_rul
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import tvm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from ab_gemm_rules import compare_sides  # noqa: E402
+from scripts.ab_gemm_rules import compare_sides
 
 from aicf_tvm.driver import pipeline  # noqa: E402
 from schedules.cpu import gemm_plan  # noqa: E402

@@ -1,5 +1,5 @@
 """Static reshapes legalized group by group against TOPI's kernel, in one process:
-``python scripts/ab_static_reshapes.py [MODEL ...]``.
+``python -m scripts.ab_static_reshapes [MODEL ...]``.
 
 "new" is the default build: ``legalize_reshape`` indexes every reshape whose axes fall
 into groups of equal extent products group by group, static shapes included.  "old"
@@ -15,13 +15,8 @@ MODEL: any model ``ab_gemm_rules.make`` builds.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from ab_gemm_rules import patched_main
+from scripts.ab_gemm_rules import patched_main
 from tvm import relax, tirx, topi
 
 from relax_passes import legalize_reshape as grouped

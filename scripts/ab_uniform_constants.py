@@ -1,5 +1,5 @@
 """Uniform constant operands as scalars against keeping them whole, in one process:
-``python scripts/ab_uniform_constants.py [MODEL ...]``.
+``python -m scripts.ab_uniform_constants [MODEL ...]``.
 
 "new" is the default build: ``ImplicitBroadcasts`` gives a pointwise op the one element
 of a constant operand whose elements all have the same bits (SDPA's zero mask and the
@@ -13,13 +13,8 @@ MODEL: any model ``ab_gemm_rules.make`` builds.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from ab_gemm_rules import patched_main
+from scripts.ab_gemm_rules import patched_main
 
 from relax_passes import implicit_broadcasts
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/bench.py [--budget B] [--models squeezenet resnet50 ...]
+    python -m scripts.bench [--budget B] [--models squeezenet resnet50 ...]
                             [--rounds 3] [--json bench.json] [--work-dir bench_tuning]
 
 Peers per model: ONNX Runtime (CPU EP, as many threads as ours), TVM's default pipeline untuned
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import tempfile
 import time
 import traceback
@@ -33,8 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 LIGHT = ("squeezenet", "shufflenet", "resnet50", "inception_v1", "densenet121")
 BUILTIN = ("encoder_layer", "decoder_block")

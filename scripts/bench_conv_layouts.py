@@ -1,7 +1,7 @@
 """NCHW against blocked (NCHW16c) convolutions on ResNet-50, MobileNetV2 and RegNet /
 ResNeXt (grouped) layers: the measurements behind ``relax_passes.materialize_layouts.RATES``.
 
-Run: python scripts/bench_conv_layouts.py [--threads 1] [--kinds grouped ...]
+Run: python -m scripts.bench_conv_layouts [--threads 1] [--kinds grouped ...]
 
 Each layer is conv + bias + ReLU built from Relax, fused into one PrimFunc, scheduled by
 the default rules (Conv2d / Depthwise for NCHW, BlockedConv2d blocked), checked against
@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 import tvm
 from tvm import relax
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aicf_tvm.runtime.targets import resolve_target  # noqa: E402
 from aicf_tvm.runtime.threads import use_threads  # noqa: E402

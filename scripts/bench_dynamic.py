@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/bench_dynamic.py [--small] [--models bert gpt2 llama] [--shapes 1x16 1x64 ...]
+    python -m scripts.bench_dynamic [--small] [--models bert gpt2 llama] [--shapes 1x16 1x64 ...]
                                     [--repeat 5] [--threads N] [--tol 1e-3]
 
 Each model (a BERT encoder, GPT-2 and LLaMA-style decoders; random weights, seeded; all-ones
@@ -24,17 +24,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import tempfile
 import time
-import timeit
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from scripts.harness import TextModel, compile_text, interleaved_best, text_model, token_inputs
 
 SHAPES = ((1, 16), (1, 64), (2, 100), (4, 128), (1, 384))
 SMALL_SHAPES = ((1, 16), (1, 64), (2, 100))
@@ -57,67 +54,7 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-@dataclass
-class Model:
-    """A torch module ``(input_ids, attention_mask) -> last_hidden_state`` and its vocabulary."""
-
-    name: str
-    module: Any
-    vocab: int
-
-
-def build(name: str, small: bool) -> Model:
-    import torch
-    import transformers as tf
-
-    torch.manual_seed(0)
-    if name == "bert":
-        size = dict(hidden_size=128, num_attention_heads=2, intermediate_size=512) if small else {}
-        config = tf.BertConfig(num_hidden_layers=1 if small else 4, **size)
-        inner = tf.BertModel(config)
-    elif name == "gpt2":
-        size = dict(n_embd=128, n_head=2) if small else dict(n_embd=512, n_head=8)
-        config = tf.GPT2Config(n_layer=1 if small else 4, n_positions=512, **size)
-        inner = tf.GPT2Model(config)
-    else:
-        size = (dict(hidden_size=128, intermediate_size=344, num_attention_heads=2, num_key_value_heads=1)
-                if small else dict(hidden_size=512, intermediate_size=1376, num_attention_heads=8,
-                                   num_key_value_heads=4))
-        config = tf.LlamaConfig(num_hidden_layers=1 if small else 4, vocab_size=4000,
-                                max_position_embeddings=512, **size)
-        inner = tf.LlamaModel(config)
-
-    class Text(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = inner
-
-        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    return Model(name, Text().eval(), config.vocab_size)
-
-
-def inputs(model: Model, batch: int, seq: int, seed: int) -> tuple[Any, Any]:
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, model.vocab, (batch, seq), generator=gen), torch.ones((batch, seq), dtype=torch.int64)
-
-
-def compile_ours(model: Model, example: tuple, dynamic: bool) -> Any:
-    import torch
-
-    import aicf_tvm
-
-    shapes = None
-    if dynamic:
-        dims = {0: torch.export.Dim("batch", max=8), 1: torch.export.Dim("seq", max=512)}
-        shapes = (dims, dims)
-    return aicf_tvm.compile(aicf_tvm.from_torch(model.module, example, dynamic_shapes=shapes), target="llvm")
-
-
-def ort_session(model: Model, example: tuple, threads: int, work: Path) -> Any:
+def ort_session(model: TextModel, example: tuple, threads: int, work: Path) -> Any:
     import onnxruntime as ort
     import torch
 
@@ -134,46 +71,25 @@ def ort_session(model: Model, example: tuple, threads: int, work: Path) -> Any:
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def best_seconds(run, repeat: int) -> float:
-    """Minimum seconds per call over ``repeat`` timeit repeats of ~0.2 s each."""
-    return interleaved_best({"run": run}, repeat)["run"]
-
-
-def interleaved_best(runs: dict, repeat: int) -> dict:
-    """Per run, the minimum seconds per call over ``repeat`` rounds of ~0.2 s, the runs
-    taking turns within each round: load on this shared machine then falls on all of them
-    alike instead of on whichever ran at the time (one cell of a sequential run moved
-    by 1.4x between runs)."""
-    calls = {}
-    for name, run in runs.items():
-        run()
-        calls[name] = max(1, int(0.2 / max(timeit.timeit(run, number=1), 1e-6)))
-    best = dict.fromkeys(runs, float("inf"))
-    for _ in range(repeat):
-        for name, run in runs.items():
-            best[name] = min(best[name], timeit.timeit(run, number=calls[name]) / calls[name])
-    return best
-
-
 def mismatch(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
-def bench(model: Model, args: argparse.Namespace, work: Path) -> list[str]:
+def bench(model: TextModel, args: argparse.Namespace, work: Path) -> list[str]:
     import torch
 
     start = time.perf_counter()
-    dynamic = compile_ours(model, inputs(model, 2, 16, 0), dynamic=True)
+    dynamic = compile_text(model, token_inputs(model, 2, 16, 0), dynamic=True)
     dyn_s = time.perf_counter() - start
-    session = ort_session(model, inputs(model, 2, 16, 0), args.threads, work)
+    session = ort_session(model, token_inputs(model, 2, 16, 0), args.threads, work)
     rows = [f"{model.name}: dynamic compile {dyn_s:.1f} s, kernels: "
             + ", ".join(sorted({k.schedule for k in dynamic.kernels}))]
     ratios: list[tuple[float, float]] = []
     for batch, seq in args.shapes:
-        ids, mask = inputs(model, batch, seq, seq)
+        ids, mask = token_inputs(model, batch, seq, seq)
         with torch.no_grad():
             ref = model.module(ids, mask).numpy()
-        static = compile_ours(model, (ids, mask), dynamic=False)
+        static = compile_text(model, (ids, mask), dynamic=False)
         feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
         runs = {
             "dynamic": lambda: dynamic(feeds["input_ids"], feeds["attention_mask"]),
@@ -204,7 +120,7 @@ def main() -> None:
         table = []
         for name in args.models:
             try:
-                rows = bench(build(name, args.small), args, Path(tmp))
+                rows = bench(text_model(name, args.small), args, Path(tmp))
             except UnsupportedModelError as err:  # the model, not the benchmark: report, go on
                 rows = [f"{name}: not compiled: {str(err).splitlines()[0][:200]}"]
             print(rows[0], flush=True)

@@ -3,7 +3,7 @@
 Prints, per implementation, kernels launched per step, extra storage allocated per step
 (beyond P, M, V, G) and the median step time, then the ratios to ours.
 
-    python scripts/bench_optimizer.py [--repeat 20]
+    python -m scripts.bench_optimizer [--repeat 20]
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ from tvm import relax
 import aicf_tvm
 from aicf_tvm.driver.optimizer import adam_function, adam_state, profile_call
 from aicf_tvm.runtime.targets import resolve_target
+from scripts.harness import HYPER, MLP_SHAPES
 
-# 784 -> 2048 -> 2048 -> 1600 -> 10-ish MLP weights and biases: 10,032,704 parameters.
-MLP_SHAPES = [(2048, 2048), (2048,), (2048, 2048), (2048,), (1024, 1600), (1600,)]
-HYPER = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
 
 
 def _median_ms(fn, repeat: int) -> float:

@@ -1,6 +1,6 @@
 """Time LiftEmits + PropagateContracts against TVM's FuseOps on synthetic Emit graphs.
 
-    python scripts/bench_passes.py [--sizes 1000 10000 50000]
+    python -m scripts.bench_passes [--sizes 1000 10000 50000]
 
 Each graph is a DAG of matmul, add, relu, multiply, reshape, permute_dims and softmax
 calls over a few shapes, wired to earlier values at random (seeded). FuseOps runs on

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/bench_peers.py [--models bert gpt2 llama vit resnet50 mobilenetv2 convnext]
+    python -m scripts.bench_peers [--models bert gpt2 llama vit resnet50 mobilenetv2 convnext]
                                   [--peers eager inductor ort openvino tvm ours]
                                   [--rounds 10] [--budget B] [--json bench_peers.json]
 
@@ -61,34 +61,15 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from scripts.harness import CLASS, CONVNETS, SEQ, SIZED, TRANSFORMERS, Model, build, model_name
 
-TRANSFORMERS = ("bert", "gpt2", "llama", "vit")
-CONVNETS = ("resnet50", "mobilenetv2", "convnext")
-# Architectures no issue names, for checking the class: ``--models class`` runs them all.
-CLASS = ("distilbert", "roberta", "qwen2", "mistral", "phi", "gptneo", "deit", "swin",
-         "efficientnet", "regnet", "albert", "electra", "opt", "bloom", "gemma", "t5", "beit",
-         "clip", "dinov2", "siglip", "modernbert", "qwen3", "wav2vec2", "whisper")
 PEERS = ("eager", "inductor", "ort", "openvino", "tvm", "ours")
 DEFAULT_PEERS = ("eager", "inductor", "ort", "openvino", "ours")
-SEQ = 128
-
-
-# convolutional networks that take any image size: ``resnet50@299`` is ResNet-50 at 299 px
-SIZED = ("resnet50", "mobilenetv2", "convnext", "efficientnet", "regnet")
-
-
-def _model_name(name: str) -> str:
-    base, at, size = name.partition("@")
-    known = base in (*TRANSFORMERS, *CONVNETS, *CLASS) or name == "class"
-    if not known or (at and (base not in SIZED or not size.isdigit() or int(size) < 32)):
-        raise argparse.ArgumentTypeError(f"unknown model {name!r} (a size only for {', '.join(SIZED)}, >= 32 px)")
-    return name
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(TRANSFORMERS), type=_model_name,
+    parser.add_argument("--models", nargs="+", default=list(TRANSFORMERS), type=model_name,
                         help="names of " + ", ".join([*TRANSFORMERS, *CONVNETS, *CLASS]) + ", or class (all of "
                         "CLASS); a convnet at another image size: NAME@SIZE (" + ", ".join(SIZED) + ")")
     parser.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS), choices=PEERS)
@@ -103,191 +84,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--json", default="bench_peers.json")
     parser.add_argument("--work-dir", default=None, help="where ONNX files and tuning records go")
     return parser.parse_args()
-
-
-# ---------------------------------------------------------------------------- models
-
-
-@dataclass
-class Model:
-    """A torch module returning one tensor, its example inputs, and their names."""
-
-    name: str
-    module: Any
-    inputs: tuple
-    names: tuple[str, ...]
-    other_inputs: tuple = ()  # a second input set: the output must differ
-
-
-def _text(name: str, model: Any, vocab: int, seq: int, mask: bool) -> Model:
-    import torch
-
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, vocab, (1, seq), generator=gen)
-    other = torch.randint(0, vocab, (1, seq), generator=gen)
-    ones = torch.ones((1, seq), dtype=torch.int64)
-
-    class Text(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: Any, attention_mask: Any = None) -> Any:
-            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    if mask:
-        return Model(name, Text().eval(), (ids, ones), ("input_ids", "attention_mask"), (other, ones))
-    return Model(name, Text().eval(), (ids,), ("input_ids",), (other,))
-
-
-def _image(name: str, model: Any, size: int = 224, calibrate: bool = False) -> Model:
-    import torch
-
-    gen = torch.Generator().manual_seed(2)
-    if calibrate:  # batch-norm at init is the identity up to 1e-5: outputs would not depend on x
-        for mod in model.modules():
-            if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
-                mod.reset_running_stats()
-                mod.momentum = None  # a cumulative average over the calibration batches
-        model.train()
-        with torch.no_grad():
-            for _ in range(3):
-                model(pixel_values=torch.randn((4, 3, size, size), generator=gen))
-    model.eval()
-
-    class Image(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, pixel_values: Any) -> Any:
-            out = self.model(pixel_values=pixel_values)
-            return out.logits if hasattr(out, "logits") else out.last_hidden_state
-
-    x = torch.randn((1, 3, size, size), generator=gen)
-    y = torch.randn((1, 3, size, size), generator=gen)
-    return Model(name, Image().eval(), (x,), ("pixel_values",), (y,))
-
-
-def _audio(name: str, model: Any, shape: tuple[int, ...], key: str) -> Model:
-    """An audio encoder on random input of ``shape``: ``key`` the raw samples
-    (``input_values``) or the log-mel frames (``input_features``)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(3)
-
-    class Audio(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, features: Any) -> Any:
-            return self.model(**{key: features}).last_hidden_state
-
-    x, y = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
-    return Model(name, Audio().eval(), (x,), (key,), (y,))
-
-
-def build(name: str, seq: int, calibrate: bool = True) -> Model:
-    """The model ``name`` (``NAME@SIZE``: a convnet of ``SIZED`` at SIZE px), text models
-    at ``seq`` tokens; ``calibrate=False`` leaves a convnet's batch norms at init (for
-    ``NAME@SIZE``, which calibrates them at SIZE)."""
-    import torch
-    import transformers as tf
-
-    torch.manual_seed(0)
-    base, _, size = name.partition("@")
-    if size:
-        model = build(base, seq, calibrate=False)
-        return _image(name, model.module.model, size=int(size), calibrate=True)
-    if name == "bert":
-        return _text(name, tf.BertModel(tf.BertConfig()), 30522, seq, mask=True)
-    if name == "gpt2":
-        return _text(name, tf.GPT2Model(tf.GPT2Config()), 50257, seq, mask=True)
-    if name == "llama":
-        config = tf.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
-                                num_attention_heads=16, num_key_value_heads=4, vocab_size=32000)
-        return _text(name, tf.LlamaModel(config), 32000, seq, mask=True)
-    if name == "vit":
-        return _image(name, tf.ViTModel(tf.ViTConfig(), add_pooling_layer=False))
-    if name == "resnet50":
-        return _image(name, tf.ResNetForImageClassification(tf.ResNetConfig()), calibrate=calibrate)
-    if name == "mobilenetv2":
-        return _image(name, tf.MobileNetV2ForImageClassification(tf.MobileNetV2Config()), calibrate=calibrate)
-    if name == "convnext":
-        return _image(name, tf.ConvNextForImageClassification(tf.ConvNextConfig()))
-    return _class_model(name, seq, calibrate)
-
-
-def _class_model(name: str, seq: int, calibrate: bool = True) -> Model:
-    """The architectures of ``CLASS``: default configs (ALBERT at base size), decoders and
-    the T5 encoder at small sizes (4-6 layers)."""
-    import transformers as tf
-
-    small = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 4, "num_attention_heads": 16}
-    if name == "distilbert":
-        return _text(name, tf.DistilBertModel(tf.DistilBertConfig()), 30522, seq, mask=True)
-    if name == "roberta":
-        return _text(name, tf.RobertaModel(tf.RobertaConfig(), add_pooling_layer=False), 50265, seq, mask=True)
-    if name == "qwen2":
-        config = tf.Qwen2Config(**small, num_key_value_heads=2, vocab_size=32000)
-        return _text(name, tf.Qwen2Model(config), 32000, seq, mask=True)
-    if name == "mistral":
-        config = tf.MistralConfig(**small, num_key_value_heads=8, vocab_size=32000)
-        return _text(name, tf.MistralModel(config), 32000, seq, mask=True)
-    if name == "phi":
-        config = tf.PhiConfig(**small, vocab_size=32000)
-        return _text(name, tf.PhiModel(config), 32000, seq, mask=True)
-    if name == "gptneo":
-        config = tf.GPTNeoConfig(hidden_size=768, num_layers=4, num_heads=12,
-                                 attention_types=[[["global", "local"], 2]], vocab_size=32000)
-        return _text(name, tf.GPTNeoModel(config), 32000, seq, mask=True)
-    if name == "albert":
-        config = tf.AlbertConfig(hidden_size=768, num_attention_heads=12, intermediate_size=3072)  # base
-        return _text(name, tf.AlbertModel(config, add_pooling_layer=False), 30000, seq, mask=True)
-    if name == "electra":
-        return _text(name, tf.ElectraModel(tf.ElectraConfig()), 30522, seq, mask=True)
-    if name == "opt":
-        config = tf.OPTConfig(hidden_size=768, ffn_dim=3072, num_hidden_layers=4, num_attention_heads=12,
-                              word_embed_proj_dim=768, vocab_size=32000)
-        return _text(name, tf.OPTModel(config), 32000, seq, mask=True)
-    if name == "bloom":  # ALiBi position bias
-        config = tf.BloomConfig(hidden_size=1024, n_layer=4, n_head=16, vocab_size=32000)
-        return _text(name, tf.BloomModel(config), 32000, seq, mask=True)
-    if name == "gemma":
-        config = tf.GemmaConfig(**small, num_key_value_heads=4, head_dim=64, vocab_size=32000)
-        return _text(name, tf.GemmaModel(config), 32000, seq, mask=True)
-    if name == "t5":  # the encoder: relative position buckets, RMS norm without mean
-        config = tf.T5Config(d_model=512, d_ff=2048, num_layers=6, num_heads=8, vocab_size=32128)
-        return _text(name, tf.T5EncoderModel(config), 32128, seq, mask=True)
-    if name == "deit":
-        return _image(name, tf.DeiTModel(tf.DeiTConfig(), add_pooling_layer=False))
-    if name == "beit":  # relative position bias in every layer
-        return _image(name, tf.BeitModel(tf.BeitConfig(use_relative_position_bias=True), add_pooling_layer=False))
-    if name == "clip":
-        return _image(name, tf.CLIPVisionModel(tf.CLIPVisionConfig()))
-    if name == "dinov2":  # 224 px at patch 14: 257 tokens, layer scale
-        return _image(name, tf.Dinov2Model(tf.Dinov2Config()))
-    if name == "siglip":  # 224 px at patch 16: 196 tokens, tanh GELU
-        return _image(name, tf.SiglipVisionModel(tf.SiglipVisionConfig()))
-    if name == "modernbert":  # base size (22 layers): GeGLU, alternating local/global attention
-        config = tf.ModernBertConfig(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
-                                     sep_token_id=2)
-        return _text(name, tf.ModernBertModel(config), config.vocab_size, seq, mask=True)
-    if name == "qwen3":  # q/k RMS norms per head
-        config = tf.Qwen3Config(**small, num_key_value_heads=4, head_dim=64, vocab_size=32000)
-        return _text(name, tf.Qwen3Model(config), 32000, seq, mask=True)
-    if name == "wav2vec2":  # base size, 1 s at 16 kHz: a 7-layer conv1d feature encoder, 49 frames
-        return _audio(name, tf.Wav2Vec2Model(tf.Wav2Vec2Config()), (1, 16000), "input_values")
-    if name == "whisper":  # the encoder at its default (tiny) size: 30 s of 80 mel bins, 1500 frames
-        return _audio(name, tf.WhisperModel(tf.WhisperConfig()).get_encoder(), (1, 80, 3000), "input_features")
-    if name == "swin":
-        return _image(name, tf.SwinForImageClassification(tf.SwinConfig()))
-    if name == "efficientnet":
-        return _image(name, tf.EfficientNetForImageClassification(tf.EfficientNetConfig()), calibrate=calibrate)
-    if name == "regnet":
-        return _image(name, tf.RegNetForImageClassification(tf.RegNetConfig()), calibrate=calibrate)
-    raise SystemExit(f"unknown model {name!r}")
 
 
 # ----------------------------------------------------------------------------- peers

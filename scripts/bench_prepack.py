@@ -1,4 +1,4 @@
-"""Pre-packed weights on and off, side by side: ``python scripts/bench_prepack.py [MODELS...]``.
+"""Pre-packed weights on and off, side by side: ``python -m scripts.bench_prepack [MODELS...]``.
 
 Each model is compiled twice on this machine's CPU: as ``aicf_tvm.compile`` does (constant
 GEMM operands packed at compile time) and with the packing left in the kernels (every call
@@ -9,13 +9,9 @@ the outputs agree and prints the median times and their ratio (< 1: pre-packing 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aicf_tvm  # noqa: E402
 import schedules.prepack_weights as prepack  # noqa: E402

@@ -1,11 +1,9 @@
 """Speed sanity check of the default CPU schedules against the unscheduled PrimFuncs.
 
-Run: python scripts/bench_schedules.py   (prints one line per kernel: ms and the ratio)
+Run: python -m scripts.bench_schedules   (prints one line per kernel: ms and the ratio)
 """
 
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import tvm
@@ -14,7 +12,6 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline
 from tvm.script import relax as R
 from tvm.target import Target
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from schedules import apply_default_schedules
 
 TARGET = Target({**Target.from_device(tvm.cpu()).export(), "num-cores": 2})

@@ -1,4 +1,4 @@
-"""What ``VectorizeMath`` gains: ``python scripts/bench_transcendental.py [--rounds 5]``.
+"""What ``VectorizeMath`` gains: ``python -m scripts.bench_transcendental [--rounds 5]``.
 
 Two tables, every variant timed in the same process, interleaved round by round (the
 machine is shared: compare the ratios, not the milliseconds):
@@ -14,12 +14,8 @@ machine is shared: compare the ratios, not the milliseconds):
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tvm  # noqa: E402
 from tvm import relax, te, tirx  # noqa: E402

@@ -17,9 +17,9 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-import bundle_runner as runner
 from aicf_tvm.driver.optimizer import adam_function, adam_state
-from bench_optimizer import HYPER, MLP_SHAPES
+from scripts import bundle_runner as runner
+from scripts.harness import HYPER, MLP_SHAPES
 
 SEED = 0
 

@@ -1,6 +1,6 @@
 """ONNX conformance: every test case shipped in the onnx wheel, through AICF and through TVM.
 
-    python scripts/conformance.py [--suite light ...] [--json results.json] [--write-lock]
+    python -m scripts.conformance [--suite light ...] [--json results.json] [--write-lock]
                                   [--timeout 300] [--filter SUBSTRING]
 
 Suites (``onnx/backend/test/data/``): ``pytorch-converted``, ``pytorch-operator``,

@@ -1,7 +1,7 @@
 """Compile every built-in model and every ONNX light model for CUDA (sm_90), compile only.
 
 Prints one line per model: ok (kernel count, seconds) or the error.  Exit code 1 if any
-model failed.  Needs nvcc, no GPU.  ``python scripts/cuda_compile_all.py [NAME ...]``
+model failed.  Needs nvcc, no GPU.  ``python -m scripts.cuda_compile_all [NAME ...]``
 (names: built-in model names or light model names such as ``resnet50``).
 """
 

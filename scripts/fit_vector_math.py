@@ -1,6 +1,6 @@
 """Fit the polynomial coefficients of ``schedules/cpu/vector_math.py``.
 
-Usage: ``python scripts/fit_vector_math.py NAME DEGREE`` (EXP_Q 6, ERF_P 19, LOG_P 4).
+Usage: ``python -m scripts.fit_vector_math NAME DEGREE`` (EXP_Q 6, ERF_P 19, LOG_P 4).
 
 Each kernel evaluates one polynomial in float64 on a reduced argument; this script finds
 near-minimax coefficients for the weighted (relative) error by Lawson's iteratively

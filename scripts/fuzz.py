@@ -1,11 +1,13 @@
 """Differential fuzzing for longer than the test suite does; every new failure becomes a test.
 
-    python scripts/fuzz.py --minutes 30 [--seed 0] [--profile realistic|small|all]
-    python scripts/fuzz.py --stats [--profile ci|realistic|small|all] [--count 200]
+    python -m scripts.fuzz --minutes 30 [--seed 0] [--profile realistic|small|all]
+    python -m scripts.fuzz --stats [--profile ci|realistic|small|all] [--count 200]
 
-Runs the property of ``tests/fuzz/test_differential.py`` (our compiled module vs TVM's
-default build and numpy, both built in a worker process so that an abort is a failure)
-under hypothesis, over seeds S, S+1, ... until the time is up. A failure that matches
+Run it from the repository root, as a module: its engine is the package ``tests.fuzz``
+(generators, oracle, known bugs), the same code the test suite runs. It runs the property
+of ``tests/fuzz/test_differential.py`` (our compiled module vs TVM's default build and
+numpy, both built in a worker process so that an abort is a failure) under hypothesis,
+over seeds S, S+1, ... until the time is up. A failure that matches
 ``tests/fuzz/known_bugs.py`` is counted under its bug's name and not shrunk; any other is
 shrunk (for at most ``--shrink-minutes``) and written as a self-contained pytest file
 under ``tests/regressions/`` (the module as TVMScript with its constants, the inputs'
@@ -26,18 +28,16 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("AICF_DEBUG", "1")
 
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
-from tests.fuzz.check import FuzzFailure, ReferenceFailed  # noqa: E402
+from tests.fuzz.check import FuzzFailure, ReferenceFailed, check_program  # noqa: E402
 from tests.fuzz.known_bugs import known_bug  # noqa: E402
 from tests.fuzz.program import Program, random_inputs  # noqa: E402
 from tests.fuzz.relax_build import build_module  # noqa: E402
 from tests.fuzz.stats import Stats, stats_of  # noqa: E402
 from tests.fuzz.strategies import CI_CASES, PROFILES, draw_program, programs  # noqa: E402
-from tests.fuzz.test_differential import check_program  # noqa: E402
 from tests.fuzz.worker import shared  # noqa: E402
 
 REGRESSIONS = ROOT / "tests" / "regressions"
@@ -143,7 +143,7 @@ class Session:
             pass
         if state["smallest"] is not None:
             prog, err = state["smallest"]
-            path = write_regression(prog, err, f"``scripts/fuzz.py --seed {seed_value} --profile {profile}``")
+            path = write_regression(prog, err, f"``python -m scripts.fuzz --seed {seed_value} --profile {profile}``")
             self.new.append((prog, err, path))
             print(f"seed {seed_value}: NEW FAILURE {err} -> {path or 'already written'}\n{prog!r}", flush=True)
 
@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.profile == "ci":
         ap.error("the ci profile runs in the test suite: pytest tests/fuzz")
+    shared().start()  # the workers import TVM while the first programs are drawn
     start = time.monotonic()
     session = Session(args.shrink_minutes * 60, start + args.minutes * 60)
     s = args.seed

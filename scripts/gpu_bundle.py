@@ -1,6 +1,6 @@
 """Write a self-contained device-check bundle: models compiled here, run on the target host.
 
-    python scripts/gpu_bundle.py --target cuda|llvm --python X.Y [--with-numpy] --out DIR
+    python -m scripts.gpu_bundle --target cuda|llvm --python X.Y [--with-numpy] --out DIR
     bash DIR/run.sh                  # on the target host: no index, no network, no compiler
 
 Models: the built-in encoder layer (BERT-base) and decoder block, a small residual
@@ -37,19 +37,18 @@ import numpy as np
 
 SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
-sys.path[:0] = [str(REPO), str(SCRIPTS)]
 
 import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
 
 import aicf_tvm  # noqa: E402
-import bundle_runner as runner  # noqa: E402
 from aicf_tvm.driver.compiled import compiled_model  # noqa: E402
 from aicf_tvm.runtime.compiled import CompiledModel  # noqa: E402
 from aicf_tvm.driver.models import decoder_block, encoder_layer  # noqa: E402
 from aicf_tvm.runtime.targets import describe, host_cpu_target  # noqa: E402
-from bench_optimizer import HYPER  # noqa: E402
-from bundle_models import SEED, Bundled, Streams, adam, arrays_of, convnet, transformer  # noqa: E402
+from scripts import bundle_runner as runner
+from scripts.bundle_models import SEED, Bundled, Streams, adam, arrays_of, convnet, transformer
+from scripts.harness import HYPER
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 MAX_BYTES = 60 * 2**20

@@ -10,8 +10,8 @@ its submodules, as in import-linter and pydeps. The lazy facade of ``aicf_tvm/__
 too, marked ``facade``. ``tests/test_imports.py`` checks the layering (docs/design.md §8)
 on this graph.
 
-    python scripts/import_graph.py            # summary: counts, cycles, deferred imports
-    python scripts/import_graph.py --edges    # every edge, with where it is deferred
+    python -m scripts.import_graph            # summary: counts, cycles, deferred imports
+    python -m scripts.import_graph --edges    # every edge, with where it is deferred
 """
 
 from __future__ import annotations

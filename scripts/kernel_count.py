@@ -1,6 +1,6 @@
 """Kernels per inference: TVM's own pipeline against ours, per model.
 
-    python scripts/kernel_count.py [--models encoder_layer decoder_block squeezenet ...]
+    python -m scripts.kernel_count [--models encoder_layer decoder_block squeezenet ...]
 
 TVM's count is the call_tir bindings of ``main`` after the CPU backend's
 library-dispatch and legalize stages (``relax.get_default_pipeline`` runs exactly
@@ -15,8 +15,6 @@ from pathlib import Path
 
 import tvm
 from tvm.relax.backend.cpu_generic import pipeline as cpu
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aicf_tvm.driver.frontends import load_model  # noqa: E402
 from aicf_tvm.driver.pipeline import run_pipeline  # noqa: E402

@@ -10,7 +10,7 @@ attrs plus its non-tensor arguments (reshape target shapes, strided_slice axes/b
 tensor arguments appear only when they are bound constants, as ``const(<rank>d)`` or
 ``const(scalar)``, because a constant operand is lowered differently from a computed one.
 
-Usage: ``python scripts/list_ops.py [--json out.json] [--max-variants N]``
+Usage: ``python -m scripts.list_ops [--json out.json] [--max-variants N]``
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
-# Run as a file from anywhere: make the repository root importable.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aicf_tvm.driver.models import BUILTIN_MODELS
 from aicf_tvm.core.tvm_values import to_python
 

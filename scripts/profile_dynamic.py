@@ -2,10 +2,10 @@
 
 Usage::
 
-    python scripts/profile_dynamic.py [--model bert|llama] [--small] [--batch 1] [--seq 64]
+    python -m scripts.profile_dynamic [--model bert|llama] [--small] [--batch 1] [--seq 64]
                                       [--top 30]
 
-Compiles the model of ``scripts/bench_dynamic.py`` twice (dynamic ``batch``/``seq`` and
+Compiles the model of ``scripts/bench_dynamic.py`` (``harness.text_model``) twice (dynamic ``batch``/``seq`` and
 static at ``--batch x --seq``), runs each once on the same inputs under a VM instrument and
 times every call where it happens, with the arguments the VM passes it: a kernel is called
 again (best of a few ~5 ms rounds), a VM builtin (shape checks, allocation) is timed once per
@@ -18,15 +18,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench_dynamic  # noqa: E402
+from scripts import harness
 
 
 def profile_run(compiled: Any, arrays: list) -> list[tuple[str, float]]:
@@ -87,10 +82,10 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
-    model = bench_dynamic.build(args.model, args.small)
-    ids, mask = bench_dynamic.inputs(model, args.batch, args.seq, 0)
-    dynamic = bench_dynamic.compile_ours(model, bench_dynamic.inputs(model, 2, 16, 0), dynamic=True)
-    static = bench_dynamic.compile_ours(model, (ids, mask), dynamic=False)
+    model = harness.text_model(args.model, args.small)
+    ids, mask = harness.token_inputs(model, args.batch, args.seq, 0)
+    dynamic = harness.compile_text(model, harness.token_inputs(model, 2, 16, 0), dynamic=True)
+    static = harness.compile_text(model, (ids, mask), dynamic=False)
     arrays = [ids.numpy(), mask.numpy()]
     runs = {name: profile_run(c, arrays) for name, c in (("dynamic", dynamic), ("static", static))}
     pairs = {name: pair_kernels(c, runs[name]) for name, c in (("dynamic", dynamic), ("static", static))}
@@ -117,7 +112,7 @@ def main() -> None:
               + ", ".join(f"{sym} x{counts[sym]} {builtins[sym] * 1e3:.3f} ms"
                           for sym, _ in builtins.most_common(6)))
     for name, c in (("dynamic", dynamic), ("static", static)):
-        secs = bench_dynamic.best_seconds(lambda c=c: c(*arrays), 3)
+        secs = harness.best_seconds(lambda c=c: c(*arrays), 3)
         print(f"{name}: end to end {secs * 1e3:.2f} ms")
 
 

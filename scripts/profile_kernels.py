@@ -1,4 +1,4 @@
-"""Time every kernel of a compiled model on its own: ``python scripts/profile_kernels.py MODEL``.
+"""Time every kernel of a compiled model on its own: ``python -m scripts.profile_kernels MODEL``.
 
 MODEL is anything ``aicf_tvm.load_model`` takes (a built-in name, an ONNX path), the
 name of a light ONNX model shipped with the ``onnx`` wheel (``squeezenet``,
@@ -25,9 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import tvm  # noqa: E402
 from tvm import tirx  # noqa: E402
 
@@ -35,13 +32,12 @@ import aicf_tvm  # noqa: E402
 from aicf_tvm.runtime.threads import use_threads  # noqa: E402
 from aicf_tvm.driver.tune_model import kernel_seconds, model_inputs  # noqa: E402
 from relax_passes.lower_emits import kernel_calls  # noqa: E402
+from scripts import harness
 
 
 def resolve(model: str, seq: int):
-    if model.startswith("hf:"):  # the same model, weights and inputs as bench_peers.py
-        import bench_peers
-
-        built = bench_peers.build(model[3:], seq)
+    if model.startswith("hf:"):  # the same model, weights and inputs as bench_peers
+        built = harness.build(model[3:], seq)
         return aicf_tvm.from_torch(built.module, built.inputs)
     import onnx
 

@@ -1,6 +1,6 @@
 """GFLOP/s of our fused GEMM (matmul + bias + relu, CPU ``Gemm`` rule) against numpy.
 
-Usage: ``python scripts/roofline.py [--sizes 512 1024 2048] [--threads N]``
+Usage: ``python -m scripts.roofline [--sizes 512 1024 2048] [--threads N]``
 
 Both run in this process, interleaved, each timed as the best of several repeats, so a
 neighbour stealing a core hurts both alike; the ratio is the number to watch (goal >= 0.75
@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import sys
 import time
-from pathlib import Path
 
 
 def parse_args() -> argparse.Namespace:
@@ -37,7 +35,6 @@ import numpy as np
 import tvm
 from tvm import relax
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aicf_tvm.runtime.threads import use_threads
 from schedules.cpu.gemm import Gemm
 

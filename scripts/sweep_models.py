@@ -1,6 +1,6 @@
 """Real `transformers` architectures, small random configs, through PyTorch and through ONNX.
 
-    python scripts/sweep_models.py [--only NAME ...] [--paths torch onnx] [--jobs 1]
+    python -m scripts.sweep_models [--only NAME ...] [--paths torch onnx] [--jobs 1]
                                    [--timeout 900] [--json sweep.json] [--no-tvm] [--seq 8]
 
 Rows: each model (tiny: 2 layers, hidden 64-128, images 32 px), decoders both without and
@@ -42,7 +42,6 @@ from typing import Any, Callable
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 TOLERANCE = 1e-3
 SEQ, VOCAB, IMAGE = 8, 100, 32
@@ -427,12 +426,11 @@ def _run_row(row: str, path: str, with_tvm: bool) -> dict:
 def _spawn(row: str, path: str, args: argparse.Namespace) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         out = tmp.name
-    cmd = [sys.executable, __file__, "--worker", row, path, "--json", out, "--seq", str(args.seq)]
+    cmd = [sys.executable, "-m", "scripts.sweep_models", "--worker", row, path, "--json", out, "--seq", str(args.seq)]
     cmd += [] if args.tvm else ["--no-tvm"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     start = time.time()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
         if proc.returncode == 0:
             return json.loads(Path(out).read_text())
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]

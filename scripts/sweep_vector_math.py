@@ -1,6 +1,6 @@
 """Maximum float32 ulp error of ``VectorizeMath``'s functions and of what they replace.
 
-Usage: ``python scripts/sweep_vector_math.py [--functions exp erf ...] [--stride 1]``
+Usage: ``python -m scripts.sweep_vector_math [--functions exp erf ...] [--stride 1]``
 
 Every float32 bit pattern (``--stride 1``: all 2^32, about 4 minutes per function on an
 idle core pair; ``--stride 41``: 1.05e8 points) goes through each implementation, each a
@@ -29,12 +29,9 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import scipy.special
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tvm  # noqa: E402
 from tvm import te, tirx  # noqa: E402

@@ -24,6 +24,10 @@ from tvm import relax
 
 from aicf_tvm.runtime.targets import host_cpu_target
 
+from .numpy_eval import eval_numpy
+from .program import Program, random_inputs
+from .relax_build import build_module
+
 # Both builds on the host CPU, with its mcpu: that is what ``aicf_tvm.compile`` fills in
 # for a target without one, and without it LLVM lowers float16 through soft-float code
 # (a 16x300 float16 multiply then takes a minute to load).
@@ -200,3 +204,10 @@ def as_declared(want: list[np.ndarray], mod: tvm.IRModule) -> list[np.ndarray]:
         return want
     return [w.astype(d) if str(w.dtype) != d and w.dtype.kind == "f" and "float" in d else w
             for w, d in zip(want, dtypes)]
+
+
+def check_program(prog: Program, runner: Runner) -> None:
+    """One drawn program checked end to end (the test's property and ``scripts.fuzz``'s):
+    raises ``FuzzFailure`` when ours is wrong, ``ReferenceFailed`` when TVM's build fails."""
+    inputs = random_inputs(prog)
+    check_module(build_module(prog), inputs, prog.dtypes(), eval_numpy(prog, inputs), runner)

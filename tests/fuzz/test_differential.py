@@ -3,30 +3,22 @@
 The CI profile: a fixed list of (family, size, seed) cases (``strategies.CI_CASES``),
 each the same program on every run, compiled in a worker process so that an abort is a
 failure of that case. A failure that matches ``known_bugs.KNOWN_BUGS`` is skipped with
-the bug's name. ``scripts/fuzz.py --minutes N --profile realistic`` runs the families
-for longer under hypothesis (shrinking each new failure into ``tests/regressions/``);
-``scripts/fuzz.py --stats`` prints the sizes and ops this profile reaches.
+the bug's name. ``python -m scripts.fuzz --minutes N --profile realistic`` runs the
+families for longer under hypothesis (shrinking each new failure into
+``tests/regressions/``); ``python -m scripts.fuzz --stats`` prints the sizes and ops this
+profile reaches. Both use the engine of this package (``check.check_program``).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from .check import FuzzFailure, ReferenceFailed, Runner, check_module
+from .check import FuzzFailure, ReferenceFailed, check_program
 from .known_bugs import known_bug
-from .numpy_eval import eval_numpy
-from .program import Program, random_inputs
-from .relax_build import build_module
 from .strategies import CI_CASES, case_id, draw_program
 from .worker import shared
 
 shared().start()  # the workers import TVM while pytest collects and runs the tests before these
-
-
-def check_program(prog: Program, runner: Runner) -> None:
-    """Raises ``FuzzFailure`` when ours is wrong, ``ReferenceFailed`` when TVM's build fails."""
-    inputs = random_inputs(prog)
-    check_module(build_module(prog), inputs, prog.dtypes(), eval_numpy(prog, inputs), runner)
 
 
 @pytest.mark.parametrize(("family", "realistic", "seed"), CI_CASES, ids=[case_id(*c) for c in CI_CASES])

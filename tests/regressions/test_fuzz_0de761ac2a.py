@@ -1,6 +1,6 @@
 """Fuzz regression fuzz_0de761ac2a: [error] UnsupportedModelError: scatter_elements along axis 0 with indices of shape [1, 1] on data of shape [1, 5]: TVM's kernel places such updates wrongly unless the i
 
-Found by ``scripts/fuzz.py --seed 52 --profile all``; the shrunk program:
+Found by ``python -m scripts.fuzz --seed 52 --profile all``; the shrunk program:
 
     family='indexing', inputs=[((1, 5), 'float16')], n=3, specials=()
       v1 = scatter_elements(0,) {'updates': {'shape': [1, 1], 'seed': 0, 'fill': 'rand', 'dtype': 'float16'}, 'indices': {'kind': 'along', 'shape': [1, 1], 'seed': 0, 'dims': [1], 'axis': 0, 'negative': False}, 'axis': 0, 'reduction': 'update'}

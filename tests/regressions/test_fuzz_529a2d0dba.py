@@ -1,6 +1,6 @@
 """Fuzz regression fuzz_529a2d0dba: RuntimeError: integer modulo by zero
 
-Found by ``scripts/fuzz.py --seed 2026``; the shrunk program:
+Found by ``python -m scripts.fuzz --seed 2026``; the shrunk program:
 
     inputs=[(('n',), 'float32')], n=1
       v1 = add(0,) {'swap': True, 'const': {'shape': [], 'seed': 0, 'fill': 'rand', 'dtype': 'float32'}}

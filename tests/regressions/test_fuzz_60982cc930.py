@@ -1,6 +1,6 @@
 """Fuzz regression fuzz_60982cc930: [numpy] aicf vs numpy: output 0: 2/4608 elements differ, first at (1, 1, 2, 44): ours np.float32(0.29805225), expected np.float32(0.29675293); max |diff| 0.0013
 
-Found by ``scripts/fuzz.py --seed 5054 --profile all``; the shrunk program:
+Found by ``python -m scripts.fuzz --seed 5054 --profile all``; the shrunk program:
 
     family='attention', inputs=[((2, 9, 256), 'float32')], n=3, specials=()
       v1 = matmul(0,) {'const': {'shape': [256, 256], 'seed': 0, 'fill': 'rand', 'dtype': 'float32'}, 'transpose_rhs': False, 'rhs_shape': [256, 256]}

@@ -1,6 +1,6 @@
 """Fuzz regression fuzz_add228d87d: [numpy] aicf vs numpy: output 0: 2/24 elements differ, first at (1, 0, 1): ours np.float32(0.0940123), expected np.float32(0.94708097); max |diff| 1.36
 
-Found by ``scripts/fuzz.py --seed 5018 --profile all``; the shrunk program:
+Found by ``python -m scripts.fuzz --seed 5018 --profile all``; the shrunk program:
 
     family='indexing', inputs=[((4, 2, 3), 'float32'), ((1, 2, 1), 'float32')], n=3, specials=()
       v2 = scatter_elements(0, 1) {'indices': {'kind': 'along', 'shape': [1, 2, 1], 'seed': 0, 'dims': [4], 'axis': 0, 'negative': False}, 'axis': 0, 'reduction': 'update'}

@@ -1,6 +1,6 @@
 """Fuzz regression fuzz_dcaf83f713: [error] InternalError: LLVM module verification failed with the following errors: 
 
-Found by ``scripts/fuzz.py --seed 5005 --profile all``; the shrunk program:
+Found by ``python -m scripts.fuzz --seed 5005 --profile all``; the shrunk program:
 
     family='graph', inputs=[((4,), 'float32')], n=3, specials=()
       v1 = slice_scatter(0,) {'axis': 0, 'begin': 0, 'end': 1}

@@ -1,6 +1,6 @@
 """Fuzz regression fuzz_f59eafc766: [error] UnsupportedModelError: scatter_elements along axis 1 with indices of shape [1, 1] on data of shape [4, 1]: TVM's kernel places such updates wrongly unless the i
 
-Found by ``scripts/fuzz.py --seed 48 --profile all``; the shrunk program:
+Found by ``python -m scripts.fuzz --seed 48 --profile all``; the shrunk program:
 
     family='indexing', inputs=[((4, 1), 'float16'), ((1, 1), 'float16')], n=3, specials=()
       v2 = scatter_elements(0, 1) {'indices': {'kind': 'along', 'shape': [1, 1], 'seed': 0, 'dims': [1], 'axis': 1, 'negative': False}, 'axis': 1, 'reduction': 'update'}

@@ -44,11 +44,7 @@ def test_builtin_model_matches_onnxruntime(name):
 
 @pytest.mark.parametrize("name", ["encoder_layer_small", "decoder_block_small"])
 def test_fewer_kernels_than_tvm(name):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-    from kernel_count import our_kernels, tvm_kernels
+    from scripts.kernel_count import our_kernels, tvm_kernels
 
     mod, target = BUILTIN_MODELS[name](), resolve_target(TARGET)
     ours, theirs = our_kernels(mod, target), tvm_kernels(mod, target)

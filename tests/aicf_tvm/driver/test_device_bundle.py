@@ -8,7 +8,6 @@ The whole bundle (wheels, runtime, ``run.sh`` from a clean interpreter) is READM
 
 from __future__ import annotations
 
-import sys
 from functools import partial
 from pathlib import Path
 
@@ -18,11 +17,9 @@ import pytest
 import aicf_tvm
 from aicf_tvm.driver.models import decoder_block
 
-SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-gpu_bundle = pytest.importorskip("gpu_bundle")
-import bundle_models  # noqa: E402
-import bundle_runner  # noqa: E402
+from scripts import bundle_models, bundle_runner
+
+gpu_bundle = pytest.importorskip("scripts.gpu_bundle")
 
 
 @pytest.fixture
