@@ -28,7 +28,7 @@ from tvm import relax
 
 from aicf_tvm.core.emit_graph import EmitGraph
 from aicf_tvm.core.facts import FactTable
-from aicf_tvm.core.propagation import analyze
+from aicf_tvm.core.propagation import analysis_of
 from aicf_tvm.core.report import FusionReport
 
 from .group_rewrite import Group, drop_unused_emits, rewrite_block, with_blocks
@@ -71,7 +71,7 @@ class EmitRewrite:
 
     def sweep(self, mod: tvm.IRModule) -> tvm.IRModule:
         """One walk over the dataflow blocks of the function; ``mod`` itself when nothing changed."""
-        facts = analyze(mod, self.func_name)
+        facts = analysis_of(mod, self.func_name)
         self.func = func = mod[self.func_name]
         bb = relax.BlockBuilder(mod)
         self._blocks, changed, emit_cache = list(func.body.blocks), False, {}

@@ -1,9 +1,10 @@
 """Replace groups of Emit calls by calls of one new Emit function each.
 
 Shared by the rewriting passes (``EmitRewrite.plan`` returns the groups). A group's
-function takes the group's boundary inputs, inlines each member's body in program order (so it computes exactly what the members
-did), and returns every member value needed outside the group. The block is then
-re-emitted in a topological order of groups and remaining bindings.
+function takes the group's boundary inputs, inlines each member's body in program order
+(so it computes exactly what the members did), and returns every member value needed
+outside the group. The block is then re-emitted in a topological order of groups and
+remaining bindings.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """PropagateContracts: refine every Emit's contract with the facts of its call sites.
 
-The facts come from the contract analysis (``aicf_tvm.core.propagation.analyze``); an Emit
+The facts come from the contract analysis (``aicf_tvm.core.propagation.analysis_of``); an Emit
 function called from several sites keeps the join (the common guarantee) of its sites'
 facts, met with what is asserted on it.
 
@@ -15,7 +15,7 @@ import tvm
 from aicf_tvm.core.contract import ContractFacts, EmitContract
 from aicf_tvm.core.emit import EMIT_ATTR, Emit, emit_of
 from aicf_tvm.core.errors import ContractContradiction
-from aicf_tvm.core.propagation import analyze
+from aicf_tvm.core.propagation import analysis_of
 
 
 def refine_contract(gv_name: str, emit: Emit, sites: list[ContractFacts]) -> EmitContract:
@@ -54,7 +54,7 @@ class PropagateContracts:
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
         if self.func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
             return mod
-        table = analyze(mod, self.func_name)
+        table = analysis_of(mod, self.func_name)
         for gv, sites in table.sites.items():
             func = mod[gv]
             emit = emit_of(func)

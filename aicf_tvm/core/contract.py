@@ -10,6 +10,7 @@ facts over different ports still combine component-wise. ``entails(F, R)`` check
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from .lattice import (
@@ -27,6 +28,16 @@ class PortFacts(ProductLattice):
     numeric: NumericFact = NumericFact.top()
     abi: ABIFact = ABIFact.top()
 
+    def __hash__(self) -> int:  # hashed once: facts key the analysis' transfer cache
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.effect, self.shape, self.numeric, self.abi))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:  # a hash holds for one process only
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
 
 _TOP_PORT = PortFacts()
 
@@ -39,7 +50,8 @@ def _pair(a: str, b: str) -> tuple[str, str]:
 class ContractFacts:
     """Facts over named ports plus alias facts over unordered port pairs.
 
-    Stored normalized (sorted, ⊤ entries dropped) so equal facts are equal values.
+    Stored normalized (sorted, ⊤ entries dropped) so equal facts are equal values; the
+    pairs are also held as mappings, built once, so a lookup does not rebuild one.
     """
 
     ports: tuple[tuple[str, PortFacts], ...] = ()
@@ -50,6 +62,8 @@ class ContractFacts:
         alias = {_pair(*k): v for k, v in dict(self.alias).items() if not v.is_top()}
         object.__setattr__(self, "ports", tuple(sorted(ports.items())))
         object.__setattr__(self, "alias", tuple(sorted(alias.items())))
+        object.__setattr__(self, "_ports", dict(self.ports))
+        object.__setattr__(self, "_alias", dict(self.alias))
         object.__setattr__(self, "_hash", hash((self.ports, self.alias)))
 
     def __hash__(self) -> int:  # facts are hashed often (deduplicating call sites)
@@ -66,24 +80,29 @@ class ContractFacts:
     def top(cls) -> "ContractFacts":
         return cls()
 
+    @property
+    def port_map(self) -> Mapping[str, PortFacts]:
+        """The port facts by port name (read-only; a missing port is ⊤)."""
+        return MappingProxyType(self._ports)
+
     def port(self, name: str) -> PortFacts:
-        return dict(self.ports).get(name, _TOP_PORT)
+        return self._ports.get(name, _TOP_PORT)
 
     def alias_of(self, a: str, b: str) -> Alias:
-        return dict(self.alias).get(_pair(a, b), Alias.top())
+        return self._alias.get(_pair(a, b), Alias.top())
 
     def port_names(self) -> list[str]:
         return [k for k, _ in self.ports]
 
     def with_port(self, name: str, facts: PortFacts) -> "ContractFacts":
-        return ContractFacts(tuple({**dict(self.ports), name: facts}.items()), self.alias)
+        return ContractFacts(tuple({**self._ports, name: facts}.items()), self.alias)
 
     def with_alias(self, a: str, b: str, fact: Alias) -> "ContractFacts":
-        return ContractFacts(self.ports, tuple({**dict(self.alias), _pair(a, b): fact}.items()))
+        return ContractFacts(self.ports, tuple({**self._alias, _pair(a, b): fact}.items()))
 
     def _combine(self, other: "ContractFacts", op: str) -> "ContractFacts":
-        pnames = set(dict(self.ports)) | set(dict(other.ports))
-        anames = set(dict(self.alias)) | set(dict(other.alias))
+        pnames = self._ports.keys() | other._ports.keys()
+        anames = self._alias.keys() | other._alias.keys()
         ports = {n: getattr(self.port(n), op)(other.port(n)) for n in pnames}
         alias = {p: getattr(self.alias_of(*p), op)(other.alias_of(*p)) for p in anames}
         return ContractFacts(tuple(ports.items()), tuple(alias.items()))

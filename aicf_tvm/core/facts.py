@@ -1,22 +1,28 @@
 """The facts the contract analysis gives each Relax value (docs/design.md §3).
 
 A value is either one buffer, with a ``TensorFact``: its port facts (shape and strides,
-numerics, ABI) and its *roots*, the buffers it may share storage with; or a tuple whose
+numerics, ABI) and its *roots* (``Root``), the buffers it may share storage with: a
+caller's (``ParamRoot``), a constant's (``ConstRoot``) or the one a binding allocates
+(``ValueRoot``); or a tuple whose
 items the analysis follows, with a ``TupleFact`` of one fact per field. Alias facts
 follow from roots (``alias_between``). A value that is neither a tensor nor a followed
 tuple (a shape, a PrimValue, a caller's tuple seen as a whole) is a ``TensorFact`` with
 ⊤ port facts: nothing is known of it as a tensor, and its roots still say which buffers
 it may hold.
 
-``FactTable`` is the analysis result (``aicf_tvm.core.propagation.analyze``): a fact per
-value and the facts of every Emit call site. A pass asks ``tensor(expr)`` for the fact
-of one buffer (``None`` for a tuple, whose items carry their own) or ``port_facts(expr)``
-for its port facts (⊤ for a tuple).
+``FactTable`` is the analysis result (``aicf_tvm.core.propagation.analysis_of``): a
+read-only mapping from each value to its fact, and the facts of every Emit call site. A
+pass asks ``tensor(expr)`` for the fact of one buffer (``None`` for a tuple, whose items
+carry their own) or ``port_facts(expr)`` for its port facts (⊤ for a tuple). Keys are the
+Relax objects themselves (a Var, a Constant), which hash and compare by reference: the
+same object is the same key however Python wraps it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Union
 
 from tvm import relax
@@ -27,8 +33,34 @@ from .lattice import Alias, NumericFact
 
 MUST, NO, MAY, UNKNOWN = (Alias(v) for v in ("MustAlias", "NoAlias", "MayAlias", "Unknown"))
 
-# ("param", i, *item path) | ("const", id) | ("value", var): a buffer a value may hold
-Root = tuple
+
+@dataclass(frozen=True)
+class ParamRoot:
+    """The caller's buffer behind parameter ``index``, or behind the item at ``path`` of a
+    tuple parameter (``path`` one index per level)."""
+
+    index: int
+    path: tuple[int, ...] = ()
+
+    def item(self, i: int) -> ParamRoot:
+        return ParamRoot(self.index, self.path + (i,))
+
+
+@dataclass(frozen=True)
+class ConstRoot:
+    """The buffer of a constant (the Relax Constant itself: one object, one buffer)."""
+
+    const: Any
+
+
+@dataclass(frozen=True)
+class ValueRoot:
+    """The buffer a binding of ``var`` allocates."""
+
+    var: Any
+
+
+Root = ParamRoot | ConstRoot | ValueRoot  # a buffer a value may hold
 
 
 @dataclass(frozen=True)
@@ -40,7 +72,7 @@ class TensorFact:
 
     @property
     def from_caller(self) -> bool:
-        return any(r[0] == "param" for r in self.roots)
+        return any(isinstance(r, ParamRoot) for r in self.roots)
 
     def tensors(self) -> tuple[TensorFact, ...]:
         return (self,)
@@ -72,12 +104,18 @@ def alias_between(a: Any, b: Any, fa: TensorFact, fb: TensorFact) -> Alias:
     return NO
 
 
-@dataclass
+@dataclass(frozen=True)
 class FactTable:
-    """The result of the analysis: a fact per value, per-site contract facts per Emit."""
+    """The result of the analysis, read-only (one table serves every pass that finds the
+    function unchanged): a fact per value, per-site contract facts per Emit."""
 
-    values: dict[relax.Var, Fact] = field(default_factory=dict)
-    sites: dict[relax.GlobalVar, list[ContractFacts]] = field(default_factory=dict)
+    values: Mapping[relax.Var, Fact] = field(default_factory=lambda: MappingProxyType({}))
+    sites: Mapping[relax.GlobalVar, tuple[ContractFacts, ...]] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def frozen(cls, values: dict, sites: dict) -> FactTable:
+        """The table of what an analysis found, read-only."""
+        return cls(MappingProxyType(values), MappingProxyType({gv: tuple(s) for gv, s in sites.items()}))
 
     def of(self, expr: Any) -> Fact:
         """The fact of a variable of the function, of a tuple written in place (its
@@ -103,7 +141,7 @@ class FactTable:
 def constant_fact(expr: Any) -> TensorFact:
     """A constant is its own fresh, row-major, exactly known buffer."""
     ty = expr.ty
-    roots = frozenset({("const", id(expr))})
+    roots = frozenset({ConstRoot(expr)})
     if isinstance(ty, relax.TensorType):
         return TensorFact(value_facts(fresh_shape(ty), NumericFact.exact(str(ty.dtype))), roots)
     return TensorFact(PortFacts(), roots)

@@ -12,18 +12,39 @@ branch of an ``If`` is not entered: its value gets the facts of its type). So on
 visit per binding, in order, computes every fact from final facts, and no fact is ever
 revised; there is nothing to iterate and no join within one function. The join happens
 across call sites of one Emit (``relax_passes.PropagateContracts``).
+
+The result is cached (``analysis_of``), as MLIR's analysis manager caches an analysis
+until a pass changes the IR. TVM's IR is immutable: a pass that changes the function, or
+an Emit function it calls, makes a new object, so the table is reused exactly while the
+function and every Emit function the analysis looked up are the same objects as when it
+ran (the cache holds them, so no other object can take their place, and TVM's
+copy-on-write copies rather than edits an object held twice). Sound because the
+analysis reads nothing else: the function's bindings and types, and per callee its Emit
+and body. ``analyze`` computes the table afresh.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from collections import OrderedDict
+from typing import Any, NamedTuple
 
 import tvm
 from tvm import relax
 
 from .contract import ContractFacts, PortFacts
 from .emit import Emit, emit_of
-from .facts import MAY, NO, Fact, FactTable, TensorFact, TupleFact, alias_between
+from .facts import (
+    MAY,
+    NO,
+    Fact,
+    FactTable,
+    ParamRoot,
+    TensorFact,
+    TupleFact,
+    ValueRoot,
+    alias_between,
+)
 from .kinds.describe import describe_call, is_tensor, output_types, split_call
 from .kinds.registry import VIEW, rule_for
 from .kinds.transfer import fresh_shape, transfer, value_facts
@@ -43,10 +64,10 @@ def _returns_tensors(ty: Any) -> bool:
 def _param_fact(i: int, param: relax.Var) -> TensorFact:
     ty = param.ty
     if not isinstance(ty, relax.TensorType):
-        return TensorFact(PortFacts(), frozenset({("param", i)}))
+        return TensorFact(PortFacts(), frozenset({ParamRoot(i)}))
     # The VM hands kernels compact tensors; their alignment is the caller's business.
     facts = value_facts(fresh_shape(ty), NumericFact.exact(str(ty.dtype)), Alignment.top())
-    return TensorFact(facts, frozenset({("param", i)}))
+    return TensorFact(facts, frozenset({ParamRoot(i)}))
 
 
 def _cast_fact(src: Fact, ty: Any) -> Fact:
@@ -67,7 +88,7 @@ def _item_fact(var: relax.Var, src: TensorFact, index: int, fresh: frozenset) ->
     caller input (Unknown alias with the others, not a fresh buffer)."""
     if not src.from_caller:
         return TensorFact(PortFacts(), fresh)
-    roots = frozenset(r + (index,) for r in src.roots if r[0] == "param")
+    roots = frozenset(r.item(index) for r in src.roots if isinstance(r, ParamRoot))
     if not isinstance(var.ty, relax.TensorType):
         return TensorFact(PortFacts(), roots)
     return TensorFact(_param_fact(0, var).facts, roots)
@@ -77,15 +98,18 @@ class _Analysis:
     def __init__(self, mod: tvm.IRModule, func: relax.Function) -> None:
         self.mod = mod
         self.func = func
-        self.table = FactTable()
+        self.values: dict[relax.Var, Fact] = {}
+        self.sites: dict[relax.GlobalVar, list[ContractFacts]] = {}
+        self.table = FactTable(self.values)  # what ``visit`` reads while the sweep runs
+        self.funcs = dict(mod.functions_items())
+        self.read: dict = {}  # GlobalVar -> the function it named (None: none), what the table depends on
         self.emits: dict = {}  # GlobalVar -> (Emit, body call)
-        self.transfers: dict = {}  # (callee, input fact ids) -> output facts
+        self.transfers: dict = {}  # (callee, input port facts) -> output facts
         self.site_cache: dict = {}  # (transfer key, alias values) -> ContractFacts
-        self.keep: list = []
 
     def emit_info(self, gv: relax.GlobalVar) -> tuple[Emit, Any] | None:
         if gv not in self.emits:
-            func = self.mod[gv] if gv in self.mod.get_global_vars() else None
+            func = self.read[gv] = self.funcs.get(gv)
             emit = emit_of(func) if isinstance(func, relax.Function) else None
             body = None
             if emit is not None:
@@ -97,13 +121,13 @@ class _Analysis:
 
     def run(self) -> FactTable:
         """One visit per binding in program order (see the module docstring)."""
-        values = self.table.values
+        values = self.values
         for i, p in enumerate(self.func.params):
             values[p] = _param_fact(i, p)
         for block in self.func.body.blocks:
             for binding in block.bindings:
                 values[binding.var] = self.visit(binding)
-        return self.table
+        return FactTable.frozen(values, self.sites)
 
     def port_fact(self, call: relax.Call, arg: Any) -> TensorFact:
         """The fact of an Emit's port argument: one tensor (LiftEmits and FuseEmits pass
@@ -115,11 +139,11 @@ class _Analysis:
 
     def visit(self, binding: Any) -> Fact:
         value, var = binding.value, binding.var
-        fresh = frozenset({("value", var)})
+        fresh = frozenset({ValueRoot(var)})
         if isinstance(binding, relax.MatchCast) and isinstance(value, relax.Var):
-            return _cast_fact(self.table.values[value], var.ty)
+            return _cast_fact(self.values[value], var.ty)
         if isinstance(value, relax.Var):
-            return self.table.values[value]
+            return self.values[value]
         if isinstance(value, relax.TupleGetItem):
             src = self.table.of(value.tuple_value)
             if isinstance(src, TupleFact):
@@ -143,7 +167,7 @@ class _Analysis:
         emit = describe_call(call, sig)
         ins = [self.table.tensor(a) or _UNTRACKED for a in sig.tensor_args]
         outs = transfer(emit, call, [f.facts for f in ins], var.ty)
-        roots = frozenset({("value", var)})
+        roots = frozenset({ValueRoot(var)})
         if rule_for(emit.op).category == VIEW and ins:
             roots |= ins[0].roots
         facts = [TensorFact(o, roots) for o in outs]
@@ -153,15 +177,14 @@ class _Analysis:
         emit, body = info
         args = list(call.args)
         ins = [self.port_fact(call, a) for a in args]
-        # Facts are interned (``value_facts``), so equal inputs are the same objects:
-        # sites of one Emit with the same input facts share the transfer result.
-        key = (call.op, tuple(id(f.facts) for f in ins))
+        # Sites of one Emit with equal input facts share the transfer result (facts are
+        # interned by ``value_facts`` and hash once, so the key is cheap).
+        key = (call.op, tuple(f.facts for f in ins))
         outs = self.transfers.get(key)
         if outs is None:
             outs = self.transfers[key] = transfer(emit, body, [f.facts for f in ins], var.ty)
-            self.keep.append(ins)  # keeps the ids in the key alive
         is_view = rule_for(emit.op).category == VIEW
-        roots = frozenset({("value", var)})
+        roots = frozenset({ValueRoot(var)})
         if is_view and ins:
             roots |= ins[0].roots
         out_facts = [TensorFact(o, roots) for o in outs]
@@ -190,7 +213,7 @@ class _Analysis:
             for name, f in zip(out_names, outs):
                 ports[name] = _with_effect(f.facts, template.port(name))
             site = self.site_cache[site_key] = ContractFacts.of(ports, alias)
-        self.table.sites.setdefault(call.op, []).append(site)
+        self.sites.setdefault(call.op, []).append(site)
 
 
 def _with_effect(facts: PortFacts, template: PortFacts) -> PortFacts:
@@ -198,5 +221,45 @@ def _with_effect(facts: PortFacts, template: PortFacts) -> PortFacts:
 
 
 def analyze(mod: tvm.IRModule, name: str = "main") -> FactTable:
-    """Facts of every value of function ``name`` and of every Emit call site in it."""
+    """Facts of every value of function ``name`` and of every Emit call site in it, computed now."""
     return _Analysis(mod, mod[name]).run()
+
+
+class _Cached(NamedTuple):
+    read: tuple[tuple[relax.GlobalVar, Any], ...]  # each callee and the function it named
+    table: FactTable
+
+
+_CACHE: OrderedDict[relax.Function, _Cached] = OrderedDict()  # keys hash by reference
+_CACHE_SIZE = 8  # the pipeline needs the latest; a few more serve modules compiled side by side
+_LOCK = threading.Lock()
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or (a is not None and b is not None and a.same_as(b))
+
+
+def analysis_of(mod: tvm.IRModule, name: str = "main") -> FactTable:
+    """The facts of function ``name``, as ``analyze`` gives them, computed once and reused
+    while the function and the Emit functions it calls are unchanged (module docstring)."""
+    func = mod[name]
+    with _LOCK:
+        hit = _CACHE.get(func)
+    if hit is not None:
+        funcs = dict(mod.functions_items())
+        if all(_same(funcs.get(gv), f) for gv, f in hit.read):
+            return hit.table
+    analysis = _Analysis(mod, func)
+    table = analysis.run()
+    with _LOCK:
+        _CACHE[func] = _Cached(tuple(analysis.read.items()), table)
+        _CACHE.move_to_end(func)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return table
+
+
+def clear_analysis_cache() -> None:
+    """Forget every cached table (tests; a long-lived process that wants the memory back)."""
+    with _LOCK:
+        _CACHE.clear()
