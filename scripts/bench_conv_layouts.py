@@ -19,12 +19,12 @@ import torch
 import tvm
 from tvm import relax
 
-from aicf_tvm.runtime.targets import resolve_target  # noqa: E402
-from aicf_tvm.runtime.threads import use_threads  # noqa: E402
-from relax_passes.legalize_blocked_conv import LEGALIZE_MAP  # noqa: E402
-from relax_passes.materialize_layouts import blocked_per_channel, blocked_weight, channel_block  # noqa: E402
-from schedules import default_rules, schedule_func  # noqa: E402
-from schedules.cpu.common import float32_lanes  # noqa: E402
+from aicf_tvm.runtime.targets import resolve_target
+from aicf_tvm.runtime.threads import use_threads
+from relax_passes.legalize_blocked_conv import LEGALIZE_MAP
+from relax_passes.materialize_layouts import blocked_per_channel, blocked_weight, channel_block
+from schedules import default_rules, schedule_func
+from schedules.cpu.common import float32_lanes
 
 # (in channels, size, out channels, kernel, stride, padding, groups)
 LAYERS = [

@@ -22,7 +22,6 @@ from aicf_tvm.runtime.targets import resolve_target
 from scripts.harness import HYPER, MLP_SHAPES
 
 
-
 def _median_ms(fn, repeat: int) -> float:
     fn()  # warm up
     times = []

@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-import aicf_tvm  # noqa: E402
-import schedules.prepack_weights as prepack  # noqa: E402
+import aicf_tvm
+import schedules.prepack_weights as prepack
 
 
 def compile_both(model: str, target: str):

@@ -16,15 +16,14 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+import tvm
+from tvm import relax, te, tirx
 
-import tvm  # noqa: E402
-from tvm import relax, te, tirx  # noqa: E402
-
-from aicf_tvm.driver.pipeline import run_pipeline  # noqa: E402
-from aicf_tvm.runtime.targets import resolve_target  # noqa: E402
-from aicf_tvm.runtime.threads import thread_count, use_threads  # noqa: E402
-from schedules.cpu.common import try_parallel  # noqa: E402
-from schedules.cpu.vector_math import vectorize_math  # noqa: E402
+from aicf_tvm.driver.pipeline import run_pipeline
+from aicf_tvm.runtime.targets import resolve_target
+from aicf_tvm.runtime.threads import thread_count, use_threads
+from schedules.cpu.common import try_parallel
+from schedules.cpu.vector_math import vectorize_math
 
 FUNCTIONS = ("exp", "erf", "tanh", "sigmoid", "log")
 

@@ -34,22 +34,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tvm
+from tvm import relax
 
-SCRIPTS = Path(__file__).resolve().parent
-REPO = SCRIPTS.parent
-
-import tvm  # noqa: E402
-from tvm import relax  # noqa: E402
-
-import aicf_tvm  # noqa: E402
-from aicf_tvm.driver.compiled import compiled_model  # noqa: E402
-from aicf_tvm.runtime.compiled import CompiledModel  # noqa: E402
-from aicf_tvm.driver.models import decoder_block, encoder_layer  # noqa: E402
-from aicf_tvm.runtime.targets import describe, host_cpu_target  # noqa: E402
+import aicf_tvm
+from aicf_tvm.driver.compiled import compiled_model
+from aicf_tvm.driver.models import decoder_block, encoder_layer
+from aicf_tvm.runtime.compiled import CompiledModel
+from aicf_tvm.runtime.targets import describe, host_cpu_target
 from scripts import bundle_runner as runner
 from scripts.bundle_models import SEED, Bundled, Streams, adam, arrays_of, convnet, transformer
 from scripts.harness import HYPER
 
+SCRIPTS = Path(__file__).resolve().parent
+REPO = SCRIPTS.parent
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 MAX_BYTES = 60 * 2**20
 # TVM's Python subpackages that ``import tvm`` loads with only the runtime library

@@ -16,10 +16,10 @@ from pathlib import Path
 import tvm
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 
-from aicf_tvm.driver.frontends import load_model  # noqa: E402
-from aicf_tvm.driver.pipeline import run_pipeline  # noqa: E402
-from aicf_tvm.runtime.targets import resolve_target  # noqa: E402
-from relax_passes.lower_emits import kernel_calls  # noqa: E402
+from aicf_tvm.driver.frontends import load_model
+from aicf_tvm.driver.pipeline import run_pipeline
+from aicf_tvm.runtime.targets import resolve_target
+from relax_passes.lower_emits import kernel_calls
 
 LIGHT = Path(__import__("onnx").__file__).parent / "backend" / "test" / "data" / "light"
 

@@ -24,14 +24,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import tvm
+from tvm import tirx
 
-import tvm  # noqa: E402
-from tvm import tirx  # noqa: E402
-
-import aicf_tvm  # noqa: E402
-from aicf_tvm.runtime.threads import use_threads  # noqa: E402
-from aicf_tvm.driver.tune_model import kernel_seconds, model_inputs  # noqa: E402
-from relax_passes.lower_emits import kernel_calls  # noqa: E402
+import aicf_tvm
+from aicf_tvm.driver.tune_model import kernel_seconds, model_inputs
+from aicf_tvm.runtime.threads import use_threads
+from relax_passes.lower_emits import kernel_calls
 from scripts import harness
 
 

@@ -32,14 +32,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.special
+import tvm
+from tvm import te, tirx
 
-import tvm  # noqa: E402
-from tvm import te, tirx  # noqa: E402
-
-from aicf_tvm.runtime.targets import resolve_target  # noqa: E402
-from aicf_tvm.runtime.threads import thread_count, use_threads  # noqa: E402
-from schedules.cpu.common import try_parallel  # noqa: E402
-from schedules.cpu.vector_math import vectorize_math  # noqa: E402
+from aicf_tvm.runtime.targets import resolve_target
+from aicf_tvm.runtime.threads import thread_count, use_threads
+from schedules.cpu.common import try_parallel
+from schedules.cpu.vector_math import vectorize_math
 
 CHUNK = 1 << 22
 REFERENCE = {

@@ -16,7 +16,6 @@ import pytest
 
 import aicf_tvm
 from aicf_tvm.driver.models import decoder_block
-
 from scripts import bundle_models, bundle_runner
 
 gpu_bundle = pytest.importorskip("scripts.gpu_bundle")
