@@ -37,7 +37,7 @@ def test_lock_keeps_its_pinned_number_of_cases():
     count = len(LOCK["cases"])
     assert count >= PINNED_CASES, (
         f"{conformance.LOCK} lists {count} cases, {PINNED_CASES} are pinned: it lost "
-        f"{PINNED_CASES - count} (git diff names them); scripts/conformance.py --write-lock "
+        f"{PINNED_CASES - count} (git diff names them); python -m scripts.conformance --write-lock "
         "keeps locked cases unless --allow-drop")
     assert count == PINNED_CASES, f"the lock grew to {count} cases: raise PINNED_CASES to {count}"
     assert len(set(LOCK["cases"])) == count, "the lock lists a case twice"
@@ -47,7 +47,7 @@ def test_lock_was_written_with_the_installed_onnx():
     assert LOCK["onnx"] == onnx.__version__, (
         f"the conformance lock was written with onnx {LOCK['onnx']}, onnx {onnx.__version__} is "
         f"installed: the cases and their data come from the wheel. Install onnx=={LOCK['onnx']}, or "
-        "run `python scripts/conformance.py --write-lock` under this version (it refuses to drop "
+        "run `python -m scripts.conformance --write-lock` under this version (it refuses to drop "
         "a locked case) and raise PINNED_CASES if it grew")
 
 

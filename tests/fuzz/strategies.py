@@ -8,7 +8,7 @@ vector tails, packing) or ``all``. ``CI_CASES`` is the fixed list the test suite
 every family at least once, the dense ones at realistic size, each case a seed of
 ``RandomDraw`` (so it is the same program on every run and ``--stats`` can list it).
 Changing a family's generator changes the programs of its seeds: check that the seeds
-named below still reach their bugs (``scripts/fuzz.py --stats --profile ci`` lists them).
+named below still reach their bugs (``python -m scripts.fuzz --stats --profile ci`` lists them).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ executable carries a CUDA module with one ``__global__`` kernel or more.
 
 Compile only (this machine has nvcc, no GPU); the device-check bundle (``scripts/gpu_bundle.py``) checks the numbers on a GPU.
 The other light models (densenet121, inception_v1/v2, shufflenet, vgg19) take
-25-170 s each here: ``python scripts/cuda_compile_all.py`` covers them all.
+25-170 s each here: ``python -m scripts.cuda_compile_all`` covers them all.
 """
 
 from __future__ import annotations
