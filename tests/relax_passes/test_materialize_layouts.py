@@ -16,7 +16,7 @@ from aicf_tvm.core.emit_graph import EmitGraph
 from aicf_tvm.core.kinds.layouts import blocking_map, transform_layouts, unblocking_map
 from aicf_tvm.driver.pipeline import normalize
 from aicf_tvm.core.report import FusionReport
-from relax_passes import EliminateEmits, LiftEmits, MaterializeEmits, PropagateContracts
+from relax_passes import EliminateEmits, LiftEmits, MaterializeEmits, MaterializeLayouts, PropagateContracts
 from relax_passes.materialize_layouts import channel_block, find_chains, layout_form
 
 from ..conftest import run_vm
@@ -119,6 +119,17 @@ def test_layout_step_is_idempotent_and_needs_the_vector_width():
     assert not layout_decisions(report) and transforms(again) == transforms(once)
     plain = MaterializeEmits(report=FusionReport())(lifted(residual_net()))
     assert transforms(plain) == []
+
+
+def test_layout_pass_alone_does_what_materialize_emits_does_first():
+    """MaterializeLayouts is MaterializeEmits' first job as a pass: a block it relays gets
+    nothing else that round, so on this net the two give the same module and report."""
+    before = lifted(residual_net())
+    alone, composed = FusionReport(), FusionReport()
+    a = MaterializeLayouts(16, report=alone)(before)
+    b = MaterializeEmits(report=composed, lanes=16)(before)
+    tvm.ir.assert_structural_equal(a, b)
+    assert [str(d) for d in alone.decisions] == [str(d) for d in composed.decisions]
 
 
 def test_small_chain_whose_conversions_cost_more_is_refused_and_reported():
