@@ -16,6 +16,7 @@ from aicf_tvm.core.contract import (
     ADAM_STEP_CONTRACT, RELU_CONTRACT, ContractFacts, EmitContract, Entailment, PortFacts, entails,
 )
 from aicf_tvm.core.emit import EMIT_ATTR, Emit, Interface, Port, emit_of
+from aicf_tvm.core.options import CompileOptions
 from aicf_tvm.core.errors import (
     AicfError, AliasContradiction, ContractContradiction, ContractViolation, DeployError,
     EncodingError, InputError, KindRegistrationError, TargetError, TuningError,
@@ -32,13 +33,14 @@ __all__ = [
     "entails", "EMIT_ATTR", "Emit", "Interface", "Port", "emit_of", "AicfError", "AliasContradiction", "ContractContradiction",
     "ContractViolation", "DeployError", "EncodingError", "InputError", "KindRegistrationError", "TargetError", "TuningError",
     "UnsupportedModelError", "ABIFact", "AccumDtype", "Alias", "Alignment", "Determinism", "Effect",
-    "Flag", "MathTag", "NumericFact", "Rounding", "ShapeFact",
+    "Flag", "MathTag", "NumericFact", "Rounding", "ShapeFact", "CompileOptions",
 ]
 
 _LAZY = {
     "contract_problems": ".driver.verify",
     "verify_contracts": ".driver.verify",
     "compile": ".driver.pipeline",
+    "get_pipeline": ".driver.pipeline",
     "compile_optimizer_step": ".driver.optimizer",
     "CompiledModel": ".runtime.compiled",
     "explain": ".driver.explainer",

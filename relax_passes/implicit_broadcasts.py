@@ -49,6 +49,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from aicf_tvm.core.kinds.describe import is_pointwise
+from aicf_tvm.core.options import CompileOptions, options_or_default
 
 from .bounded_tables import evaluate_at_bounds
 
@@ -148,8 +149,9 @@ def _spans_axes(expr: Any) -> bool:
 
 @mutator
 class _Dropper(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule) -> None:
+    def __init__(self, mod: tvm.IRModule, uniform_scalars: bool = True) -> None:
         super().__init__(mod)
+        self.uniform_scalars = uniform_scalars  # CompileOptions.uniform_constants_as_scalars
         self.evaluated: dict = {}  # var -> its rank-0 value, or None
         self.constant: set = set()  # the visited function's constant_vars
 
@@ -174,7 +176,7 @@ class _Dropper(PyExprMutator):
         for i, arg in enumerate(args):
             bound = self.lookup_binding(arg) if isinstance(arg, relax.Var) else None
             source = broadcast_source(bound)
-            if source is None and _spans_axes(arg):
+            if source is None and self.uniform_scalars and _spans_axes(arg):
                 source = uniform_constant(arg if bound is None else bound)  # a constant, or a binding of one
                 if source is None and bound is not None and not isinstance(bound, tvm.ir.Constant):
                     source = self.uniform_chain(arg)
@@ -194,10 +196,14 @@ class _Dropper(PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="ImplicitBroadcasts")
 class ImplicitBroadcasts:
-    """Let pointwise ops and matmul broadcast their operands themselves (module docstring)."""
+    """Let pointwise ops and matmul broadcast their operands themselves (module docstring);
+    uniform constant operands only under ``options.uniform_constants_as_scalars``."""
+
+    def __init__(self, options: CompileOptions | None = None) -> None:
+        self.options = options_or_default(options)
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        dropper = _Dropper(mod)
+        dropper = _Dropper(mod, self.options.uniform_constants_as_scalars)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
                 dropper.constant = constant_vars(func)

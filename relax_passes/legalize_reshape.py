@@ -129,4 +129,16 @@ def legalize_reshape(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return bb.call_te(compute, x, shape, primfunc_name_hint="reshape")
 
 
-__all__ = ["group_axes", "legalize_reshape"]
+def legalize_reshape_flat_when_static(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """The legalization before static shapes were grouped: TOPI's flat index for every
+    reshape of static shapes (``CompileOptions.static_reshapes_by_group=False``, to measure
+    what grouping gains)."""
+    x, shape = call.args
+    shape = bb.lookup_binding(shape) if isinstance(shape, relax.Var) else shape
+    dims = list(x.ty.shape.values) + list(shape.values) if isinstance(shape, relax.ShapeExpr) else []
+    if dims and all(isinstance(d, tirx.IntImm) for d in dims):
+        return bb.call_te(topi.reshape, x, shape, primfunc_name_hint="reshape")
+    return legalize_reshape(bb, call)
+
+
+__all__ = ["group_axes", "legalize_reshape", "legalize_reshape_flat_when_static"]

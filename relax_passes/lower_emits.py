@@ -39,11 +39,12 @@ from tvm.tirx.layout import S, TileLayout
 from aicf_tvm.core.contract import EmitContract, PortFacts
 from aicf_tvm.core.emit import EMIT_ATTR, Emit, emit_of
 from aicf_tvm.core.lattice import Flag
+from aicf_tvm.core.options import CompileOptions, options_or_default
 
 from relax_passes.legalize_blocked_conv import LEGALIZE_MAP
 from .group_rewrite import drop_unused_emits, with_blocks
 from .legalize_norms import LEGALIZE_MAP as NORMS_LEGALIZE_MAP
-from .legalize_reshape import legalize_reshape
+from .legalize_reshape import legalize_reshape, legalize_reshape_flat_when_static
 
 # TVM's legalization but for these ops (see each module)
 _LEGALIZE = {**LEGALIZE_MAP, **NORMS_LEGALIZE_MAP, "relax.reshape": legalize_reshape}
@@ -218,9 +219,21 @@ def _demote_unfusable(mod: tvm.IRModule) -> tvm.IRModule:
 
 @tvm.transform.module_pass(opt_level=0, name="LowerEmits")
 class LowerEmits:
-    """Bind scalar ports, then legalize and fuse each Emit function into a PrimFunc."""
+    """Bind scalar ports, then legalize and fuse each Emit function into a PrimFunc, for
+    ``options.target`` (sort and scan ops dispatch per target), else the enclosing
+    ``with target:``; ``options.static_reshapes_by_group`` picks the reshape legalization."""
+
+    def __init__(self, options: CompileOptions | None = None) -> None:
+        self.options = options_or_default(options)
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        target = self.options.target
+        if target is None:
+            return self._lower(mod)
+        with tvm.target.Target(target) if isinstance(target, str) else target:
+            return self._lower(mod)
+
+    def _lower(self, mod: tvm.IRModule) -> tvm.IRModule:
         if "main" in [gv.name_hint for gv in mod.get_global_vars()]:
             mod = bind_scalar_ports(mod)
         emits: dict[str, tuple[Emit, list[str]]] = {}
@@ -238,7 +251,7 @@ class LowerEmits:
         from tvm.relax import backend
 
         mod = tvm.transform.Sequential([backend.DispatchSampling(), backend.DispatchSortScan(),
-                                        relax.transform.LegalizeOps(_LEGALIZE)])(mod)
+                                        relax.transform.LegalizeOps(self._legalize())])(mod)
         mod = tvm.transform.Sequential([relax.transform.FuseTIR(), relax.transform.RewriteDataflowReshape()])(
             _demote_unfusable(drop_default_layouts(mod)))
         for gv, func in list(mod.functions_items()):
@@ -248,6 +261,11 @@ class LowerEmits:
                 func = func.with_attr(EMIT_ATTR, emit.to_attr()).with_attr("aicf.kind", emit.kind)
                 mod[gv] = func.with_attr("aicf.abi", abi_of(func, emit, scalars))
         return mod
+
+    def _legalize(self) -> dict:
+        if self.options.static_reshapes_by_group:
+            return _LEGALIZE
+        return {**_LEGALIZE, "relax.reshape": legalize_reshape_flat_when_static}
 
 
 __all__ = ["LowerEmits", "abi_of", "bind_scalar_ports", "drop_default_layouts", "kernel_calls", "np"]

@@ -10,7 +10,7 @@ also works inside ``with target:``), and a rule that raises is skipped: a broken
 costs speed, never the build.  No rule inlines a block that stores an immediate into
 another (``schedules.constants``): TVM would fold it, unsoundly for IEEE or by raising
 inside the primitive, which can abort the process.  Imports only TVM and the standard
-library.
+library, and the core's ``CompileOptions`` (the rules' knobs).
 """
 
 import logging
@@ -20,6 +20,8 @@ from tvm import tirx
 from tvm.ir import IRModule
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
+
+from aicf_tvm.core.options import CompileOptions
 
 from .rules import default_rules
 
@@ -51,8 +53,10 @@ def schedule_func(
     return None
 
 
-def apply_default_schedules(target: Target | None = None) -> tvm.transform.Pass:
-    """Module pass scheduling every unscheduled PrimFunc with ``default_rules``.
+def apply_default_schedules(target: Target | None = None,
+                            options: CompileOptions | None = None) -> tvm.transform.Pass:
+    """Module pass scheduling every unscheduled PrimFunc with ``default_rules``, whose
+    knobs come from ``options`` (the default ones when None).
 
     The target comes from the PrimFunc's ``target`` attr, else ``target``, else the
     enclosing ``with target:``.
@@ -71,7 +75,7 @@ def apply_default_schedules(target: Target | None = None) -> tvm.transform.Pass:
                     f"apply_default_schedules: no target for PrimFunc {gvar.name_hint}; "
                     "pass one (apply_default_schedules(target)) or run inside `with target:`"
                 )
-            scheduled = schedule_func(func, func_target, default_rules(func_target))
+            scheduled = schedule_func(func, func_target, default_rules(func_target, options))
             if scheduled is not None:
                 updates[gvar] = scheduled
         for gvar, func in updates.items():

@@ -3,16 +3,21 @@
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
+from aicf_tvm.core.options import CompileOptions
+
 from . import cpu, cuda
 
 
-def default_rules(target: Target) -> list[ScheduleRule]:
-    """The rules tried, in order, for PrimFuncs compiled for ``target`` (empty if none)."""
+def default_rules(target: Target, options: CompileOptions | None = None) -> list[ScheduleRule]:
+    """The rules tried, in order, for PrimFuncs compiled for ``target`` (empty if none);
+    the CPU rules with knobs read them from ``options``."""
     if target.kind.name == "llvm":
-        matmul_rules = [getattr(cpu, name, None) for name in ("Gemm", "BlockedConv2d", "Depthwise", "Conv2d")]
         return [
-            *(rule() for rule in matmul_rules if rule is not None),
-            cpu.Attention(),
+            cpu.Gemm(options),
+            cpu.BlockedConv2d(options),
+            cpu.Depthwise(),
+            cpu.Conv2d(options=options),
+            cpu.Attention(options),
             cpu.BlockedNorm(),
             cpu.Reduction(),
             cpu.Elementwise(),

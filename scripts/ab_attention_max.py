@@ -2,7 +2,7 @@
 against the serial max, in one process: ``python -m scripts.ab_attention_max [MODEL ...]``.
 
 Sides, each built twice and called in turn (``ab_gemm_rules.compare_sides``): ``serial``
-without ``whole_vectors.pad_max`` (a static key count that is not a multiple of the lanes
+without ``whole_vectors.pad_max`` (``CompileOptions.attention_lane_max`` False: a static key count that is not a multiple of the lanes
 then takes its row max in a scalar loop, as before the padding covered constant counts);
 ``lanes``, the default build.  Printed per side: the median time, in brackets the median
 over rounds of its time over serial's, the error against PyTorch and whether the output
@@ -14,24 +14,17 @@ from __future__ import annotations
 
 import argparse
 
+from aicf_tvm import CompileOptions
 from scripts.ab_gemm_rules import compare_sides
-
-from schedules.cpu import attention  # noqa: E402
-
-PAD = attention.pad_max
-
-
-def use(lanes: bool) -> None:
-    attention.pad_max = PAD if lanes else (lambda func, _lanes: func)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="*", default=["vit", "siglip", "dinov2", "deit", "beit"])
     args = parser.parse_args()
-    sides = {"serial": lambda: use(False), "lanes": lambda: use(True)}
+    sides = {"serial": CompileOptions(attention_lane_max=False), "lanes": CompileOptions()}
     for name in args.models:
-        print(compare_sides(name, sides, lambda: use(True)), flush=True)
+        print(compare_sides(name, sides), flush=True)
 
 
 if __name__ == "__main__":

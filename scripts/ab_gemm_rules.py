@@ -2,9 +2,9 @@
 ``python -m scripts.ab_gemm_rules [MODEL ...]``.
 
 "new" is the default build.  "old" switches off, inside the same process, the three
-rules that followed the by-area tile: the B panel prefetch (``gemm_prefetch``, by
-leaving the loops unmarked), the padding slack of the by-area tile (``AREA_SLACK`` 1.0:
-least padding first) and ``kc`` near 128 (``KC_NEAR_BY_AREA`` 256).  Each side is built
+rules that followed the by-area tile (``CompileOptions``): the B panel prefetch
+(``gemm_prefetch_b_panels``), the padding slack of the by-area tile (``gemm_area_slack``
+1.0: least padding first) and ``kc`` near 128 (``gemm_kc_near_by_area`` 256).  Each side is built
 twice; the builds' calls alternate (24 pairs, the order flipped every pair) and the
 printed ratio (in brackets, with the error and whether the bits equal old's) is the
 median of new/old over the pairs.  Both outputs are checked against
@@ -22,28 +22,21 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 import aicf_tvm
-from schedules.cpu import gemm as gemm_schedule
+from aicf_tvm import CompileOptions
 from schedules.cpu import gemm_plan
 from scripts.harness import ab_model
 
 BUILDS, PAIRS = 2, 24
-NEW = (gemm_plan.AREA_SLACK, gemm_plan.KC_NEAR_BY_AREA, gemm_schedule.mark_loops)
-OLD = (1.0, gemm_plan.KC_NEAR, lambda *args: None)
+NEW = CompileOptions()
+OLD = CompileOptions(gemm_area_slack=1.0, gemm_kc_near_by_area=gemm_plan.KC_NEAR, gemm_prefetch_b_panels=False)
 
 
-def use(rules: tuple) -> None:
-    gemm_plan.AREA_SLACK, gemm_plan.KC_NEAR_BY_AREA, gemm_schedule.mark_loops = rules
-
-
-def compare_sides(name: str, sides: dict[str, Callable[[], None]], reset: Callable[[], None],
-                  seq: int = 128) -> str:
-    """``name`` built ``BUILDS`` times under each side's setup (the first side is the
+def compare_sides(name: str, sides: dict[str, CompileOptions], seq: int = 128) -> str:
+    """``name`` built ``BUILDS`` times with each side's options (the first side is the
     base), the builds' calls interleaved for ``PAIRS`` rounds (the order reversed every
     other round); per side its median time, the median over rounds of its time over the
     base's, its error against PyTorch and whether its output has the base's bits.
@@ -58,13 +51,8 @@ def compare_sides(name: str, sides: dict[str, Callable[[], None]], reset: Callab
         other = model.module(*model.other_inputs).numpy()
     if np.array_equal(want, other):
         raise SystemExit(f"{name}: two different inputs give the same output; no check possible")
-    builds = {}
-    try:
-        for label, setup in sides.items():
-            setup()
-            builds[label] = [aicf_tvm.compile(mod, target="llvm") for _ in range(BUILDS)]
-    finally:
-        reset()
+    builds = {label: [aicf_tvm.compile(mod, target="llvm", options=options) for _ in range(BUILDS)]
+              for label, options in sides.items()}
     outputs = {label: np.asarray(compiled[0](*inputs)) for label, compiled in builds.items()}
     for compiled in (c for side in builds.values() for c in side):
         compiled(*inputs)  # every build called once before the timed rounds
@@ -87,8 +75,7 @@ def compare_sides(name: str, sides: dict[str, Callable[[], None]], reset: Callab
     return "  ".join(parts)
 
 
-def compare_main(doc: str, sides: dict[str, Callable[[], None]], reset: Callable[[], None],
-                 models: list[str], seq: int) -> None:
+def compare_main(doc: str, sides: dict[str, CompileOptions], models: list[str], seq: int) -> None:
     """A comparison script's main: MODEL ... and ``--seq`` from the command line, each
     model's sides compared by ``compare_sides``, one line per model."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
@@ -96,23 +83,17 @@ def compare_main(doc: str, sides: dict[str, Callable[[], None]], reset: Callable
     parser.add_argument("--seq", type=int, default=seq, help="the text models' length")
     args = parser.parse_args()
     for name in args.models:
-        print(f"seq {args.seq:<5d} {compare_sides(name, sides, reset, seq=args.seq)}", flush=True)
+        print(f"seq {args.seq:<5d} {compare_sides(name, sides, seq=args.seq)}", flush=True)
 
 
-def patched_main(doc: str, owner: Any, attr: str, old: Any, models: list[str], seq: int = 128) -> None:
-    """``compare_main`` of two sides that differ in one attribute: "old" sets
-    ``owner.attr`` to ``old``, "new" keeps what it is (the default build), which is put
-    back after the builds."""
-    new = getattr(owner, attr)
-
-    def use(value: Any) -> None:
-        setattr(owner, attr, value)
-
-    compare_main(doc, {"old": lambda: use(old), "new": lambda: use(new)}, lambda: use(new), models, seq)
+def old_new_main(doc: str, old: CompileOptions, models: list[str], seq: int = 128) -> None:
+    """``compare_main`` of two sides: "old" built with the options ``old``, "new" with the
+    default ones (the default build)."""
+    compare_main(doc, {"old": old, "new": CompileOptions()}, models, seq)
 
 
 def compare(name: str) -> str:
-    return compare_sides(name, {"old": lambda: use(OLD), "new": lambda: use(NEW)}, lambda: use(NEW))
+    return compare_sides(name, {"old": OLD, "new": NEW})
 
 
 def main() -> None:

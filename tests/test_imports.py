@@ -36,7 +36,7 @@ MAY_IMPORT = {
 # stays light and ``aicf_tvm.load`` needs only TVM's runtime.
 PUBLIC_LAZY = {
     "compile", "compile_optimizer_step", "CompiledModel", "explain", "from_onnx", "from_torch",
-    "load_model", "tune", "TuneResult", "load", "contract_problems", "verify_contracts",
+    "load_model", "tune", "TuneResult", "load", "contract_problems", "verify_contracts", "get_pipeline",
 }
 
 

@@ -9,7 +9,11 @@ values wrap, fused or not) -> VectorizeMath (float32 transcendental
 calls as vectorizable arithmetic) -> the backend's own dataflow
 lowering -> ``tvm.compile`` (CPU kernels with ``GuardSmallParallel``: a parallel loop of
 symbolic work runs serially on calls too small for the thread pool). ``verify_contracts`` runs after every step
-under ``AICF_DEBUG=1``.
+when ``CompileOptions.verify_each_pass`` asks (by default under ``AICF_DEBUG=1``).
+
+Every setting travels in one ``CompileOptions`` (``aicf_tvm.core.options``), passed to the
+passes and schedule rules that read it; ``get_pipeline(options)`` is the same pipeline as a
+``tvm.transform.Pass`` for ``tvm.compile(mod, target, relax_pipeline=...)``.
 
 ``compile``, ``aicf explain``, tuning (which stops at LowerEmits, so it measures exactly
 the PrimFuncs ``compile`` schedules) and the optimizer step (which adds its Adam passes
@@ -19,7 +23,6 @@ for tests and measurements of one stage.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +62,7 @@ from schedules.select import apply_database
 
 from aicf_tvm.library import DEFAULT_CANDIDATES
 from aicf_tvm.core.errors import UnsupportedModelError
+from aicf_tvm.core.options import CompileOptions, options_or_default
 from aicf_tvm.core.report import Decision, FusionReport
 from aicf_tvm.driver.verify import verify_contracts
 from aicf_tvm.driver.compiled import compiled_model
@@ -71,7 +75,7 @@ from aicf_tvm.runtime.threads import thread_count
 MAX_ROUNDS = 4
 
 
-def normalize(mod: tvm.IRModule) -> tvm.IRModule:
+def normalize(mod: tvm.IRModule, options: CompileOptions | None = None) -> tvm.IRModule:
     """Put pure bindings into dataflow blocks (``relax.transform.ConvertToDataflow``: a
     module built with ``BlockBuilder`` outside ``bb.dataflow()`` would otherwise keep every
     op out of the Emit passes, which lift only dataflow blocks), put the creation ops that
@@ -90,7 +94,8 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     through slices too (``relax_passes.CombineProjections``),
     let ops broadcast their operands themselves instead of through an explicit broadcast
     (``relax_passes.ImplicitBroadcasts``) and move reshapes below the pointwise ops they
-    feed (``relax_passes.SinkReshapes``)."""
+    feed (``relax_passes.SinkReshapes``); ``options`` may leave out CombineProjections."""
+    options = options_or_default(options)
     seq = [
         relax.transform.ConvertToDataflow(min_size=1),
         NormalizeCreationOps(),
@@ -105,16 +110,12 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
         relax.transform.DecomposeOpsForInference(),
         FoldConstantIEEE(),
         NormalizeIndices(),  # a check of indices that only the folds above made constant
-        CombineProjections(),
-        ImplicitBroadcasts(),
+        *([CombineProjections()] if options.combine_projections else []),
+        ImplicitBroadcasts(options),
         SinkReshapes(),
         relax.transform.DeadCodeElimination(),
     ]
     return tvm.transform.Sequential(seq)(mod)
-
-
-def _debug() -> bool:
-    return os.environ.get("AICF_DEBUG", "") not in ("", "0")
 
 
 def layout_lanes(target: tvm.target.Target | None) -> int | None:
@@ -128,16 +129,19 @@ def layout_lanes(target: tvm.target.Target | None) -> int | None:
 
 def optimize(mod: tvm.IRModule, report: FusionReport, candidates: Sequence[Any] | None = None,
              check: Callable[[tvm.IRModule], None] | None = None,
-             target: tvm.target.Target | None = None) -> tvm.IRModule:
+             target: tvm.target.Target | None = None, *,
+             options: CompileOptions | None = None) -> tvm.IRModule:
     """Lift, propagate, then rewrite to a fixpoint (bounded by ``MAX_ROUNDS``); with a
-    ``target``, convolution chains may take the target's blocked layouts (``layout_lanes``)."""
-    check = check or (verify_contracts if _debug() else (lambda m: None))
-    lanes = layout_lanes(target)
+    target, convolution chains may take the target's blocked layouts (``layout_lanes``).
+    ``candidates`` and ``target`` given replace those of ``options``."""
+    options = options_or_default(options).updated(candidates=candidates, target=target)
+    check = check or (verify_contracts if options.verify_each_pass else (lambda m: None))
+    lanes = layout_lanes(options.target)
     if lanes is not None:  # channels-last islands and 1-D convolutions join the blockable chains
         mod = ChannelsFirst()(SinkReshapes()(Conv1dAsConv2d()(mod)))
     mod = PropagateContracts()(LiftEmits()(mod))
     check(mod)
-    candidates = tuple(DEFAULT_CANDIDATES if candidates is None else candidates)
+    candidates = tuple(DEFAULT_CANDIDATES if options.candidates is None else options.candidates)
     fuse = FuseEmits(candidates, report=report)
     for _ in range(MAX_ROUNDS):
         before = mod
@@ -157,32 +161,39 @@ def _backend(target: tvm.target.Target):
     return backend
 
 
-def lower_emits(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+def lower_emits(mod: tvm.IRModule, target: tvm.target.Target,
+                options: CompileOptions | None = None) -> tvm.IRModule:
     """LowerEmits for ``target``: one unscheduled PrimFunc per Emit (what tuning measures)."""
-    with target:  # LowerEmits dispatches sort/scan ops for the target
-        return LowerEmits()(mod)
+    return LowerEmits(options_or_default(options).updated(target=target))(mod)
 
 
 def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = None,
              report: FusionReport | None = None, *, vector_math: bool = True,
-             choices: Mapping[str, dict] | None = None) -> tvm.IRModule:
+             choices: Mapping[str, dict] | None = None,
+             options: CompileOptions | None = None) -> tvm.IRModule:
     """Kernel selection, weight prepacking and VectorizeMath; returns the module ready to build.
 
     ``choices`` replaces the tuning outcomes of the work dir ``database`` (``apply_database``).
+    ``options`` carries the schedule rules' knobs (its target and database yield to the
+    arguments).
 
     ``vector_math=False`` leaves transcendental calls to libm (to measure what
     ``VectorizeMath`` gains; both keep the ``exact`` contract, docs/numerics.md).
     """
+    options = options_or_default(options).updated(target=target, database=database)
+    database = options.database
+    vector_math = vector_math and options.vector_math
     with target:
         # on a copy (the passes below set functions in place): tuning schedules one
         # module of kernels again and again, with other records each time
         mod = mark_layout_free(kernels.clone())  # before the records: tuning saw the kernels marked
         if database is not None:  # records are keyed by the PrimFuncs as tuning saw them
             mod = apply_database(mod, target, database, choices)
-        mod = apply_default_schedules(target)(mod)
+        mod = apply_default_schedules(target, options)(mod)
         mod, packed, refused = prepack_weights(mod)
         mod = NaNExactComparisons(target)(mod)  # what the schedules inlined keeps IEEE NaN results
-        mod = IEEEArithmetic(target)(mod)  # float + - * / kept from the simplifier and contraction
+        if options.ieee_arithmetic:  # float + - * / kept from the simplifier and contraction
+            mod = IEEEArithmetic(target)(mod)
         mod = WrappingIntegers(target)(mod)  # integer + - * on values wrap, fused or not
         if vector_math:  # exp/erf/tanh/... as SIMD arithmetic, not one libm call per lane
             mod = VectorizeMath(target)(mod)
@@ -201,9 +212,7 @@ def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
         raise UnsupportedModelError(
             f"kernel(s) {', '.join(unbound)} have no GPU schedule (a loop bound to no GPU thread "
             f"would run on the host over device memory); no rule of {target.kind.name} applies")
-    backend = _backend(target)
-    # the VM's shape function would switch off noalias for every kernel (see the pass)
-    passes = [*backend.dataflow_lower_passes(target), *backend.finalize_passes(target), SinglePointerNoAlias]
+    passes = backend_passes(target)
     # CPU kernels decide per call whether a symbolic-size parallel loop is worth the pool
     tir = "default" if "gpu" in target.keys else tir_pipeline()
     # LLVM's vectorizers kept from gathers on x86: the same results, faster row reductions
@@ -211,6 +220,13 @@ def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
     with machine, precompiled(target):  # CUDA kernels exported compiled, not as source
         return tvm.compile(mod, target=machine, relax_pipeline=tvm.transform.Sequential(passes),
                            tir_pipeline=tir)
+
+
+def backend_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """The backend's dataflow lowering and finalization for ``target``, as ``build`` runs them."""
+    backend = _backend(target)
+    # the VM's shape function would switch off noalias for every kernel (see the pass)
+    return [*backend.dataflow_lower_passes(target), *backend.finalize_passes(target), SinglePointerNoAlias]
 
 
 STAGES = ("optimize", "kernels", "schedule", "build")
@@ -229,49 +245,92 @@ class Stages:
     executable: Any = None
 
 
-def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target, *, until: str = "build",
+def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target | None = None, *, until: str = "build",
                  database: Any = None, report: FusionReport | None = None,
                  candidates: Sequence[Any] | None = None, before_optimize: Sequence[Pass] = (),
-                 after_optimize: Sequence[Pass] = (), vector_math: bool = True) -> Stages:
+                 after_optimize: Sequence[Pass] = (), vector_math: bool = True,
+                 options: CompileOptions | None = None) -> Stages:
     """Run the pipeline on ``mod`` for ``target`` up to stage ``until`` (one of ``STAGES``).
 
+    ``options`` carries every setting; ``target``, ``database`` and ``candidates`` given
+    replace its own (``vector_math=False`` switches VectorizeMath off whatever it says).
     ``before_optimize`` passes run between normalize and the fusion fixpoint,
     ``after_optimize`` ones after it (the optimizer step's Adam passes); ``report``
     (a fresh one by default) collects every decision.
     """
+    options = options_or_default(options).updated(target=target, database=database, candidates=candidates)
+    if options.target is None:
+        raise ValueError("run_pipeline: no target (pass one, or options with one)")
+    target = resolve_target(options.target)
+    options = options.updated(target=target, vector_math=options.vector_math and vector_math)
     if until not in STAGES:
         raise ValueError(f"until={until!r}: not one of {', '.join(STAGES)}")
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise UnsupportedModelError("the module has no 'main' function")
     report = FusionReport() if report is None else report
-    mod = normalize(mod)
+    mod = normalize(mod, options)
     for step in before_optimize:
         mod = step(mod)
-    mod = optimize(mod, report, candidates, target=target)
+    mod = optimize(mod, report, options=options)
     for step in after_optimize:
         mod = step(mod)
     stages = Stages(report, mod)
     if until == "optimize":
         return stages
-    stages.kernels = lower_emits(mod, target)
+    stages.kernels = lower_emits(mod, target, options)
     if until == "kernels":
         return stages
-    stages.lowered = schedule(stages.kernels, target, database, report, vector_math=vector_math)
+    stages.lowered = schedule(stages.kernels, target, report=report, options=options)
     if until == "build":
         stages.executable = build(stages.lowered, target)
     return stages
 
 
-def compile(mod: Any, target: Any = "llvm", database: Any = None, *, candidates: Sequence[Any] | None = None,  # noqa: A001
-            threads: int | None = None) -> CompiledModel:
+def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: Sequence[Any] | None = None,  # noqa: A001
+            threads: int | None = None, options: CompileOptions | None = None) -> CompiledModel:
     """Compile a Relax IRModule (or anything ``load_model`` accepts) to a ``CompiledModel``
-    that runs with ``threads`` CPU threads (default: ``aicf_tvm.runtime.threads.thread_count``)."""
-    tgt = resolve_target(target)
+    that runs with ``threads`` CPU threads (default: ``aicf_tvm.runtime.threads.thread_count``).
+
+    ``options`` carries every setting (``CompileOptions``); ``target`` (default ``"llvm"``),
+    ``database``, ``candidates`` and ``threads`` given replace its own."""
+    options = options_or_default(options).updated(target=target, database=database, candidates=candidates,
+                                                  threads=threads)
+    tgt = resolve_target("llvm" if options.target is None else options.target)
+    options = options.updated(target=tgt)
+    threads = options.threads
     thread_count(threads)  # a bad count fails now, not after the build
     mod = load_model(mod) if not isinstance(mod, tvm.IRModule) else mod
     # main's outputs and dim requirements as typed right: Relax types a descending arange
     # longer than it is, and its length would be required non-negative (creation_ops)
     mod = NormalizeCreationOps()(mod)
-    stages = run_pipeline(mod, tgt, database=database, candidates=candidates)
+    stages = run_pipeline(mod, options=options)
     return compiled_model(stages.executable, tgt, mod["main"], report=stages.report, lowered=stages.lowered,
                           optimized=stages.optimized, threads=threads)
+
+
+def get_pipeline(options: CompileOptions | None = None, *, report: FusionReport | None = None,
+                 finalize: bool = True) -> tvm.transform.Pass:
+    """What ``compile`` does to the module before it builds, as a module pass: normalize,
+    the fusion fixpoint, LowerEmits and kernel selection (``run_pipeline`` up to
+    "schedule"), then, with ``finalize``, the backend's dataflow lowering and finalization,
+    so that ``tvm.compile(mod, target, relax_pipeline=get_pipeline(options))`` builds it.
+    ``finalize=False`` stops at the scheduled kernels, for a pipeline that lowers by itself.
+
+    The target is ``options.target``, else the enclosing ``with target:`` (``tvm.compile``
+    enters its own); ``report`` collects the decisions.  ``tvm.compile`` builds with its
+    own TIR pipeline and codegen target: ``compile`` adds ``GuardSmallParallel`` to the
+    first and keeps LLVM's vectorizers from gathers in the second (``build``).
+    """
+    options = options_or_default(options)
+
+    @tvm.transform.module_pass(opt_level=0, name="AICFPipeline")
+    def aicf_pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        target = options.target if options.target is not None else tvm.target.Target.current(allow_none=True)
+        if target is None:
+            raise ValueError("get_pipeline: no target (set CompileOptions.target, or run inside `with target:`)")
+        target = resolve_target(target)
+        lowered = run_pipeline(NormalizeCreationOps()(mod), until="schedule", report=report,
+                               options=options.updated(target=target)).lowered
+        return tvm.transform.Sequential(backend_passes(target))(lowered) if finalize else lowered
+
+    return aicf_pipeline

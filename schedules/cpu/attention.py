@@ -56,6 +56,8 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.sym.analyzer import Analyzer
 from tvm.target import Target
 
+from aicf_tvm.core.options import CompileOptions, options_or_default
+
 from ..constants import inlines_a_constant
 from .attention_analysis import (
     AttentionBlocks,
@@ -142,7 +144,7 @@ def _compute_at(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> None:
     sch.compute_at(block, loop, preserve_unit_loops=False)
 
 
-def _tile_loop(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> LoopRV:
+def _tile_loop(sch: s_tir.Schedule, block: SBlockRV, rows: int, head_major: bool = True) -> LoopRV:
     """The matmul's (batch, row tile) loop: its i loop split by ``rows``, fused with the
     batch axes (the heads) outside it.  A core's chunk of the parallel loop then runs a
     head's row tiles one after another, which all read that head's kᵀ and v from L2;
@@ -150,8 +152,13 @@ def _tile_loop(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> LoopRV:
     (1.3-1.7 MiB at 197-257 tokens) do not fit a 1 MiB L2 (the same bits either way).
     At a symbolic row count the row tiles stay outside: the lowering gives each tile's
     softmax buffers one head only when the heads are the inner, constant part of the fused
-    index (``index_forms.FoldNestedMods``)."""
+    index (``index_forms.FoldNestedMods``).  ``head_major=False`` (the rule before,
+    ``CompileOptions.attention_head_major``) keeps the row tiles outside at every count."""
     *batch, i, j, k = sch.get_loops(block)
+    if not head_major:
+        outer, inner = sch.split(i, [None, rows])
+        sch.reorder(outer, *batch, inner, j, k)
+        return sch.fuse(outer, *batch)
     symbolic = static_extent(sch.get(i).extent) is None
     outer, inner = sch.split(i, [None, rows])
     fused = [outer, *batch] if symbolic else [*batch, outer]
@@ -169,12 +176,13 @@ def _under(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> list[LoopRV]:
     raise s_tir.ScheduleError("block is not under the tile loop")
 
 
-def _schedule_pack(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan) -> None:
+def _schedule_pack(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan, key_panels: bool = True) -> None:
     """kᵀ ``[b, k, keys]`` from k stored ``[keys, k]``, in panels of a register tile's keys
     (``_key_panels``): blocks of lanes keys x head vectors, read along the head dimension
     (whole vectors), written a key at a time (faster on ViT-B/16 than
-    gathering a vector of keys per store)."""
-    _key_panels(sch, pack, plan)
+    gathering a vector of keys per store); ``key_panels=False``: kᵀ row-major, as before."""
+    if key_panels:
+        _key_panels(sch, pack, plan)
     *outer, head, keys = sch.get_loops(pack)
     whole = _divides(sch, keys, plan.lanes) and _divides(sch, head, plan.head_lanes)
     if not whole or plan.head_lanes < 4:
@@ -355,9 +363,13 @@ def _one_pass(keys: int | None, plan: AttentionPlan) -> bool:
     return keys is not None and keys % plan.key_width == 0
 
 
-def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Target) -> bool:
+def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Target,
+                       options: CompileOptions | None = None) -> bool:
     """Schedule ``sch`` in place (module docstring, steps 1-5); False when a tile would
-    compute rows of another (``sch`` is then half-scheduled: drop it)."""
+    compute rows of another (``sch`` is then half-scheduled: drop it).  ``options``
+    (the default ones when None) may ask for the tile-major loop or two passes."""
+    options = options_or_default(options)
+    head_major, one_pass = options.attention_head_major, options.attention_one_pass
     lanes = float32_lanes(target)
     qk_stmt, pv_stmt = sch.get(found.qk), sch.get(found.pv)
     m, n = (static_extent(iv.dom.extent) for iv in qk_stmt.iter_vars[-3:-1])
@@ -382,16 +394,16 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     outputs = children[names.index(pv_stmt.name_hint) + 1:]
 
     row_blocks = _split_max(sch, row_blocks, lanes)
-    context = _tile_loop(sch, found.pv, plan.rows)
+    context = _tile_loop(sch, found.pv, plan.rows, head_major)
     for block in (p_copy, *reversed(row_blocks)):
         _compute_at(sch, block, context)
     placed = [(block, context) for block in (*row_blocks, p_copy)]
-    if _one_pass(n, plan):
+    if one_pass and _one_pass(n, plan):
         _compute_at(sch, found.qk, context)
         scores = context
         placed.append((found.qk, context))
     else:
-        scores = _tile_loop(sch, found.qk, plan.rows)
+        scores = _tile_loop(sch, found.qk, plan.rows, head_major)
     _compute_at(sch, q_copy, scores)
     placed.append((q_copy, scores))
     if not all(_computes_once(sch, block, tile, plan.rows) for block, tile in placed):
@@ -399,7 +411,7 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     sch.parallel(context)
     if scores is not context:
         sch.parallel(scores)
-    _schedule_pack(sch, k_pack, plan)
+    _schedule_pack(sch, k_pack, plan, key_panels=one_pass)
     vectorize_innermost(sch, sch.get_loops(q_copy)[-1], lanes)
     _schedule_qk(sch, found.qk, scores, plan)
     for block in [*row_blocks, p_copy]:
@@ -411,7 +423,11 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
 
 
 class Attention(CPUScheduleRule):
-    """Two-pass tiled schedule for attention PrimFuncs (see the module docstring)."""
+    """Two-pass tiled schedule for attention PrimFuncs (see the module docstring), with the
+    knobs of ``options`` (the default ones when None)."""
+
+    def __init__(self, options: CompileOptions | None = None) -> None:
+        self.options = options_or_default(options)
 
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
@@ -419,11 +435,13 @@ class Attention(CPUScheduleRule):
         if count_matmuls(func) != 2:
             return None  # cheap test first: the rule sees every CPU kernel
         simplified = s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"]
-        sch = s_tir.Schedule(pad_max(simplified, float32_lanes(target)))
+        if self.options.attention_lane_max:  # a row max over whole vectors of keys
+            simplified = pad_max(simplified, float32_lanes(target))
+        sch = s_tir.Schedule(simplified)
         found = find_attention(sch)
         if found is None:
             return None
         try:
-            return sch if schedule_attention(sch, found, target) else None
+            return sch if schedule_attention(sch, found, target, self.options) else None
         except s_tir.ScheduleError:
             return None

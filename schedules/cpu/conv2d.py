@@ -24,6 +24,8 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
+from aicf_tvm.core.options import CompileOptions
+
 from .gemm import gemm_spaces, looks_like_convolution, schedule_gemm
 from .gemm_analysis import IterRole, detect_gemm
 from .gemm_blocks import find_reduction_block
@@ -72,13 +74,15 @@ class Conv2d(CPUScheduleRule):
     """Default CPU schedule for a (fused) NCHW conv2d PrimFunc; None when not one.
 
     ``vector_axis``: ``"positions"`` (default: the output's y*W + x) or ``"channels"``.
-    ``tunable=True`` returns the GEMM kernel's tuning design spaces (``gemm.gemm_spaces``).
+    ``tunable=True`` returns the GEMM kernel's tuning design spaces (``gemm.gemm_spaces``);
+    the GEMM plan's knobs come from ``options`` (the default ones when None).
     """
 
-    def __init__(self, vector_axis: str = "positions") -> None:
+    def __init__(self, vector_axis: str = "positions", options: CompileOptions | None = None) -> None:
         if vector_axis not in ("channels", "positions"):
             raise ValueError(f"Conv2d(vector_axis={vector_axis!r}): use 'positions' or 'channels'")
         self.vector_axis = vector_axis
+        self.options = options
 
     def apply(self, func: tirx.PrimFunc, target: Target,
               tunable: bool) -> s_tir.Schedule | list[s_tir.Schedule] | None:
@@ -111,8 +115,8 @@ class Conv2d(CPUScheduleRule):
             role = channels
         try:
             if tunable:
-                return gemm_spaces(sch, main, traits, role, target) or None
-            schedule_gemm(sch, main, traits, role, target)
+                return gemm_spaces(sch, main, traits, role, target, self.options) or None
+            schedule_gemm(sch, main, traits, role, target, options=self.options)
         except Exception:  # noqa: BLE001  # ScheduleError / InternalError: not our shape
             return None
         return sch

@@ -51,6 +51,8 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
+from aicf_tvm.core.options import CompileOptions, options_or_default
+
 from .common import (
     PARTITION_HINT,
     TASKS_PER_CORE,
@@ -119,7 +121,7 @@ def _widest_columns(width: int, vectors: int, registers: int) -> int:
 
 
 def register_tile(blocks: int, width: int, vectors_per_block: int,
-                  registers: int = 32) -> tuple[int, int]:
+                  registers: int = 32, form: str = "held") -> tuple[int, int]:
     """(channel blocks, output columns) of the register tile, of 1, 2 or 4 channel blocks
     dividing ``blocks``, whose accumulators and one weight vector per block fit beside the
     broadcasts; of those the most FMAs per step, then the fewest loads per FMA.
@@ -139,13 +141,18 @@ def register_tile(blocks: int, width: int, vectors_per_block: int,
     28, 112) or 2x5 (14, 7) over the 4x3 tile that left the weights no registers in 28 of
     the 30 dense ResNet-50 and ConvNeXt tasks (4x2 in the other two), and depthwise 1x8
     (56) and 1x7 (14) over 1x12; both models ran faster end to end with those tiles.
+    ``form`` (``CompileOptions.conv_register_tile``) restores an earlier form of the rule:
+    ``"dividing"`` (columns always divide the width) or ``"partial"`` (the partial tile of
+    the most FMAs, however many accumulators it holds).
     """
     dividing, partial = tile_candidates(blocks, width, vectors_per_block, registers)
     if not dividing:
         return 1, 1
     tile, wide = best_tile(dividing), best_tile(partial)
-    if not (registers >= 32 and 2 * tile[0] * tile[1] < wide[0] * wide[1]):
+    if form == "dividing" or not (registers >= 32 and 2 * tile[0] * tile[1] < wide[0] * wide[1]):
         return tile
+    if form == "partial":
+        return wide
     held = [t for t in partial if t[0] * max(1, vectors_per_block) * t[1] <= registers // 2]
     return best_tile(held) if held else wide
 
@@ -260,19 +267,22 @@ def _nearest_first(default: ConvPlan, plans: list[ConvPlan]) -> list[ConvPlan]:
     return [default, *rest][:MAX_PLANS]
 
 
-def dense_plan(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> ConvPlan:
+def dense_plan(sch: s_tir.Schedule, main: SBlockRV, target: Target,
+               options: CompileOptions | None = None) -> ConvPlan:
     """The default plan of a dense or grouped conv block: ``register_tile`` over the
-    blocks of one group, tasks by ``rows_outermost``."""
+    blocks of one group (of the form ``options`` names), tasks by ``rows_outermost``."""
     width, per_block, _ = _tile_shape(sch.get(main), target)
-    vb, wb = register_tile(blocks_per_group(sch, main), width, per_block, vector_registers(target))
+    vb, wb = register_tile(blocks_per_group(sch, main), width, per_block, vector_registers(target),
+                           options_or_default(options).conv_register_tile)
     return ConvPlan(vb, wb, rows_outermost(sch, main, target))
 
 
-def dense_plans(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> list[ConvPlan]:
+def dense_plans(sch: s_tir.Schedule, main: SBlockRV, target: Target,
+                options: CompileOptions | None = None) -> list[ConvPlan]:
     """The default plan and its neighbours: every tile of 1, 2 or 4 blocks (dividing the
     group's) by a column count that divides the width or is the widest the registers hold,
     whose accumulators and weights fit beside the broadcasts, in either task order."""
-    default = dense_plan(sch, main, target)
+    default = dense_plan(sch, main, target, options)
     width, per_block, registers = _tile_shape(sch.get(main), target)
     blocks = blocks_per_group(sch, main)
     plans = []
@@ -284,8 +294,9 @@ def dense_plans(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> list[Con
     return _nearest_first(default, plans)
 
 
-def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: ConvPlan | None = None) -> None:
-    plan = plan or dense_plan(sch, main, target)
+def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: ConvPlan | None = None,
+                   options: CompileOptions | None = None) -> None:
+    plan = plan or dense_plan(sch, main, target, options)
     lanes = float32_lanes(target)
     for producer in sch.get_producers(main):
         schedule_injective(sch, producer, lanes)
@@ -303,20 +314,23 @@ def schedule_dense(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: Co
     sch.vectorize(sch.get_loops(init)[-1])
 
 
-def depthwise_plan(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> ConvPlan:
+def depthwise_plan(sch: s_tir.Schedule, main: SBlockRV, target: Target,
+                   options: CompileOptions | None = None) -> ConvPlan:
     """The default plan of a depthwise conv block: the widest column tile of one block,
     ``rows_per_task`` rows per task."""
     stmt = sch.get(main)
     width, per_block, _ = _tile_shape(stmt, target)
-    _, wb = register_tile(1, width, per_block, vector_registers(target))
+    _, wb = register_tile(1, width, per_block, vector_registers(target),
+                          options_or_default(options).conv_register_tile)
     planes = int(stmt.iter_vars[0].dom.extent) * int(stmt.iter_vars[1].dom.extent)
     return ConvPlan(1, wb, rows=rows_per_task(planes, int(stmt.iter_vars[2].dom.extent), num_cores(target)))
 
 
-def depthwise_plans(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> list[ConvPlan]:
+def depthwise_plans(sch: s_tir.Schedule, main: SBlockRV, target: Target,
+                    options: CompileOptions | None = None) -> list[ConvPlan]:
     """The default plan and its neighbours: column tiles that divide the width (or the
     widest), by the default rows per task, a whole plane or the default's half or double."""
-    default = depthwise_plan(sch, main, target)
+    default = depthwise_plan(sch, main, target, options)
     stmt = sch.get(main)
     width, per_block, registers = _tile_shape(stmt, target)
     height = int(stmt.iter_vars[2].dom.extent)
@@ -327,8 +341,9 @@ def depthwise_plans(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> list
     return _nearest_first(default, plans)
 
 
-def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: ConvPlan | None = None) -> None:
-    plan = plan or depthwise_plan(sch, main, target)
+def schedule_depthwise(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: ConvPlan | None = None,
+                       options: CompileOptions | None = None) -> None:
+    plan = plan or depthwise_plan(sch, main, target, options)
     producers = sch.get_producers(main)
     n, o, y, x, j, r, q = sch.get_loops(main)
     xo, xi = _split_columns(sch, x, loop_extent(sch, x), plan.columns)
@@ -353,7 +368,11 @@ class BlockedConv2d(CPUScheduleRule):
 
     ``tunable=True`` returns the tuning design spaces instead: one complete schedule per
     plan of ``dense_plans`` / ``depthwise_plans``, the default plan's first (nothing is
-    sampled: tuning measures each, ``tune_space``)."""
+    sampled: tuning measures each, ``tune_space``); the register tile's form comes from
+    ``options`` (the default ones when None)."""
+
+    def __init__(self, options: CompileOptions | None = None) -> None:
+        self.options = options
 
     def apply(self, func: tirx.PrimFunc, target: Target,
               tunable: bool) -> s_tir.Schedule | list[s_tir.Schedule] | None:
@@ -367,9 +386,9 @@ class BlockedConv2d(CPUScheduleRule):
             main, depthwise = found
             schedule = schedule_depthwise if depthwise else schedule_dense
             if not tunable:
-                schedule(sch, main, target)
+                schedule(sch, main, target, options=self.options)
                 return sch
-            plans = (depthwise_plans if depthwise else dense_plans)(sch, main, target)
+            plans = (depthwise_plans if depthwise else dense_plans)(sch, main, target, self.options)
         except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
             return None
         spaces = []

@@ -48,6 +48,8 @@ from tvm.sym.analyzer import Analyzer
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
+from aicf_tvm.core.options import CompileOptions, options_or_default
+
 from .common import (
     PARTITION_HINT,
     float32_lanes,
@@ -156,15 +158,17 @@ class GemmProblem:
     b_contiguous_in_n: bool
     registers: int = 32
     tile_by_area: bool = False
+    options: CompileOptions | None = None  # the rule's knobs (the default ones when None)
 
     def plan_args(self) -> tuple:
         """``plan_gemm``'s / ``plan_candidates``' arguments for this problem."""
         return (*self.dims, self.lanes, self.cores, self.registers, self.b_contiguous_in_n,
-                self.norm.b_im2col, self.tile_by_area)
+                self.norm.b_im2col, self.tile_by_area, self.options)
 
 
 def prepare_gemm(
-    sch: s_tir.Schedule, main: SBlockRV, traits: GemmTraits, vector_role: IterRole, target: Target
+    sch: s_tir.Schedule, main: SBlockRV, traits: GemmTraits, vector_role: IterRole, target: Target,
+    options: CompileOptions | None = None,
 ) -> GemmProblem:
     """Normalise the GEMM block ``main`` and inline the producers of its operand copies."""
     lanes = float32_lanes(target)
@@ -179,7 +183,7 @@ def prepare_gemm(
     dims = tuple(static_extent(iv.dom.extent) for iv in sch.get(main).iter_vars)
     contiguous = norm.b_im2col or last_index_is_iter(sch, norm.b_copy, 1)
     return GemmProblem(norm, dims, lanes, num_cores(target), contiguous, vector_registers(target),
-                       gemm_tiles_by_area(target))
+                       gemm_tiles_by_area(target), options)
 
 
 def schedule_gemm(
@@ -189,10 +193,12 @@ def schedule_gemm(
     vector_role: IterRole,
     target: Target,
     choice: Mapping[str, Any] | None = None,
+    options: CompileOptions | None = None,
 ) -> GemmPlan:
     """Schedule the GEMM block ``main`` (and its producers/consumers) in place, by the
-    default plan or the candidate ``choice`` names (ValueError when none does)."""
-    problem = prepare_gemm(sch, main, traits, vector_role, target)
+    default plan or the candidate ``choice`` names (ValueError when none does), with the
+    knobs of ``options``."""
+    problem = prepare_gemm(sch, main, traits, vector_role, target, options)
     plan = plan_gemm(*problem.plan_args()) if choice is None else chosen_plan(choice, *problem.plan_args())
     if plan is None:
         raise ValueError(f"{dict(choice or {})} is not a plan candidate of this GEMM")
@@ -201,24 +207,28 @@ def schedule_gemm(
 
 
 def plan_schedules(
-    sch: s_tir.Schedule, main: SBlockRV, traits: GemmTraits, vector_role: IterRole, target: Target
+    sch: s_tir.Schedule, main: SBlockRV, traits: GemmTraits, vector_role: IterRole, target: Target,
+    options: CompileOptions | None = None,
 ) -> list[tuple[dict, s_tir.Schedule]]:
     """Each ``plan_candidates`` plan's complete schedule (nothing sampled) with its
     ``plan_choice``, the default plan's first; a plan that does not fit is left out."""
-    return _plan_spaces(sch, main, traits, vector_role, target, sample=False)
+    return _plan_spaces(sch, main, traits, vector_role, target, sample=False, options=options)
 
 
 def gemm_spaces(
-    sch: s_tir.Schedule, main: SBlockRV, traits: GemmTraits, vector_role: IterRole, target: Target
+    sch: s_tir.Schedule, main: SBlockRV, traits: GemmTraits, vector_role: IterRole, target: Target,
+    options: CompileOptions | None = None,
 ) -> list[s_tir.Schedule]:
     """The tuning design spaces of ``main``: one schedule per ``plan_candidates`` plan, the
     default first, each sampling its block sizes with the plan's as the decision."""
-    return [space for _, space in _plan_spaces(sch, main, traits, vector_role, target, sample=True)]
+    return [space for _, space in _plan_spaces(sch, main, traits, vector_role, target, sample=True,
+                                               options=options)]
 
 
 def _plan_spaces(sch: s_tir.Schedule, main: SBlockRV, traits: GemmTraits, vector_role: IterRole,
-                 target: Target, sample: bool) -> list[tuple[dict, s_tir.Schedule]]:
-    problem = prepare_gemm(sch, main, traits, vector_role, target)
+                 target: Target, sample: bool,
+                 options: CompileOptions | None = None) -> list[tuple[dict, s_tir.Schedule]]:
+    problem = prepare_gemm(sch, main, traits, vector_role, target, options)
     out = []
     for plan in plan_candidates(*problem.plan_args()):
         space = sch.copy()
@@ -301,7 +311,7 @@ def tile_gemm(
         sch.reorder(s, no, *ko, mo, *ni, *mi, ki, mr, nv, nl)
         chunk = sch.fuse(s, no)
     sch.parallel(chunk)
-    if plan.pack_b and vector_role == IterRole.J:
+    if plan.pack_b and vector_role == IterRole.J and options_or_default(problem.options).gemm_prefetch_b_panels:
         mark_loops(sch, ki, mi[-1] if mi else None, ni[-1] if ni else None, ko[-1] if ko else None,
                    plan.nr, sch.get(main).writes[0].source.dtype)
     sch.unroll(mr)
@@ -405,8 +415,11 @@ class Gemm(CPUScheduleRule):
     """Default CPU schedule for a (batched, fused) matmul PrimFunc; None when not one.
 
     ``tunable=True`` returns the tuning design spaces instead (``gemm_spaces``), the
-    default plan's first.
+    default plan's first.  The plans' knobs come from ``options`` (the default ones when None).
     """
+
+    def __init__(self, options: CompileOptions | None = None) -> None:
+        self.options = options
 
     def _found(self, func: tirx.PrimFunc, target: Target) -> tuple | None:
         """(schedule, GEMM block, traits, vector role) when ``func`` is this rule's."""
@@ -437,8 +450,8 @@ class Gemm(CPUScheduleRule):
             return None
         try:
             if tunable:
-                return gemm_spaces(*found, target) or None
-            schedule_gemm(*found, target)
+                return gemm_spaces(*found, target, self.options) or None
+            schedule_gemm(*found, target, options=self.options)
         except Exception:  # noqa: BLE001 - ScheduleError / InternalError: not our shape
             return None
         return found[0]
@@ -448,7 +461,7 @@ class Gemm(CPUScheduleRule):
         (``plan_schedules``); empty when ``func`` is not this rule's."""
         found = self._found(func, target)
         try:
-            return plan_schedules(*found, target) if found is not None else []
+            return plan_schedules(*found, target, self.options) if found is not None else []
         except Exception:  # noqa: BLE001 - ScheduleError / InternalError: not our shape
             return []
 
@@ -460,7 +473,7 @@ class Gemm(CPUScheduleRule):
         if found is None:
             return None
         try:
-            schedule_gemm(*found, target, choice=choice)
+            schedule_gemm(*found, target, choice=choice, options=self.options)
         except Exception:  # noqa: BLE001 - ValueError / ScheduleError: keep the default
             return None
         return found[0]

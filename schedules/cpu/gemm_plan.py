@@ -49,6 +49,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aicf_tvm.core.options import CompileOptions, options_or_default
+
 
 @dataclass(frozen=True)
 class GemmPlan:
@@ -119,10 +121,10 @@ def _choose_mr(m: int, nr: int, lanes: int, registers: int) -> int:
     return min(range(low, max_mr + 1), key=lambda mr: (_ceil_to(m, mr), -mr))
 
 
-# How much more padded work (M x N, padded) the by-area rule accepts for a tile with
-# more accumulators: on an Intel Xeon the 8 x 3-vector tile beat 4 x 4 on
-# 128 x 2816 (0.6% padding), by less on 128 x 1024 (3%), and tied on 128 x 256 (12.5%).
-AREA_SLACK = 1.10
+# CompileOptions.gemm_area_slack: how much more padded work (M x N, padded) the by-area
+# rule accepts for a tile with more accumulators: on an Intel Xeon the 8 x 3-vector
+# tile beat 4 x 4 on 128 x 2816 (0.6% padding), by less on 128 x 1024 (3%), and tied on
+# 128 x 256 (12.5%).
 
 
 def _area_tiles(m: int, n: int, lanes: int, registers: int) -> dict[tuple[int, int], int]:
@@ -138,21 +140,22 @@ def least_padded_area(m: int, n: int, lanes: int, registers: int = 32) -> int:
     return min(_area_tiles(m, n, lanes, registers).values())
 
 
-def _tile_by_area(m: int, n: int, lanes: int, registers: int) -> tuple[int, int]:
+def _tile_by_area(m: int, n: int, lanes: int, registers: int, slack: float) -> tuple[int, int]:
     """``(nr, mr)``: of the tiles 1..4 vectors wide, each with its rule-chosen ``mr``,
-    those padding ``M x N`` at most ``AREA_SLACK`` times the least, and of them the one
+    those padding ``M x N`` at most ``slack`` times the least, and of them the one
     with the most accumulators (``mr x nr``), then the least padding.  For 128 rows by
     768, 1024, 2816 or 3072 columns that is 8 rows x 3 vectors (24 accumulators), where
     widest-first gives 4 x 4 (16): ``mr`` 6 does not divide 128."""
     area = _area_tiles(m, n, lanes, registers)
     least = min(area.values())
-    return max((t for t in area if area[t] <= least * AREA_SLACK), key=lambda t: (t[0] * t[1], -area[t]))
+    return max((t for t in area if area[t] <= least * slack), key=lambda t: (t[0] * t[1], -area[t]))
 
 
-# kc near 128 with the by-area tile (Intel AVX-512): a 48-column B panel is then 24 KiB,
-# half the 48 KiB L1 beside the A strip.  On an Intel Xeon, in one process, BERT,
-# ViT and GPT-2 ran faster than with kc near 256, LLaMA as fast, the same bits.
-KC_NEAR, KC_NEAR_BY_AREA = 256, 128
+# kc near 128 with the by-area tile (Intel AVX-512, CompileOptions.gemm_kc_near_by_area):
+# a 48-column B panel is then 24 KiB, half the 48 KiB L1 beside the A strip.  On an Intel
+# Xeon, in one process, BERT, ViT and GPT-2 ran faster than with kc near 256, LLaMA as
+# fast, the same bits.
+KC_NEAR = 256
 
 
 NC_MAX = 512  # columns of a thread's block of B: nc x kc floats stay within L2
@@ -174,6 +177,15 @@ def _choose_nc(n_padded: int, nr: int, batch: int, cores: int) -> int:
     sizes = [nr * count for count in range(1, n_padded // nr + 1)
              if n_padded % (nr * count) == 0 and nr * count <= max(nr, NC_MAX)]
     return max(sizes, key=lambda size: (_balance(batch * (n_padded // size), cores), size))
+
+
+def _widest_nc(n_padded: int, nr: int, batch: int, cores: int) -> int:
+    """The column block before the even split (``CompileOptions.gemm_even_column_blocks``
+    False): the widest, narrowed only below one chunk a core."""
+    nc = _largest_divisor_multiple(n_padded, nr, NC_MAX)
+    if batch * (n_padded // nc) < cores:
+        nc = _largest_divisor_multiple(n_padded, nr, max(nr, n_padded // cores))
+    return nc
 
 
 def _choose_kc(k: int, near: int = KC_NEAR) -> tuple[int, int]:
@@ -200,6 +212,7 @@ def plan_gemm(
     b_contiguous_in_n: bool = False,
     b_im2col: bool = False,
     tile_by_area: bool = False,
+    options: CompileOptions | None = None,
     *,
     nr: int | None = None,
     mr: int | None = None,
@@ -213,12 +226,14 @@ def plan_gemm(
     A symbolic extent has no padded size here (the kernel pads it at run time).
     ``tile_by_area`` chooses the register tile of a static M and N by ``_tile_by_area``
     instead of the widest ``nr`` first (``common.gemm_tiles_by_area``: the target's cores),
-    and ``kc`` near ``KC_NEAR_BY_AREA`` (with or without ``nr`` and ``mr`` given).
+    and ``kc`` near ``options.gemm_kc_near_by_area`` (with or without ``nr`` and ``mr`` given);
+    ``options`` (the default ones when None) also decide the area slack and the column block.
     ``nr``, ``mr``, ``pack_b`` and ``parallel_m`` override the rule's choice (tuning); the
     other sizes follow from them by the same rules.
     """
+    options = options_or_default(options)
     if tile_by_area and nr is None and mr is None and m is not None and n is not None:
-        nr, mr = _tile_by_area(m, n, lanes, registers)
+        nr, mr = _tile_by_area(m, n, lanes, registers, options.gemm_area_slack)
     if nr is None:
         nr = 2 * lanes if n is None else _choose_nr(n, lanes, registers)
     if mr is None:
@@ -226,12 +241,13 @@ def plan_gemm(
     m_padded = None if m is None else _ceil_to(m, mr)
     n_padded = None if n is None else _ceil_to(n, nr)
     by_area = tile_by_area and m is not None and n is not None
-    k_padded, kc = (None, None) if k is None else _choose_kc(k, KC_NEAR_BY_AREA if by_area else KC_NEAR)
+    k_padded, kc = (None, None) if k is None else _choose_kc(k, options.gemm_kc_near_by_area if by_area else KC_NEAR)
     mc = max(mr, SYMBOLIC_MC // mr * mr) if m_padded is None else _largest_divisor_multiple(m_padded, mr, max(96, mr))
     if n_padded is None:
         nc, parallel = nr, True
     else:
-        nc = _choose_nc(n_padded, nr, batch or 1, cores)
+        choose_nc = _choose_nc if options.gemm_even_column_blocks else _widest_nc
+        nc = choose_nc(n_padded, nr, batch or 1, cores)
         chunks = (batch or 1) * (n_padded // nc)
         parallel = chunks < cores and (m_padded is None or m_padded // mc > 1)
     parallel_m = parallel if parallel_m is None else parallel_m
@@ -268,13 +284,14 @@ def plan_candidates(
     b_contiguous_in_n: bool = False,
     b_im2col: bool = False,
     tile_by_area: bool = False,
+    options: CompileOptions | None = None,
 ) -> list[GemmPlan]:
     """The default plan, then its neighbours, nearest first: ``mr`` one row either side
     and the widest ``mr`` of the default ``nr``; the other parallel split and the other
     packing choice on the default tile; every other ``nr`` with its rule-chosen and its
     widest ``mr``.  Packing is only dropped for a B stored with N innermost (read in place
     it is then a vector load per row) and never added for an im2col B."""
-    args = (batch, m, n, k, lanes, cores, registers, b_contiguous_in_n, b_im2col, tile_by_area)
+    args = (batch, m, n, k, lanes, cores, registers, b_contiguous_in_n, b_im2col, tile_by_area, options)
     default = plan_gemm(*args)
     rows = SYMBOLIC_ROWS if m is None else m
 

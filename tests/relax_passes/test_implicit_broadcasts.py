@@ -99,6 +99,14 @@ def test_a_uniform_constant_operand_becomes_its_one_element():
         np.testing.assert_array_equal(np.asarray(got).view("uint32"), want.view("uint32"))
 
 
+def test_uniform_constants_stay_whole_when_the_options_say_so():
+    """``CompileOptions.uniform_constants_as_scalars=False`` (the rule before, which the A/B
+    script measures against): the mask chain and its uniform operands stay as they are."""
+    after = ImplicitBroadcasts(aicf_tvm.CompileOptions(uniform_constants_as_scalars=False))(Uniform)
+    assert "relax.arange" in op_names(after)
+    assert sorted(_tensor_constants(after)) == [(2, 3, 5, 5), (2, 3, 5, 5), (3, 5), (3, 5), (5,)]
+
+
 def test_a_deep_model_is_walked_once():
     """1200 adds in a row, every other one of a uniform constant: the pass finds the
     constant-only chains in one pass over the bindings (a walk from each add back to the

@@ -95,8 +95,9 @@ def test_static_reshapes_index_plainly():
 def test_a_gemm_epilogue_behind_a_static_reshape_runs_in_the_gemm_tiles():
     """GPT-2's MLP input as PyTorch writes it: ``addmm`` on a 2-D view, the result viewed
     back to 3-D, then the tanh GELU by elementwise ops. One parallel loop (the epilogue
-    inside the GEMM's tiles, not a pass of its own over the result; TOPI's static reshape
-    left two), and PyTorch's values, a row holding +inf, -inf and NaN included."""
+    inside the GEMM's tiles, not a pass of its own over the result; TOPI's static reshape,
+    ``CompileOptions.static_reshapes_by_group=False``, leaves two), and PyTorch's values,
+    a row holding +inf, -inf and NaN included."""
     import math
 
     import torch
@@ -117,11 +118,15 @@ def test_a_gemm_epilogue_behind_a_static_reshape_runs_in_the_gemm_tiles():
     m, k, n = 40, 64, 96
     model = MLP(k, n).eval()
     x = torch.randn(1, m, k, generator=torch.Generator().manual_seed(13))
-    compiled = aicf_tvm.compile(aicf_tvm.from_torch(model, (x,)), target=llvm_target())
-    (gemm,) = [f for f in compiled.lowered.functions.values()
-               if isinstance(f, tirx.PrimFunc) and "gemm" in str(f.attrs.get("aicf.kind", ""))]
-    assert gemm.script().count("T.parallel") == 1
+    mod = aicf_tvm.from_torch(model, (x,))
+    compiled = aicf_tvm.compile(mod, target=llvm_target())
+    flat = aicf_tvm.compile(mod, target=llvm_target(), options=aicf_tvm.CompileOptions(static_reshapes_by_group=False))
+    for build, loops in ((compiled, 1), (flat, 2)):
+        (gemm,) = [f for f in build.lowered.functions.values()
+                   if isinstance(f, tirx.PrimFunc) and "gemm" in str(f.attrs.get("aicf.kind", ""))]
+        assert gemm.script().count("T.parallel") == loops
     x[0, 3, :3] = torch.tensor([np.inf, -np.inf, np.nan])
     with torch.no_grad():
         want = model(x).numpy()
     np.testing.assert_allclose(np.asarray(compiled(x.numpy())), want, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(flat(x.numpy())), want, rtol=2e-5, atol=2e-5)

@@ -97,8 +97,9 @@ def operands(rand, seq: int, heads: int, dim: int, kv_heads: int, batch: int = 1
     return [rand(batch, seq, width * dim) for width in widths]
 
 
-def compile_attention(mod: tvm.IRModule, target: tvm.target.Target | None = None) -> aicf_tvm.CompiledModel:
-    compiled = aicf_tvm.compile(mod, target=target or llvm_target())
+def compile_attention(mod: tvm.IRModule, target: tvm.target.Target | None = None,
+                      options: aicf_tvm.CompileOptions | None = None) -> aicf_tvm.CompiledModel:
+    compiled = aicf_tvm.compile(mod, target=target or llvm_target(), options=options)
     assert [(k.kind, k.schedule) for k in compiled.kernels] == [("fused_attention", "Attention")]
     return compiled
 
@@ -155,13 +156,11 @@ def test_nan_and_infinite_inputs_reach_the_rows_they_touch(rand, seq):
 
 
 @pytest.mark.parametrize("seq, mask", [(197, False), (37, True)], ids=["vit", "masked"])
-def test_row_maxes_at_a_key_tail_take_vector_lanes_with_the_same_bits(rand, seq, mask, monkeypatch):
+def test_row_maxes_at_a_key_tail_take_vector_lanes_with_the_same_bits(rand, seq, mask):
     """At a key count that is not a whole number of vectors, the softmax's max runs per
     vector lane (an ``_rf`` block, the lanes vectorized; the guard's int8 max stays serial)
     and the output has the bits of the kernel whose max runs serially over the keys (the
     rule without ``pad_max``): a max is exact in any order and ignores the repeated keys."""
-    from schedules.cpu import attention
-
     mod = sdpa(seq, 2, 64, mask=mask)
     compiled = compile_attention(mod)
     [func] = [f for f in compiled.lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
@@ -170,8 +169,7 @@ def test_row_maxes_at_a_key_tail_take_vector_lanes_with_the_same_bits(rand, seq,
     assert [sch.get(b).name_hint for b in lane_blocks] == ["T_softmax_maxelem_rf_update"]
     assert sch.get(sch.get_loops(lane_blocks[0])[-1]).kind == tirx.ForKind.VECTORIZED
 
-    monkeypatch.setattr(attention, "pad_max", lambda func, _lanes: func)
-    serial = compile_attention(mod)
+    serial = compile_attention(mod, options=aicf_tvm.CompileOptions(attention_lane_max=False))
     [func] = [f for f in serial.lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
     sch = s_tir.Schedule(func)
     assert not any(sch.get(b).name_hint.endswith("_rf_update") for b in _all_blocks(sch))
@@ -212,13 +210,11 @@ def _host_target() -> tvm.target.Target:
 @pytest.mark.parametrize("seq, masked, target", [(64, True, llvm_target), (96, False, llvm_target),
                                                  (64, True, _host_target)],
                          ids=["causal", "no_mask", "host_cpu"])
-def test_whole_key_tiles_run_in_one_pass_with_the_bits_of_two(rand, seq, masked, target, monkeypatch):
+def test_whole_key_tiles_run_in_one_pass_with_the_bits_of_two(rand, seq, masked, target):
     """At a key count of whole register tiles q·kᵀ runs inside the tile loop of the softmax
     and p·v (one parallel loop holds both matmuls), kᵀ is packed in panels of a tile's keys
     (``[b, keys / width, k, width]``), and the output has the bits of the rule's two passes
     over a row-major kᵀ: the same sums in the same order, only where they run changes."""
-    from schedules.cpu import attention
-
     heads, dim = 3, 64
     mod = sdpa(seq, heads, dim, mask=masked)
     compiled = compile_attention(mod, target())
@@ -232,9 +228,7 @@ def test_whole_key_tiles_run_in_one_pass_with_the_bits_of_two(rand, seq, masked,
         [int(d) for d in buf.shape] for buf in b.alloc_buffers))])
     assert [1, heads, seq // width, dim, width] in shapes, shapes
 
-    monkeypatch.setattr(attention, "_one_pass", lambda keys, plan: False)
-    monkeypatch.setattr(attention, "_key_panels", lambda sch, pack, plan: None)
-    two = compile_attention(mod, target())
+    two = compile_attention(mod, target(), options=aicf_tvm.CompileOptions(attention_one_pass=False))
     [func] = [f for f in two.lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
     assert max(map(_matmuls, _parallel_loops(func))) == 1
     args = operands(rand, seq, heads, dim, heads)

@@ -17,10 +17,11 @@ import tvm
 from tvm import relax, s_tir
 from tvm.relax.dpl import is_op, wildcard
 
+from aicf_tvm.core.options import CompileOptions
 from schedules.cpu.gemm import Gemm
 from schedules.cpu.gemm_analysis import IterRole, detect_gemm
 from schedules.cpu.gemm_blocks import find_reduction_block
-from schedules.cpu.gemm_plan import AREA_SLACK, NC_MAX, least_padded_area, plan_candidates, plan_gemm
+from schedules.cpu.gemm_plan import NC_MAX, least_padded_area, plan_candidates, plan_gemm
 from ..helpers import relax_main
 
 F32 = "float32"
@@ -234,16 +235,18 @@ def test_plan_blocks_symbolic_extents():
 )
 def test_tile_by_area_holds_the_most_accumulators_within_the_slack(m, n):
     """Against every tile 1..4 vectors wide with its rule-chosen mr: it pads M x N at most
-    AREA_SLACK times the least any of them pads, none within that bound holds more
-    accumulators, and of those holding as many none pads less; all fit the registers."""
+    the default ``gemm_area_slack`` times the least any of them pads, none within that
+    bound holds more accumulators, and of those holding as many none pads less; all fit
+    the registers."""
+    slack = CompileOptions().gemm_area_slack
     plan = plan_gemm(1, m, n, 768, lanes=16, cores=2, registers=32, tile_by_area=True)
     others = [plan_gemm(1, m, n, 768, lanes=16, cores=2, registers=32, nr=v * 16)
               for v in (1, 2, 3, 4)]
     work = plan.m_padded * plan.n_padded
     least = min(o.m_padded * o.n_padded for o in others)
     assert least == least_padded_area(m, n, 16)
-    assert work <= least * AREA_SLACK
-    within = [o for o in others if o.m_padded * o.n_padded <= least * AREA_SLACK]
+    assert work <= least * slack
+    within = [o for o in others if o.m_padded * o.n_padded <= least * slack]
     assert all(plan.mr * plan.nr >= o.mr * o.nr for o in within)
     assert all(work <= o.m_padded * o.n_padded for o in within if o.mr * o.nr == plan.mr * plan.nr)
     assert plan.mr * plan.nr // 16 + plan.nr // 16 + 1 <= 32

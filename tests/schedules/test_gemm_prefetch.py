@@ -19,7 +19,6 @@ from tvm.script import tirx as T
 from tvm.sym.analyzer import Analyzer
 
 import aicf_tvm
-from schedules.cpu import gemm as gemm_schedule
 from schedules.cpu.gemm_prefetch import K_BLOCK, K_LOOP, PANEL, STRIP, prefetch_next_panel
 from schedules.cpu.stack_tiles import DISABLE_LOWER_BUILTIN
 
@@ -150,7 +149,7 @@ def _prefetches(compiled) -> int:
     return ll.count("call void @llvm.prefetch")
 
 
-def test_linear_layers_prefetch_and_match(monkeypatch):
+def test_linear_layers_prefetch_and_match():
     model = _mlp()
     x = torch.randn(1, 96, 512)
     compiled = aicf_tvm.compile(aicf_tvm.from_torch(model, (x,)), target="llvm")
@@ -161,7 +160,7 @@ def test_linear_layers_prefetch_and_match(monkeypatch):
     assert not np.allclose(want[0], want[1])  # the output depends on the input
     np.testing.assert_allclose(got, want[0], rtol=1e-4, atol=1e-4 * np.abs(want[0]).max())
 
-    monkeypatch.setattr(gemm_schedule, "mark_loops", lambda *args: None)  # no marks: no rewrite
-    plain = aicf_tvm.compile(aicf_tvm.from_torch(model, (x,)), target="llvm")
+    no_marks = aicf_tvm.CompileOptions(gemm_prefetch_b_panels=False)  # no marks: no rewrite
+    plain = aicf_tvm.compile(aicf_tvm.from_torch(model, (x,)), target="llvm", options=no_marks)
     assert _prefetches(plain) == 0
     np.testing.assert_array_equal(np.asarray(plain(x.numpy())), got)  # the same bits

@@ -1,0 +1,88 @@
+"""CompileOptions: every setting of one compilation, passed to the passes and schedule
+rules that read it (docs/design.md, "Options").
+
+A frozen value, so one compilation cannot change another's settings: the pipeline
+(``aicf_tvm.driver.pipeline``) hands it to the passes and rules that need a setting, as
+TVM passes take their settings as arguments, instead of module globals, environment
+variables or the enclosing ``with target:``.  The defaults are the default build; the
+knobs after ``vector_math`` exist so that the A/B scripts (``scripts/ab_*.py``) can build
+a rule's earlier form in the same process and measure what the rule gains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+CONV_REGISTER_TILES = ("held", "partial", "dividing")
+
+
+def debug_from_env() -> bool:
+    """Whether ``AICF_DEBUG`` asks for ``verify_contracts`` after every pass (the tests set it)."""
+    return os.environ.get("AICF_DEBUG", "") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """The settings of one compilation (None: the default named in the comment)."""
+
+    # a tvm Target or its string; None: "llvm" for compile, the enclosing `with target:` in a pass
+    target: Any = None
+    # the candidate Emits FuseEmits tries; None: the library's (aicf_tvm.library)
+    candidates: Sequence[Any] | None = None
+    # tuning records (a work dir or database) that replace the default schedules
+    database: Any = None
+    # CPU threads the compiled model runs with; None: aicf_tvm.runtime.threads.thread_count
+    threads: int | None = None
+    # verify_contracts after every pipeline step: catches the pass that broke a contract
+    verify_each_pass: bool = field(default_factory=debug_from_env)
+    # float32 exp/erf/tanh/... as SIMD arithmetic, not one libm call per lane (False: measure it)
+    vector_math: bool = True
+    # q/k/v projections of one input as one GEMM (relax_passes.CombineProjections)
+    combine_projections: bool = True
+    # a constant operand whose elements share their bits passed as its one element (ImplicitBroadcasts)
+    uniform_constants_as_scalars: bool = True
+    # float + - * / kept from TIR's simplifier and FMA contraction (schedules.cpu.ieee_arith)
+    ieee_arithmetic: bool = True
+    # static reshapes legalized axis group by axis group, not by TOPI's flat index (legalize_reshape)
+    static_reshapes_by_group: bool = True
+    # padded M x N the by-area GEMM tile may cost over the least, for more accumulators (gemm_plan)
+    gemm_area_slack: float = 1.10
+    # kc the by-area GEMM plan keeps near: a 48-column B panel in half of a 48 KiB L1 (gemm_plan)
+    gemm_kc_near_by_area: int = 128
+    # GEMM column blocks split evenly over the cores, not the widest (gemm_plan.choose_nc)
+    gemm_even_column_blocks: bool = True
+    # the GEMM's next B panel prefetched inside its K loop (schedules.cpu.gemm_prefetch)
+    gemm_prefetch_b_panels: bool = True
+    # attention's row max over whole vectors of keys, padded by repeated keys (whole_vectors.pad_max)
+    attention_lane_max: bool = True
+    # attention's parallel tile loop runs a head's row tiles in turn: its kᵀ and v stay in L2
+    attention_head_major: bool = True
+    # attention's q·kᵀ inside the softmax's tile loop, kᵀ packed in panels of a tile's keys
+    attention_one_pass: bool = True
+    # the blocked convolution's register tile: "held" (partial tiles in half the registers),
+    # "partial" (the most FMAs per step) or "dividing" (columns dividing the width)
+    conv_register_tile: str = "held"
+
+    def __post_init__(self) -> None:
+        if self.candidates is not None and not isinstance(self.candidates, tuple):
+            object.__setattr__(self, "candidates", tuple(self.candidates))
+        if self.conv_register_tile not in CONV_REGISTER_TILES:
+            raise ValueError(f"conv_register_tile={self.conv_register_tile!r}: not one of "
+                             f"{', '.join(CONV_REGISTER_TILES)}")
+
+    def updated(self, **settings: Any) -> CompileOptions:
+        """These options with each setting given not None replaced (keyword arguments of
+        the older API build options through it)."""
+        return dataclasses.replace(self, **{k: v for k, v in settings.items() if v is not None})
+
+
+def options_or_default(options: CompileOptions | None) -> CompileOptions:
+    """``options``, or the default ones."""
+    return CompileOptions() if options is None else options
+
+
+__all__ = ["CONV_REGISTER_TILES", "CompileOptions", "debug_from_env", "options_or_default"]
