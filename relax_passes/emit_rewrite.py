@@ -75,16 +75,19 @@ class EmitRewrite:
         self.func = func = mod[self.func_name]
         bb = relax.BlockBuilder(mod)
         self._blocks, changed, emit_cache = list(func.body.blocks), False, {}
-        for k, block in enumerate(self._blocks):
-            if not isinstance(block, relax.DataflowBlock):
-                continue
-            self._at = k
-            new = self.rewrite_block(bb, EmitGraph(mod, block, emit_cache), facts)
-            if new is not None:
-                self._blocks[k], changed = new, True
-        if not changed:
-            return mod
-        with_blocks(bb, mod, self.func_name, self._blocks)
+        try:
+            for k, block in enumerate(self._blocks):
+                if not isinstance(block, relax.DataflowBlock):
+                    continue
+                self._at = k
+                new = self.rewrite_block(bb, EmitGraph(mod, block, emit_cache), facts)
+                if new is not None:
+                    self._blocks[k], changed = new, True
+            if not changed:
+                return mod
+            with_blocks(bb, mod, self.func_name, self._blocks)
+        finally:
+            self.func, self._blocks = None, []  # hold no module past the walk
         return self.finish(bb.get())
 
     def rest(self) -> relax.SeqExpr:
