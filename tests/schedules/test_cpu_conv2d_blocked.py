@@ -292,6 +292,15 @@ def test_register_tile_fits_the_accumulators():
     assert register_tile(blocks=1, width=56, vectors_per_block=1, registers=16) == (1, 8)
 
 
+def test_register_tile_forms_of_the_options():
+    """``CompileOptions.conv_register_tile``: the earlier forms the A/B script measures
+    against. At width 199 "partial" takes the 2 x 14 tile of the most FMAs, "dividing"
+    a column per step; at 49 all three agree."""
+    assert [register_tile(32, 199, 1, 32, form) for form in ("held", "partial", "dividing")] == [
+        (1, 14), (2, 14), (4, 1)]
+    assert {register_tile(32, 49, 1, 32, form) for form in ("held", "partial", "dividing")} == {(2, 7)}
+
+
 def test_only_the_three_blocked_forms_are_ours():
     """Dense, grouped with whole blocks per group, depthwise; mismatched blocks, a kernel
     whose I is not one group's channels, groups that split a block and plain layouts go to

@@ -270,6 +270,20 @@ def test_tile_by_area_takes_more_rows_where_widest_first_cannot_divide_them():
         assert by_area == plan_gemm(1, m, n, 768, lanes=16, cores=2)
 
 
+def test_plans_follow_the_options_the_rule_is_given():
+    """The knobs of ``CompileOptions`` the A/B script switches: no area slack takes LLaMA's
+    least padded tile (4 x 4 vectors), ``kc`` near 256 with the by-area tile, and the
+    widest column block instead of the even split (1536 columns: 3 chunks of 512 on 2
+    cores, where the even split takes 4 of 384)."""
+    by_area = (1, 128, 2816, 1024, 16, 2, 32, False, False, True)
+    least = plan_gemm(*by_area, CompileOptions(gemm_area_slack=1.0))
+    assert (least.mr, least.nr, least.n_padded) == (4, 64, 2816)
+    assert plan_gemm(*by_area, CompileOptions(gemm_kc_near_by_area=256)).kc == 256
+    plain = (1, 128, 1536, 768, 16, 2, 32, False, False, False)
+    assert plan_gemm(*plain).nc == 384
+    assert plan_gemm(*plain, CompileOptions(gemm_even_column_blocks=False)).nc == 512
+
+
 @pytest.mark.parametrize(
     ("m", "n", "k", "b_contiguous_in_n", "b_im2col"),
     [(128, 768, 3072, False, False), (7, 33, 65, False, False), (4, 256, 512, True, False),
