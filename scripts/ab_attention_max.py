@@ -1,7 +1,7 @@
 """The attention row max over vector lanes at key counts that are not whole vectors,
 against the serial max, in one process: ``python -m scripts.ab_attention_max [MODEL ...]``.
 
-Sides, each built twice and called in turn (``ab_gemm_rules.compare_sides``): ``serial``
+Sides, each built twice and called in turn (``harness.compare_sides``): ``serial``
 without ``whole_vectors.pad_max`` (``CompileOptions.attention_lane_max`` False: a static key count that is not a multiple of the lanes
 then takes its row max in a scalar loop, as before the padding covered constant counts);
 ``lanes``, the default build.  Printed per side: the median time, in brackets the median
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from aicf_tvm import CompileOptions
-from scripts.ab_gemm_rules import compare_sides
+from scripts.harness import compare_sides
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Attention's tile loop with each head's row tiles in turn against the row tiles outside
 the heads, in one process: ``python -m scripts.ab_attention_order [--seq N] [MODEL ...]``.
 
-Sides, each built twice and called in turn (``ab_gemm_rules.compare_sides``):
+Sides, each built twice and called in turn (``harness.compare_sides``):
 ``tile_major`` fuses the parallel tile loop as (row tile, head), as the rule did before
 (``CompileOptions.attention_head_major`` False), so a core's consecutive steps read every
 head's kᵀ and v in turn; ``head_major``, the default build (``attention._tile_loop``): (head, row tile), one head's kᵀ and v read by
@@ -13,7 +13,7 @@ tile_major's bits.  MODEL: as ``ab_gemm_rules.py``; ``--seq`` sets the text mode
 from __future__ import annotations
 
 from aicf_tvm import CompileOptions
-from scripts.ab_gemm_rules import compare_main
+from scripts.harness import compare_main
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Attention in one pass over tiles, with kᵀ packed in panels, against the two passes
 over a row-major kᵀ, in one process: ``python -m scripts.ab_attention_tiles [--seq N] [MODEL ...]``.
 
-Sides, each built twice and called in turn (``ab_gemm_rules.compare_sides``): ``two_pass``
+Sides, each built twice and called in turn (``harness.compare_sides``): ``two_pass``
 packs kᵀ ``[b, k, keys]`` and runs q·kᵀ for every row before the softmax and p·v
 (``attention._one_pass`` and ``attention._key_panels`` switched off:
 ``CompileOptions.attention_one_pass`` False), as the rule did before; ``one_pass``, the default build: q·kᵀ inside the tile loop of the softmax and p·v
@@ -15,7 +15,7 @@ with it: at 128 tokens it is a few percent of the model, at 1024 a third of GPT-
 from __future__ import annotations
 
 from aicf_tvm import CompileOptions
-from scripts.ab_gemm_rules import compare_main
+from scripts.harness import compare_main
 
 
 def main() -> None:

@@ -8,17 +8,17 @@ then ran one or two columns per step), and "partial" the first form of partial t
 (``CompileOptions.conv_register_tile``),
 which took the tile of the most FMAs per step (2 x 14: 28 accumulators) where "held" takes
 the best of at most half the registers (1 x 14).  Each side is built twice and their calls
-interleaved (``ab_gemm_rules.compare_sides``: the ratio to "dividing", the error against
+interleaved (``harness.compare_sides``: the ratio to "dividing", the error against
 PyTorch and whether the bits equal its, per model).
 
-MODEL: any model ``ab_gemm_rules.make`` builds, ``NAME@SIZE`` a convnet at SIZE px
+MODEL: any model ``harness.ab_model`` builds, ``NAME@SIZE`` a convnet at SIZE px
 (``resnet50@299``: ResNet-50 at 299 px, whose stages are 150, 75, 38, 19 and 10 wide).
 """
 
 from __future__ import annotations
 
 from aicf_tvm import CompileOptions
-from scripts.ab_gemm_rules import compare_main
+from scripts.harness import compare_main
 
 if __name__ == "__main__":
     compare_main(__doc__, {form: CompileOptions(conv_register_tile=form) for form in ("dividing", "partial", "held")},

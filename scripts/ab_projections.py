@@ -1,7 +1,7 @@
 """Combined projections and even column blocks against their absence, in one process:
 ``python -m scripts.ab_projections [MODEL ...]``.
 
-Sides, each built twice and called in turn (``ab_gemm_rules.compare_sides``): ``base``
+Sides, each built twice and called in turn (``harness.compare_sides``): ``base``
 without ``relax_passes.CombineProjections`` and with the widest column block of at most
 512 (``gemm_plan._choose_nc`` before it split the blocks evenly over the cores:
 ``CompileOptions.combine_projections`` and ``gemm_even_column_blocks`` False);
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from aicf_tvm import CompileOptions
-from scripts.ab_gemm_rules import compare_sides
+from scripts.harness import compare_sides
 
 
 def main() -> None:

@@ -10,15 +10,24 @@ packages and ``tests`` import without path edits, and no script imports another.
 * dynamic-shape text models (``text_model``, ``token_inputs``, ``compile_text``) of
   ``bench_dynamic`` and ``profile_dynamic``;
 * timing loops (``best_seconds``, ``interleaved_best``);
+* the A/B runs: a model built under each side's ``CompileOptions``, the builds called in
+  turn in one process (``compare_sides``, ``compare_main``, ``old_new_main``);
 * the Adam benchmark's MLP (``MLP_SHAPES``, ``HYPER``), which the device-check bundle also runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 import timeit
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from aicf_tvm import CompileOptions
 
 # ------------------------------------------------------------------------- models
 
@@ -241,6 +250,72 @@ def ab_model(name: str, seq: int = 128) -> Model:
                                 num_attention_heads=14, num_key_value_heads=2, vocab_size=32000)
         return _text(name, tf.Qwen2Model(config), 32000, 96, mask=True)
     return build(name, seq)
+
+
+# ------------------------------------------------------------ A/B in one process
+
+BUILDS, PAIRS = 2, 24
+
+
+def compare_sides(name: str, sides: dict[str, CompileOptions], seq: int = 128) -> str:
+    """``name`` built ``BUILDS`` times with each side's options (the first side is the
+    base), the builds' calls interleaved for ``PAIRS`` rounds (the order reversed every
+    other round); per side its median time, the median over rounds of its time over the
+    base's, its error against PyTorch and whether its output has the base's bits.
+    ``seq``: the sequence length of a text model (``build``)."""
+    import torch
+
+    import aicf_tvm
+
+    model = ab_model(name, seq)
+    mod = aicf_tvm.from_torch(model.module, model.inputs)
+    inputs = [t.numpy() for t in model.inputs]
+    with torch.no_grad():
+        want = model.module(*model.inputs).numpy()
+        other = model.module(*model.other_inputs).numpy()
+    if np.array_equal(want, other):
+        raise SystemExit(f"{name}: two different inputs give the same output; no check possible")
+    builds = {label: [aicf_tvm.compile(mod, target="llvm", options=options) for _ in range(BUILDS)]
+              for label, options in sides.items()}
+    outputs = {label: np.asarray(compiled[0](*inputs)) for label, compiled in builds.items()}
+    for compiled in (c for side in builds.values() for c in side):
+        compiled(*inputs)  # every build called once before the timed rounds
+    base = next(iter(sides))
+    scale = float(np.abs(want).max())
+    times: dict[str, list[float]] = {label: [] for label in sides}
+    for turn in range(PAIRS):
+        for label in list(sides) if turn % 2 == 0 else list(sides)[::-1]:
+            compiled = builds[label][turn % BUILDS]
+            start = time.perf_counter()
+            compiled(*inputs)
+            times[label].append(time.perf_counter() - start)
+    parts = [f"{name:12s}"]
+    for label in sides:
+        ratio = statistics.median(t / b for t, b in zip(times[label], times[base]))
+        error = float(np.abs(outputs[label] - want).max()) / scale
+        same = "same bits" if np.array_equal(outputs[label], outputs[base]) else "other bits"
+        median = 1e3 * statistics.median(times[label])
+        parts.append(f"{label} {median:.2f} ms ({ratio:.3f}, {error:.1e}, {same})")
+    return "  ".join(parts)
+
+
+def compare_main(doc: str, sides: dict[str, CompileOptions], models: list[str], seq: int) -> None:
+    """A comparison script's main: MODEL ... and ``--seq`` from the command line, each
+    model's sides compared by ``compare_sides``, one line per model."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("models", nargs="*", default=models)
+    parser.add_argument("--seq", type=int, default=seq, help="the text models' length")
+    args = parser.parse_args()
+    for name in args.models:
+        print(f"seq {args.seq:<5d} {compare_sides(name, sides, seq=args.seq)}", flush=True)
+
+
+def old_new_main(doc: str, old: CompileOptions, models: list[str], seq: int = 128) -> None:
+    """``compare_main`` of two sides: "old" built with the options ``old``, "new" with the
+    default ones (the default build)."""
+    from aicf_tvm import CompileOptions
+
+    compare_main(doc, {"old": old, "new": CompileOptions()}, models, seq)
 
 
 # ------------------------------------------------------ dynamic-shape text models

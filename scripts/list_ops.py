@@ -30,8 +30,8 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
-from aicf_tvm.driver.models import BUILTIN_MODELS
 from aicf_tvm.core.tvm_values import to_python
+from aicf_tvm.driver.models import BUILTIN_MODELS
 
 # Calls whose first argument names the real callee.
 CALLEE_FIRST = {"relax.call_tir", "relax.call_dps_packed", "relax.call_pure_packed"}
