@@ -37,7 +37,9 @@ so that each peer runs right after each other peer about equally often: a neighb
 steals a core hurts all peers alike. The median over rounds is reported. Printed per
 model: latency of each peer, ratio ours/peer (of the medians, and ``paired``: the median
 of the rounds' own ratios, steadier where the machine's speed drifts between rounds) and
-compile seconds; then the geometric mean of each ratio of the medians. The JSON keeps every round's time and the peer that ran just before it.
+compile seconds; then the geometric mean of each ratio of the medians. The JSON keeps every round's time and the peer that ran just before it,
+and under ``run`` where it ran: date, command, commit, CPU model and ISA flags, our target,
+the peers' versions (``scripts/benchmarks_md.py`` turns such files into ``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def parse_args() -> argparse.Namespace:
                         help="compiles of ours (and ours_tuned), called in turn round by round")
     parser.add_argument("--tol", type=float, default=1e-3, help="max |a-b| / max |ref| allowed")
     parser.add_argument("--seq", type=int, default=SEQ, help="sequence length of the text models")
-    parser.add_argument("--json", default="bench_peers.json")
+    parser.add_argument("--json", default="bench_peers.json", metavar="PATH",
+                        help="write the results and where they were taken (default: bench_peers.json)")
     parser.add_argument("--work-dir", default=None, help="where ONNX files and tuning records go")
     return parser.parse_args()
 
@@ -178,7 +181,7 @@ def tvm_default(model: Model, threads: int, work: Path) -> Runner:
     from tvm import relax
 
     import aicf_tvm
-    from aicf_tvm.driver.targets import resolve_target
+    from aicf_tvm.runtime.targets import resolve_target
 
     target = resolve_target("llvm")
     mod = aicf_tvm.from_torch(model.module, model.inputs)
@@ -303,6 +306,56 @@ def time_rounds(peers: dict[str, Peer], rounds: int) -> None:
             previous = name
 
 
+# ISA flags of /proc/cpuinfo that decide our kernels' tiles and the peers' paths
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+             "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+
+
+def run_info(target: str) -> dict[str, Any]:
+    """Where and when this run took its numbers: what ``docs/benchmarks.md`` prints."""
+    import datetime
+    import platform
+    import subprocess
+    from importlib import metadata
+
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(["git", *cmd], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                                  text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    cpu: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model", "flags", "vendor_id") and key not in cpu:
+                cpu[key] = value.strip()
+    except OSError:
+        pass
+    flags = set(cpu.get("flags", "").split())
+    versions = {}
+    for dist in ("apache-tvm", "torch", "onnxruntime", "openvino", "transformers"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "-m", "scripts.bench_peers", *sys.argv[1:]]),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "aicf_tvm", "relax_passes", "schedules")),
+        "cpu": cpu.get("model name", platform.processor()),
+        "cpu_family": cpu.get("cpu family", ""), "cpu_model": cpu.get("model", ""),
+        "isa": [f for f in ISA_FLAGS if f in flags],
+        "cpus": len(os.sched_getaffinity(0)),
+        "target": target,
+        "python": platform.python_version(),
+        "versions": versions,
+    }
+
+
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
@@ -314,11 +367,12 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     import aicf_tvm
-    from aicf_tvm.driver.targets import describe, resolve_target
+    from aicf_tvm.runtime.targets import describe, resolve_target
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_peers_"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"target {describe(resolve_target('llvm'))}; peers with {args.threads} thread(s); "
+    target = describe(resolve_target("llvm"))
+    print(f"target {target}; peers with {args.threads} thread(s); "
           f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}; aicf_tvm {aicf_tvm.__file__}")
     results: dict[str, dict] = {}
     ratios: dict[str, list[float]] = {}
@@ -346,8 +400,9 @@ def main() -> None:
     summary = {p: geomean(v) for p, v in ratios.items()}
     for p, g in summary.items():
         print(f"  ours/{p:<10} {g:.2f}  ({len(ratios[p])} model(s))")
-    Path(args.json).write_text(json.dumps({"models": results, "geomean_ours_over": summary,
-                                           "threads": args.threads, "rounds": args.rounds}, indent=1))
+    Path(args.json).write_text(json.dumps({"run": run_info(target), "models": results, "geomean_ours_over": summary,
+                                           "threads": args.threads, "rounds": args.rounds, "seq": args.seq},
+                                          indent=1))
     print(f"wrote {args.json}")
 
 
