@@ -61,7 +61,7 @@ from schedules.cuda import host_bound_kernels
 from schedules.select import apply_database
 
 from aicf_tvm.library import DEFAULT_CANDIDATES
-from aicf_tvm.core.errors import UnsupportedModelError
+from aicf_tvm.core.errors import TargetError, UnsupportedModelError
 from aicf_tvm.core.options import CompileOptions, options_or_default
 from aicf_tvm.core.report import Decision, FusionReport
 from aicf_tvm.driver.verify import verify_contracts
@@ -205,13 +205,20 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
     return mod
 
 
-def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
+def device_checks(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """On a GPU target, index checks moved to the host and every kernel bound to GPU threads
+    (``UnsupportedModelError`` otherwise); the module as it is elsewhere."""
     if "gpu" in target.keys:  # a GPU kernel cannot call the host to raise: check on the host
         mod = HostIndexChecks()(mod)
     if "gpu" in target.keys and (unbound := host_bound_kernels(mod)):
         raise UnsupportedModelError(
             f"kernel(s) {', '.join(unbound)} have no GPU schedule (a loop bound to no GPU thread "
             f"would run on the host over device memory); no rule of {target.kind.name} applies")
+    return mod
+
+
+def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
+    mod = device_checks(mod, target)
     passes = backend_passes(target)
     # CPU kernels decide per call whether a symbolic-size parallel loop is worth the pool
     tir = "default" if "gpu" in target.keys else tir_pipeline()
@@ -312,14 +319,16 @@ def get_pipeline(options: CompileOptions | None = None, *, report: FusionReport 
                  finalize: bool = True) -> tvm.transform.Pass:
     """What ``compile`` does to the module before it builds, as a module pass: normalize,
     the fusion fixpoint, LowerEmits and kernel selection (``run_pipeline`` up to
-    "schedule"), then, with ``finalize``, the backend's dataflow lowering and finalization,
-    so that ``tvm.compile(mod, target, relax_pipeline=get_pipeline(options))`` builds it.
-    ``finalize=False`` stops at the scheduled kernels, for a pipeline that lowers by itself.
+    "schedule"), then, with ``finalize``, ``device_checks`` and the backend's dataflow
+    lowering and finalization, so that ``tvm.compile(mod, target,
+    relax_pipeline=get_pipeline(options))`` builds it.  ``finalize=False`` stops at the
+    scheduled kernels, for a pipeline that lowers by itself.
 
     The target is ``options.target``, else the enclosing ``with target:`` (``tvm.compile``
     enters its own); ``report`` collects the decisions.  ``tvm.compile`` builds with its
     own TIR pipeline and codegen target: ``compile`` adds ``GuardSmallParallel`` to the
-    first and keeps LLVM's vectorizers from gathers in the second (``build``).
+    first, keeps LLVM's vectorizers from gathers in the second and exports CUDA kernels
+    compiled (``build``).
     """
     options = options_or_default(options)
 
@@ -327,10 +336,13 @@ def get_pipeline(options: CompileOptions | None = None, *, report: FusionReport 
     def aicf_pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         target = options.target if options.target is not None else tvm.target.Target.current(allow_none=True)
         if target is None:
-            raise ValueError("get_pipeline: no target (set CompileOptions.target, or run inside `with target:`)")
+            raise TargetError("get_pipeline: no target; set CompileOptions.target, or run the pass "
+                              "inside `with target:` (tvm.compile enters its target)")
         target = resolve_target(target)
         lowered = run_pipeline(NormalizeCreationOps()(mod), until="schedule", report=report,
                                options=options.updated(target=target)).lowered
-        return tvm.transform.Sequential(backend_passes(target))(lowered) if finalize else lowered
+        if not finalize:
+            return lowered
+        return tvm.transform.Sequential(backend_passes(target))(device_checks(lowered, target))
 
     return aicf_pipeline

@@ -5,6 +5,7 @@ as its Relax pipeline, or that runs inside a user's ``Sequential``."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
 import tvm_ffi
 from tvm import relax
@@ -85,3 +86,9 @@ def test_compile_keywords_and_options_build_alike():
     by_options = aicf_tvm.compile(mod, options=CompileOptions(target="llvm", threads=1))
     tvm.ir.assert_structural_equal(by_keywords.lowered, by_options.lowered)
     assert by_options.threads == by_keywords.threads == 1
+
+
+def test_the_pass_without_a_target_says_where_to_give_one():
+    mod, _ = _mlp()
+    with pytest.raises(aicf_tvm.TargetError, match="set CompileOptions.target"):
+        aicf_tvm.get_pipeline()(mod)
