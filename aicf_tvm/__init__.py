@@ -47,8 +47,8 @@ _LAZY = {
     "from_onnx": ".driver.frontends",
     "from_torch": ".driver.frontends",
     "load_model": ".driver.frontends",
-    "tune": ".driver.tuning",
-    "TuneResult": ".driver.tuning",
+    "tune": ".driver.tuning.run",
+    "TuneResult": ".driver.tuning.run",
     "load": ".runtime.compiled",
 }
 __all__ += list(_LAZY)

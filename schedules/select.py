@@ -1,7 +1,7 @@
 """Kernel selection: a tuned record for the Emit's contract signature, else the default rules.
 
 Records live in a MetaSchedule JSON database (``database_*.json`` in a work dir), written
-by ``schedules.tune``.  MetaSchedule keys a record by the structural hash of its workload,
+by ``schedules.tuning.tasks``.  MetaSchedule keys a record by the structural hash of its workload,
 so tuning and selection must query with exactly the same PrimFunc: ``workload_of`` is that
 one function.  It drops our own attrs (``aicf.emit`` differs between models in facts that
 do not change the kernel) and adds ``aicf.signature``, a key derived from the Emit's
@@ -46,7 +46,7 @@ from aicf_tvm.core.errors import TuningError
 from aicf_tvm.core.tvm_values import to_python
 
 from .cpu.gemm_blocks import LAYOUT_FREE_ATTR
-from .choices import apply_choice, choice_label
+from schedules.tuning.choices import apply_choice, choice_label
 
 _LOG = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ def apply_database(mod: tvm.IRModule, target: tvm.target.Target, database: Any,
     """Replace each Emit PrimFunc whose signature has a winning record by its tuned schedule.
 
     ``choices`` (per signature, as in ``aicf_tuning.json``) replaces the work dir's own:
-    tuning builds its model variants so (``aicf_tvm.driver.tune_model``)."""
+    tuning builds its model variants so (``aicf_tvm.driver.tuning.in_models``)."""
     db = open_database(database)
     from_dir = isinstance(database, (str, os.PathLike))
     judged = choices is not None or (from_dir and (Path(database) / CHOICES_FILE).exists())

@@ -28,7 +28,7 @@ import tvm
 from tvm import tirx
 
 import aicf_tvm
-from aicf_tvm.driver.tune_model import kernel_seconds, model_inputs
+from aicf_tvm.driver.tuning.in_models import kernel_seconds, model_inputs
 from aicf_tvm.runtime.threads import use_threads
 from relax_passes.lower_emits import kernel_calls
 from scripts import harness

@@ -239,11 +239,11 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     try:
-        from .tuning import tune
+        from aicf_tvm.driver.tuning.run import tune
     except ModuleNotFoundError as err:
         if err.name != f"{__package__}.tuning":
             raise
-        raise TuningError("aicf tune: this installation has no aicf_tvm.driver.tuning module") from err
+        raise TuningError("aicf tune: this installation has no aicf_tvm.driver.tuning.run module") from err
 
     target = resolve_target(args.target)
     result = tune(args.models, target=target, trials=args.trials, work_dir=args.work_dir, **_model_args(args),

@@ -29,11 +29,11 @@ module did not foresee raises inside ``apply``, which then returns None.
 ``prepare_gemm`` does the normalisation and inlining, ``tile_gemm`` steps 1-4 for a given
 plan.  ``apply(..., tunable=True)`` forks the prepared schedule once per
 ``gemm_plan.plan_candidates`` plan (``gemm_spaces``) and samples the block sizes there:
-those are the design spaces ``aicf tune`` searches (``schedules.tune_space``).  Untuned,
+those are the design spaces ``aicf tune`` searches (``schedules.tuning.space``).  Untuned,
 nothing is sampled and the schedule is the one described above.  ``Gemm.choices`` gives
 each candidate plan's complete schedule (nothing sampled) with its ``plan_choice``, and
 ``Gemm.apply_choice`` schedules by one of them: a kernel with symbolic extents is tuned and
-compiled that way (``schedules.tune_symbolic``).
+compiled that way (``schedules.tuning.symbolic``).
 """
 
 from __future__ import annotations

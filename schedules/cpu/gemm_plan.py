@@ -38,7 +38,7 @@ first, then its neighbours (``mr`` near the rule's pick and the widest that fits
 parallel split and packing choice, ``nr`` of 1..4 vectors).  The
 block sizes ``mc``, ``nc``, ``kc`` are not enumerated here: the tunable schedule samples
 them (``gemm.tile_gemm``), with this plan's values as the starting decision.  A kernel with
-symbolic extents is tuned in these plans alone (``schedules.tune_symbolic``): a plan is
+symbolic extents is tuned in these plans alone (``schedules.tuning.symbolic``): a plan is
 named by ``plan_choice`` (the fields the candidates vary), which ``aicf_tuning.json``
 stores and ``compile`` looks up among the candidates again (``chosen_plan``).
 """

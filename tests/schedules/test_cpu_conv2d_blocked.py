@@ -35,7 +35,7 @@ from schedules.cpu.conv2d_blocked import (
     schedule_depthwise,
 )
 from schedules.cpu.gemm_blocks import find_reduction_block
-from schedules.tune_space import space_count
+from schedules.tuning.space import space_count
 from tests.schedules.test_cpu_gemm import fused_primfunc, run_scheduled, target
 
 __all__ = ["target"]

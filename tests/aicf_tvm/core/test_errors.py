@@ -31,8 +31,8 @@ def exception_classes(module_name: str) -> list[type]:
 def test_the_walk_sees_the_packages_and_their_errors():
     """The walk reaches every layer (an empty walk would pass the check below vacuously)."""
     modules = our_modules()
-    assert {"aicf_tvm.core.errors", "aicf_tvm.driver.tuning", "relax_passes.lower_emits",
-            "schedules.tune"} <= set(modules)
+    assert {"aicf_tvm.core.errors", "aicf_tvm.driver.tuning.run", "relax_passes.lower_emits",
+            "schedules.tuning.tasks"} <= set(modules)
     assert AicfError in exception_classes("aicf_tvm.core.errors")
 
 
@@ -44,9 +44,9 @@ def test_every_exception_class_of_our_modules_derives_from_aicf_error():
 
 @pytest.mark.parametrize(("module", "name", "bases"), [
     ("aicf_tvm.runtime.cuda_binary", "CarriedBinaryError", (DeployError, RuntimeError)),
-    ("schedules.tune", "TuningFailed", (TuningError, RuntimeError)),
-    ("schedules.tune", "SearchFailed", (TuningError, RuntimeError)),
-    ("schedules.remote", "RemoteError", (TuningError, RuntimeError)),
+    ("schedules.tuning.tasks", "TuningFailed", (TuningError, RuntimeError)),
+    ("schedules.tuning.tasks", "SearchFailed", (TuningError, RuntimeError)),
+    ("schedules.tuning.remote", "RemoteError", (TuningError, RuntimeError)),
 ])
 def test_errors_outside_errors_py_keep_their_builtin_base(module, name, bases):
     """They were plain RuntimeErrors before joining the tree: callers that catch

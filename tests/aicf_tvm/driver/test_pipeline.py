@@ -13,7 +13,7 @@ from aicf_tvm import verify_contracts
 from aicf_tvm.driver.models import BUILTIN_MODELS
 from aicf_tvm.driver.pipeline import MAX_ROUNDS, normalize, optimize, run_pipeline, schedule
 from aicf_tvm.runtime.targets import describe, resolve_target
-from aicf_tvm.driver.tuning import lower_for_tuning
+from aicf_tvm.driver.tuning.run import lower_for_tuning
 from aicf_tvm.core.report import FusionReport
 from tests.conftest import run_vm
 from tests.relax_passes.test_fold_batch_norm import conv_bn

@@ -1,6 +1,6 @@
 """Kernels with symbolic extents in tuning (schedules/tune_symbolic.py): the bindings they
 are timed at, and the GEMM rule's choices that serve every binding.  No tuning run here
-(tests/aicf_tvm/driver/test_tuning_symbolic.py has them)."""
+(tests/aicf_tvm/driver/tuning/test_symbolic.py has them)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from tvm import relax, tirx
 
 from aicf_tvm.driver.symbolic import with_dim_bounds
 from aicf_tvm.runtime.targets import resolve_target
-from aicf_tvm.driver.tuning import lower_for_tuning
+from aicf_tvm.driver.tuning.run import lower_for_tuning
 from relax_passes.bound_shapes import bounds_of
 from schedules.cpu import Gemm
 from schedules.select import workload_of
-from schedules.tune_symbolic import DEFAULT_UPPER, kernel_bindings, representative_values
+from schedules.tuning.symbolic import DEFAULT_UPPER, kernel_bindings, representative_values
 from tests.helpers import relax_main
 
 

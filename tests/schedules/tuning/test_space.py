@@ -2,7 +2,7 @@
 
 A design space is a trace MetaSchedule replays with new decisions, so each one is checked
 the way MetaSchedule uses it: with the default plan's decisions and re-sampled at random,
-built and compared with numpy.  No tuning run here (tests/aicf_tvm/test_tuning.py has one).
+built and compared with numpy.  No tuning run here (tests/aicf_tvm/driver/tuning/test_run.py has one).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 from schedules.cpu import Conv2d, Gemm
 from schedules.cpu.common import float32_lanes, gemm_tiles_by_area, vector_registers
 from schedules.cpu.gemm_plan import plan_gemm
-from schedules.tune_space import design_spaces, has_unplain_rewrite, space_generator, timed_form
+from schedules.tuning.space import design_spaces, has_unplain_rewrite, space_generator, timed_form
 from tests.schedules.test_cpu_conv2d import CASES, conv_case
 from tests.schedules.test_cpu_gemm import fused_primfunc, random_inputs, run_scheduled, target
 

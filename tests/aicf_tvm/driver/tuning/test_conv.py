@@ -61,7 +61,7 @@ def tuned(tmp_path_factory):
 
 
 def test_the_trials_are_our_rules_plans_each_measured_once(tuned):
-    from schedules.tune_space import design_spaces, space_count
+    from schedules.tuning.space import design_spaces, space_count
 
     work_dir, result = tuned
     (task,) = result.tasks
@@ -102,8 +102,8 @@ def test_compile_uses_the_choice_and_stays_right(tuned):
 
 
 def test_the_candidates_were_timed_in_the_model_and_that_choice_is_saved(tuned):
-    from aicf_tvm.driver import tune_model as tm
-    from schedules.tune_measure import WIN_MARGIN
+    import aicf_tvm.driver.tuning.in_models as tm
+    from schedules.tuning.measure import WIN_MARGIN
 
     work_dir, result = tuned
     (task,) = result.tasks
@@ -121,7 +121,7 @@ def test_the_candidates_were_timed_in_the_model_and_that_choice_is_saved(tuned):
 def test_given_choices_replace_the_work_dirs(tuned):
     """``schedule(..., choices=)`` builds what those choices name, whatever the work dir chose."""
     from aicf_tvm.driver.pipeline import schedule
-    from aicf_tvm.driver.tuning import lower_for_tuning
+    from aicf_tvm.driver.tuning.run import lower_for_tuning
     from schedules.select import record_digest
 
     work_dir, result = tuned
@@ -141,7 +141,7 @@ def test_the_instrument_charges_each_kernel_call_to_its_task():
     to no more than the call."""
     import time
 
-    from aicf_tvm.driver.tune_model import kernel_seconds
+    from aicf_tvm.driver.tuning.in_models import kernel_seconds
 
     compiled = aicf_tvm.compile(conv_model())
     names = [k.name for k in compiled.kernels if "conv2d" in k.name]
@@ -158,8 +158,8 @@ def test_the_instrument_charges_each_kernel_call_to_its_task():
 def test_each_variant_is_built_with_its_own_records(tuned):
     """Variants built one after another from one module of kernels: each has the schedule
     its records name (not the first build's), and runs right."""
-    from aicf_tvm.driver import tune_model as tm
-    from aicf_tvm.driver.tuning import lower_for_tuning
+    import aicf_tvm.driver.tuning.in_models as tm
+    from aicf_tvm.driver.tuning.run import lower_for_tuning
     from schedules.select import load_choices, record_digest
 
     work_dir, result = tuned

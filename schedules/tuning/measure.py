@@ -10,7 +10,7 @@ only when, turn by turn and median to median, it is still faster than the defaul
 ``WIN_MARGIN``: the best of many noisy measurements is otherwise a lucky draw of an equal
 kernel.  It names that record (``select.record_digest``), so ``compile`` applies exactly it.
 
-Every kernel is timed in its ``tune_space.timed_form``, on prepacked weights, by the
+Every kernel is timed in its ``schedules.tuning.space.timed_form``, on prepacked weights, by the
 fastest of its repeats (``tune.fastest_repeat``).
 """
 
@@ -29,9 +29,9 @@ import tvm_ffi
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
-from .select import record_digest
-from .tune import FAILED_SECS, Task, Tools, TuningFailed, default_schedule, mean_secs, valid_records
-from .tune_space import has_unplain_rewrite, timed_form
+from schedules.select import record_digest
+from schedules.tuning.tasks import FAILED_SECS, Task, Tools, TuningFailed, default_schedule, mean_secs, valid_records
+from schedules.tuning.space import has_unplain_rewrite, timed_form
 
 _LOG = logging.getLogger(__name__)
 WIN_MARGIN = 0.98  # a tuned record must beat the default by 2%: less is measurement noise
@@ -55,7 +55,7 @@ class TaskOutcome:
     # and the chosen rule choice ({"rule": ..., "choice": {...}}) instead of a record
     bindings: list[str] | None = None
     plan: dict | None = None
-    # the choice made by the kernel's time in the models (``aicf_tvm.driver.tune_model``):
+    # the choice made by the kernel's time in the models (``aicf_tvm.driver.tuning.in_models``):
     # {"default_s", "tuned_s": seconds per inference, "candidates": how many were timed}
     in_model: dict | None = None
 

@@ -32,12 +32,12 @@ from tvm.s_tir import meta_schedule as ms
 import aicf_tvm
 from aicf_tvm.driver.cli import main
 from aicf_tvm.core.errors import TuningError
-from schedules import tune as st
+import schedules.tuning.tasks as st
 from schedules.select import RECORD_FILE, WORKLOAD_FILE, open_database
-from schedules.tune_measure import CONFIRM_ROUNDS, CONFIRM_TOP
-from tests.schedules.test_tune import gemm_model
+from schedules.tuning.measure import CONFIRM_ROUNDS, CONFIRM_TOP
+from tests.schedules.tuning.test_tasks import gemm_model
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 TRIALS = 4
 RUNNER_TIMEOUT = 10.0  # what a hung candidate costs; ample for a good one under load
 LAYERS, ROWS = [(32, 32)], 16  # also given to the killed process
@@ -115,7 +115,7 @@ class RecordingRunner(ms.runner.PyRunner):
 
 @pytest.fixture
 def faulty_runner(monkeypatch, tmp_path):
-    """``schedules.tune`` measures with a LocalRunner whose 6th call crashes and 7th hangs:
+    """``schedules.tuning.tasks`` measures with a LocalRunner whose 6th call crashes and 7th hangs:
     the first two MetaSchedule candidates (calls 1-2 measure the seeds, 3-5 the default's
     structural neighbours); yields the worker's call log, the runner's error per
     measurement and the timeouts asked for."""
@@ -190,7 +190,7 @@ def test_runner_timeout_must_be_positive(tmp_path):
 
 def test_cli_passes_runner_timeout(monkeypatch, tmp_path):
     seen = {}
-    monkeypatch.setattr("aicf_tvm.driver.tuning.tune", lambda models, **kw: seen.update(kw))
+    monkeypatch.setattr("aicf_tvm.driver.tuning.run.tune", lambda models, **kw: seen.update(kw))
     assert main(["tune", "m.onnx", "--work-dir", str(tmp_path), "--runner-timeout", "2.5"]) == 0
     assert seen["runner_timeout"] == 2.5
     assert main(["tune", "m.onnx", "--work-dir", str(tmp_path)]) == 0
@@ -203,7 +203,7 @@ def test_kill_9_leaves_a_database_that_loads_and_resumes(tmp_path):
     """SIGKILL once the seeds (the default schedule's records) are on disk, mid-search."""
     work_dir = tmp_path / "w"
     args = {"trials": TRIALS, "trials_per_task": TRIALS, "work_dir": str(work_dir), "progress": False}
-    code = (f"import aicf_tvm\nfrom tests.schedules.test_tune import gemm_model\n"
+    code = (f"import aicf_tvm\nfrom tests.schedules.tuning.test_tasks import gemm_model\n"
             f"aicf_tvm.tune(gemm_model({LAYERS!r}, rows={ROWS}), **{args!r})\n")
     with open(tmp_path / "stderr.txt", "wb") as err:
         proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=err, start_new_session=True)

@@ -24,12 +24,12 @@ import aicf_tvm
 from aicf_tvm.driver.cli import main
 from aicf_tvm.driver.symbolic import with_dim_bounds
 from aicf_tvm.runtime.targets import resolve_target
-from aicf_tvm.driver.tuning import lower_for_tuning
+from aicf_tvm.driver.tuning.run import lower_for_tuning
 from aicf_tvm.core.errors import TuningError
-from schedules import tune_symbolic
+import schedules.tuning.symbolic as tune_symbolic
 from schedules.cpu import Gemm
 from schedules.select import CHOICES_FILE, workload_of
-from schedules.tune_space import timed_form
+from schedules.tuning.space import timed_form
 from tests.aicf_tvm.driver.test_cli import _static_linear_onnx
 from tests.helpers import relax_main
 

@@ -23,7 +23,7 @@ Judging: in each turn, a candidate's time over the default's is their geometric 
 the bindings (every binding weighs the same, whatever its size; a sum of times would see
 only the largest).  All budgeted candidates are timed once, then the ``CONFIRM_TOP`` best
 and the default again in ``CONFIRM_ROUNDS`` turns; a candidate is chosen only when the
-median of its turns is under ``WIN_MARGIN``, as a record is (``tune_measure.outcome``).
+median of its turns is under ``WIN_MARGIN``, as a record is (``schedules.tuning.measure.outcome``).
 The choice is saved in ``aicf_tuning.json`` (``plan``: the rule and its choice, with the
 bindings timed); ``compile`` schedules the symbolic kernel by it (``apply_choice``), and a
 choice the rule no longer offers for the kernel keeps the default schedule.
@@ -44,9 +44,9 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
 from .choices import apply_choice, choice_label, tunable_rule
-from .tune import Task, Tools, TuningFailed, mean_secs
-from .tune_measure import CONFIRM_ROUNDS, CONFIRM_TOP, WIN_MARGIN, TaskOutcome
-from .tune_space import timed_form
+from schedules.tuning.tasks import Task, Tools, TuningFailed, mean_secs
+from schedules.tuning.measure import CONFIRM_ROUNDS, CONFIRM_TOP, WIN_MARGIN, TaskOutcome
+from schedules.tuning.space import timed_form
 
 DEFAULT_UPPER = 512  # the largest value timed of a dim the model does not bound
 Binding = dict[str, int]

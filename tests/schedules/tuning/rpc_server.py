@@ -1,7 +1,7 @@
 """A TVM RPC server (as ``python -m tvm.exec.rpc_server`` with a tracker) that a test can put
 in a known state, so the order of events in a tuning run is forced rather than raced:
 
-    python tests/schedules/rpc_server.py --host H --port P --port-end Q --tracker H:P --key K
+    python tests/schedules/tuning/rpc_server.py --host H --port P --port-end Q --tracker H:P --key K
                                          [--gate FILE] [--hold-loads]
 
 ``--gate FILE``: the server starts (imports done) but binds and registers with the tracker

@@ -24,7 +24,7 @@ The build function skips ``import tvm.s_tir.tensor_intrin`` on LLVM targets: tha
 alone takes longer per build worker than MetaSchedule's default builder
 timeout (docs/design.md §9); it applies ``NaNExactComparisons`` and ``VectorizeMath`` as ``compile`` does, so a candidate is
 timed with the math code it will run.  ``Tools(..., tracker=...)`` measures on the servers of a TVM RPC
-tracker instead of this machine (``schedules.remote``).  Imports only TVM, the standard
+tracker instead of this machine (``schedules.tuning.remote``).  Imports only TVM, the standard
 library and this package.
 """
 
@@ -52,16 +52,16 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from aicf_tvm.core.errors import TuningError
 
-from . import default_rules
-from .cpu.codegen import codegen_target
-from .cpu.comparisons import NaNExactComparisons
-from .cpu.ieee_arith import IEEEArithmetic
-from .cpu.int_arith import WrappingIntegers
-from .cpu.parallel_guard import tir_pipeline
-from .cpu.vector_math import VectorizeMath
+from schedules import default_rules
+from schedules.cpu.codegen import codegen_target
+from schedules.cpu.comparisons import NaNExactComparisons
+from schedules.cpu.ieee_arith import IEEEArithmetic
+from schedules.cpu.int_arith import WrappingIntegers
+from schedules.cpu.parallel_guard import tir_pipeline
+from schedules.cpu.vector_math import VectorizeMath
 from .remote import RemoteRunner, Tracker
-from .select import SIGNATURE_ATTR, contract_signature, workload_of
-from .tune_space import space_generator
+from schedules.select import SIGNATURE_ATTR, contract_signature, workload_of
+from schedules.tuning.space import space_generator
 from .choices import tunable_rule
 
 _LOG = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ class Tools:
     and runner start worker processes: a resumed run with nothing to do needs neither).
 
     With a ``tracker``, candidates are built here on all local cores and measured on the
-    tracker's servers, ``workers`` at a time (``schedules.remote``)."""
+    tracker's servers, ``workers`` at a time (``schedules.tuning.remote``)."""
 
     def __init__(self, target: tvm.target.Target, builder_timeout: float, runner_timeout: float,
                  tracker: Tracker | None = None, workers: int = 1) -> None:

@@ -33,8 +33,8 @@ import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
 
-from . import default_rules
-from .cpu.gemm_blocks import PREPACK_ANNOTATION, is_plain_copy
+from schedules import default_rules
+from schedules.cpu.gemm_blocks import PREPACK_ANNOTATION, is_plain_copy
 
 _LOG = logging.getLogger(__name__)
 

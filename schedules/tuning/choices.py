@@ -15,7 +15,7 @@ from typing import Any
 import tvm
 from tvm import tirx
 
-from .rules import default_rules
+from schedules.rules import default_rules
 
 
 def apply_choice(func: tirx.PrimFunc, target: tvm.target.Target, plan: Mapping[str, Any]) -> Any:

@@ -27,9 +27,9 @@ import pytest
 
 import aicf_tvm
 from aicf_tvm.core.errors import TuningError
-from schedules.remote import Tracker, is_lost_server
-from schedules.tune_measure import CONFIRM_ROUNDS, CONFIRM_TOP
-from tests.schedules.test_tune import gemm_model
+from schedules.tuning.remote import Tracker, is_lost_server
+from schedules.tuning.measure import CONFIRM_ROUNDS, CONFIRM_TOP
+from tests.schedules.tuning.test_tasks import gemm_model
 
 pytestmark = pytest.mark.skipif(os.environ.get("AICF_SKIP_RPC") == "1", reason="AICF_SKIP_RPC=1")
 pytest.importorskip("tornado", reason="TVM's RPC tracker needs tornado (pip install -e '.[test]')")
@@ -103,7 +103,7 @@ class Cluster:
 
     def add_server(self, name: str, *options: str) -> Process:
         """TVM's server, or with ``options`` (``--gate FILE``, ``--hold-loads``) ours that
-        can be held in a known state (``tests/schedules/rpc_server.py``)."""
+        can be held in a known state (``tests/schedules/tuning/rpc_server.py``)."""
         port = free_port()
         proc = Process(self.tmp_path / f"{name}.log", str(SERVER) if options else "tvm.exec.rpc_server",
                        "--host", HOST, "--port", str(port), "--port-end", str(port + 1),
@@ -186,7 +186,7 @@ def test_losing_a_server_midway_loses_no_record(tmp_path, caplog):
                 outcome["error"] = err
 
         tuning = threading.Thread(target=tune, daemon=True)
-        with caplog.at_level(logging.WARNING, logger="schedules.remote"):
+        with caplog.at_level(logging.WARNING, logger="schedules.tuning.remote"):
             tuning.start()
             wait_for(lambda: doomed.measured() == 1 or not tuning.is_alive(),
                      "the first measurement on the doomed server", timeout_s=300)

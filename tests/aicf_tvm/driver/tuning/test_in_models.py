@@ -1,6 +1,6 @@
 """``tune_model.choose``: a record is chosen by its time in the model, and only when it
 wins both the screening turns and fresh confirming ones.  The builds and timings are
-scripted here (the real ones are exercised end to end by ``test_tuning_conv.py``)."""
+scripted here (the real ones are exercised end to end by ``tests/aicf_tvm/driver/tuning/test_conv.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from aicf_tvm.driver import tune_model as tm
+import aicf_tvm.driver.tuning.in_models as tm
 
 # seconds per turn of each task's candidates (None: the default rule), screening / confirming
 SCREEN = {"a": {None: 1.0, "a1": 1.0, "a2": 0.8}, "b": {None: 1.0, "b1": 0.9}, "c": {None: 1.0, "c1": 1.01}}

@@ -1,6 +1,6 @@
 """Choosing each tuned kernel by its time inside the models it serves.
 
-Tuning times a candidate alone (``schedules.tune_measure``): one kernel, caches flushed,
+Tuning times a candidate alone (``schedules.tuning.measure``): one kernel, caches flushed,
 the fastest of its repeats.  In a model the kernel runs after its producer, on an input
 that producer has just written, beside kernels that evict its weights.  The two orders
 can disagree: a blocked-convolution plan of ResNet-50 that ranked near the default alone
@@ -17,7 +17,7 @@ once every task is measured, ``choose`` times the candidates where they run:
    backwards) under a VM instrument that times each kernel call; a task's time in a turn
    is the sum over its calls in every model.
 4. A task takes the candidate whose median turn is least if it beats the default by
-   ``WIN_MARGIN`` turn by turn and median to median (``tune_measure.win_ratio``).
+   ``WIN_MARGIN`` turn by turn and median to median (``schedules.tuning.measure.win_ratio``).
 5. The model with every task so chosen and the default are built again, each
    ``CONFIRM_BUILDS`` times, and timed in ``MODEL_TURNS`` fresh turns, each side's builds
    averaged; a task keeps its record only if it wins there again. The least of many
@@ -52,12 +52,12 @@ import tvm
 from tvm import relax
 
 from schedules.prepack_weights import PREPACKED_SUFFIX
-from schedules import tune_measure as sm
+import schedules.tuning.measure as sm
 from schedules.select import record_digest
 
 from aicf_tvm.driver.compiled import compiled_model, specs_of
 from aicf_tvm.runtime.compiled import CompiledModel
-from .pipeline import build, schedule
+from aicf_tvm.driver.pipeline import build, schedule
 
 _LOG = logging.getLogger(__name__)
 MODEL_CANDIDATES = 7  # records per task timed in the models, fastest by kernel time first

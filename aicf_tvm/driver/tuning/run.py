@@ -2,27 +2,27 @@
 
 Every model is imported, optimized and lowered to Emit PrimFuncs exactly as ``compile``
 does (before any default schedule, constant weights marked layout-free), their kernels
-become one task per contract signature across all models (``schedules.tune.extract_tasks``),
+become one task per contract signature across all models (``schedules.tuning.tasks.extract_tasks``),
 costliest first, and each task is seeded with its measured default schedule and searched
 by MetaSchedule, in our default rule's design spaces where it has them
-(``schedules.tune_space``).  The trials go to the tasks in proportion to their cost
+(``schedules.tuning.space``).  The trials go to the tasks in proportion to their cost
 (FLOPs times calls per inference); a task whose share is under ``MIN_TRIALS`` gets none
 and keeps its default rule, and one whose rule offers a known number of complete
 schedules (a blocked convolution's plans) gets at most that many, the rest going on to
 the others.  A kernel with symbolic extents is tuned in its rule's
 choices, each timed at representative bindings of the model's dims
-(``schedules.tune_symbolic``); one whose rule has none keeps its default schedule.  The
+(``schedules.tuning.symbolic``); one whose rule has none keeps its default schedule.  The
 work dir holds MetaSchedule's JSON database plus
 ``aicf_tuning.json`` (per signature: trials, default and tuned seconds as measured again
 side by side, the choice and its record); ``compile(..., database=work_dir)`` applies it.
 Last, each task's best records are timed again inside the models and the choice is made
-by those times (``tune_model``), which ``aicf_tuning.json`` keeps too (``in_model``).
+by those times (``in_models``), which ``aicf_tuning.json`` keeps too (``in_model``).
 Running again with the same arguments skips tasks that already have their trials; a run
 killed midway (even with ``kill -9``) leaves a database that loads and resumes.  A candidate
 that crashes or hangs the runner costs at most ``runner_timeout`` seconds and is recorded
 as failed; tuning goes on with the next one.
 With ``rpc="HOST:PORT"`` and ``key``, candidates are built here and measured on every
-server registered with that TVM RPC tracker under ``key`` (``schedules.remote``).
+server registered with that TVM RPC tracker under ``key`` (``schedules.tuning.remote``).
 """
 
 from __future__ import annotations
@@ -45,17 +45,17 @@ from tqdm.auto import tqdm
 from relax_passes.bound_shapes import bounds_of
 from relax_passes.lower_emits import kernel_calls
 from schedules.prepack_weights import mark_layout_free
-from schedules import tune as st
-from schedules import tune_measure as sm
-from schedules.remote import RemoteError, Tracker
+import schedules.tuning.tasks as st
+import schedules.tuning.measure as sm
+from schedules.tuning.remote import RemoteError, Tracker
 from schedules.select import CHOICES_FILE, load_choices, open_database
-from schedules.tune_space import design_spaces, space_count
-from schedules.tune_symbolic import choice_label, kernel_bindings, task_choices, tune_choices
+from schedules.tuning.space import design_spaces, space_count
+from schedules.tuning.symbolic import choice_label, kernel_bindings, task_choices, tune_choices
 
 from aicf_tvm.core.errors import TuningError
-from . import tune_model as tm
-from .frontends import load_model
-from .pipeline import run_pipeline
+import aicf_tvm.driver.tuning.in_models as tm
+from aicf_tvm.driver.frontends import load_model
+from aicf_tvm.driver.pipeline import run_pipeline
 from aicf_tvm.runtime.targets import describe, resolve_target
 from aicf_tvm.runtime.threads import thread_count
 
@@ -69,7 +69,7 @@ class TuneResult:
     work_dir: Path
     target: tvm.target.Target
     models: list[str]
-    tasks: list[Any] = field(default_factory=list)  # schedules.tune.TaskOutcome
+    tasks: list[Any] = field(default_factory=list)  # schedules.tuning.tasks.TaskOutcome
     measured: int = 0  # candidates measured by this run (the default baselines excluded)
     untuned: list[str] = field(default_factory=list)  # task keys left for lack of budget
     # "kernel of model: message" for a task whose MetaSchedule search raised (it keeps what was measured)
@@ -77,7 +77,7 @@ class TuneResult:
     # "model: kernel (dims)" not tuned: symbolic extents, and a rule without tunable choices
     symbolic: list[str] = field(default_factory=list)
     measured_on: str = "this machine"  # or "rpc HOST:PORT key KEY (N servers)"
-    in_model: str | None = None  # what timing the candidates in the models found (``tune_model``)
+    in_model: str | None = None  # what timing the candidates in the models found (``in_models``)
 
     @property
     def tuned(self) -> list[Any]:
@@ -134,7 +134,7 @@ def trial_shares(trials: int, costs: Sequence[float], caps: Sequence[int | None]
     ``MIN_TRIALS`` (or all of ``trials``, when fewer), the cheapest task gets none and its
     share goes to the others; the rounding leftovers go to the largest remainders.  Tasks
     of unknown cost (0) share evenly when all are.  A task with a cap (the candidates it
-    has, when its design spaces can be measured one by one: ``tune_space.space_count``)
+    has, when its design spaces can be measured one by one: ``schedules.tuning.space.space_count``)
     gets at most that, and what it cannot use goes to the others the same way."""
     caps = list(caps) if caps is not None else [None] * len(costs)
     shares = [0] * len(costs)
@@ -201,7 +201,7 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
     unreachable or has no server under ``key``.  Candidates are measured with the threads
     the tuned model will run with (``threads``, else as ``compile`` chooses).  Then, with
     ``time_in_model`` (on a CPU target measured here), each task's best candidates are
-    timed again inside the models and chosen by those times (``tune_model``).
+    timed again inside the models and chosen by those times (``in_models``).
     """
     _check_seconds("runner_timeout", runner_timeout)
     tgt = resolve_target(target)
@@ -288,7 +288,7 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
 
 def _time_in_model(lowered: list, tasks: list, db: Any, baselines: dict, result: TuneResult, choices: dict,
                    threads: int | None, progress: bool) -> None:
-    """Choose each tuned task's record by its time in the models (``tune_model``) and save."""
+    """Choose each tuned task's record by its time in the models (``in_models``) and save."""
     models = [tm.TimedModel(name, mod, inputs) for name, mod in lowered
               if (inputs := tm.model_inputs(mod)) is not None]
     by_key = {t.key: t for t in result.tasks if t.bindings is None}
@@ -386,7 +386,7 @@ def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: 
 def _tune_symbolic_task(task: Any, tools: Any, per_task: int, left: int, result: TuneResult, bar: Any,
                         saved: dict | None) -> Any:
     """Time the rule choices of a kernel with symbolic extents at its bindings
-    (``schedules.tune_symbolic``); an outcome saved for as many trials is kept."""
+    (``schedules.tuning.symbolic``); an outcome saved for as many trials is kept."""
     rule, choices = task_choices(task, result.target)
     wanted = min(per_task, len(choices) - 1)  # the candidates besides the default
     if wanted <= 0:

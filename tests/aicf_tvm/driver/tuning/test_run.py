@@ -2,7 +2,7 @@
 
 Kept tiny (one 64x128x96 GEMM, at most 6 measured candidates, a raised builder timeout)
 because it really runs MetaSchedule: about two minutes on 2 busy cores.  The GEMM is
-searched in our rule's design spaces (``schedules.tune_space``).
+searched in our rule's design spaces (``schedules.tuning.space``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import aicf_tvm
 from aicf_tvm.core.errors import TuningError
 from schedules.cpu.gemm_blocks import PREPACK_ANNOTATION
 from schedules.select import open_database, record_digest
-from tests.schedules.test_tune import gemm_model
+from tests.schedules.tuning.test_tasks import gemm_model
 
 # one worker for the tuning tests that time kernels against each other (pyproject.toml)
 pytestmark = pytest.mark.xdist_group("tuning")
@@ -79,7 +79,7 @@ def test_search_stays_in_our_rules_space(tuned):
 def _slowed(workload, target):
     """Our default plan's kernel with K blocked by 1: C goes through memory once per k, a
     much slower kernel than the default."""
-    from schedules.tune_space import design_spaces
+    from schedules.tuning.space import design_spaces
 
     trace = design_spaces(workload, target)[0].trace
     k_tile = [i for i in trace.insts if i.kind.name == "SamplePerfectTile"][-1]
@@ -95,9 +95,9 @@ def test_a_lucky_measurement_is_not_chosen(model, tuned, tmp_path):
     from tvm.s_tir import meta_schedule as ms
 
     from aicf_tvm.runtime.targets import resolve_target
-    from aicf_tvm.driver.tuning import lower_for_tuning
+    from aicf_tvm.driver.tuning.run import lower_for_tuning
     from schedules.select import open_database, record_digest
-    from schedules.tune import extract_tasks
+    from schedules.tuning.tasks import extract_tasks
 
     work_dir, _ = tuned
     copy = copy_of(work_dir, tmp_path)
@@ -150,10 +150,10 @@ def test_a_searched_record_replays_correctly(model, tuned):
     from tvm.s_tir import meta_schedule as ms
 
     from aicf_tvm.runtime.targets import resolve_target
-    from aicf_tvm.driver.tuning import lower_for_tuning
+    from aicf_tvm.driver.tuning.run import lower_for_tuning
     from schedules.select import open_database
-    from schedules.tune import default_schedule, extract_tasks
-    from schedules.tune_measure import Baseline, tuned_records
+    from schedules.tuning.tasks import default_schedule, extract_tasks
+    from schedules.tuning.measure import Baseline, tuned_records
 
     work_dir, _ = tuned
     target = resolve_target("llvm")
@@ -211,7 +211,7 @@ def test_no_candidate_built_raises(model, tmp_path):
 def test_trials_go_to_tasks_by_cost():
     """Shares follow cost; a task whose share would be under MIN_TRIALS gets none and the
     others get its trials; with no cost known the split is even; never more than given."""
-    from aicf_tvm.driver.tuning import MIN_TRIALS, trial_shares
+    from aicf_tvm.driver.tuning.run import MIN_TRIALS, trial_shares
 
     assert trial_shares(40, [3e9, 1e9, 0.0]) == [30, 10, 0]
     shares = trial_shares(48, [7e9, 7e9, 7e9, 2e9, 1e6, 1e5])
@@ -225,7 +225,7 @@ def test_trials_go_to_tasks_by_cost():
 def test_a_task_with_fewer_candidates_than_its_share_passes_the_rest_on():
     """A task whose candidates can be counted (a blocked conv's plans) gets at most them;
     the others share what it leaves, by cost, and a task of unknown cost still gets none."""
-    from aicf_tvm.driver.tuning import trial_shares
+    from aicf_tvm.driver.tuning.run import trial_shares
 
     assert trial_shares(40, [3e9, 1e9, 0.0], [11, None, None]) == [11, 29, 0]
     assert trial_shares(40, [3e9, 1e9, 1e9], [5, 3, None]) == [5, 3, 32]
@@ -234,14 +234,14 @@ def test_a_task_with_fewer_candidates_than_its_share_passes_the_rest_on():
 
 
 def test_a_model_whose_kernels_are_all_symbolic_and_untunable_says_how_to_tune_it(tmp_path):
-    """A kernel with symbolic extents is tuned in its rule's choices (test_tuning_symbolic);
+    """A kernel with symbolic extents is tuned in its rule's choices (tuning/test_symbolic.py);
     one whose rule has none (an elementwise kernel) keeps its default schedule, and a model
     with only such kernels is refused before anything builds, naming the way to pin the dims."""
     from tvm import relax, tirx
 
     from aicf_tvm.runtime.targets import resolve_target
-    from aicf_tvm.driver.tuning import lower_for_tuning
-    from schedules.tune import symbolic_dims
+    from aicf_tvm.driver.tuning.run import lower_for_tuning
+    from schedules.tuning.tasks import symbolic_dims
     from tests.helpers import relax_main
 
     rows = tirx.Var("rows", "int64")
@@ -269,7 +269,7 @@ def test_the_choice_is_the_median_of_paired_turns(monkeypatch, tuned_turns, defa
     """``outcome`` keeps a record only when its time over the default's, turn by turn and
     median to median, is under ``tune_measure.WIN_MARGIN`` (measurements stubbed: the rule
     alone)."""
-    from schedules import tune_measure as tm
+    import schedules.tuning.measure as tm
 
     class Record:
         trace = "trace"
@@ -289,7 +289,7 @@ def test_the_choice_is_the_median_of_paired_turns(monkeypatch, tuned_turns, defa
 def test_the_kernel_was_timed_in_the_model_under_either_name(tuned):
     """A record that packs the weight renames the kernel (``..._prepacked``); the model
     timing finds the task's calls under both names."""
-    from aicf_tvm.driver.tune_model import _owners
+    from aicf_tvm.driver.tuning.in_models import _owners
 
     _, result = tuned
     (task,) = result.tasks

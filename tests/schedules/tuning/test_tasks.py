@@ -13,10 +13,10 @@ import tvm_ffi
 from tvm import relax
 from tvm.script import relax as R
 
-from aicf_tvm.driver.tuning import lower_for_tuning
+from aicf_tvm.driver.tuning.run import lower_for_tuning
 from aicf_tvm.core.errors import TuningError
 from schedules.select import SIGNATURE_ATTR, open_database, signature_key, workload_of
-from schedules.tune import extract_tasks
+from schedules.tuning.tasks import extract_tasks
 
 
 def gemm_model(layers: list[tuple[int, int]], seed: int = 0, rows: int = 64) -> tvm.IRModule:
@@ -117,7 +117,7 @@ class TestChosenRecord:
         from tvm.s_tir import meta_schedule as ms
 
         from schedules.select import _chosen_schedule, record_digest
-        from schedules.tune_space import design_spaces
+        from schedules.tuning.space import design_spaces
 
         (func,) = emit_funcs(gemm_model([(128, 96)]))
         workload = workload_of(func, target())
@@ -167,7 +167,7 @@ class TestOpenDatabase:
 def test_cpu_intrinsics_only_leaves_the_real_package_importable():
     """Inside, MetaSchedule's import is cheap; afterwards the full package loads as usual."""
     code = (
-        "import sys, tvm; from schedules.tune import cpu_intrinsics_only\n"
+        "import sys, tvm; from schedules.tuning.tasks import cpu_intrinsics_only\n"
         "t = tvm.target.Target({'kind': 'llvm', 'mcpu': 'skylake-avx512'})\n"
         "with cpu_intrinsics_only(t):\n"
         "    import tvm.s_tir.tensor_intrin\n"
