@@ -13,27 +13,80 @@ work where TVM has only its runtime library, without Relax.
 """
 
 from aicf_tvm.core.contract import (
-    ADAM_STEP_CONTRACT, RELU_CONTRACT, ContractFacts, EmitContract, Entailment, PortFacts, entails,
+    ADAM_STEP_CONTRACT,
+    RELU_CONTRACT,
+    ContractFacts,
+    EmitContract,
+    Entailment,
+    PortFacts,
+    entails,
 )
 from aicf_tvm.core.emit import EMIT_ATTR, Emit, Interface, Port, emit_of
-from aicf_tvm.core.options import CompileOptions
 from aicf_tvm.core.errors import (
-    AicfError, AliasContradiction, ContractContradiction, ContractViolation, DeployError,
-    EncodingError, InputError, KindRegistrationError, TargetError, TuningError,
+    AicfError,
+    AliasContradiction,
+    ContractContradiction,
+    ContractViolation,
+    DeployError,
+    EncodingError,
+    InputError,
+    KindRegistrationError,
+    TargetError,
+    TuningError,
     UnsupportedModelError,
 )
-from aicf_tvm.core.version import __version__ as __version__
 from aicf_tvm.core.lattice import (
-    ABIFact, AccumDtype, Alias, Alignment, Determinism, Effect, Flag, MathTag, NumericFact,
-    Rounding, ShapeFact,
+    ABIFact,
+    AccumDtype,
+    Alias,
+    Alignment,
+    Determinism,
+    Effect,
+    Flag,
+    MathTag,
+    NumericFact,
+    Rounding,
+    ShapeFact,
 )
+from aicf_tvm.core.options import CompileOptions
+from aicf_tvm.core.version import __version__ as __version__
 
 __all__ = [
-    "ADAM_STEP_CONTRACT", "RELU_CONTRACT", "ContractFacts", "EmitContract", "Entailment", "PortFacts",
-    "entails", "EMIT_ATTR", "Emit", "Interface", "Port", "emit_of", "AicfError", "AliasContradiction", "ContractContradiction",
-    "ContractViolation", "DeployError", "EncodingError", "InputError", "KindRegistrationError", "TargetError", "TuningError",
-    "UnsupportedModelError", "ABIFact", "AccumDtype", "Alias", "Alignment", "Determinism", "Effect",
-    "Flag", "MathTag", "NumericFact", "Rounding", "ShapeFact", "CompileOptions",
+    "ADAM_STEP_CONTRACT",
+    "EMIT_ATTR",
+    "RELU_CONTRACT",
+    "ABIFact",
+    "AccumDtype",
+    "AicfError",
+    "Alias",
+    "AliasContradiction",
+    "Alignment",
+    "CompileOptions",
+    "ContractContradiction",
+    "ContractFacts",
+    "ContractViolation",
+    "DeployError",
+    "Determinism",
+    "Effect",
+    "Emit",
+    "EmitContract",
+    "EncodingError",
+    "Entailment",
+    "Flag",
+    "InputError",
+    "Interface",
+    "KindRegistrationError",
+    "MathTag",
+    "NumericFact",
+    "Port",
+    "PortFacts",
+    "Rounding",
+    "ShapeFact",
+    "TargetError",
+    "TuningError",
+    "UnsupportedModelError",
+    "emit_of",
+    "entails",
 ]
 
 _LAZY = {

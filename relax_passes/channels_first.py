@@ -25,7 +25,7 @@ before LiftEmits.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import tvm
@@ -36,12 +36,12 @@ from aicf_tvm.core.kinds.registry import BROADCAST, ELEMENTWISE, rule_for
 _TO_NHWC, _TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
 
 
-def _axes(call: relax.Call) -> Optional[tuple[int, ...]]:
+def _axes(call: relax.Call) -> tuple[int, ...] | None:
     axes = call.attrs.axes
     return None if axes is None else tuple(int(a) for a in axes)
 
 
-def _dims(expr: Any) -> Optional[tuple[int, ...]]:
+def _dims(expr: Any) -> tuple[int, ...] | None:
     ty = getattr(expr, "ty", None)
     if not isinstance(ty, relax.TensorType) or ty.shape is None or str(ty.dtype) != "float32":
         return None
@@ -84,7 +84,7 @@ class _Island:
         for other in linked:
             self.parent[self.root(other)] = self.root(var)
 
-    def channels_last(self, var: Any, dims: Optional[tuple]) -> bool:
+    def channels_last(self, var: Any, dims: tuple | None) -> bool:
         """``var`` is an island value whose dims are [N, H, W, C] or [N*H*W, C]."""
         if var not in self.nhw or dims is None:
             return False
@@ -92,7 +92,7 @@ class _Island:
         return dims[:-1] in ((n, h, w), (n * h * w,))
 
 
-def _member(isl: _Island, var: Any, value: Any) -> Optional[list]:
+def _member(isl: _Island, var: Any, value: Any) -> list | None:
     """The island values ``value`` reads when its binding joins the island, else None."""
     if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
         return None
@@ -153,7 +153,7 @@ def closed_islands(block: relax.DataflowBlock) -> tuple[_Island, set]:
     return isl, closed & gains
 
 
-def _nchw_call(value: relax.Call, args: list, channels: int) -> Optional[relax.Call]:
+def _nchw_call(value: relax.Call, args: list, channels: int) -> relax.Call | None:
     """The NCHW twin of an island op on NCHW ``args`` (None: a reshape, no op at all)."""
     name = value.op.name
     if name == "relax.reshape":
@@ -171,7 +171,7 @@ def _nchw_call(value: relax.Call, args: list, channels: int) -> Optional[relax.C
     return relax.Call(value.op, fixed, value.attrs, value.ty_args)
 
 
-def rewrite_block(bb: relax.BlockBuilder, block: relax.DataflowBlock) -> Optional[relax.DataflowBlock]:
+def rewrite_block(bb: relax.BlockBuilder, block: relax.DataflowBlock) -> relax.DataflowBlock | None:
     isl, closed = closed_islands(block)
     if not closed:
         return None

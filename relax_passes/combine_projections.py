@@ -103,7 +103,7 @@ def _key(binding: relax.VarBinding, reshapes: dict) -> Any:
     """What identifies the matmul's left operand: itself, or (source, shape) of a reshape."""
     lhs = binding.value.args[0]
     if lhs in reshapes:
-        source, shape = reshapes[lhs].value.args
+        source, _shape = reshapes[lhs].value.args
         return (source, static_shape(lhs.ty) or ())
     return lhs
 

@@ -27,14 +27,18 @@ Runs before FuseEmits in the pipeline's fixpoint; re-propagate afterwards.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import tvm
 import tvm_ffi
 from tvm import relax
 
 from aicf_tvm.core.elimination import (
-    compose_permutations, is_free_view, is_identity_permutation, is_neutral_operand, represents_exactly,
+    compose_permutations,
+    is_free_view,
+    is_identity_permutation,
+    is_neutral_operand,
+    represents_exactly,
 )
 from aicf_tvm.core.emit_graph import EmitGraph, Node
 from aicf_tvm.core.facts import FactTable
@@ -81,10 +85,10 @@ class _Rules:
     def __init__(self, graph: EmitGraph, table: FactTable, bb: relax.BlockBuilder) -> None:
         self.graph, self.table, self.bb = graph, table, bb
 
-    def producer(self, expr: Any) -> Optional[Node]:
+    def producer(self, expr: Any) -> Node | None:
         return self.graph.node_of(expr) if isinstance(expr, relax.Var) else None
 
-    def decide(self, node: Node) -> tuple[Optional[Any], str, list[Failure]]:
+    def decide(self, node: Node) -> tuple[Any | None, str, list[Failure]]:
         """(replacement or None, rule/justification, failures of a rule that almost applied).
         A replacement is an expression, ``"view"``, or the list of bindings that replace
         the node's (the last binds its var)."""
@@ -139,14 +143,14 @@ class _Rules:
             return None, "", [Failure(f"{var.name}.x.shape", src, want)]
         return None, "", []
 
-    def _view_input(self, expr: Any) -> Optional[Any]:
+    def _view_input(self, expr: Any) -> Any | None:
         """The input of the view (Emit or plain op) that produces ``expr``, else None."""
         n = self.producer(expr)
         if n is None or not (is_view_call(n) or (n.emit is not None and n.emit.kind in _VIEWS and n.body is not None)):
             return None
         return n.value.args[0]
 
-    def _starts_at(self, expr: Any, var: Any) -> Optional[Any]:
+    def _starts_at(self, expr: Any, var: Any) -> Any | None:
         """The value up the chain of views ending in ``expr`` that has ``var``'s shape."""
         src = self._view_input(expr)
         while src is not None:
@@ -155,7 +159,7 @@ class _Rules:
             src = self._view_input(src)
         return None
 
-    def _commuting_operand(self, n: Node) -> Optional[int]:
+    def _commuting_operand(self, n: Node) -> int | None:
         """Index of ``n``'s one tensor operand when ``n`` is a single-use, pure elementwise
         Emit of that operand and one-element constants that broadcast nothing (so it
         commutes with a reshape of the operand), else None."""
@@ -171,7 +175,7 @@ class _Rules:
                 return None
         return operands[0]
 
-    def view_chain(self, node: Node) -> Optional[tuple[Any, str, list]]:
+    def view_chain(self, node: Node) -> tuple[Any, str, list] | None:
         """A view chain, possibly through commuting elementwise Emits, that returns to the
         shape it started from: its start (rebuilt through those Emits)."""
         x, var = node.value.args[0], node.var
@@ -191,7 +195,7 @@ class _Rules:
                 return (rebuilt, why, []) if rebuilt is not None else None
         return None
 
-    def _rebuilt(self, chain: list[tuple[Node, int]], start: Any, var: Any) -> Optional[list[relax.VarBinding]]:
+    def _rebuilt(self, chain: list[tuple[Node, int]], start: Any, var: Any) -> list[relax.VarBinding] | None:
         """The chain's Emits applied to ``start`` instead, each lifted at its new shape."""
         out, value = [], start
         for j, (n, k) in enumerate(chain):
@@ -213,7 +217,7 @@ def _constant_text(c: Any) -> str:
     return repr(flat[0].item()) if flat.size == 1 else f"{flat[0].item()!r} (all {flat.size})"
 
 
-def _axes(call: Any) -> Optional[list[int]]:
+def _axes(call: Any) -> list[int] | None:
     axes = getattr(call.attrs, "axes", None)
     if axes is None:
         nd = call.args[0].ty.ndim
@@ -228,7 +232,7 @@ def _is_pure(node: Node) -> bool:
 
 
 def eliminate_block(bb: relax.BlockBuilder, graph: EmitGraph, table: FactTable,
-                    report: FusionReport) -> Optional[relax.DataflowBlock]:
+                    report: FusionReport) -> relax.DataflowBlock | None:
     rules = _Rules(graph, table, bb)
     bindings, changed = [], False
     for node in graph.nodes:
@@ -267,7 +271,7 @@ class EliminateEmits(EmitRewrite):
     sweeps = 8  # a removal can leave its producer dead: sweep again
 
     def rewrite_block(self, bb: relax.BlockBuilder, graph: EmitGraph,
-                      facts: FactTable) -> Optional[relax.DataflowBlock]:
+                      facts: FactTable) -> relax.DataflowBlock | None:
         return eliminate_block(bb, graph, facts, self.report)
 
     def finish(self, mod: tvm.IRModule) -> tvm.IRModule:

@@ -26,7 +26,7 @@ the old values, overwriting them is unobservable.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import tvm
@@ -35,7 +35,6 @@ from tvm import relax
 from aicf_tvm.core.emit import EMIT_ATTR
 from aicf_tvm.core.emit_graph import EmitGraph
 from aicf_tvm.core.facts import FactTable, alias_between
-from aicf_tvm.core.lattice import MUST_ALIAS, NO_ALIAS, UNKNOWN_ALIAS, Alias, Failure
 from aicf_tvm.core.kinds.adam import (
     ADAM_PORTS,
     DISTINCT_INPUTS_ATTR,
@@ -44,6 +43,7 @@ from aicf_tvm.core.kinds.adam import (
     fused_adam_kernel,
     fused_emit,
 )
+from aicf_tvm.core.lattice import MUST_ALIAS, NO_ALIAS, UNKNOWN_ALIAS, Alias, Failure
 from aicf_tvm.core.report import Decision, FusionReport
 from aicf_tvm.core.tvm_values import static_shape
 
@@ -221,7 +221,7 @@ class FuseAdamSteps(EmitRewrite):
         self.gpu = gpu  # the kernel's loops bound to GPU blocks and threads
 
     def rewrite_block(self, bb: relax.BlockBuilder, graph: EmitGraph,
-                      facts: FactTable) -> Optional[relax.DataflowBlock]:
+                      facts: FactTable) -> relax.DataflowBlock | None:
         if not any(n.emit is not None and n.emit.kind == "adam_step" for n in graph.nodes):
             return None
         decision, group = plan_block(graph, AliasFacts(self.func, facts), self.rest())

@@ -62,7 +62,7 @@ def op_view(graph: EmitGraph) -> tuple[dict, dict]:
         func = graph.mod[node.callee]
         sub = {p: a for p, a in zip(func.params, node.value.args)}
 
-        def subst(e):
+        def subst(e, sub=sub):  # called in this iteration only
             if isinstance(e, relax.Var) and e in sub:
                 return sub[e]
             if isinstance(e, relax.Tuple):

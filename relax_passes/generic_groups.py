@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import tvm
 from tvm import relax

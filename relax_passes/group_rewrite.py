@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import tvm
 from tvm import relax
@@ -34,7 +34,7 @@ class Group:
     members: list[int]
     name: str  # function name hint
     make_emit: Any = None  # (inputs, outputs, graph) -> Emit, set by the planner
-    accumulation: Optional[str] = None
+    accumulation: str | None = None
 
 
 def group_inputs(graph: EmitGraph, members: list[int]) -> list[Any]:
@@ -79,7 +79,7 @@ class _Remap(PyExprMutator):
         return self.remap.get(var, var)
 
 
-def _inline(bb: relax.BlockBuilder, func: relax.Function, args: list[Any], acc: Optional[str]) -> Any:
+def _inline(bb: relax.BlockBuilder, func: relax.Function, args: list[Any], acc: str | None) -> Any:
     """Emit the body of ``func`` applied to ``args``; return the value it returns."""
     fresh = copy_with_new_vars(func)
     bound = fresh.bind_params({p: a for p, a in zip(fresh.params, args)})
@@ -129,7 +129,7 @@ def body_at_call_site(mod: tvm.IRModule, node: Node) -> relax.Call:
     ``batch * seq``), so it can be emitted in the caller."""
     func = mod[node.callee]
     bound = func.bind_params(dict(zip(func.params, node.value.args)))
-    return [b for blk in bound.body.blocks for b in blk.bindings][0].value
+    return next(b for blk in bound.body.blocks for b in blk.bindings).value
 
 
 def _lookup(env: dict, expr: Any) -> Any:

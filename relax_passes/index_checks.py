@@ -36,8 +36,8 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from aicf_tvm.runtime import call_checks
 from aicf_tvm.core.errors import UnsupportedModelError
+from aicf_tvm.runtime import call_checks
 
 Extent = int | tvm.ir.Expr
 

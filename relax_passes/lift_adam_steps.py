@@ -30,7 +30,6 @@ from tvm.relax import dpl
 
 from aicf_tvm.core.contract import ContractFacts
 from aicf_tvm.core.emit import exact_key
-from aicf_tvm.core.lattice import NO_ALIAS
 from aicf_tvm.core.kinds.adam import (
     ADAM_PORTS,
     ATTRS,
@@ -39,6 +38,7 @@ from aicf_tvm.core.kinds.adam import (
     adam_step_emit,
     adam_step_function,
 )
+from aicf_tvm.core.lattice import NO_ALIAS
 
 _ROLES = ("param", "grad", "m", "v", "bias1", "bias2") + ATTRS + ("m_new", "v_new")
 

@@ -25,7 +25,11 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from aicf_tvm.core.emit import EMIT_ATTR, emit_of
 from aicf_tvm.core.kinds.describe import (
-    describe_call, flat_tensor_args, is_tensor, is_tensor_tuple, split_call,
+    describe_call,
+    flat_tensor_args,
+    is_tensor,
+    is_tensor_tuple,
+    split_call,
 )
 
 # Ops that are runtime plumbing, not computations on tensors.

@@ -40,8 +40,8 @@ from aicf_tvm.core.contract import EmitContract, PortFacts
 from aicf_tvm.core.emit import EMIT_ATTR, Emit, emit_of
 from aicf_tvm.core.lattice import Flag
 from aicf_tvm.core.options import CompileOptions, options_or_default
-
 from relax_passes.legalize_blocked_conv import LEGALIZE_MAP
+
 from .group_rewrite import drop_unused_emits, with_blocks
 from .legalize_norms import LEGALIZE_MAP as NORMS_LEGALIZE_MAP
 from .legalize_reshape import legalize_reshape, legalize_reshape_flat_when_static
@@ -211,7 +211,7 @@ def _demote_unfusable(mod: tvm.IRModule) -> tvm.IRModule:
             continue
         calls: list = []
         relax.analysis.post_order_visit(
-            func.body, lambda e: calls.append(e) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+            func.body, lambda e, calls=calls: calls.append(e) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
         if any(c.op.name not in _FUSABLE for c in calls):
             mod[gv] = func.without_attr("Primitive")
     return mod

@@ -34,7 +34,7 @@ the channels: no padding) and their inverses at the exits restore the NCHW value
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import tvm
@@ -69,7 +69,7 @@ _POOLS = {"relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_p
 _SPATIAL_REDUCE = {"relax.mean", "relax.sum", "relax.max"}
 
 
-def channel_block(channels: int, lanes: int) -> Optional[int]:
+def channel_block(channels: int, lanes: int) -> int | None:
     """The block of ``channels``: the vector width, else half of it, when it divides them."""
     for block in (lanes, lanes // 2):
         if block >= 4 and channels % block == 0:
@@ -77,12 +77,12 @@ def channel_block(channels: int, lanes: int) -> Optional[int]:
     return None
 
 
-def _dims(expr: Any) -> Optional[tuple[int, ...]]:
+def _dims(expr: Any) -> tuple[int, ...] | None:
     ty = getattr(expr, "ty", None)
     return static_shape(ty) if isinstance(ty, relax.TensorType) else None
 
 
-def _static_4d(expr: Any) -> Optional[tuple[int, ...]]:
+def _static_4d(expr: Any) -> tuple[int, ...] | None:
     ty = getattr(expr, "ty", None)
     if not isinstance(ty, relax.TensorType) or ty.ndim != 4 or ty.shape is None or str(ty.dtype) != "float32":
         return None
@@ -117,7 +117,7 @@ def _scalar_like(arg: Any) -> bool:
     return dims is not None and all(isinstance(d, tvm.tirx.IntImm) and int(d) == 1 for d in dims)
 
 
-def layout_form(call: Any, result: Any, lanes: int) -> Optional[Form]:
+def layout_form(call: Any, result: Any, lanes: int) -> Form | None:
     """The blocked form of an op-level call bound to ``result``, None when it has none."""
     if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
         return None
@@ -157,7 +157,7 @@ def layout_form(call: Any, result: Any, lanes: int) -> Optional[Form]:
     return None
 
 
-def _conv_form(call: Any, out: tuple, lanes: int) -> Optional[Form]:
+def _conv_form(call: Any, out: tuple, lanes: int) -> Form | None:
     a = call.attrs
     data, weight = call.args
     x = _static_4d(data)
@@ -286,7 +286,7 @@ class ChainRewriter:
     def _block(self, expr: Any) -> int:
         return channel_block(_static_4d(expr)[1], self.lanes)
 
-    def _emit(self, call: relax.Call, name: str, var: Optional[relax.Var] = None) -> tuple[relax.Var, Any]:
+    def _emit(self, call: relax.Call, name: str, var: relax.Var | None = None) -> tuple[relax.Var, Any]:
         """``call`` lifted to an Emit, bound to ``var`` (else a new ``name``)."""
         call = self.bb.normalize(call)
         func, args = build_emit_function(call)
@@ -375,7 +375,7 @@ class ChainRewriter:
 
 
 def materialize_layouts(bb: relax.BlockBuilder, graph: EmitGraph, lanes: int,
-                        report: FusionReport) -> Optional[list]:
+                        report: FusionReport) -> list | None:
     """The block's bindings with every chain worth it blocked (None: nothing changed)."""
     rewriter = ChainRewriter(bb, graph, lanes)
     for chain in find_chains(graph, lanes):

@@ -29,8 +29,8 @@ from typing import Any
 import tvm
 from tvm import relax, sym, tirx
 
-from aicf_tvm.runtime.call_checks import Requirement, names_in, render
 from aicf_tvm.core.errors import UnsupportedModelError
+from aicf_tvm.runtime.call_checks import Requirement, names_in, render
 
 from .bound_shapes import bounds_of
 from .shape_rules import conditions, type_shape

@@ -24,7 +24,7 @@ def pointer_params(func: tirx.PrimFunc) -> int:
 
 
 @tvm.transform.module_pass(opt_level=0, name="SinglePointerNoAlias")
-def SinglePointerNoAlias(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802 - a pass
+def SinglePointerNoAlias(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """Set ``tirx.noalias`` on the PrimFuncs that take at most one pointer (module docstring)."""
     updates = {}
     for gv, func in mod.functions_items():

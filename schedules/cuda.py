@@ -55,13 +55,13 @@ def host_bound_kernels(mod: IRModule) -> list[str]:
             continue
         seen = {"store": False, "bound": False}
 
-        def on_for(loop: tirx.For) -> None:
+        def on_for(loop: tirx.For, seen: dict = seen) -> None:
             seen["bound"] |= loop.kind == tirx.ForKind.THREAD_BINDING
 
-        def on_attr(attr: tirx.AttrStmt) -> None:
+        def on_attr(attr: tirx.AttrStmt, seen: dict = seen) -> None:
             seen["bound"] |= attr.attr_key == "thread_extent"
 
-        def on_store(_: tirx.BufferStore) -> None:
+        def on_store(_: tirx.BufferStore, seen: dict = seen) -> None:
             seen["store"] = True
 
         tvm_ffi.structural_walk(func.body, [(tirx.For, on_for), (tirx.AttrStmt, on_attr),

@@ -44,9 +44,9 @@ from tvm import tirx
 
 from aicf_tvm.core.errors import TuningError
 from aicf_tvm.core.tvm_values import to_python
+from schedules.tuning.choices import apply_choice, choice_label
 
 from .cpu.gemm_blocks import LAYOUT_FREE_ATTR
-from schedules.tuning.choices import apply_choice, choice_label
 
 _LOG = logging.getLogger(__name__)
 

@@ -92,9 +92,9 @@ def bench(model: TextModel, args: argparse.Namespace, work: Path) -> list[str]:
         static = compile_text(model, (ids, mask), dynamic=False)
         feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
         runs = {
-            "dynamic": lambda: dynamic(feeds["input_ids"], feeds["attention_mask"]),
-            "static": lambda: static(feeds["input_ids"], feeds["attention_mask"]),
-            "ort": lambda: session.run(None, feeds)[0],
+            "dynamic": lambda feeds=feeds: dynamic(feeds["input_ids"], feeds["attention_mask"]),
+            "static": lambda static=static, feeds=feeds: static(feeds["input_ids"], feeds["attention_mask"]),
+            "ort": lambda feeds=feeds: session.run(None, feeds)[0],
         }
         errors = {name: mismatch(np.asarray(run()), ref) for name, run in runs.items()}
         times = interleaved_best(runs, args.repeat)

@@ -342,7 +342,7 @@ def run_info(target: str) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             pass
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python", "-m", "scripts.bench_peers", *sys.argv[1:]]),
         "commit": git("rev-parse", "--short", "HEAD"),
         "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "aicf_tvm", "relax_passes", "schedules")),

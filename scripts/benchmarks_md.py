@@ -158,9 +158,9 @@ def caption(group: Group) -> list[str]:
     family = f"family {info['cpu_family']} model {info['cpu_model']}, " if info.get("cpu_model") else ""
     dirty = " (with uncommitted changes)" if info.get("dirty") else ""
     versions = ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items())
-    lines = [f"**{group.runs[0].day}**, {cpu} ({family}{isa_summary(info.get('isa', []))}, "
-             f"{info.get('cpus', '?')} CPUs), target `{info.get('target', '?')}`, "
-             f"commit `{info.get('commit', '?')}`{dirty}."]
+    lines = [(f"**{group.runs[0].day}**, {cpu} ({family}{isa_summary(info.get('isa', []))}, "
+              f"{info.get('cpus', '?')} CPUs), target `{info.get('target', '?')}`, "
+              f"commit `{info.get('commit', '?')}`{dirty}.")]
     if versions:
         lines.append(f"Peers: {versions}.")
     notes = list(dict.fromkeys(run.info["note"] for run in group.runs if run.info.get("note")))
@@ -194,9 +194,9 @@ def load_groups(paths: list[Path]) -> list[Group]:
 
 def readme_block(group: Group) -> str:
     lines = [BEGIN, "", *caption(group)[:1], "", *table(group), "",
-             "Ours in ms, then ours/peer (under 1: ours is faster), median of the rounds; every output "
-             "checked against PyTorch eager. How it was run, and earlier runs: "
-             "[docs/benchmarks.md](docs/benchmarks.md).", "", END]
+             ("Ours in ms, then ours/peer (under 1: ours is faster), median of the rounds; every output "
+              "checked against PyTorch eager. How it was run, and earlier runs: "
+              "[docs/benchmarks.md](docs/benchmarks.md)."), "", END]
     return "\n".join(lines)
 
 

@@ -217,8 +217,9 @@ def stage(what: str) -> None:
 
 
 def run_model(entry: dict, seed: int, torch: Any, args: argparse.Namespace) -> dict:
-    import aicf_tvm
     import tvm
+
+    import aicf_tvm
 
     check = Check(entry, seed)
     model = aicf_tvm.load(HERE / entry["library"])
@@ -233,7 +234,7 @@ def run_model(entry: dict, seed: int, torch: Any, args: argparse.Namespace) -> d
         stage("ran")
         row["ok"], row["diff"] = check.compare(_flat(ours)[:n] + _flat(ours)[n + 3:])
         stage("compared")
-        fresh = lambda: [tvm.runtime.tensor(a, dev) for a in check.arrays]  # noqa: E731
+        fresh = lambda: [tvm.runtime.tensor(a, dev) for a in check.arrays]
         t = fresh()
         timer = model.vm.time_evaluator("main", dev, number=args.number, repeat=args.repeat)
         row["ours"] = float(np.median(timer(tuple(t[:n]), tuple(t[n:2 * n]), tuple(t[2 * n:])).results)) * 1e3

@@ -13,7 +13,7 @@ measured separately (``scripts/sweep_vector_math.py``).
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
 import mpmath as mp
 import numpy as np

@@ -30,15 +30,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("AICF_DEBUG", "1")
 
-from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from tests.fuzz.check import FuzzFailure, ReferenceFailed, check_program  # noqa: E402
-from tests.fuzz.known_bugs import known_bug  # noqa: E402
-from tests.fuzz.program import Program, random_inputs  # noqa: E402
-from tests.fuzz.relax_build import build_module  # noqa: E402
-from tests.fuzz.stats import Stats, stats_of  # noqa: E402
-from tests.fuzz.strategies import CI_CASES, PROFILES, draw_program, programs  # noqa: E402
-from tests.fuzz.worker import shared  # noqa: E402
+from tests.fuzz.check import FuzzFailure, ReferenceFailed, check_program
+from tests.fuzz.known_bugs import known_bug
+from tests.fuzz.program import Program, random_inputs
+from tests.fuzz.relax_build import build_module
+from tests.fuzz.stats import Stats, stats_of
+from tests.fuzz.strategies import CI_CASES, PROFILES, draw_program, programs
+from tests.fuzz.worker import shared
 
 REGRESSIONS = ROOT / "tests" / "regressions"
 
@@ -148,9 +148,9 @@ class Session:
             print(f"seed {seed_value}: NEW FAILURE {err} -> {path or 'already written'}\n{prog!r}", flush=True)
 
     def report(self, first: int, last: int, minutes: float) -> str:
-        lines = [f"fuzz: seeds {first}..{last}, {self.examples} examples ({self.no_verdict} without verdict: "
-                 f"TVM's build fails too), {sum(self.known.values())} known-bug failures, {len(self.new)} new, "
-                 f"{minutes:.1f} minutes"]
+        lines = [(f"fuzz: seeds {first}..{last}, {self.examples} examples ({self.no_verdict} without verdict: "
+                  f"TVM's build fails too), {sum(self.known.values())} known-bug failures, {len(self.new)} new, "
+                  f"{minutes:.1f} minutes")]
         lines += [f"  known {name}: {n}" for name, n in self.known.most_common()]
         lines += [f"  new [{err.kind}] {err.message.splitlines()[0][:150]} -> {path}" for _, err, path in self.new]
         return "\n".join(lines + [self.stats.report()])

@@ -197,7 +197,7 @@ def download_wheels(python: str, with_numpy: bool, out: Path) -> None:
     wanted += ["numpy"] if with_numpy else []
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
            "--python-version", python, "-d", str(out / "wheels"), *wanted]
-    if subprocess.run(cmd).returncode:
+    if subprocess.run(cmd, check=False).returncode:
         raise SystemExit(f"pip download failed for Python {python}: {' '.join(wanted)}")
 
 

@@ -35,9 +35,10 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -430,7 +431,7 @@ def _spawn(row: str, path: str, args: argparse.Namespace) -> dict:
     cmd += [] if args.tvm else ["--no-tvm"]
     start = time.time()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT, check=False)
         if proc.returncode == 0:
             return json.loads(Path(out).read_text())
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]

@@ -55,9 +55,9 @@ def kernel(name: str, impl: str, target: tvm.target.Target):
     """A compiled y = f(x) over CHUNK floats for one implementation."""
     a = te.placeholder((CHUNK,), "float32", name="a")
     if impl == "glibc":
-        body = lambda i: tirx.call_pure_extern("float32", GLIBC[name], a[i])  # noqa: E731
+        body = lambda i: tirx.call_pure_extern("float32", GLIBC[name], a[i])
     else:
-        body = lambda i: getattr(tirx, name)(a[i])  # noqa: E731
+        body = lambda i: getattr(tirx, name)(a[i])
     out = te.compute((CHUNK,), body, name="y")
     sch = tvm.s_tir.Schedule(te.create_prim_func([a, out]))
     (loop,) = sch.get_loops(sch.get_sblock("y"))

@@ -20,9 +20,15 @@ from tvm import relax, tirx
 import aicf_tvm
 from aicf_tvm import EMIT_ATTR, AliasContradiction, Emit, emit_of
 from aicf_tvm.core.contract import ContractFacts
-from aicf_tvm.driver.cli import main
-from aicf_tvm.core.errors import DeployError, InputError, TargetError, TuningError, UnsupportedModelError
+from aicf_tvm.core.errors import (
+    DeployError,
+    InputError,
+    TargetError,
+    TuningError,
+    UnsupportedModelError,
+)
 from aicf_tvm.core.lattice import Alias
+from aicf_tvm.driver.cli import main
 from relax_passes import LiftEmits
 
 from .conftest import light_model_path, run_vm

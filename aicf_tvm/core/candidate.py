@@ -11,8 +11,9 @@ The library (``aicf_tvm.library``, the layer above) registers its candidates her
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from tvm.relax import dpl
 
@@ -27,7 +28,7 @@ Variant = tuple[dpl.DFPattern, dict[str, dpl.DFPattern]]
 class Match:
     """One match of a candidate: members (graph node indices) and roles."""
 
-    candidate: "Candidate"
+    candidate: Candidate
     root: int
     members: tuple[int, ...]
     roles: dict[str, Any]  # role -> matched expr (op call of a member, or a boundary value)
@@ -46,7 +47,7 @@ class Match:
 
 
 RequiresFn = Callable[[Match], ContractFacts]
-CheckFn = Callable[[Match], Optional[str]]
+CheckFn = Callable[[Match], str | None]
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Candidate:
     variants: Callable[[], list[Variant]]
     requires: RequiresFn = lambda m: ContractFacts()
     check: CheckFn = lambda m: None
-    accumulation: Optional[str] = None
+    accumulation: str | None = None
     label: str = ""
     priority: int = 0
 

@@ -9,14 +9,21 @@ facts over different ports still combine component-wise. ``entails(F, R)`` check
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterable, Mapping
 
 from .lattice import (
-    ABIFact, Alias, Effect, Failure, NumericFact, ProductLattice, ShapeFact, explain_leq,
+    ABIFact,
+    Alias,
+    Effect,
+    Failure,
+    NumericFact,
+    ProductLattice,
+    ShapeFact,
+    explain_leq,
 )
-from .lattice.enums import READ, WRITE, READWRITE
+from .lattice.enums import READ, READWRITE, WRITE
 
 
 @dataclass(frozen=True)
@@ -73,11 +80,11 @@ class ContractFacts:
     def of(
         cls, ports: Mapping[str, PortFacts] | None = None,
         alias: Mapping[tuple[str, str], Alias] | None = None,
-    ) -> "ContractFacts":
+    ) -> ContractFacts:
         return cls(tuple((ports or {}).items()), tuple((alias or {}).items()))
 
     @classmethod
-    def top(cls) -> "ContractFacts":
+    def top(cls) -> ContractFacts:
         return cls()
 
     @property
@@ -94,29 +101,29 @@ class ContractFacts:
     def port_names(self) -> list[str]:
         return [k for k, _ in self.ports]
 
-    def with_port(self, name: str, facts: PortFacts) -> "ContractFacts":
+    def with_port(self, name: str, facts: PortFacts) -> ContractFacts:
         return ContractFacts(tuple({**self._ports, name: facts}.items()), self.alias)
 
-    def with_alias(self, a: str, b: str, fact: Alias) -> "ContractFacts":
+    def with_alias(self, a: str, b: str, fact: Alias) -> ContractFacts:
         return ContractFacts(self.ports, tuple({**self._alias, _pair(a, b): fact}.items()))
 
-    def _combine(self, other: "ContractFacts", op: str) -> "ContractFacts":
+    def _combine(self, other: ContractFacts, op: str) -> ContractFacts:
         pnames = self._ports.keys() | other._ports.keys()
         anames = self._alias.keys() | other._alias.keys()
         ports = {n: getattr(self.port(n), op)(other.port(n)) for n in pnames}
         alias = {p: getattr(self.alias_of(*p), op)(other.alias_of(*p)) for p in anames}
         return ContractFacts(tuple(ports.items()), tuple(alias.items()))
 
-    def join(self, other: "ContractFacts") -> "ContractFacts":
+    def join(self, other: ContractFacts) -> ContractFacts:
         return self._combine(other, "join")
 
-    def meet(self, other: "ContractFacts") -> "ContractFacts":
+    def meet(self, other: ContractFacts) -> ContractFacts:
         return self._combine(other, "meet")
 
-    def leq(self, other: "ContractFacts") -> bool:
+    def leq(self, other: ContractFacts) -> bool:
         return not self.explain_leq(other, "")
 
-    def explain_leq(self, other: "ContractFacts", path: str) -> list[Failure]:
+    def explain_leq(self, other: ContractFacts, path: str) -> list[Failure]:
         out: list[Failure] = []
         for name, req in other.ports:
             out.extend(explain_leq(self.port(name), req, f"{path}{name}"))
@@ -131,7 +138,7 @@ class ContractFacts:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping) -> "ContractFacts":
+    def from_json(cls, data: Mapping) -> ContractFacts:
         ports = {str(k): PortFacts.from_json(v) for k, v in dict(data.get("ports", {})).items()}
         alias = {(str(a), str(b)): Alias.from_json(v) for a, b, v in data.get("alias", [])}
         return cls.of(ports, alias)
@@ -170,23 +177,23 @@ class EmitContract:
     provides: ContractFacts = field(default_factory=ContractFacts)
 
     @classmethod
-    def top(cls) -> "EmitContract":
+    def top(cls) -> EmitContract:
         return cls()
 
-    def leq(self, other: "EmitContract") -> bool:
+    def leq(self, other: EmitContract) -> bool:
         return self.requires.leq(other.requires) and self.provides.leq(other.provides)
 
-    def join(self, other: "EmitContract") -> "EmitContract":
+    def join(self, other: EmitContract) -> EmitContract:
         return EmitContract(self.requires.join(other.requires), self.provides.join(other.provides))
 
-    def meet(self, other: "EmitContract") -> "EmitContract":
+    def meet(self, other: EmitContract) -> EmitContract:
         return EmitContract(self.requires.meet(other.requires), self.provides.meet(other.provides))
 
     def to_json(self) -> dict:
         return {"requires": self.requires.to_json(), "provides": self.provides.to_json()}
 
     @classmethod
-    def from_json(cls, data: Mapping) -> "EmitContract":
+    def from_json(cls, data: Mapping) -> EmitContract:
         return cls(ContractFacts.from_json(data["requires"]), ContractFacts.from_json(data["provides"]))
 
 

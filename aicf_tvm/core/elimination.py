@@ -6,7 +6,7 @@ Small pure functions over Emits and lattice facts, tested on their own; the
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +33,7 @@ def represents_exactly(a: str, b: str) -> bool:
     return a == b or b in _EXACT_WIDENINGS.get(a, set())
 
 
-def is_identity_permutation(axes: Optional[list[int]], ndim: int) -> bool:
+def is_identity_permutation(axes: list[int] | None, ndim: int) -> bool:
     return axes is not None and [int(a) % ndim for a in axes] == list(range(ndim))
 
 

@@ -8,8 +8,9 @@ module round-trips through TVMScript and JSON unchanged (docs/design.md §2).
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .contract import ContractFacts, EmitContract
 from .errors import EncodingError
@@ -37,7 +38,7 @@ class Port:
         return [self.name, self.dtype, self.ndim]
 
     @classmethod
-    def from_json(cls, data) -> "Port":
+    def from_json(cls, data) -> Port:
         name, dtype, ndim = data
         return cls(str(name), str(dtype), int(ndim))
 
@@ -56,7 +57,7 @@ class Interface:
         return {"inputs": [p.to_json() for p in self.inputs], "outputs": [p.to_json() for p in self.outputs]}
 
     @classmethod
-    def from_json(cls, data: Mapping) -> "Interface":
+    def from_json(cls, data: Mapping) -> Interface:
         return cls(
             tuple(Port.from_json(p) for p in data["inputs"]),
             tuple(Port.from_json(p) for p in data["outputs"]),
@@ -146,7 +147,7 @@ class Emit:
     def __hash__(self) -> int:
         return hash(self._identity())
 
-    def with_contract(self, contract: EmitContract) -> "Emit":
+    def with_contract(self, contract: EmitContract) -> Emit:
         return Emit(self.kind, self.attrs, self.interface, contract, self.math, self.op, self.asserted)
 
     def to_attr(self) -> dict:
@@ -163,7 +164,7 @@ class Emit:
         }
 
     @classmethod
-    def from_attr(cls, value: Any) -> "Emit":
+    def from_attr(cls, value: Any) -> Emit:
         data = plain(value) if not isinstance(value, dict) else value
         try:
             if int(data.get("version", -1)) != FORMAT_VERSION:

@@ -7,8 +7,9 @@ block, and convexity of a candidate set (no path leaves the set and re-enters it
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any
 
 import tvm
 from tvm import relax
@@ -24,9 +25,9 @@ class Node:
     index: int
     var: relax.Var
     value: Any
-    emit: Optional[Emit] = None  # set when the binding calls an Emit function
-    callee: Optional[relax.GlobalVar] = None
-    body: Optional[Any] = None  # the single op call inside a single-op Emit function
+    emit: Emit | None = None  # set when the binding calls an Emit function
+    callee: relax.GlobalVar | None = None
+    body: Any | None = None  # the single op call inside a single-op Emit function
     producers: list[int] = field(default_factory=list)
     consumers: list[int] = field(default_factory=list)
     escapes: bool = False  # used after the block (a block output)
@@ -82,7 +83,7 @@ class EmitGraph:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    def node_of(self, var: Any) -> Optional[Node]:
+    def node_of(self, var: Any) -> Node | None:
         i = self.by_var.get(var)
         return None if i is None else self.nodes[i]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Union
+from typing import Any
 
 from tvm import relax
 
@@ -89,7 +89,7 @@ class TupleFact:
         return tuple(t for f in self.fields for t in f.tensors())
 
 
-Fact = Union[TensorFact, TupleFact]
+Fact = TensorFact | TupleFact
 
 
 def alias_between(a: Any, b: Any, fa: TensorFact, fb: TensorFact) -> Alias:

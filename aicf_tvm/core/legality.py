@@ -8,7 +8,7 @@ with the component path and both lattice values.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from aicf_tvm.core.contract import ContractFacts, PortFacts, entails
 from aicf_tvm.core.facts import FactTable, alias_between
@@ -51,7 +51,7 @@ def numeric_of_outputs(table: FactTable, graph: Any, outputs: list[int]) -> list
     return [table.port_facts(graph.nodes[i].var).numeric for i in outputs]
 
 
-def derived_numeric(have: NumericFact, accumulation: Optional[str]) -> NumericFact:
+def derived_numeric(have: NumericFact, accumulation: str | None) -> NumericFact:
     """What E* provides on an output S provided ``have`` on: the same, except a forced
     accumulator."""
     if accumulation is None:
@@ -59,7 +59,7 @@ def derived_numeric(have: NumericFact, accumulation: Optional[str]) -> NumericFa
     return NumericFact(have.math, AccumDtype.of(accumulation), have.determinism, have.rounding)
 
 
-def numeric_failures(table: FactTable, graph: Any, outputs: list[int], accumulation: Optional[str]) -> list[Failure]:
+def numeric_failures(table: FactTable, graph: Any, outputs: list[int], accumulation: str | None) -> list[Failure]:
     fails: list[Failure] = []
     for i, have in zip(outputs, numeric_of_outputs(table, graph, outputs)):
         mine = derived_numeric(have, accumulation)

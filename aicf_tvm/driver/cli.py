@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from aicf_tvm.core.errors import AicfError, InputError, TuningError, UnsupportedModelError
-from aicf_tvm.runtime.compiled import CompiledModel, flat_outputs, load
+from aicf_tvm.runtime.compiled import flat_outputs, load
 from aicf_tvm.runtime.targets import describe, resolve_target
 from aicf_tvm.runtime.threads import thread_count, use_threads
 

@@ -6,11 +6,10 @@ from typing import Any
 
 import tvm
 
-from relax_passes import LiftEmits, PropagateContracts
-
 from aicf_tvm.core.emit_table import emit_calls, emit_table
 from aicf_tvm.driver.compiled import kernels_of
 from aicf_tvm.runtime.targets import describe
+from relax_passes import LiftEmits, PropagateContracts
 
 
 def lift_and_propagate(mod: tvm.IRModule) -> tvm.IRModule:

@@ -23,16 +23,16 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from aicf_tvm.core.errors import InputError, UnsupportedModelError
+from aicf_tvm.core.kinds.adam import DISTINCT_INPUTS_ATTR
+from aicf_tvm.core.report import FusionReport
+from aicf_tvm.runtime.targets import resolve_target
+from aicf_tvm.runtime.threads import thread_count, use_threads
 from relax_passes.fuse_adam_steps import FuseAdamSteps
 from relax_passes.lift_adam_steps import LiftAdamSteps
 from relax_passes.lower_emits import kernel_calls
 
-from aicf_tvm.core.errors import InputError, UnsupportedModelError
-from aicf_tvm.core.kinds.adam import DISTINCT_INPUTS_ATTR
-from aicf_tvm.core.report import FusionReport
 from .pipeline import run_pipeline
-from aicf_tvm.runtime.targets import resolve_target
-from aicf_tvm.runtime.threads import thread_count, use_threads
 
 
 def adam_function(shapes: Sequence[Sequence[int]], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),

@@ -31,6 +31,16 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from aicf_tvm.core.errors import TargetError, UnsupportedModelError
+from aicf_tvm.core.options import CompileOptions, options_or_default
+from aicf_tvm.core.report import Decision, FusionReport
+from aicf_tvm.driver.compiled import compiled_model
+from aicf_tvm.driver.verify import verify_contracts
+from aicf_tvm.library import DEFAULT_CANDIDATES
+from aicf_tvm.runtime.compiled import CompiledModel
+from aicf_tvm.runtime.cuda_binary import precompiled
+from aicf_tvm.runtime.targets import resolve_target
+from aicf_tvm.runtime.threads import thread_count
 from relax_passes import FuseEmits, LiftEmits, LowerEmits, PropagateContracts
 from relax_passes.bound_shapes import BoundShapes
 from relax_passes.bounded_tables import PrecomputeBoundedTables
@@ -45,7 +55,6 @@ from relax_passes.ieee_fold import FoldConstantIEEE
 from relax_passes.implicit_broadcasts import ImplicitBroadcasts
 from relax_passes.index_checks import HostIndexChecks
 from relax_passes.normalize_indices import NormalizeIndices
-from schedules.prepack_weights import mark_layout_free, prepack_weights
 from relax_passes.rewrites import rewrite_passes
 from relax_passes.single_pointer_noalias import SinglePointerNoAlias
 from relax_passes.sink_reshapes import SinkReshapes
@@ -58,19 +67,10 @@ from schedules.cpu.int_arith import WrappingIntegers
 from schedules.cpu.parallel_guard import tir_pipeline
 from schedules.cpu.vector_math import VectorizeMath
 from schedules.cuda import host_bound_kernels
+from schedules.prepack_weights import mark_layout_free, prepack_weights
 from schedules.select import apply_database
 
-from aicf_tvm.library import DEFAULT_CANDIDATES
-from aicf_tvm.core.errors import TargetError, UnsupportedModelError
-from aicf_tvm.core.options import CompileOptions, options_or_default
-from aicf_tvm.core.report import Decision, FusionReport
-from aicf_tvm.driver.verify import verify_contracts
-from aicf_tvm.driver.compiled import compiled_model
-from aicf_tvm.runtime.compiled import CompiledModel
-from aicf_tvm.runtime.cuda_binary import precompiled
 from .frontends import load_model
-from aicf_tvm.runtime.targets import resolve_target
-from aicf_tvm.runtime.threads import thread_count
 
 MAX_ROUNDS = 4
 
@@ -293,7 +293,7 @@ def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target | None = None, *, 
     return stages
 
 
-def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: Sequence[Any] | None = None,  # noqa: A001
+def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: Sequence[Any] | None = None,
             threads: int | None = None, options: CompileOptions | None = None) -> CompiledModel:
     """Compile a Relax IRModule (or anything ``load_model`` accepts) to a ``CompiledModel``
     that runs with ``threads`` CPU threads (default: ``aicf_tvm.runtime.threads.thread_count``).

@@ -11,7 +11,7 @@ user gives by name (``--dim``, ``bounds=``) on any imported model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import tvm

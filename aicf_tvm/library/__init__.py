@@ -25,6 +25,16 @@ def library_kinds() -> list[str]:
 
 
 __all__ = [
-    "ATTENTION", "CONV", "GEMM", "LAYERNORM", "RMSNORM", "SOFTMAX", "Candidate", "Match",
-    "DEFAULT_CANDIDATES", "GENERIC_KINDS", "gemm_candidate", "library_kinds",
+    "ATTENTION",
+    "CONV",
+    "DEFAULT_CANDIDATES",
+    "GEMM",
+    "GENERIC_KINDS",
+    "LAYERNORM",
+    "RMSNORM",
+    "SOFTMAX",
+    "Candidate",
+    "Match",
+    "gemm_candidate",
+    "library_kinds",
 ]

@@ -26,8 +26,8 @@ from itertools import product
 
 from tvm.relax import dpl
 
-from aicf_tvm.core.lattice import ShapeFact
 from aicf_tvm.core.candidate import Candidate, Match, Variant, commutative, op, port_requirement
+from aicf_tvm.core.lattice import ShapeFact
 
 VIEW_OPS = ("relax.reshape", "relax.permute_dims", "relax.broadcast_to", "relax.expand_dims", "relax.squeeze",
             "relax.strided_slice")

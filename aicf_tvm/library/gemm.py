@@ -15,9 +15,17 @@ from itertools import product
 
 from tvm.relax import dpl
 
+from aicf_tvm.core.candidate import (
+    Candidate,
+    Match,
+    Variant,
+    commutative,
+    last_dim,
+    op,
+    port_requirement,
+)
 from aicf_tvm.core.kinds.layouts import block_of
 from aicf_tvm.core.lattice import ShapeFact
-from aicf_tvm.core.candidate import Candidate, Match, Variant, commutative, last_dim, op, port_requirement
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from tvm.relax import dpl
 
-from aicf_tvm.core.lattice import ShapeFact
 from aicf_tvm.core.candidate import Candidate, Match, Variant, commutative, op, port_requirement
+from aicf_tvm.core.lattice import ShapeFact
 
 
 def _with_residual(core_of, roles: dict) -> list[Variant]:

@@ -25,11 +25,12 @@ import numpy as np
 import tvm
 from tvm.runtime.vm import VirtualMachine
 
-from aicf_tvm.runtime.call_checks import BoundDim, Requirement, check_requirements
 from aicf_tvm.core.emit import plain
 from aicf_tvm.core.errors import DeployError, InputError, TargetError
 from aicf_tvm.core.lattice.shape import row_major
 from aicf_tvm.core.report import Decision, FusionReport
+from aicf_tvm.runtime.call_checks import BoundDim, Requirement, check_requirements
+
 from .cpu_features import unrunnable_here
 from .cuda_binary import install_hook
 from .deploy import check_target, device_for, export, read_metadata

@@ -35,6 +35,7 @@ import tvm
 
 from aicf_tvm.core.errors import DeployError
 from aicf_tvm.core.version import __version__
+
 from . import cpu_features
 from .cpu_features import LLVM_TO_CPUINFO, missing_features, target_isa
 from .targets import describe

@@ -74,7 +74,7 @@ def resolve_target(target: Any) -> tvm.target.Target:
         if spec.get("kind") == "cuda":
             return tvm.target.Target(spec, host=cuda_host_target())
         return tvm.target.Target(spec)
-    except Exception as err:  # noqa: BLE001 - TVM raises ValueError/TVMError alike
+    except Exception as err:
         raise TargetError(f"unknown target {target!r}: {err}") from err
 
 
@@ -84,7 +84,7 @@ def _check_spec(spec: dict, given: Any) -> None:
     and silently build generic code)."""
     try:  # without mcpu: an unknown one would make LLVM print an error line, then go generic
         target = tvm.target.Target({k: v for k, v in spec.items() if k != "mcpu"})
-    except Exception as err:  # noqa: BLE001 - TVM raises ValueError/TVMError alike
+    except Exception as err:
         raise TargetError(f"unknown target {given!r}: {err}") from err
     mcpu = spec.get("mcpu")
     if spec.get("kind") == "llvm" and mcpu:

@@ -68,7 +68,7 @@ def nan_exact_comparisons(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tvm_ffi.structural_map(func, [(tirx.Not, _negation), (tirx.NE, _not_equal)])
 
 
-def NaNExactComparisons(target: Target | None = None) -> tvm.transform.Pass:  # noqa: N802 - a pass
+def NaNExactComparisons(target: Target | None = None) -> tvm.transform.Pass:
     """PrimFunc pass applying ``nan_exact_comparisons`` to the PrimFuncs compiled for an LLVM
     target (the PrimFunc's ``target`` attr, else ``target``, else ``with target:``)."""
     return llvm_prim_func_pass(nan_exact_comparisons, target, "NaNExactComparisons")

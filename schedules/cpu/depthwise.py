@@ -28,9 +28,9 @@ are 7 AVX-512 registers), so no tail loop or predicate is needed for odd widths.
 from __future__ import annotations
 
 from tvm import s_tir, tirx
-from tvm.sym.pattern import detect_linear_equation
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import SBlockRV
+from tvm.sym.pattern import detect_linear_equation
 from tvm.target import Target
 
 from .common import TASKS_PER_CORE, float32_lanes, loop_extent, num_cores, vector_registers

@@ -44,8 +44,8 @@ from typing import Any
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
-from tvm.sym.analyzer import Analyzer
 from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.sym.analyzer import Analyzer
 from tvm.target import Target
 
 from aicf_tvm.core.options import CompileOptions, options_or_default
@@ -71,7 +71,14 @@ from .gemm_blocks import (
     schedule_injective,
     splits_into_vectors,
 )
-from .gemm_plan import GemmPlan, chosen_plan, least_padded_area, plan_candidates, plan_choice, plan_gemm
+from .gemm_plan import (
+    GemmPlan,
+    chosen_plan,
+    least_padded_area,
+    plan_candidates,
+    plan_choice,
+    plan_gemm,
+)
 from .gemm_prefetch import mark_loops
 
 

@@ -294,7 +294,7 @@ def prefetch_next_panel(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return func.with_body(rewriter.visit(func.body))
 
 
-def PrefetchNextPanel(target: Target | None = None) -> tvm.transform.Pass:  # noqa: N802 - a pass
+def PrefetchNextPanel(target: Target | None = None) -> tvm.transform.Pass:
     """PrimFunc pass applying ``prefetch_next_panel`` to the PrimFuncs compiled for an
     LLVM target."""
     return llvm_prim_func_pass(prefetch_next_panel, target, "PrefetchNextPanel")

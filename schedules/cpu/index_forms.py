@@ -38,7 +38,7 @@ def fold_nested_mods(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tvm_ffi.structural_map(func, [(tirx.FloorMod, _folded)])
 
 
-def FoldNestedMods(target: Target | None = None) -> tvm.transform.Pass:  # noqa: N802 - a pass
+def FoldNestedMods(target: Target | None = None) -> tvm.transform.Pass:
     """PrimFunc pass applying ``fold_nested_mods`` to the PrimFuncs compiled for LLVM."""
     return llvm_prim_func_pass(fold_nested_mods, target, "FoldNestedMods")
 

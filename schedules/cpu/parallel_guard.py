@@ -166,7 +166,7 @@ def guard_small_parallel(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tvm_ffi.structural_map(func, [(tirx.For, _guard)])
 
 
-def GuardSmallParallel(target: Target | None = None) -> tvm.transform.Pass:  # noqa: N802 - a pass
+def GuardSmallParallel(target: Target | None = None) -> tvm.transform.Pass:
     """PrimFunc pass applying ``guard_small_parallel`` to the PrimFuncs compiled for an LLVM
     target (the PrimFunc's ``target`` attr, else ``target``, else ``with target:``)."""
     return llvm_prim_func_pass(guard_small_parallel, target, "GuardSmallParallel")

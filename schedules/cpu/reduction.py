@@ -48,12 +48,12 @@ from .common import (
     calls_scalar_math,
     is_one,
     largest_pow2_divisor,
-    split_vector_tail,
     loop_extent,
     loop_kinds,
     nest_work,
     num_cores,
     output_lanes,
+    split_vector_tail,
     try_parallel,
     vectorize_innermost,
 )

@@ -54,7 +54,7 @@ def stack_local_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tvm_ffi.structural_map(func, [(tirx.AllocBuffer, _on_stack)])
 
 
-def StackLocalTiles(target: Target | None = None) -> tvm.transform.Pass:  # noqa: N802 - a pass
+def StackLocalTiles(target: Target | None = None) -> tvm.transform.Pass:
     """PrimFunc pass applying ``stack_local_tiles`` to the PrimFuncs compiled for an LLVM
     target (the PrimFunc's ``target`` attr, else ``target``, else ``with target:``)."""
     return llvm_prim_func_pass(stack_local_tiles, target, "StackLocalTiles")

@@ -156,7 +156,7 @@ def partition_vector_tails(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tirx.transform.ConvertSSA()(tvm.IRModule({"main": split}))["main"]
 
 
-def PartitionVectorTails(target: Target | None = None) -> tvm.transform.Pass:  # noqa: N802 - a pass
+def PartitionVectorTails(target: Target | None = None) -> tvm.transform.Pass:
     """PrimFunc pass applying ``partition_vector_tails`` to the PrimFuncs compiled for LLVM."""
     return llvm_prim_func_pass(partition_vector_tails, target, "PartitionVectorTails")
 

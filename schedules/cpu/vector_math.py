@@ -33,7 +33,7 @@ scheduling.  After, not before: inlining would copy one ``Let`` binding into two
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import tvm
 import tvm_ffi
@@ -295,7 +295,7 @@ def vectorize_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return _expand_calls(tvm_ffi.structural_map(func, (tirx.For, in_vector_loop)), EVERYWHERE)
 
 
-def VectorizeMath(target: Target | None = None) -> tvm.transform.Pass:  # noqa: N802 - a pass
+def VectorizeMath(target: Target | None = None) -> tvm.transform.Pass:
     """PrimFunc pass applying ``vectorize_math`` to the PrimFuncs compiled for an LLVM target.
 
     The target is the PrimFunc's ``target`` attr, else ``target``, else the enclosing

@@ -30,8 +30,16 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
 from schedules.select import record_digest
-from schedules.tuning.tasks import FAILED_SECS, Task, Tools, TuningFailed, default_schedule, mean_secs, valid_records
 from schedules.tuning.space import has_unplain_rewrite, timed_form
+from schedules.tuning.tasks import (
+    FAILED_SECS,
+    Task,
+    Tools,
+    TuningFailed,
+    default_schedule,
+    mean_secs,
+    valid_records,
+)
 
 _LOG = logging.getLogger(__name__)
 WIN_MARGIN = 0.98  # a tuned record must beat the default by 2%: less is measurement noise
@@ -69,7 +77,7 @@ class TaskOutcome:
         return out
 
     @classmethod
-    def from_json(cls, key: str, entry: Mapping[str, Any], skipped: bool) -> "TaskOutcome":
+    def from_json(cls, key: str, entry: Mapping[str, Any], skipped: bool) -> TaskOutcome:
         """An outcome saved by an earlier run (``aicf_tuning.json``)."""
         return cls(key, str(entry.get("kind", "")), int(entry.get("trials", 0)), entry.get("default_s"),
                    entry.get("tuned_s"), str(entry.get("choice", "default")), skipped, entry.get("record"),

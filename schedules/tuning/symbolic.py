@@ -43,10 +43,11 @@ from tvm import relax, sym, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-from .choices import apply_choice, choice_label, tunable_rule
-from schedules.tuning.tasks import Task, Tools, TuningFailed, mean_secs
 from schedules.tuning.measure import CONFIRM_ROUNDS, CONFIRM_TOP, WIN_MARGIN, TaskOutcome
 from schedules.tuning.space import timed_form
+from schedules.tuning.tasks import Task, Tools, TuningFailed, mean_secs
+
+from .choices import apply_choice, choice_label, tunable_rule
 
 DEFAULT_UPPER = 512  # the largest value timed of a dim the model does not bound
 Binding = dict[str, int]
@@ -220,5 +221,13 @@ def tune_choices(task: Task, target: tvm.target.Target, tools: Tools, budget: in
     return result
 
 
-__all__ = ["DEFAULT_UPPER", "apply_choice", "choice_label", "kernel_bindings", "representative_values",
-           "task_choices", "tune_choices", "tunable_rule"]
+__all__ = [
+    "DEFAULT_UPPER",
+    "apply_choice",
+    "choice_label",
+    "kernel_bindings",
+    "representative_values",
+    "task_choices",
+    "tunable_rule",
+    "tune_choices",
+]

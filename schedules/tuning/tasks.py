@@ -51,7 +51,6 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 
 from aicf_tvm.core.errors import TuningError
-
 from schedules import default_rules
 from schedules.cpu.codegen import codegen_target
 from schedules.cpu.comparisons import NaNExactComparisons
@@ -59,10 +58,11 @@ from schedules.cpu.ieee_arith import IEEEArithmetic
 from schedules.cpu.int_arith import WrappingIntegers
 from schedules.cpu.parallel_guard import tir_pipeline
 from schedules.cpu.vector_math import VectorizeMath
-from .remote import RemoteRunner, Tracker
 from schedules.select import SIGNATURE_ATTR, contract_signature, workload_of
 from schedules.tuning.space import space_generator
+
 from .choices import tunable_rule
+from .remote import RemoteRunner, Tracker
 
 _LOG = logging.getLogger(__name__)
 FAILED_SECS = 1e9  # MetaSchedule stores failed candidates with run_secs of 1e10

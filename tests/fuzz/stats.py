@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from itertools import pairwise
 from typing import Any
 
 from tvm import relax
@@ -37,7 +38,7 @@ def bucket(count: int) -> str:
     return next((b for b, hi in _BINS if count <= hi), f">{BUCKETS[-1]}")
 
 
-_BINS = [("0", 0), ("1", 1)] + [(f"{lo + 1}-{hi}", hi) for lo, hi in zip(BUCKETS[1:], BUCKETS[2:])]
+_BINS = [("0", 0), ("1", 1)] + [(f"{lo + 1}-{hi}", hi) for lo, hi in pairwise(BUCKETS[1:])]
 
 
 class Stats:
@@ -64,8 +65,8 @@ class Stats:
 
     def report(self) -> str:
         order = [b for b, _ in _BINS] + [f">{BUCKETS[-1]}"]
-        lines = [f"{self.count} programs; largest input {self.largest_input}, output {self.largest_output}, "
-                 f"constant {self.largest_const} elements"]
+        lines = [(f"{self.count} programs; largest input {self.largest_input}, output {self.largest_output}, "
+                  f"constant {self.largest_const} elements")]
         for title, counter in (("max input elements", self.max_input), ("output elements", self.output)):
             lines.append(f"{title}:")
             lines += [f"  {b:>13} {counter[b]:4d} {'#' * counter[b]}" for b in order if counter[b]]

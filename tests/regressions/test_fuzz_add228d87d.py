@@ -14,7 +14,6 @@ from tvm import relax
 import aicf_tvm
 from tests.fuzz.program import make_input
 
-
 SOURCE = r'''metadata = tvm.ir.load_json("""{
   \"root_index\": 15,
   \"nodes\": [

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T

@@ -12,7 +12,13 @@ import aicf_tvm
 from relax_passes.combine_projections import CombineProjections
 
 from ..conftest import run_vm
-from ..helpers import Operands, assert_matches_reference, last_hidden_state, relax_main, torch_function
+from ..helpers import (
+    Operands,
+    assert_matches_reference,
+    last_hidden_state,
+    relax_main,
+    torch_function,
+)
 
 ROWS, HIDDEN, HEADS = 12, 32, 4
 

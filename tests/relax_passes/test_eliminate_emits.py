@@ -120,7 +120,7 @@ def test_neutral_constant_that_broadcasts_is_kept():
 def test_neutral_operands_are_matched_bit_for_bit():
     """x + (-0.0) and x - 0.0 keep every x; x + 0.0 turns -0.0 into +0.0, x - (-0.0) too;
     a NaN constant is neutral for nothing; for integers both zeros are 0."""
-    f32 = lambda v: R.const(np.float32(v))  # noqa: E731
+    f32 = lambda v: R.const(np.float32(v))
     assert is_neutral_operand("add", f32(-0.0), right=True) and is_neutral_operand("add", f32(-0.0), right=False)
     assert not is_neutral_operand("add", f32(0.0), right=True) and not is_neutral_operand("add", f32(0.0), right=False)
     assert is_neutral_operand("subtract", f32(0.0), right=True)
@@ -189,7 +189,7 @@ class InversePermutes:
 
 
 def test_inverse_permutes_cancel_where_tvm_keeps_them():
-    after, report = eliminate(InversePermutes)
+    after, _report = eliminate(InversePermutes)
     assert kinds(after) == ["relu"]
     same_numbers(InversePermutes, after, (2, 3, 4))
     # TVM's own pipeline keeps both transposes (as a fused copy kernel).
@@ -338,7 +338,7 @@ class DeadEmit:
     @R.function
     def main(x: R.Tensor((4,), "float32")):
         with R.dataflow():
-            unused = R.exp(x)
+            unused = R.exp(x)  # noqa: F841 - the dead Emit under test
             y = R.nn.relu(x)
             R.output(y)
         return y

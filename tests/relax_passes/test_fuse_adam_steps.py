@@ -10,10 +10,10 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from aicf_tvm import emit_of
-from aicf_tvm.driver.optimizer import adam_function
-from aicf_tvm.core.lattice import MAY_ALIAS, NO_ALIAS, UNKNOWN_ALIAS
 from aicf_tvm.core.kinds.adam import DISTINCT_INPUTS_ATTR
+from aicf_tvm.core.lattice import MAY_ALIAS, NO_ALIAS, UNKNOWN_ALIAS
 from aicf_tvm.core.report import FusionReport
+from aicf_tvm.driver.optimizer import adam_function
 from relax_passes import LiftEmits, PropagateContracts
 from relax_passes.fuse_adam_steps import FuseAdamSteps
 from relax_passes.lift_adam_steps import LiftAdamSteps

@@ -10,12 +10,12 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from aicf_tvm import EMIT_ATTR, emit_of, verify_contracts
-from aicf_tvm.core.contract import ContractFacts, PortFacts
-from aicf_tvm.library import DEFAULT_CANDIDATES, Candidate, gemm_candidate
 from aicf_tvm.core.candidate import port_requirement
-from aicf_tvm.library.gemm import gemm_variants
+from aicf_tvm.core.contract import ContractFacts, PortFacts
 from aicf_tvm.core.lattice import Alias, Effect, ShapeFact
 from aicf_tvm.core.report import FusionReport
+from aicf_tvm.library import DEFAULT_CANDIDATES, Candidate, gemm_candidate
+from aicf_tvm.library.gemm import gemm_variants
 from relax_passes import FuseEmits, LiftEmits, PropagateContracts
 
 from ..conftest import run_vm
@@ -134,7 +134,7 @@ class TestAttention:
     """Two matmuls and the softmax's two reductions in one Emit: TVM's FuseOps gives 3+."""
 
     def test_one_emit(self):
-        after, report = fuse(Attention)
+        after, _report = fuse(Attention)
         assert fused_kinds(after) == ["fused_attention"]
         emit = emit_of(after["fused_attention"])
         assert {"q", "k", "v", "mask", "scale"} == {p.name for p in emit.interface.inputs}
@@ -230,7 +230,7 @@ class ElementwiseChain:
 
 
 def test_elementwise_and_view_chain_is_one_emit():
-    after, report = fuse(ElementwiseChain)
+    after, _report = fuse(ElementwiseChain)
     assert fused_kinds(after) == ["fused_elementwise"]
     x, y = assert_same_numbers(ElementwiseChain, after, (4, 8), (8,))
     a = x + y
@@ -374,7 +374,7 @@ def test_multi_consumer_intermediate_is_exported():
                 R.output(u, y)
             return (u, y)
 
-    after, report = fuse(Shared)
+    after, _report = fuse(Shared)
     assert "fused_gemm_bias_act" in fused_kinds(after)
     emit = emit_of(after["fused_gemm_bias_act"])
     assert [p.name for p in emit.interface.outputs] == ["out.0", "out.1"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm import relax
 
 from aicf_tvm.core.report import FusionReport
 from aicf_tvm.driver.pipeline import normalize

@@ -10,9 +10,9 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from aicf_tvm import emit_of, verify_contracts
-from aicf_tvm.driver.optimizer import adam_function
-from aicf_tvm.core.lattice import NO_ALIAS, READ, READWRITE
 from aicf_tvm.core.kinds.adam import DISTINCT_INPUTS_ATTR
+from aicf_tvm.core.lattice import NO_ALIAS, READ, READWRITE
+from aicf_tvm.driver.optimizer import adam_function
 from relax_passes.lift_adam_steps import LiftAdamSteps, adam_attrs
 
 from ..conftest import run_vm

@@ -80,7 +80,7 @@ def test_external_input_proven_align1_is_checked_at_the_boundary():
 def test_boundary_copies_only_inputs_that_break_the_abi():
     compiled = aicf_tvm.compile(ScaledGelu, target=TARGET)
     rng = np.random.default_rng(0)
-    want_of = lambda a: run_vm(ScaledGelu, np.ascontiguousarray(a))[0]  # noqa: E731
+    want_of = lambda a: run_vm(ScaledGelu, np.ascontiguousarray(a))[0]
 
     raw = np.empty(16 * 32 + 16, dtype="float32")
     base = (-raw.ctypes.data % 64) // 4
@@ -186,7 +186,7 @@ def test_zero_scalars_never_fold_or_abort(tmp_path):
     np.save(inputs, x)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, str(script), str(inputs), str(outputs)], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     got = np.load(outputs)
     z, one = np.float32(0.0), np.float32(1.0)

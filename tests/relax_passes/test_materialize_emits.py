@@ -8,12 +8,12 @@ import tvm
 from tvm import relax
 
 import aicf_tvm
-from aicf_tvm.driver.pipeline import normalize, optimize
-from aicf_tvm.core.lattice import ShapeFact
-from aicf_tvm.library import DEFAULT_CANDIDATES
 from aicf_tvm.core.candidate import Candidate, port_requirement
-from aicf_tvm.library.gemm import gemm_variants
+from aicf_tvm.core.lattice import ShapeFact
 from aicf_tvm.core.report import FusionReport
+from aicf_tvm.driver.pipeline import normalize, optimize
+from aicf_tvm.library import DEFAULT_CANDIDATES
+from aicf_tvm.library.gemm import gemm_variants
 from relax_passes import LowerEmits
 from relax_passes.lower_emits import kernel_calls
 from schedules.prepack_weights import mark_layout_free

@@ -14,9 +14,15 @@ from tvm import relax
 import aicf_tvm
 from aicf_tvm.core.emit_graph import EmitGraph
 from aicf_tvm.core.kinds.layouts import blocking_map, transform_layouts, unblocking_map
-from aicf_tvm.driver.pipeline import normalize
 from aicf_tvm.core.report import FusionReport
-from relax_passes import EliminateEmits, LiftEmits, MaterializeEmits, MaterializeLayouts, PropagateContracts
+from aicf_tvm.driver.pipeline import normalize
+from relax_passes import (
+    EliminateEmits,
+    LiftEmits,
+    MaterializeEmits,
+    MaterializeLayouts,
+    PropagateContracts,
+)
 from relax_passes.materialize_layouts import channel_block, find_chains, layout_form
 
 from ..conftest import run_vm

@@ -420,8 +420,8 @@ def test_scatters_write_in_bounds_or_raise():
     want_c[r, [0, 2]] = u[:, 0]
     for got_one, want in ((a, want_a), (b, want_b), (c, want_c)):
         np.testing.assert_array_equal(got_one, want)
-    for which, value, message in [(0, 4, r"input e: index 4 at \[1, 2\] is out of range \[-4, 4\) "
-                                          r"of scatter_elements"),
+    for which, value, message in [(0, 4, (r"input e: index 4 at \[1, 2\] is out of range \[-4, 4\) "
+                                           r"of scatter_elements")),
                                   (1, -4, r"input nd: index -4 at \[1, 1\] is out of range \[-3, 3\)"),
                                   (2, 9, r"input r: index 9 at \[1\] is out of range \[-4, 4\)")]:
         args = [e.copy(), nd.copy(), r.copy()]

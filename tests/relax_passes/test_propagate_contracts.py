@@ -12,7 +12,14 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
-from aicf_tvm import EMIT_ATTR, AliasContradiction, ContractContradiction, Emit, emit_of, verify_contracts
+from aicf_tvm import (
+    EMIT_ATTR,
+    AliasContradiction,
+    ContractContradiction,
+    Emit,
+    emit_of,
+    verify_contracts,
+)
 from aicf_tvm.core.contract import ContractFacts, PortFacts
 from aicf_tvm.core.kinds import views
 from aicf_tvm.core.lattice import ABIFact, Alias, Alignment, ShapeFact

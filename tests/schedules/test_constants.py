@@ -103,7 +103,7 @@ def test_inlining_a_constant_block_neither_folds_nor_aborts(tmp_path):
     np.save(inputs, x)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, str(script), str(inputs), str(outputs)], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     got = np.load(outputs)
     zero, one = np.float32(0.0), np.float32(1.0)

@@ -22,6 +22,7 @@ from schedules.cpu.gemm import Gemm
 from schedules.cpu.gemm_analysis import IterRole, detect_gemm
 from schedules.cpu.gemm_blocks import find_reduction_block
 from schedules.cpu.gemm_plan import NC_MAX, least_padded_area, plan_candidates, plan_gemm
+
 from ..helpers import relax_main
 
 F32 = "float32"

@@ -9,12 +9,12 @@ from tvm import relax
 from tvm.script import tirx as T
 
 import aicf_tvm
-from aicf_tvm.driver.pipeline import build, normalize, optimize, resolve_target
 from aicf_tvm.core.report import FusionReport
+from aicf_tvm.driver.pipeline import build, normalize, optimize, resolve_target
 from relax_passes import LowerEmits
 from relax_passes.lower_emits import kernel_calls
-from schedules.prepack_weights import mark_layout_free, prepack_weights, preproc_blocks
 from schedules import apply_default_schedules
+from schedules.prepack_weights import mark_layout_free, prepack_weights, preproc_blocks
 
 from ..conftest import run_vm
 

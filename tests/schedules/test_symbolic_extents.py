@@ -20,8 +20,8 @@ from tvm.script import tirx as T
 from schedules import default_rules, schedule_func
 from schedules.cpu.gemm import Gemm
 
-from .test_cpu_gemm import _gelu, fused_primfunc
 from ..helpers import relax_main
+from .test_cpu_gemm import _gelu, fused_primfunc
 
 F32 = "float32"
 SIZES = (1, 7, 33, 100)

@@ -16,13 +16,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-import tvm
 from tvm import relax, tirx
 
 from ..contract import ContractFacts, EmitContract, PortFacts
 from ..emit import Emit, Interface, Port
 from ..kinds.describe import type_shape
-from ..tvm_values import static_shape
 from ..lattice import (
     READ,
     READWRITE,

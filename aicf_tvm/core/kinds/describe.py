@@ -19,7 +19,10 @@ from tvm import relax
 from ..contract import ContractFacts, EmitContract, PortFacts
 from ..emit import Emit, Interface, Port
 from ..lattice import (
-    AccumDtype, Determinism, Effect, MathTag, NumericFact, Rounding, ShapeFact,
+    Effect,
+    MathTag,
+    NumericFact,
+    ShapeFact,
 )
 from ..lattice.shape import mul_dims
 from ..tvm_values import to_python
@@ -118,7 +121,7 @@ def _attr_value(value: Any) -> Any:
 def attr_names(attrs: Any) -> list[str]:
     """The fields an op's Attrs object declares (set or not)."""
     if isinstance(attrs, tvm.ir.DictAttrs):
-        return [str(k) for k in attrs.keys()]
+        return [str(k) for k in attrs.keys()]  # noqa: SIM118 - a DictAttrs iterates by keys()
     info = getattr(type(attrs), "__tvm_ffi_type_info__", None) if attrs is not None else None
     return [f.name for f in info.fields] if info is not None else []
 

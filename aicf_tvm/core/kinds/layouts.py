@@ -13,7 +13,8 @@ gives a weaker output (monotone).
 from __future__ import annotations
 
 import re
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import tvm
 from tvm import relax
@@ -32,7 +33,7 @@ def blocked(block: int) -> str:
     return f"NCHW{block}c"
 
 
-def block_of(layout: Optional[str]) -> Optional[int]:
+def block_of(layout: str | None) -> int | None:
     """16 for ``NCHW16c``; None for anything that is not a blocked NCHW layout."""
     m = _BLOCKED.match(layout or "")
     return int(m.group(1)) if m else None
@@ -48,7 +49,7 @@ def unblocking_map(block: int) -> tvm.tirx.IndexMap:
     return tvm.tirx.IndexMap.from_func(lambda n, c, h, w, i: (n, c * block + i, h, w))
 
 
-def transform_layouts(call: Any) -> Optional[tuple[Optional[str], Optional[str]]]:
+def transform_layouts(call: Any) -> tuple[str | None, str | None] | None:
     """``(from, to)`` of a blocking (``(None, "NCHW16c")``) or unblocking (``("NCHW16c",
     None)``) ``layout_transform`` call without padding; None for any other call."""
     if not _is_op(call, "relax.layout_transform") or call.attrs.pad_value is not None:
@@ -78,13 +79,13 @@ def _is_op(call: Any, name: str) -> bool:
     return isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == name
 
 
-def _dims(ty: Any) -> Optional[tuple]:
+def _dims(ty: Any) -> tuple | None:
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
     return tuple(str(d) for d in ty.shape.values)
 
 
-def output_layout(call: Any, ins: Sequence[ShapeFact]) -> Optional[str]:
+def output_layout(call: Any, ins: Sequence[ShapeFact]) -> str | None:
     """The layout of ``call``'s (single tensor) result given its tensor inputs' facts."""
     if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
         return None

@@ -10,8 +10,9 @@ An op or kind name registered twice is refused (``KindRegistrationError``, raise
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from ..errors import KindRegistrationError
 from ..lattice import ShapeFact
@@ -40,7 +41,7 @@ CATEGORIES = (
 )
 
 # transfer(call, input shape facts, output dims) -> output strides or None (unknown)
-StrideRule = Callable[[Any, list[ShapeFact], tuple], Optional[tuple]]
+StrideRule = Callable[[Any, list[ShapeFact], tuple], tuple | None]
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class KindRule:
     kind: str
     category: str
     math: str = "exact"
-    strides: Optional[StrideRule] = None  # views only
+    strides: StrideRule | None = None  # views only
     has_effects: bool = False  # True only for opaque: ReadWrite on every port
 
     @property

@@ -9,7 +9,8 @@ the shape. Stronger inputs therefore never yield weaker outputs.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..contract import PortFacts
 from ..emit import Emit

@@ -25,20 +25,20 @@ class Alignment:
             raise ValueError(f"Alignment: {b} is not a power of two in [1, {MAX_ALIGN}]")
 
     @classmethod
-    def top(cls) -> "Alignment":
+    def top(cls) -> Alignment:
         return cls(1)
 
     @classmethod
-    def bottom(cls) -> "Alignment":
+    def bottom(cls) -> Alignment:
         return cls(MAX_ALIGN)
 
-    def leq(self, other: "Alignment") -> bool:
+    def leq(self, other: Alignment) -> bool:
         return self.bytes >= other.bytes
 
-    def join(self, other: "Alignment") -> "Alignment":
+    def join(self, other: Alignment) -> Alignment:
         return Alignment(min(self.bytes, other.bytes))
 
-    def meet(self, other: "Alignment") -> "Alignment":
+    def meet(self, other: Alignment) -> Alignment:
         return Alignment(max(self.bytes, other.bytes))
 
     def is_top(self) -> bool:
@@ -48,7 +48,7 @@ class Alignment:
         return self.bytes
 
     @classmethod
-    def from_json(cls, data: int) -> "Alignment":
+    def from_json(cls, data: int) -> Alignment:
         return cls(int(data))
 
     def show(self) -> str:

@@ -8,8 +8,9 @@ Convention (docs/design.md §3): ``a ⊑ b`` reads "a guarantees at least what b
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def _field_type(cls: type, field: dataclasses.Field) -> type:
     if isinstance(hint, str):
         import sys
 
-        hint = eval(hint, vars(sys.modules[cls.__module__]))  # noqa: S307 - own annotations only
+        hint = eval(hint, vars(sys.modules[cls.__module__]))
     return hint
 
 

@@ -116,7 +116,7 @@ class Alias(EnumLattice):
     TOP: ClassVar = "Unknown"
     BOTTOM: ClassVar = "Contradiction"
 
-    def refine(self, other: "Alias", self_source: str, other_source: str) -> "Alias":
+    def refine(self, other: Alias, self_source: str, other_source: str) -> Alias:
         """``self ⊓ other``, raising ``AliasContradiction`` where that is ⊥."""
         out = self.meet(other)
         if out.value == "Contradiction" and not (self.value == other.value == "Contradiction"):
@@ -151,7 +151,7 @@ class AccumDtype(EnumLattice):
     BOTTOM: ClassVar = "⊥"
 
     @classmethod
-    def of(cls, dtype: str) -> "AccumDtype":
+    def of(cls, dtype: str) -> AccumDtype:
         """The accumulation fact of computing natively in ``dtype``."""
         d = str(dtype)
         if d in cls.POSET.elements:
@@ -188,7 +188,7 @@ class Flag(EnumLattice):
     BOTTOM: ClassVar = "yes"
 
     @classmethod
-    def of(cls, value: bool) -> "Flag":
+    def of(cls, value: bool) -> Flag:
         return cls("yes" if value else "no")
 
     def __bool__(self) -> bool:

@@ -27,22 +27,22 @@ class MathTag:
             raise ValueError(f"MathTag: {self.value!r} is neither 'exact' nor 'approx[:name]'")
 
     @classmethod
-    def top(cls) -> "MathTag":
+    def top(cls) -> MathTag:
         return cls("approx")
 
     @classmethod
-    def bottom(cls) -> "MathTag":
+    def bottom(cls) -> MathTag:
         return cls("exact")
 
-    def leq(self, other: "MathTag") -> bool:
+    def leq(self, other: MathTag) -> bool:
         return self.value == "exact" or other.value == "approx" or self.value == other.value
 
-    def join(self, other: "MathTag") -> "MathTag":
+    def join(self, other: MathTag) -> MathTag:
         if self.leq(other):
             return other
         return self if other.leq(self) else MathTag("approx")
 
-    def meet(self, other: "MathTag") -> "MathTag":
+    def meet(self, other: MathTag) -> MathTag:
         if self.leq(other):
             return self
         return other if other.leq(self) else MathTag("exact")
@@ -54,7 +54,7 @@ class MathTag:
         return self.value
 
     @classmethod
-    def from_json(cls, data: str) -> "MathTag":
+    def from_json(cls, data: str) -> MathTag:
         return cls(str(data))
 
     def show(self) -> str:
@@ -71,6 +71,6 @@ class NumericFact(ProductLattice):
     rounding: Rounding = Rounding.top()
 
     @classmethod
-    def exact(cls, dtype: str) -> "NumericFact":
+    def exact(cls, dtype: str) -> NumericFact:
         """The strongest fact: exact math, native ``dtype`` accumulation, deterministic, RNE."""
         return cls(MathTag("exact"), AccumDtype.of(dtype), Determinism.bottom(), Rounding.bottom())

@@ -17,10 +17,10 @@ carry ⊤: an op reads a 4-D tensor as its own attrs say (``data_layout``).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
 
-Dim = Union[int, str, None]
+Dim = int | str | None
 UNKNOWN_DIM = "?"
 
 
@@ -71,10 +71,10 @@ def _meet_dim(a: Dim, b: Dim) -> tuple[bool, Dim]:
 class ShapeFact:
     """What is known of a tensor's rank, extents and strides."""
 
-    dims: Optional[tuple[Dim, ...]] = None
-    strides: Optional[tuple[Dim, ...]] = None
+    dims: tuple[Dim, ...] | None = None
+    strides: tuple[Dim, ...] | None = None
     is_bottom: bool = False
-    layout: Optional[str] = None  # None: ⊤, any layout
+    layout: str | None = None  # None: ⊤, any layout
 
     def __post_init__(self) -> None:
         if self.dims is not None:
@@ -91,26 +91,26 @@ class ShapeFact:
 
     # -- constructors ---------------------------------------------------------------
     @classmethod
-    def top(cls) -> "ShapeFact":
+    def top(cls) -> ShapeFact:
         return cls()
 
     @classmethod
-    def bottom(cls) -> "ShapeFact":
+    def bottom(cls) -> ShapeFact:
         return cls(is_bottom=True)
 
     @classmethod
-    def rank(cls, r: int) -> "ShapeFact":
+    def rank(cls, r: int) -> ShapeFact:
         return cls((None,) * r)
 
     @classmethod
-    def shape(cls, dims: Sequence[Dim]) -> "ShapeFact":
+    def shape(cls, dims: Sequence[Dim]) -> ShapeFact:
         return cls(tuple(dims))
 
     @classmethod
-    def contiguous(cls, dims: Sequence[Dim]) -> "ShapeFact":
+    def contiguous(cls, dims: Sequence[Dim]) -> ShapeFact:
         return cls(tuple(dims), row_major(dims))
 
-    def with_layout(self, layout: Optional[str]) -> "ShapeFact":
+    def with_layout(self, layout: str | None) -> ShapeFact:
         """This fact with the given layout component (⊥ stays ⊥)."""
         if self.is_bottom or layout == self.layout:
             return self
@@ -118,7 +118,7 @@ class ShapeFact:
 
     # -- queries --------------------------------------------------------------------
     @property
-    def ndim(self) -> Optional[int]:
+    def ndim(self) -> int | None:
         return None if self.dims is None else len(self.dims)
 
     def is_top(self) -> bool:
@@ -145,7 +145,7 @@ class ShapeFact:
         return n
 
     # -- lattice --------------------------------------------------------------------
-    def leq(self, other: "ShapeFact") -> bool:
+    def leq(self, other: ShapeFact) -> bool:
         if self.is_bottom:
             return True
         if other.is_bottom:
@@ -163,14 +163,14 @@ class ShapeFact:
         mine = self.strides or (None,) * len(self.dims)
         return all(b is None or a == b for a, b in zip(mine, other.strides))
 
-    def join(self, other: "ShapeFact") -> "ShapeFact":
+    def join(self, other: ShapeFact) -> ShapeFact:
         if self.is_bottom:
             return other
         if other.is_bottom:
             return self
         return self._join_dims(other).with_layout(self.layout if self.layout == other.layout else None)
 
-    def _join_dims(self, other: "ShapeFact") -> "ShapeFact":
+    def _join_dims(self, other: ShapeFact) -> ShapeFact:
         if self.dims is None or other.dims is None or len(self.dims) != len(other.dims):
             return ShapeFact()
         dims = tuple(a if a == b else None for a, b in zip(self.dims, other.dims))
@@ -178,14 +178,14 @@ class ShapeFact:
             return ShapeFact(dims)
         return ShapeFact(dims, tuple(a if a == b else None for a, b in zip(self.strides, other.strides)))
 
-    def meet(self, other: "ShapeFact") -> "ShapeFact":
+    def meet(self, other: ShapeFact) -> ShapeFact:
         if self.is_bottom or other.is_bottom:
             return ShapeFact.bottom()
         if self.layout is not None and other.layout is not None and self.layout != other.layout:
             return ShapeFact.bottom()
         return self._meet_dims(other).with_layout(self.layout or other.layout)
 
-    def _meet_dims(self, other: "ShapeFact") -> "ShapeFact":
+    def _meet_dims(self, other: ShapeFact) -> ShapeFact:
         if self.dims is None:
             return other
         if other.dims is None:
@@ -222,7 +222,7 @@ class ShapeFact:
         return out
 
     @classmethod
-    def from_json(cls, data: dict) -> "ShapeFact":
+    def from_json(cls, data: dict) -> ShapeFact:
         if data.get("bottom"):
             return cls.bottom()
 
@@ -252,7 +252,7 @@ class ShapeFact:
 
 def _dim(x) -> Dim:
     if isinstance(x, bool):
-        raise ValueError(f"ShapeFact: bad extent {x!r}")
+        raise ValueError(f"ShapeFact: bad extent {x!r}")  # noqa: TRY004 - a bad value, as for a negative extent
     if isinstance(x, int):
         return x
     s = str(x)

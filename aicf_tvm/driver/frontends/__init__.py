@@ -22,6 +22,7 @@ from typing import Any
 import tvm
 
 from aicf_tvm.core.errors import UnsupportedModelError
+
 from .. import models
 from ..symbolic import with_dim_bounds
 from .onnx import from_onnx

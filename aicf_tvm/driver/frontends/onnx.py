@@ -14,12 +14,14 @@ included), ``"?"`` keeps the model's dim. The shapes are written into the graph 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import tvm
 from tvm import relax, tirx
 
 from aicf_tvm.core.errors import UnsupportedModelError
+
 from ..symbolic import with_dim_bounds
 from .common import first_line, normalize_import
 from .onnx_fold import fold_shapes
@@ -39,14 +41,14 @@ def _load_onnx(path_or_model: Any):
     if isinstance(path_or_model, bytes):
         try:
             return onnx.load_from_string(path_or_model), "<bytes>"
-        except Exception as err:  # noqa: BLE001 - onnx raises DecodeError subclasses
+        except Exception as err:
             raise UnsupportedModelError(f"the given bytes are not an ONNX model ({err})") from err
     path = os.fspath(path_or_model)
     if not os.path.exists(path):
         raise UnsupportedModelError(f"{path}: no such file")
     try:
         return onnx.load(path), path
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         raise UnsupportedModelError(f"{path}: not an ONNX model ({type(err).__name__}: {err})") from err
 
 
@@ -134,7 +136,7 @@ def from_onnx(path_or_model: Any, shapes: Mapping[str, Sequence[int | str]] | No
     _check_ops(prepared, name)
     try:
         mod = relax.frontend.onnx.from_onnx(prepared, shape_dict=shape_dict, keep_params_in_input=False)
-    except Exception as err:  # noqa: BLE001 - the frontend raises many kinds
+    except Exception as err:
         raise UnsupportedModelError(f"{name}: the ONNX frontend failed: {type(err).__name__}: "
                                     f"{first_line(err)}") from err
     return normalize_import(with_dim_bounds(mod, bounds or {}))

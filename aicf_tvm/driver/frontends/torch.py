@@ -14,14 +14,15 @@ Before the decomposition, ``views_as_reshapes`` keeps a dynamic batch from break
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import tvm
 from tvm import relax, tirx
 
+from aicf_tvm.core.errors import UnsupportedModelError
 from relax_passes.creation_ops import arange_form
 
-from aicf_tvm.core.errors import UnsupportedModelError
 from ..symbolic import rename_dims, torch_dim_names
 from .common import first_line, normalize_import
 from .torch_export import capture
@@ -31,16 +32,7 @@ from .torch_indices import index_converters
 # cast to it (PyTorch: an int or bool sum/cumsum accumulates in int64, true division and
 # float math of integers give the default float dtype, a 0-dim float64 operand does not
 # widen a float32 tensor).
-_COMPUTE_IN_RESULT = frozenset("""
-add.Tensor add.Scalar sub.Tensor sub.Scalar rsub.Tensor rsub.Scalar mul.Tensor mul.Scalar
-div.Tensor div.Scalar div.Tensor_mode remainder.Tensor remainder.Scalar fmod.Tensor fmod.Scalar
-floor_divide.default pow.Tensor_Tensor pow.Tensor_Scalar maximum.default minimum.default
-atan2.default where.self cumsum.default cumprod.default sum.default sum.dim_IntList
-prod.default prod.dim_int exp.default expm1.default log.default log2.default log10.default
-log1p.default sqrt.default rsqrt.default reciprocal.default sin.default cos.default tan.default
-tanh.default sigmoid.default erf.default asin.default acos.default atan.default sinh.default
-cosh.default
-""".split())
+_COMPUTE_IN_RESULT = frozenset(["add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tensor", "rsub.Scalar", "mul.Tensor", "mul.Scalar", "div.Tensor", "div.Scalar", "div.Tensor_mode", "remainder.Tensor", "remainder.Scalar", "fmod.Tensor", "fmod.Scalar", "floor_divide.default", "pow.Tensor_Tensor", "pow.Tensor_Scalar", "maximum.default", "minimum.default", "atan2.default", "where.self", "cumsum.default", "cumprod.default", "sum.default", "sum.dim_IntList", "prod.default", "prod.dim_int", "exp.default", "expm1.default", "log.default", "log2.default", "log10.default", "log1p.default", "sqrt.default", "rsqrt.default", "reciprocal.default", "sin.default", "cos.default", "tan.default", "tanh.default", "sigmoid.default", "erf.default", "asin.default", "acos.default", "atan.default", "sinh.default", "cosh.default"])
 
 # The condition of where stays bool.
 _KEEP_ARGS = {"where.self": frozenset({0})}
@@ -188,7 +180,7 @@ def from_torch(module: Any, example_args: Sequence[Any], dynamic_shapes: Any = N
             mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,
                                         run_ep_decomposition=False,
                                         custom_convert_map={**index_converters(), **_CONVERTERS})
-        except Exception as err:  # noqa: BLE001 - the frontend asserts on unknown ops
+        except Exception as err:
             text = first_line(err)
             missing = re.search(r"Unsupported function types? (\[.*?\])", text)
             if missing:

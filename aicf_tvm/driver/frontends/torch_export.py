@@ -27,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from aicf_tvm.core.errors import UnsupportedModelError
+
 from .common import first_line
 
 # Loggers draft_export writes its report and each real-value evaluation to: an accepted
@@ -56,14 +58,14 @@ def capture(module: Any, args: Sequence[Any], dynamic_shapes: Any = None) -> Any
         return _decomposed(torch.export.export(module, tuple(args), dynamic_shapes=dynamic_shapes), name)
     except UnsupportedModelError:
         raise
-    except Exception as err:  # noqa: BLE001 - torch.export's many error types
+    except Exception as err:
         if not _caused_by(err, GuardOnDataDependentSymNode):
             raise UnsupportedModelError(f"torch.export could not capture {name}: {first_line(err)}") from err
         guard_error = err
     try:
         with _quiet(_DRAFT_LOGGERS):
             draft = torch.export.draft_export(module, tuple(args), dynamic_shapes=dynamic_shapes)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         raise UnsupportedModelError(f"torch.export could not capture {name}: {first_line(guard_error)}") from err
     ep = _decomposed(draft, name)  # functional: the buffers the forward writes are listed
     varying = varying_nodes(ep)
@@ -141,7 +143,7 @@ def _decomposed(ep: Any, name: str) -> Any:
         ep.graph_module.recompile()
     try:
         return ep.run_decompositions()
-    except Exception as err:  # noqa: BLE001 - torch.export's many error types
+    except Exception as err:
         raise UnsupportedModelError(f"torch.export could not capture {name}: {first_line(err)}") from err
 
 

@@ -51,13 +51,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from schedules.prepack_weights import PREPACKED_SUFFIX
 import schedules.tuning.measure as sm
-from schedules.select import record_digest
-
 from aicf_tvm.driver.compiled import compiled_model, specs_of
-from aicf_tvm.runtime.compiled import CompiledModel
 from aicf_tvm.driver.pipeline import build, schedule
+from aicf_tvm.runtime.compiled import CompiledModel
+from schedules.prepack_weights import PREPACKED_SUFFIX
+from schedules.select import record_digest
 
 _LOG = logging.getLogger(__name__)
 MODEL_CANDIDATES = 7  # records per task timed in the models, fastest by kernel time first

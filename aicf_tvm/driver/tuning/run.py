@@ -42,22 +42,21 @@ from typing import Any
 import tvm
 from tqdm.auto import tqdm
 
-from relax_passes.bound_shapes import bounds_of
-from relax_passes.lower_emits import kernel_calls
-from schedules.prepack_weights import mark_layout_free
-import schedules.tuning.tasks as st
-import schedules.tuning.measure as sm
-from schedules.tuning.remote import RemoteError, Tracker
-from schedules.select import CHOICES_FILE, load_choices, open_database
-from schedules.tuning.space import design_spaces, space_count
-from schedules.tuning.symbolic import choice_label, kernel_bindings, task_choices, tune_choices
-
-from aicf_tvm.core.errors import TuningError
 import aicf_tvm.driver.tuning.in_models as tm
+import schedules.tuning.measure as sm
+import schedules.tuning.tasks as st
+from aicf_tvm.core.errors import TuningError
 from aicf_tvm.driver.frontends import load_model
 from aicf_tvm.driver.pipeline import run_pipeline
 from aicf_tvm.runtime.targets import describe, resolve_target
 from aicf_tvm.runtime.threads import thread_count
+from relax_passes.bound_shapes import bounds_of
+from relax_passes.lower_emits import kernel_calls
+from schedules.prepack_weights import mark_layout_free
+from schedules.select import CHOICES_FILE, load_choices, open_database
+from schedules.tuning.remote import RemoteError, Tracker
+from schedules.tuning.space import design_spaces, space_count
+from schedules.tuning.symbolic import choice_label, kernel_bindings, task_choices, tune_choices
 
 _LOG = logging.getLogger(__name__)
 

@@ -6,8 +6,17 @@ from hypothesis import strategies as st
 
 from aicf_tvm.core.contract import ContractFacts, EmitContract, PortFacts
 from aicf_tvm.core.lattice import (
-    ABIFact, AccumDtype, Alias, Alignment, Determinism, Effect, Flag, MathTag, NumericFact,
-    Rounding, ShapeFact,
+    ABIFact,
+    AccumDtype,
+    Alias,
+    Alignment,
+    Determinism,
+    Effect,
+    Flag,
+    MathTag,
+    NumericFact,
+    Rounding,
+    ShapeFact,
 )
 
 

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from aicf_tvm.core.contract import (
-    ADAM_STEP_CONTRACT, RELU_CONTRACT, ContractFacts, PortFacts, entails,
+    ADAM_STEP_CONTRACT,
+    RELU_CONTRACT,
+    ContractFacts,
+    PortFacts,
+    entails,
 )
 from aicf_tvm.core.lattice import (
-    AccumDtype, Alias, Effect, NumericFact, ShapeFact,
+    AccumDtype,
+    Alias,
+    Effect,
+    NumericFact,
+    ShapeFact,
 )
 
 

@@ -12,7 +12,14 @@ from tvm.script import relax as R
 from aicf_tvm import EMIT_ATTR, Emit, EncodingError, Interface, Port, emit_of
 from aicf_tvm.core.contract import ContractFacts, EmitContract, PortFacts
 from aicf_tvm.core.lattice import (
-    ABIFact, AccumDtype, Alias, Alignment, Effect, MathTag, NumericFact, ShapeFact,
+    ABIFact,
+    AccumDtype,
+    Alias,
+    Alignment,
+    Effect,
+    MathTag,
+    NumericFact,
+    ShapeFact,
 )
 
 

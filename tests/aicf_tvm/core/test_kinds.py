@@ -12,16 +12,24 @@ from tvm import relax, s_tir
 
 import aicf_tvm
 from aicf_tvm import KindRegistrationError, emit_of, verify_contracts
+from aicf_tvm.core.emit_table import emit_calls
+from aicf_tvm.core.kinds import OPAQUE_RULE, registered_ops, registry, rule_for, table
+from aicf_tvm.core.kinds.registry import (
+    BROADCAST,
+    ELEMENTWISE,
+    EXTERN,
+    INJECTIVE,
+    REDUCTION,
+    SCAN,
+    register,
+)
+from aicf_tvm.core.lattice import Effect
 from aicf_tvm.driver.explainer import lift_and_propagate
 from aicf_tvm.driver.frontends import from_onnx
 from aicf_tvm.driver.models import BUILTIN_MODELS
-from aicf_tvm.core.emit_table import emit_calls
-from aicf_tvm.core.kinds import OPAQUE_RULE, registered_ops, rule_for
-from aicf_tvm.core.kinds import registry, table
-from aicf_tvm.core.kinds.registry import BROADCAST, ELEMENTWISE, EXTERN, INJECTIVE, REDUCTION, SCAN, register
-from aicf_tvm.core.lattice import Effect
 from relax_passes import LiftEmits
-from relax_passes.generic_groups import ANCHORS as _ANCHORS, CHAINABLE as _CHAINABLE
+from relax_passes.generic_groups import ANCHORS as _ANCHORS
+from relax_passes.generic_groups import CHAINABLE as _CHAINABLE
 
 from ...conftest import LIGHT_MODELS, light_model_path
 

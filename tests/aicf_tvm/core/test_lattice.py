@@ -7,7 +7,15 @@ import pytest
 from aicf_tvm import AliasContradiction
 from aicf_tvm.core.contract import ContractFacts, EmitContract, PortFacts
 from aicf_tvm.core.lattice import (
-    ABIFact, AccumDtype, Alias, Alignment, Determinism, Effect, MathTag, NumericFact, Rounding,
+    ABIFact,
+    AccumDtype,
+    Alias,
+    Alignment,
+    Determinism,
+    Effect,
+    MathTag,
+    NumericFact,
+    Rounding,
     ShapeFact,
 )
 

@@ -11,6 +11,7 @@ from tvm import relax
 
 import aicf_tvm
 from aicf_tvm.core.errors import UnsupportedModelError
+
 from ...helpers import relax_main
 
 TARGET = {"kind": "llvm", "num-cores": 2}

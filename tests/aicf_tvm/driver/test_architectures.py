@@ -13,7 +13,8 @@ outputs for different inputs, so a kernel that ignored its input could not pass.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-import aicf_tvm  # noqa: E402
+import aicf_tvm
 
 SEQ, VOCAB, IMAGE = 8, 100, 32
 DECODER = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,

@@ -100,8 +100,9 @@ def test_run_prints_outputs_and_writes_npy(small_so, tmp_path, capsys):
 
 def test_run_writes_each_output_of_a_nested_tuple_under_its_name(tmp_path, capsys):
     """main returns ((exp(x), relu(x)), sum(x)): one file per output spec, in spec order."""
-    import aicf_tvm
     from tvm import relax
+
+    import aicf_tvm
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((4, 8), "float32"))

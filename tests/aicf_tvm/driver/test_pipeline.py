@@ -10,11 +10,11 @@ import tvm
 import tvm_ffi
 
 from aicf_tvm import verify_contracts
+from aicf_tvm.core.report import FusionReport
 from aicf_tvm.driver.models import BUILTIN_MODELS
 from aicf_tvm.driver.pipeline import MAX_ROUNDS, normalize, optimize, run_pipeline, schedule
-from aicf_tvm.runtime.targets import describe, resolve_target
 from aicf_tvm.driver.tuning.run import lower_for_tuning
-from aicf_tvm.core.report import FusionReport
+from aicf_tvm.runtime.targets import describe, resolve_target
 from tests.conftest import run_vm
 from tests.relax_passes.test_fold_batch_norm import conv_bn
 
@@ -134,8 +134,9 @@ def test_torch_eval_conv_batch_norm_folds_into_one_kernel(affine):
 def test_ops_bound_outside_a_dataflow_block_are_lifted_and_fused():
     """A BlockBuilder function without ``bb.dataflow()``: its matmul + bias is one fused
     GEMM kernel (it ran as TVM's separate transpose, matmul and add kernels), and right."""
-    import aicf_tvm
     from tvm import relax
+
+    import aicf_tvm
 
     rng = np.random.default_rng(7)
     weight = rng.standard_normal((48, 32)).astype("float32")

@@ -7,9 +7,9 @@ from tvm import relax
 
 from aicf_tvm import EMIT_ATTR, ContractViolation, Emit, emit_of, verify_contracts
 from aicf_tvm.core.contract import EmitContract, PortFacts
+from aicf_tvm.core.lattice import Effect, ShapeFact
 from aicf_tvm.driver.explainer import lift_and_propagate
 from aicf_tvm.driver.models import BUILTIN_MODELS
-from aicf_tvm.core.lattice import Effect, ShapeFact
 
 
 def _lifted():

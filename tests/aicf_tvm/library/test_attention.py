@@ -159,7 +159,7 @@ class _GuardOverHeads(relax.PyExprMutator):
         return call
 
 
-def GuardOverHeads(mod: tvm.IRModule) -> tvm.IRModule:  # noqa: N802 - a module like the others
+def GuardOverHeads(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with the guard's max over the heads axis instead of the scores' last axis."""
     out = mod.clone()
     out["main"] = _GuardOverHeads().visit_expr(mod["main"])

@@ -14,9 +14,9 @@ from tvm import relax
 
 import aicf_tvm
 from aicf_tvm import DeployError, TargetError
+from aicf_tvm.driver.models import BUILTIN_MODELS
 from aicf_tvm.runtime import cpu_features, deploy
 from aicf_tvm.runtime.cpu_features import LLVM_TO_CPUINFO, is_x86, target_isa, unrunnable_here
-from aicf_tvm.driver.models import BUILTIN_MODELS
 from aicf_tvm.runtime.targets import resolve_target
 
 HOST_FLAGS = cpu_features.isa_flags()

@@ -18,12 +18,12 @@ import pytest
 import tvm
 
 import aicf_tvm
-from aicf_tvm.runtime import cuda_binary
+from aicf_tvm.core.errors import UnsupportedModelError
+from aicf_tvm.core.kinds.adam import fused_adam_kernel
 from aicf_tvm.driver.models import BUILTIN_MODELS
 from aicf_tvm.driver.optimizer import adam_function, compile_optimizer_step
 from aicf_tvm.driver.pipeline import build
-from aicf_tvm.core.errors import UnsupportedModelError
-from aicf_tvm.core.kinds.adam import fused_adam_kernel
+from aicf_tvm.runtime import cuda_binary
 from schedules.cuda import host_bound_kernels
 from tests.helpers import cuda_source
 

@@ -12,10 +12,10 @@ from tvm import relax
 
 import aicf_tvm
 from aicf_tvm import DeployError, InputError
+from aicf_tvm.core.emit import Emit
+from aicf_tvm.driver.models import BUILTIN_MODELS
 from aicf_tvm.runtime import cpu_features, deploy
 from aicf_tvm.runtime.compiled import flat_outputs
-from aicf_tvm.driver.models import BUILTIN_MODELS
-from aicf_tvm.core.emit import Emit
 
 from ...helpers import assert_input_sensitive, relax_main
 

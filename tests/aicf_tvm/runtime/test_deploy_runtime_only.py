@@ -23,8 +23,8 @@ import tvm
 
 import aicf_tvm
 from aicf_tvm import DeployError
-from aicf_tvm.runtime import cpu_features, deploy
 from aicf_tvm.driver.models import SMALL_SIZES, encoder_layer
+from aicf_tvm.runtime import cpu_features, deploy
 from aicf_tvm.runtime.threads import available_cpus
 from tests.aicf_tvm.driver.test_models import numpy_encoder
 
@@ -84,7 +84,7 @@ def run_on_target_host(site: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_"))}
     env.update(PYTHONPATH=str(site), TVM_USE_RUNTIME_LIB="1", PYTHONDONTWRITEBYTECODE="1")
     return subprocess.run([sys.executable, "-S", *args], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=site)
+                          timeout=120, cwd=site, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_cpu_check_without_llvm_uses_the_recorded_features(exported, monkeypatch
     features its target enables, and is refused where /proc/cpuinfo lacks one."""
     lib = exported[0]
     meta = deploy.read_metadata(lib)
-    monkeypatch.setattr(deploy, "_host_target", lambda: {})
+    monkeypatch.setattr(deploy, "_host_target", dict)
     deploy.check_target(meta, "encoder.so")  # this host: every feature present
     if not meta["isa_features"]:
         pytest.skip("the library needs no instruction-set extension")

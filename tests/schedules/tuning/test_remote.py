@@ -27,8 +27,8 @@ import pytest
 
 import aicf_tvm
 from aicf_tvm.core.errors import TuningError
-from schedules.tuning.remote import Tracker, is_lost_server
 from schedules.tuning.measure import CONFIRM_ROUNDS, CONFIRM_TOP
+from schedules.tuning.remote import Tracker, is_lost_server
 from tests.schedules.tuning.test_tasks import gemm_model
 
 pytestmark = pytest.mark.skipif(os.environ.get("AICF_SKIP_RPC") == "1", reason="AICF_SKIP_RPC=1")

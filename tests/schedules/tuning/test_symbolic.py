@@ -11,8 +11,8 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from aicf_tvm.driver.symbolic import with_dim_bounds
-from aicf_tvm.runtime.targets import resolve_target
 from aicf_tvm.driver.tuning.run import lower_for_tuning
+from aicf_tvm.runtime.targets import resolve_target
 from relax_passes.bound_shapes import bounds_of
 from schedules.cpu import Gemm
 from schedules.select import workload_of

@@ -13,8 +13,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.script import relax as R
 
-from aicf_tvm.driver.tuning.run import lower_for_tuning
 from aicf_tvm.core.errors import TuningError
+from aicf_tvm.driver.tuning.run import lower_for_tuning
 from schedules.select import SIGNATURE_ATTR, open_database, signature_key, workload_of
 from schedules.tuning.tasks import extract_tasks
 

@@ -4,7 +4,6 @@ an input's values is refused."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import aicf_tvm

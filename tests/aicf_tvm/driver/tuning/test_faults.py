@@ -30,9 +30,9 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 import aicf_tvm
-from aicf_tvm.driver.cli import main
-from aicf_tvm.core.errors import TuningError
 import schedules.tuning.tasks as st
+from aicf_tvm.core.errors import TuningError
+from aicf_tvm.driver.cli import main
 from schedules.select import RECORD_FILE, WORKLOAD_FILE, open_database
 from schedules.tuning.measure import CONFIRM_ROUNDS, CONFIRM_TOP
 from tests.schedules.tuning.test_tasks import gemm_model

@@ -94,8 +94,8 @@ def test_a_lucky_measurement_is_not_chosen(model, tuned, tmp_path):
     outcome measures it again side by side with the default, and it is not the choice."""
     from tvm.s_tir import meta_schedule as ms
 
-    from aicf_tvm.runtime.targets import resolve_target
     from aicf_tvm.driver.tuning.run import lower_for_tuning
+    from aicf_tvm.runtime.targets import resolve_target
     from schedules.select import open_database, record_digest
     from schedules.tuning.tasks import extract_tasks
 
@@ -149,11 +149,11 @@ def test_a_searched_record_replays_correctly(model, tuned):
     """The best schedule MetaSchedule found (not the default's), applied alone, is right."""
     from tvm.s_tir import meta_schedule as ms
 
-    from aicf_tvm.runtime.targets import resolve_target
     from aicf_tvm.driver.tuning.run import lower_for_tuning
+    from aicf_tvm.runtime.targets import resolve_target
     from schedules.select import open_database
-    from schedules.tuning.tasks import default_schedule, extract_tasks
     from schedules.tuning.measure import Baseline, tuned_records
+    from schedules.tuning.tasks import default_schedule, extract_tasks
 
     work_dir, _ = tuned
     target = resolve_target("llvm")
@@ -239,8 +239,8 @@ def test_a_model_whose_kernels_are_all_symbolic_and_untunable_says_how_to_tune_i
     with only such kernels is refused before anything builds, naming the way to pin the dims."""
     from tvm import relax, tirx
 
-    from aicf_tvm.runtime.targets import resolve_target
     from aicf_tvm.driver.tuning.run import lower_for_tuning
+    from aicf_tvm.runtime.targets import resolve_target
     from schedules.tuning.tasks import symbolic_dims
     from tests.helpers import relax_main
 

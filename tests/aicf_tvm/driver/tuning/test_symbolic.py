@@ -21,12 +21,12 @@ import tvm_ffi
 from tvm import relax, tirx
 
 import aicf_tvm
+import schedules.tuning.symbolic as tune_symbolic
+from aicf_tvm.core.errors import TuningError
 from aicf_tvm.driver.cli import main
 from aicf_tvm.driver.symbolic import with_dim_bounds
-from aicf_tvm.runtime.targets import resolve_target
 from aicf_tvm.driver.tuning.run import lower_for_tuning
-from aicf_tvm.core.errors import TuningError
-import schedules.tuning.symbolic as tune_symbolic
+from aicf_tvm.runtime.targets import resolve_target
 from schedules.cpu import Gemm
 from schedules.select import CHOICES_FILE, workload_of
 from schedules.tuning.space import timed_form
