@@ -1,8 +1,6 @@
 """Our Relax passes, one per module, usable in any TVM pipeline.
 
-BoundShapes, NormalizeIndices, FoldBatchNorm, FoldPadIntoConv, CombineProjections, SinkReshapes (op level)
--> [ChannelsFirst, with blocked layouts] -> LiftEmits -> PropagateContracts ->
-(EliminateEmits, MaterializeEmits, FuseEmits)* -> LowerEmits -> (after scheduling) prepack_weights
+The order the compiler runs them in is listed once, in docs/pipeline.md ("The passes, in order").
 """
 
 from .bound_shapes import BoundShapes

@@ -1,15 +1,8 @@
 """The pipeline (docs/design.md §1 flow), composed in one place: ``run_pipeline``.
 
-normalize -> LiftEmits -> PropagateContracts -> (EliminateEmits, FuseEmits,
-MaterializeEmits, PropagateContracts)* to a bounded fixpoint -> LowerEmits ->
-kernel selection (tuned record, else default rule, else fallback) -> NaNExactComparisons
-(float comparisons that inlining made NaN-wrong) -> IEEEArithmetic (float + - * / kept from
-TIR's real-number simplifier and from FMA contraction) -> WrappingIntegers (integer + - * on
-values wrap, fused or not) -> VectorizeMath (float32 transcendental
-calls as vectorizable arithmetic) -> the backend's own dataflow
-lowering -> ``tvm.compile`` (CPU kernels with ``GuardSmallParallel``: a parallel loop of
-symbolic work runs serially on calls too small for the thread pool). ``verify_contracts`` runs after every step
-when ``CompileOptions.verify_each_pass`` asks (by default under ``AICF_DEBUG=1``).
+The passes and their order are listed once, in docs/pipeline.md ("The passes, in order").
+``verify_contracts`` runs after every step when ``CompileOptions.verify_each_pass`` asks
+(by default under ``AICF_DEBUG=1``).
 
 Every setting travels in one ``CompileOptions`` (``aicf_tvm.core.options``), passed to the
 passes and schedule rules that read it; ``get_pipeline(options)`` is the same pipeline as a
