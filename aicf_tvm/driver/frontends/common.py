@@ -27,6 +27,12 @@ def normalize_import(mod: tvm.IRModule) -> tvm.IRModule:
     return tvm.transform.Sequential(seq)(mod)
 
 
+def whole_message(err: BaseException) -> str:
+    """``err``'s message as it was written, all its lines: torch.export's guard errors put
+    the guard that failed and its suggested fix on the lines after the first."""
+    return str(err).strip() or type(err).__name__
+
+
 def first_line(err: BaseException) -> str:
     lines = [line for line in str(err).splitlines() if line.strip()]
     return lines[0][:300] if lines else type(err).__name__

@@ -32,7 +32,7 @@ from typing import Any
 
 from aicf_tvm.core.errors import UnsupportedModelError
 
-from .common import first_line
+from .common import whole_message
 
 # Loggers draft_export writes its report and each real-value evaluation to: an accepted
 # specialization is sound (module docstring), its "could not soundly produce a graph"
@@ -60,13 +60,14 @@ def capture(module: Any, args: Sequence[Any], dynamic_shapes: Any = None) -> Any
         raise
     except Exception as err:
         if not _caused_by(err, GuardOnDataDependentSymNode):
-            raise UnsupportedModelError(f"torch.export could not capture {name}: {first_line(err)}") from err
+            raise UnsupportedModelError(f"torch.export could not capture {name}: {whole_message(err)}") from err
         guard_error = err
     try:
         with _quiet(_DRAFT_LOGGERS):
             draft = torch.export.draft_export(module, tuple(args), dynamic_shapes=dynamic_shapes)
     except Exception as err:
-        raise UnsupportedModelError(f"torch.export could not capture {name}: {first_line(guard_error)}") from err
+        raise UnsupportedModelError(
+            f"torch.export could not capture {name}: {whole_message(guard_error)}") from err
     ep = _decomposed(draft, name)  # functional: the buffers the forward writes are listed
     varying = varying_nodes(ep)
     reads = [node for node in varying if _reads_data(node)]
@@ -144,7 +145,7 @@ def _decomposed(ep: Any, name: str) -> Any:
     try:
         return ep.run_decompositions()
     except Exception as err:
-        raise UnsupportedModelError(f"torch.export could not capture {name}: {first_line(err)}") from err
+        raise UnsupportedModelError(f"torch.export could not capture {name}: {whole_message(err)}") from err
 
 
 def _caused_by(err: BaseException, kind: type) -> bool:

@@ -106,3 +106,20 @@ def test_branch_on_an_input_value_is_refused_naming_the_line():
     with pytest.raises(UnsupportedModelError, match=r"InputBranch: a branch or shape depends on the values "
                                                      r"of an input.*if x\.sum\(\) > 0"):
         aicf_tvm.from_torch(InputBranch(), (x,))
+
+
+class AddTwo(torch.nn.Module):
+    def forward(self, x, y):
+        return x + y
+
+
+def test_a_refused_dim_keeps_torch_exports_whole_guard_message():
+    """Two named dims the graph forces equal: torch.export's error puts the guard and its
+    suggested fix on the lines after the first, and the user needs them."""
+    x, y = (torch.from_numpy(Operands(7)(3, 4)) for _ in range(2))
+    dims = ({0: torch.export.Dim("a")}, {0: torch.export.Dim("b")})
+    with pytest.raises(UnsupportedModelError) as info:
+        aicf_tvm.from_torch(AddTwo(), (x, y), dynamic_shapes=dims)
+    message = str(info.value)
+    assert message.startswith("torch.export could not capture AddTwo: ")
+    assert "must always be equal" in message and "Suggested fixes" in message and "\n" in message
