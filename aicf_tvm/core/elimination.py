@@ -6,11 +6,14 @@ Small pure functions over Emits and lattice facts, tested on their own; the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .lattice import ShapeFact
+
+if TYPE_CHECKING:
+    from tvm import relax
 
 # B represents every value of A exactly (A -> B -> A is the identity).
 _EXACT_WIDENINGS = {
@@ -59,7 +62,7 @@ RIGHT_NEUTRAL = {"add": -0.0, "subtract": 0.0, "multiply": 1.0, "divide": 1.0}
 LEFT_NEUTRAL = {"add": -0.0, "multiply": 1.0}
 
 
-def is_constant_fill(value: Any, fill: float) -> bool:
+def is_constant_fill(value: relax.Expr, fill: float) -> bool:
     """A Relax constant whose every element is ``fill`` exactly: for floats by value and
     sign bit (-0.0 is not 0.0), so a NaN constant matches nothing."""
     data = getattr(value, "value", None)
@@ -75,7 +78,7 @@ def is_constant_fill(value: Any, fill: float) -> bool:
     return bool(np.all(same))
 
 
-def is_neutral_operand(kind: str, value: Any, right: bool) -> bool:
+def is_neutral_operand(kind: str, value: relax.Expr, right: bool) -> bool:
     """Whether ``value`` on the given side of binary Emit ``kind`` leaves the other
     operand unchanged for every value it may take (IEEE signed zeros and NaN included)."""
     fill = (RIGHT_NEUTRAL if right else LEFT_NEUTRAL).get(kind)

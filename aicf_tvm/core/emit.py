@@ -8,13 +8,16 @@ module round-trips through TVMScript and JSON unchanged (docs/design.md §2).
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .contract import ContractFacts, EmitContract
 from .errors import EncodingError
 from .tvm_values import to_python
+
+if TYPE_CHECKING:
+    import tvm
 
 EMIT_ATTR = "aicf.emit"
 # TVM's names: PrimFunc params every call passes a constant, and a block that only
@@ -23,7 +26,8 @@ LAYOUT_FREE_ATTR = "layout_free_buffers"
 PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
 FORMAT_VERSION = 1
 
-AttrValue = Any  # str | int | float | bool | tuple[AttrValue, ...] | frozen mapping
+# a frozen mapping is the sorted tuple of its (key, value) pairs
+AttrValue = str | int | float | bool | tuple["AttrValue", ...]
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def freeze(value: Any) -> AttrValue:
     raise EncodingError(f"attr value {value!r} of type {type(value).__name__} is not encodable")
 
 
-def exact_key(value: AttrValue) -> Any:
+def exact_key(value: AttrValue) -> Hashable:
     """A hashable key of a frozen attr value under which floats are equal only bit for bit,
     as under TVM's structural equality: -0.0 is not 0.0 (``1 / x`` tells them apart) and
     a NaN equals the same NaN (Python's ``==`` says neither)."""
@@ -107,7 +111,7 @@ def plain(value: Any) -> Any:
     return to_python(value, _not_encodable)
 
 
-def _not_encodable(value: Any) -> Any:
+def _not_encodable(value: object) -> NoReturn:
     raise EncodingError(f"unexpected value {value!r} in an {EMIT_ATTR} annotation")
 
 
@@ -134,7 +138,7 @@ class Emit:
         return dict(self.attrs)
 
     @property
-    def attrs_key(self) -> Any:
+    def attrs_key(self) -> Hashable:
         """The attrs as a key that tells float values apart bit for bit (``exact_key``)."""
         return exact_key(self.attrs)
 
@@ -164,7 +168,7 @@ class Emit:
         }
 
     @classmethod
-    def from_attr(cls, value: Any) -> Emit:
+    def from_attr(cls, value: Mapping[str, Any]) -> Emit:
         data = plain(value) if not isinstance(value, dict) else value
         try:
             if int(data.get("version", -1)) != FORMAT_VERSION:
@@ -182,7 +186,7 @@ class Emit:
             raise EncodingError(f"malformed {EMIT_ATTR} annotation: {err}") from err
 
 
-def emit_of(func: Any) -> Emit | None:
+def emit_of(func: tvm.ir.BaseFunc) -> Emit | None:
     """The Emit a Relax function is annotated with, or None."""
     attrs = getattr(func, "attrs", None)
     if attrs is None or EMIT_ATTR not in attrs:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import tvm
 from tvm import relax
@@ -24,10 +23,10 @@ class Node:
 
     index: int
     var: relax.Var
-    value: Any
+    value: relax.Expr
     emit: Emit | None = None  # set when the binding calls an Emit function
     callee: relax.GlobalVar | None = None
-    body: Any | None = None  # the single op call inside a single-op Emit function
+    body: relax.Call | None = None  # the single op call inside a single-op Emit function
     producers: list[int] = field(default_factory=list)
     consumers: list[int] = field(default_factory=list)
     escapes: bool = False  # used after the block (a block output)
@@ -45,7 +44,7 @@ class Node:
         return self.emit is not None and self.category == OPAQUE
 
 
-def single_op_body(func: relax.Function) -> Any:
+def single_op_body(func: relax.Function) -> relax.Call | None:
     bindings = [b for blk in func.body.blocks for b in blk.bindings]
     if len(bindings) == 1 and isinstance(bindings[0].value, relax.Call):
         return bindings[0].value
@@ -59,7 +58,7 @@ class EmitGraph:
         self.mod = mod
         self.block = block
         self.nodes: list[Node] = []
-        self.by_var: dict[Any, int] = {}
+        self.by_var: dict[relax.Var, int] = {}
         cache = {} if emit_cache is None else emit_cache
         for i, b in enumerate(block.bindings):
             node = Node(i, b.var, b.value)
@@ -83,7 +82,7 @@ class EmitGraph:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    def node_of(self, var: Any) -> Node | None:
+    def node_of(self, var: relax.Expr) -> Node | None:
         i = self.by_var.get(var)
         return None if i is None else self.nodes[i]
 

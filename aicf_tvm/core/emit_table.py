@@ -5,12 +5,10 @@ What ``aicf explain`` prints and what an exported library carries (``aicf_tvm.ru
 
 from __future__ import annotations
 
-from typing import Any
-
 import tvm
 from tvm import relax
 
-from .emit import Emit, emit_of
+from .emit import Emit, Port, emit_of
 
 
 def emit_calls(mod: tvm.IRModule, name: str = "main") -> list[tuple[relax.Var, relax.GlobalVar, Emit]]:
@@ -28,7 +26,7 @@ def emit_calls(mod: tvm.IRModule, name: str = "main") -> list[tuple[relax.Var, r
     return out
 
 
-def _port_text(emit: Emit, port: Any) -> str:
+def _port_text(emit: Emit, port: Port) -> str:
     f = emit.contract.provides.port(port.name)
     bits = [f"{port.name}:{port.dtype}{f.shape.show()}", f.effect.value]
     if f.abi.alignment.bytes > 1:

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 from tvm import relax
 
@@ -50,14 +49,14 @@ class ParamRoot:
 class ConstRoot:
     """The buffer of a constant (the Relax Constant itself: one object, one buffer)."""
 
-    const: Any
+    const: relax.Expr
 
 
 @dataclass(frozen=True)
 class ValueRoot:
     """The buffer a binding of ``var`` allocates."""
 
-    var: Any
+    var: relax.Var
 
 
 Root = ParamRoot | ConstRoot | ValueRoot  # a buffer a value may hold
@@ -92,7 +91,7 @@ class TupleFact:
 Fact = TensorFact | TupleFact
 
 
-def alias_between(a: Any, b: Any, fa: TensorFact, fb: TensorFact) -> Alias:
+def alias_between(a: relax.Expr, b: relax.Expr, fa: TensorFact, fb: TensorFact) -> Alias:
     """Alias of values ``a`` and ``b``: the same value MustAlias, shared roots MayAlias,
     two caller inputs Unknown, anything else (distinct fresh buffers) NoAlias."""
     if a.same_as(b):
@@ -117,7 +116,7 @@ class FactTable:
         """The table of what an analysis found, read-only."""
         return cls(MappingProxyType(values), MappingProxyType({gv: tuple(s) for gv, s in sites.items()}))
 
-    def of(self, expr: Any) -> Fact:
+    def of(self, expr: relax.Expr) -> Fact:
         """The fact of a variable of the function, of a tuple written in place (its
         fields' facts: a nested tuple holds the buffers of its fields, not a new one), or
         of a constant."""
@@ -127,18 +126,18 @@ class FactTable:
             return TupleFact(tuple(self.of(f) for f in expr.fields))
         return constant_fact(expr)
 
-    def tensor(self, expr: Any) -> TensorFact | None:
+    def tensor(self, expr: relax.Expr) -> TensorFact | None:
         """The fact of ``expr`` as one buffer; None for a tuple (its items have their own)."""
         fact = self.of(expr)
         return fact if isinstance(fact, TensorFact) else None
 
-    def port_facts(self, expr: Any) -> PortFacts:
+    def port_facts(self, expr: relax.Expr) -> PortFacts:
         """The port facts of ``expr``; ⊤ for a tuple (no tensor fact holds of it as a whole)."""
         fact = self.tensor(expr)
         return fact.facts if fact is not None else PortFacts()
 
 
-def constant_fact(expr: Any) -> TensorFact:
+def constant_fact(expr: relax.Expr) -> TensorFact:
     """A constant is its own fresh, row-major, exactly known buffer."""
     ty = expr.ty
     roots = frozenset({ConstRoot(expr)})

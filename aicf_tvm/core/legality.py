@@ -8,14 +8,15 @@ with the component path and both lattice values.
 
 from __future__ import annotations
 
-from typing import Any
+from tvm import relax
 
 from aicf_tvm.core.contract import ContractFacts, PortFacts, entails
+from aicf_tvm.core.emit_graph import EmitGraph
 from aicf_tvm.core.facts import FactTable, alias_between
 from aicf_tvm.core.lattice import AccumDtype, Effect, Failure, NumericFact, explain_leq
 
 
-def effect_failures(graph: Any, members: list[int]) -> tuple[list[Failure], str]:
+def effect_failures(graph: EmitGraph, members: list[int]) -> tuple[list[Failure], str]:
     """Effects of S's members must be pure (inputs ⊑ Read, outputs ⊑ Write), and no
     Emit that may write lies inside S's span touching S's values."""
     s = set(members)
@@ -47,7 +48,7 @@ def effect_failures(graph: Any, members: list[int]) -> tuple[list[Failure], str]
     return [], ""
 
 
-def numeric_of_outputs(table: FactTable, graph: Any, outputs: list[int]) -> list[NumericFact]:
+def numeric_of_outputs(table: FactTable, graph: EmitGraph, outputs: list[int]) -> list[NumericFact]:
     return [table.port_facts(graph.nodes[i].var).numeric for i in outputs]
 
 
@@ -59,7 +60,7 @@ def derived_numeric(have: NumericFact, accumulation: str | None) -> NumericFact:
     return NumericFact(have.math, AccumDtype.of(accumulation), have.determinism, have.rounding)
 
 
-def numeric_failures(table: FactTable, graph: Any, outputs: list[int], accumulation: str | None) -> list[Failure]:
+def numeric_failures(table: FactTable, graph: EmitGraph, outputs: list[int], accumulation: str | None) -> list[Failure]:
     fails: list[Failure] = []
     for i, have in zip(outputs, numeric_of_outputs(table, graph, outputs)):
         mine = derived_numeric(have, accumulation)
@@ -67,7 +68,7 @@ def numeric_failures(table: FactTable, graph: Any, outputs: list[int], accumulat
     return fails
 
 
-def boundary_facts(table: FactTable, ports: dict[str, Any]) -> ContractFacts:
+def boundary_facts(table: FactTable, ports: dict[str, relax.Expr]) -> ContractFacts:
     """F on the boundary: each tensor port's propagated facts, and the alias fact of each
     pair (a tuple port has no facts of its own: ⊤)."""
     tensors = {name: fact for name, expr in ports.items() if (fact := table.tensor(expr)) is not None}
@@ -77,7 +78,7 @@ def boundary_facts(table: FactTable, ports: dict[str, Any]) -> ContractFacts:
     return ContractFacts.of({name: fact.facts for name, fact in tensors.items()}, alias)
 
 
-def requires_failures(table: FactTable, ports: dict[str, Any], requires: ContractFacts,
+def requires_failures(table: FactTable, ports: dict[str, relax.Expr], requires: ContractFacts,
                       label: str) -> list[Failure]:
     return list(entails(boundary_facts(table, ports), requires, by=label).failures)
 

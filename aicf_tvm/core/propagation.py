@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import tvm
 from tvm import relax
@@ -54,7 +54,7 @@ from .lattice import Alignment, NumericFact, ShapeFact
 _UNTRACKED = TensorFact(PortFacts(), frozenset())
 
 
-def _returns_tensors(ty: Any) -> bool:
+def _returns_tensors(ty: relax.Type) -> bool:
     if isinstance(ty, relax.TensorType):
         return True
     fields = getattr(ty, "fields", None)
@@ -70,7 +70,7 @@ def _param_fact(i: int, param: relax.Var) -> TensorFact:
     return TensorFact(facts, frozenset({ParamRoot(i)}))
 
 
-def _cast_fact(src: Fact, ty: Any) -> Fact:
+def _cast_fact(src: Fact, ty: relax.Type) -> Fact:
     """A ``match_cast``: the same storage, with the dims the cast checks at run time. A
     row-major source stays row-major over the new dims; other strides are not restated, so
     they become unknown."""
@@ -107,7 +107,7 @@ class _Analysis:
         self.transfers: dict = {}  # (callee, input port facts) -> output facts
         self.site_cache: dict = {}  # (transfer key, alias values) -> ContractFacts
 
-    def emit_info(self, gv: relax.GlobalVar) -> tuple[Emit, Any] | None:
+    def emit_info(self, gv: relax.GlobalVar) -> tuple[Emit, relax.Call | None] | None:
         if gv not in self.emits:
             func = self.read[gv] = self.funcs.get(gv)
             emit = emit_of(func) if isinstance(func, relax.Function) else None
@@ -129,7 +129,7 @@ class _Analysis:
                 values[binding.var] = self.visit(binding)
         return FactTable.frozen(values, self.sites)
 
-    def port_fact(self, call: relax.Call, arg: Any) -> TensorFact:
+    def port_fact(self, call: relax.Call, arg: relax.Expr) -> TensorFact:
         """The fact of an Emit's port argument: one tensor (LiftEmits and FuseEmits pass
         tuples of tensors flattened), so a tuple fact here is a broken module."""
         fact = self.table.of(arg)
@@ -137,7 +137,7 @@ class _Analysis:
             raise TypeError(f"{call.op.name_hint}: a port argument has a tuple fact ({arg})")
         return fact
 
-    def visit(self, binding: Any) -> Fact:
+    def visit(self, binding: relax.Binding) -> Fact:
         value, var = binding.value, binding.var
         fresh = frozenset({ValueRoot(var)})
         if isinstance(binding, relax.MatchCast) and isinstance(value, relax.Var):
@@ -226,7 +226,7 @@ def analyze(mod: tvm.IRModule, name: str = "main") -> FactTable:
 
 
 class _Cached(NamedTuple):
-    read: tuple[tuple[relax.GlobalVar, Any], ...]  # each callee and the function it named
+    read: tuple[tuple[relax.GlobalVar, tvm.ir.BaseFunc | None], ...]  # each callee and the function it named
     table: FactTable
 
 
@@ -235,7 +235,7 @@ _CACHE_SIZE = 8  # the pipeline needs the latest; a few more serve modules compi
 _LOCK = threading.Lock()
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: tvm.ir.Node | None, b: tvm.ir.Node | None) -> bool:
     return a is b or (a is not None and b is not None and a.same_as(b))
 
 

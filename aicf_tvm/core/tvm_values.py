@@ -13,7 +13,10 @@ and a runtime-only process (``aicf_tvm.load``) never calls it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tvm import relax
 
 
 def to_python(value: Any, other: Callable[[Any], Any] = str) -> Any:
@@ -49,7 +52,7 @@ def to_python(value: Any, other: Callable[[Any], Any] = str) -> Any:
     return other(value)
 
 
-def static_shape(ty: Any) -> tuple[int, ...] | None:
+def static_shape(ty: relax.Type | None) -> tuple[int, ...] | None:
     """The dims of a Relax type as ints; None when the shape is unknown or any dim symbolic."""
     import tvm
     from tvm import relax

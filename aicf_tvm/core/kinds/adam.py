@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from types import ModuleType
 
 import numpy as np
 from tvm import relax, tirx
@@ -41,7 +41,7 @@ SMALL = 1 << 14  # below this many elements a parallel loop costs more than it s
 GPU_THREADS = 256  # threads per block of the GPU kernel
 
 
-def adam_step_emit(param_ty: Any, scalar_ty: Any, attrs: dict[str, float],
+def adam_step_emit(param_ty: relax.TensorType, scalar_ty: relax.TensorType, attrs: dict[str, float],
                    asserted: ContractFacts | None = None) -> Emit:
     """The Emit of one parameter's update (the contract template of ADAM_STEP_CONTRACT)."""
     dtype, ndim = str(param_ty.dtype), int(param_ty.ndim)
@@ -72,7 +72,7 @@ def fused_emit(steps: Sequence[Emit], alias: dict[tuple[str, str], Alias]) -> Em
     return Emit("fused_adam_step", steps[0].attrs, Interface(tuple(inputs), tuple(outputs)), contract)
 
 
-def adam_step_function(param_ty: Any, scalar_ty: Any, attrs: dict[str, float], emit: Emit) -> relax.Function:
+def adam_step_function(param_ty: relax.TensorType, scalar_ty: relax.TensorType, attrs: dict[str, float], emit: Emit) -> relax.Function:
     """The private ``adam_step`` Emit function: the update written with Relax ops (pure)."""
     dtype = str(param_ty.dtype)
     params = [relax.Var(n, scalar_ty if n.startswith("bias") else param_ty) for n in ADAM_PORTS]
@@ -106,7 +106,7 @@ def fused_adam_kernel(shapes: Sequence[tuple[int, ...]], dtype: str, attrs: dict
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as T
 
-    def c(key: str) -> Any:
+    def c(key: str) -> tirx.FloatImm:
         return tirx.const(float(attrs[key]), dtype)
 
     with IRBuilder() as ib, T.prim_func():
@@ -127,7 +127,7 @@ def fused_adam_kernel(shapes: Sequence[tuple[int, ...]], dtype: str, attrs: dict
 
 
 @contextlib.contextmanager
-def _flat_loop(T: Any, n: int, gpu: bool) -> Iterator[Any]:
+def _flat_loop(T: ModuleType, n: int, gpu: bool) -> Iterator[tirx.Var]:
     """The loop over ``range(n)``: CPU-parallel, serial, or GPU blocks x threads with a guard."""
     if not gpu:
         with (T.parallel if n >= SMALL else T.serial)(0, n) as i:

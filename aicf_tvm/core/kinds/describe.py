@@ -24,7 +24,7 @@ from ..lattice import (
     NumericFact,
     ShapeFact,
 )
-from ..lattice.shape import mul_dims
+from ..lattice.shape import Dim, mul_dims
 from ..tvm_values import to_python
 from .registry import BROADCAST, ELEMENTWISE, OPAQUE_RULE, KindRule, rule_for
 
@@ -34,21 +34,21 @@ READ, WRITE, READWRITE = Effect("Read"), Effect("Write"), Effect("ReadWrite")
 _ARG_NAMES = {"relax.strided_slice": ["x", "axes", "begin", "end", "strides"]}
 
 
-def arg_names(op: Any) -> list[str]:
+def arg_names(op: relax.Expr) -> list[str]:
     if not isinstance(op, tvm.ir.Op):
         return []
     return _ARG_NAMES.get(op.name) or [a.name for a in op.arguments]
 
 
-def is_tensor(expr: Any) -> bool:
+def is_tensor(expr: relax.Expr) -> bool:
     return isinstance(getattr(expr, "ty", None), relax.TensorType)
 
 
-def is_tensor_tuple(expr: Any) -> bool:
+def is_tensor_tuple(expr: relax.Expr) -> bool:
     return isinstance(expr, relax.Tuple) and len(expr.fields) > 0 and all(is_tensor(f) for f in expr.fields)
 
 
-def dim_value(d: Any):
+def dim_value(d: tvm.ir.Expr | int) -> Dim:
     """An extent as a fact dim: an int, or the expression as text; a product of vars and
     constants in ``mul_dims``' canonical form (``batch * seq * 2`` is ``2*batch*seq``), the
     form the shape lattice computes strides in, so equal products compare equal."""
@@ -58,14 +58,14 @@ def dim_value(d: Any):
         return int(d.value)
     factors = _product_factors(d)
     if factors is not None:
-        out: Any = 1
+        out: Dim = 1
         for f in factors:
             out = mul_dims(out, f)
         return out
     return re.sub(r"T\.int\d+\((-?\d+)\)", r"\1", str(d)).replace(" ", "")
 
 
-def _product_factors(d: Any) -> list | None:
+def _product_factors(d: tvm.ir.Expr) -> list[str | int] | None:
     """The var names and ints whose product ``d`` is, or None when it is not a product."""
     if isinstance(d, tvm.tirx.IntImm):
         return [int(d.value)]
@@ -80,7 +80,7 @@ def _product_factors(d: Any) -> list | None:
 _TYPE_SHAPES: dict[int, ShapeFact] = {}
 
 
-def type_shape(ty: Any) -> ShapeFact:
+def type_shape(ty: relax.Type | None) -> ShapeFact:
     """The shape fact a Relax tensor type proves: dims if known, else rank, else ⊤."""
     if not isinstance(ty, relax.TensorType):
         return ShapeFact.top()
@@ -93,7 +93,7 @@ def type_shape(ty: Any) -> ShapeFact:
     return fact
 
 
-def _type_shape(ty: Any) -> ShapeFact:
+def _type_shape(ty: relax.TensorType) -> ShapeFact:
     shape = ty.shape
     if shape is not None and isinstance(shape, relax.ShapeExpr):
         return ShapeFact(tuple(dim_value(d) for d in shape.values))
@@ -118,7 +118,7 @@ def _attr_value(value: Any) -> Any:
     return str(value).replace(" ", "")
 
 
-def attr_names(attrs: Any) -> list[str]:
+def attr_names(attrs: tvm.ir.Attrs | None) -> list[str]:
     """The fields an op's Attrs object declares (set or not)."""
     if isinstance(attrs, tvm.ir.DictAttrs):
         return [str(k) for k in attrs.keys()]  # noqa: SIM118 - a DictAttrs iterates by keys()
@@ -126,7 +126,7 @@ def attr_names(attrs: Any) -> list[str]:
     return [f.name for f in info.fields] if info is not None else []
 
 
-def attrs_dict(attrs: Any) -> dict[str, Any]:
+def attrs_dict(attrs: tvm.ir.Attrs | None) -> dict[str, Any]:
     out = {}
     for name in attr_names(attrs):
         v = plain_value(getattr(attrs, name))
@@ -139,7 +139,7 @@ def _names_a_dimension(attr: str) -> bool:
     return attr.endswith(("axis", "axes")) or "layout" in attr
 
 
-def is_pointwise(call: Any) -> bool:
+def is_pointwise(call: relax.Expr) -> bool:
     """Whether ``call`` computes each output element from the input element at the same
     index alone, whatever shape the input has: what lets a rewrite apply the op to the
     input in another shape (before a reshape) and get the same values.
@@ -203,13 +203,13 @@ def _unique(names: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def output_types(ty: Any) -> list[tuple[str, Any]]:
+def output_types(ty: relax.Type) -> list[tuple[str, relax.Type]]:
     if isinstance(ty, relax.TupleType) or type(ty).__name__ == "TupleType":
         return [(f"out.{i}", f) for i, f in enumerate(ty.fields)]
     return [("out", ty)]
 
 
-def _port(name: str, ty: Any) -> Port:
+def _port(name: str, ty: relax.Type) -> Port:
     dtype = str(getattr(ty, "dtype", "")) or "unknown"
     return Port(name, dtype, int(getattr(ty, "ndim", -1)))
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
 
 import tvm
 from tvm import relax
@@ -49,7 +48,7 @@ def unblocking_map(block: int) -> tvm.tirx.IndexMap:
     return tvm.tirx.IndexMap.from_func(lambda n, c, h, w, i: (n, c * block + i, h, w))
 
 
-def transform_layouts(call: Any) -> tuple[str | None, str | None] | None:
+def transform_layouts(call: relax.Expr) -> tuple[str | None, str | None] | None:
     """``(from, to)`` of a blocking (``(None, "NCHW16c")``) or unblocking (``("NCHW16c",
     None)``) ``layout_transform`` call without padding; None for any other call."""
     if not _is_op(call, "relax.layout_transform") or call.attrs.pad_value is not None:
@@ -71,21 +70,21 @@ def transform_layouts(call: Any) -> tuple[str | None, str | None] | None:
     return None
 
 
-def _divides(dim: Any, block: int) -> bool:
+def _divides(dim: tvm.ir.Expr, block: int) -> bool:
     return isinstance(dim, tvm.tirx.IntImm) and int(dim) % block == 0
 
 
-def _is_op(call: Any, name: str) -> bool:
+def _is_op(call: relax.Expr, name: str) -> bool:
     return isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == name
 
 
-def _dims(ty: Any) -> tuple | None:
+def _dims(ty: relax.Type) -> tuple[str, ...] | None:
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
     return tuple(str(d) for d in ty.shape.values)
 
 
-def output_layout(call: Any, ins: Sequence[ShapeFact]) -> str | None:
+def output_layout(call: relax.Expr, ins: Sequence[ShapeFact]) -> str | None:
     """The layout of ``call``'s (single tensor) result given its tensor inputs' facts."""
     if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
         return None
@@ -113,7 +112,7 @@ def output_layout(call: Any, ins: Sequence[ShapeFact]) -> str | None:
     return None
 
 
-def _keeps_blocks(call: Any) -> bool:
+def _keeps_blocks(call: relax.Call) -> bool:
     """A reduction over spatial axes only (2, 3) that keeps its dims: NCHW{b}c in, out."""
     axis = getattr(call.attrs, "axis", None)
     keep = bool(getattr(call.attrs, "keepdims", False))

@@ -10,7 +10,7 @@ the shape. Stronger inputs therefore never yield weaker outputs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..contract import PortFacts
 from ..emit import Emit
@@ -19,11 +19,14 @@ from .describe import output_types, type_shape
 from .layouts import output_layout
 from .registry import rule_for
 
+if TYPE_CHECKING:
+    from tvm import relax
+
 # TVM's runtime allocates every tensor on a 64-byte boundary (kAllocAlignment).
 ALLOC_ALIGN = Alignment(64)
 
 
-def fresh_shape(ty: Any) -> ShapeFact:
+def fresh_shape(ty: relax.Type | None) -> ShapeFact:
     """A newly allocated result: row-major over the dims its type gives."""
     fact = type_shape(ty)
     return fact if fact.dims is None else ShapeFact.contiguous(fact.dims)
@@ -48,7 +51,8 @@ def value_facts(shape: ShapeFact, numeric: NumericFact, alignment: Alignment = A
     return facts
 
 
-def transfer(emit: Emit, body_call: Any, ins: Sequence[PortFacts], out_ty: Any) -> list[PortFacts]:
+def transfer(emit: Emit, body_call: relax.Call | None, ins: Sequence[PortFacts],
+             out_ty: relax.Type) -> list[PortFacts]:
     """Facts of each output of ``emit`` given its inputs' facts."""
     rule = rule_for(emit.op)
     math, det = None, Determinism.bottom()

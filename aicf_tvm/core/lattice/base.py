@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, Self
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,13 @@ class Failure:
         return f"{self.path}: {_show(self.have)} ⋢ {_show(self.required)}"
 
 
-def _show(value: Any) -> str:
+class LatticeValue(Protocol):
+    """What ``explain_leq`` needs of a lattice value: the order."""
+
+    def leq(self, other: Self, /) -> bool: ...
+
+
+def _show(value: object) -> str:
     return value.show() if hasattr(value, "show") else str(value)
 
 
@@ -92,31 +98,31 @@ class ProductLattice:
     Order, join and meet are component-wise; ``explain_leq`` names each failing field.
     """
 
-    def leq(self, other: Any) -> bool:
+    def leq(self, other: Self) -> bool:
         return self is other or all(getattr(self, n).leq(getattr(other, n)) for n in _names(type(self)))
 
-    def join(self, other: Any) -> Any:
+    def join(self, other: Self) -> Self:
         if self is other:
             return self
         return type(self)(*[getattr(self, n).join(getattr(other, n)) for n in _names(type(self))])
 
-    def meet(self, other: Any) -> Any:
+    def meet(self, other: Self) -> Self:
         if self is other:
             return self
         return type(self)(*[getattr(self, n).meet(getattr(other, n)) for n in _names(type(self))])
 
     @classmethod
-    def top(cls) -> Any:
+    def top(cls) -> Self:
         return cls(**{f.name: _field_type(cls, f).top() for f in dataclasses.fields(cls)})
 
     @classmethod
-    def bottom(cls) -> Any:
+    def bottom(cls) -> Self:
         return cls(**{f.name: _field_type(cls, f).bottom() for f in dataclasses.fields(cls)})
 
     def is_top(self) -> bool:
         return self == type(self).top()
 
-    def explain_leq(self, other: Any, path: str) -> list[Failure]:
+    def explain_leq(self, other: Self, path: str) -> list[Failure]:
         out: list[Failure] = []
         for f in dataclasses.fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
@@ -127,7 +133,7 @@ class ProductLattice:
         return {f.name: getattr(self, f.name).to_json() for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_json(cls, data: dict) -> Any:
+    def from_json(cls, data: dict) -> Self:
         return cls(**{f.name: _field_type(cls, f).from_json(data[f.name]) for f in dataclasses.fields(cls)})
 
     def show(self) -> str:
@@ -144,7 +150,7 @@ def _field_type(cls: type, field: dataclasses.Field) -> type:
     return hint
 
 
-def explain_leq(have: Any, required: Any, path: str) -> list[Failure]:
+def explain_leq(have: LatticeValue, required: LatticeValue, path: str) -> list[Failure]:
     """Every failing component of ``have ⊑ required``, recursing into products."""
     if hasattr(have, "explain_leq"):
         return have.explain_leq(required, path)
