@@ -24,12 +24,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tvm_ffi
 
 from aicf_tvm.core.errors import InputError
+
+if TYPE_CHECKING:
+    import tvm
 
 # A dim expression as JSON: an int, a dim name, or [operator, operand, ...].
 DimExpr = int | str | list
@@ -48,7 +51,7 @@ _INFIX = set(_RANK)
 _ASSOCIATIVE = {"or", "and", "+", "*"}
 
 
-def evaluate(expr: DimExpr, dims: Mapping[str, int]) -> Any:
+def evaluate(expr: DimExpr, dims: Mapping[str, int]) -> int | None:
     """The value of ``expr`` with each dim name bound by ``dims`` (Python ints: no overflow;
     ``//`` and ``%`` floor as TIR's floordiv/floormod do; a division by zero is None)."""
     if isinstance(expr, (bool, int)):
@@ -100,7 +103,7 @@ def names_in(expr: DimExpr) -> list[str]:
 BoundDim = tuple[int, str, int]
 
 
-def _compiled(expr: DimExpr) -> Callable[[Mapping[str, BoundDim]], Any]:
+def _compiled(expr: DimExpr) -> Callable[[Mapping[str, BoundDim]], int | None]:
     """``evaluate`` of ``expr`` as a tree of closures over bound dims, built once: a model
     checks its requirements at every call."""
     if isinstance(expr, (bool, int)):
@@ -116,7 +119,7 @@ def _compiled(expr: DimExpr) -> Callable[[Mapping[str, BoundDim]], Any]:
     fn, left, right = _BINARY[op], parts[0], parts[1]
     if op in ("//", "%"):  # None for a division by zero, as evaluate
 
-        def divide(dims: Mapping[str, BoundDim]) -> Any:
+        def divide(dims: Mapping[str, BoundDim]) -> int | None:
             a, b = left(dims), right(dims)
             return None if a is None or b is None else fn(a, b)
 
@@ -128,7 +131,7 @@ def _compiled(expr: DimExpr) -> Callable[[Mapping[str, BoundDim]], Any]:
 class Requirement:
     """One relation the model's input dims must satisfy at a call, and who requires it."""
 
-    expr: Any  # DimExpr, boolean
+    expr: DimExpr  # boolean
     op: str  # the op that requires it, with its operands: "matmul of input x and a constant ..."
     role: str  # why: "its contraction dims"
 
@@ -144,7 +147,7 @@ class Requirement:
         return tuple(names_in(self.expr))
 
     @cached_property
-    def holds(self) -> Callable[[Mapping[str, BoundDim]], Any]:
+    def holds(self) -> Callable[[Mapping[str, BoundDim]], int | None]:
         """Whether the bound dims meet it (each name bound)."""
         return _compiled(self.expr)
 
@@ -195,8 +198,8 @@ def check_values(values: np.ndarray, extents: Sequence[int], from_end: bool
     return fixed, (int(values[at]), at, int(low[pick]), int(n[pick]))
 
 
-def check_indices_on_host(indices: Any, subject: str, op: str, from_end: int, out_dtype: str,
-                          *extents: int) -> Any:
+def check_indices_on_host(indices: tvm.runtime.Tensor, subject: str, op: str, from_end: int,
+                          out_dtype: str, *extents: int) -> tvm.runtime.Tensor:
     """What a check kernel computes, on the host (for targets whose kernels cannot call the
     host, CUDA): ``indices`` checked (``check_values``); returns them in ``out_dtype`` as a
     tensor on the indices' device."""

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import tvm
 from tvm.runtime.vm import VirtualMachine
 
@@ -33,7 +34,7 @@ from aicf_tvm.runtime.call_checks import BoundDim, Requirement, check_requiremen
 
 from .cpu_features import unrunnable_here
 from .cuda_binary import install_hook
-from .deploy import check_target, device_for, export, read_metadata
+from .deploy import DeviceLike, check_target, device_for, export, read_metadata
 from .targets import describe
 from .threads import thread_count, use_threads
 
@@ -41,8 +42,13 @@ from .threads import thread_count, use_threads
 # as ``aicf.abi``); external inputs are proven only ``align1``.
 BOUNDARY_ALIGN = 64
 
+# what a model returns: an array per output, a (nested) list for a tuple of outputs
+Outputs = np.ndarray | list["Outputs"]
+# a Relax VM executable: as ``tvm.compile`` builds it, or loaded from a library
+Executable = tvm.runtime.Executable | tvm.runtime.Module
 
-def to_device(value: np.ndarray, device: Any) -> tuple[Any, bool]:
+
+def to_device(value: npt.ArrayLike, device: tvm.runtime.Device) -> tuple[tvm.runtime.Tensor, bool]:
     """The input as a TVM tensor: zero-copy when it already meets the kernels' ABI
     (row-major strides, 64-byte aligned, on the CPU), else an explicit copy. Returns
     (tensor, copied)."""
@@ -64,20 +70,20 @@ def _has_row_major_strides(arr: np.ndarray) -> bool:
     return arr.strides == tuple(s * arr.itemsize for s in row_major(arr.shape))
 
 
-def _contiguous(value: Any) -> np.ndarray:
+def _contiguous(value: npt.ArrayLike) -> np.ndarray:
     """A C-contiguous array; unlike ``np.ascontiguousarray`` a rank-0 input stays rank 0."""
     arr = np.asarray(value)
     return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
 
 
-def _to_numpy(value: Any) -> Any:
+def _to_numpy(value: tvm.runtime.Tensor | Sequence) -> Outputs:
     """A VM result as numpy: a tensor as an array, a tuple as a list (nested as returned)."""
     if hasattr(value, "numpy"):
         return value.numpy()
     return [_to_numpy(v) for v in value]
 
 
-def flat_outputs(result: Any) -> list[np.ndarray]:
+def flat_outputs(result: Outputs) -> list[np.ndarray]:
     """The arrays of a ``CompiledModel`` call's result in the order of its ``outputs``
     (whose names number the nesting: ``output.0.1``)."""
     if isinstance(result, (list, tuple)):
@@ -121,7 +127,7 @@ class Kernel:
         return f"{self.name} ({self.kind}, {self.schedule})"
 
 
-def _spec_of(target: Any) -> dict:
+def _spec_of(target: tvm.target.Target | Mapping[str, Any]) -> dict:
     """A target as its exported, JSON-able dict."""
     if isinstance(target, Mapping):
         return dict(target)
@@ -144,12 +150,12 @@ class CompiledModel:
     ``aicf_tvm.runtime.threads.thread_count`` for the default).
     """
 
-    def __init__(self, executable: Any, target: tvm.target.Target | Mapping[str, Any],
+    def __init__(self, executable: Executable, target: tvm.target.Target | Mapping[str, Any],
                  *, threads: int | None = None,
                  report: FusionReport | None = None, lowered: tvm.IRModule | None = None,
                  optimized: tvm.IRModule | None = None, inputs: Sequence[TensorSpec] | None = None,
                  outputs: Sequence[TensorSpec] | None = None, kernels: Sequence[Kernel] | None = None,
-                 device: Any = None, metadata: Mapping[str, Any] | None = None,
+                 device: tvm.runtime.Device | None = None, metadata: Mapping[str, Any] | None = None,
                  path: str | None = None, dim_bounds: Mapping[str, Sequence] | None = None,
                  requirements: Sequence[Requirement] | None = None,
                  emit_listing: Callable[[], tuple[list, str]] | None = None) -> None:
@@ -238,13 +244,13 @@ class CompiledModel:
                                      f"[{'' if low is None else low}, {'' if high is None else high}]")
         check_requirements(self.requirements, bound)
 
-    def arrange(self, args: Sequence[Any], named: Mapping[str, Any]) -> list[np.ndarray]:
+    def arrange(self, args: Sequence[npt.ArrayLike], named: Mapping[str, npt.ArrayLike]) -> list[np.ndarray]:
         """Positional then named inputs, in the order of ``inputs``; names are checked."""
         names = [s.name for s in self.inputs]
         expected = ", ".join(names) or "none"
         if len(args) > len(names):
             raise InputError(f"expected {len(names)} inputs ({expected}), got {len(args)}")
-        values: dict[str, Any] = dict(zip(names, args))
+        values: dict[str, npt.ArrayLike] = dict(zip(names, args))
         for key, value in named.items():
             if key not in names:
                 raise InputError(f"no input named {key!r}; the inputs are: {expected}")
@@ -256,7 +262,7 @@ class CompiledModel:
             raise InputError(f"missing input {', '.join(missing)} (the inputs are: {expected})")
         return [np.asarray(values[n]) for n in names]
 
-    def __call__(self, *args: np.ndarray, **named: np.ndarray) -> Any:
+    def __call__(self, *args: np.ndarray, **named: np.ndarray) -> Outputs:
         arrays = self.arrange(args, named)
         self.check_inputs(arrays)
         moved = [to_device(a, self.device) for a in arrays]
@@ -270,7 +276,7 @@ class CompiledModel:
         return float(timer(*arrays).median)
 
 
-def load(path: str | os.PathLike, device: Any = None, threads: int | None = None) -> CompiledModel:
+def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int | None = None) -> CompiledModel:
     """A callable ``CompiledModel`` from a library written by ``export``, run with
     ``threads`` CPU threads (default: see ``aicf_tvm.runtime.threads.thread_count``)."""
     name = os.fspath(path)

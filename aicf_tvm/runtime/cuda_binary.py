@@ -22,11 +22,14 @@ import contextlib
 import shutil
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tvm_ffi
 
 from aicf_tvm.core.errors import DeployError
+
+if TYPE_CHECKING:
+    import tvm
 
 COMPILE_HOOK = "tvm_callback_cuda_compile"
 POSTPROC_HOOK = "tvm_callback_cuda_postproc"
@@ -76,7 +79,7 @@ def install_hook() -> None:
         return
     previous = tvm_ffi.get_global_func(COMPILE_HOOK, allow_missing=True)
 
-    def compile_hook(source: str) -> Any:
+    def compile_hook(source: str) -> bytes:
         fatbin = carried_fatbin(source)
         if fatbin is not None:
             return fatbin
@@ -98,7 +101,7 @@ def gencode(arch: str) -> list[str]:
             "-gencode", f"arch=compute_{version},code=compute_{version}"]
 
 
-def compile_fatbin(source: str, target: Any) -> bytes:
+def compile_fatbin(source: str, target: tvm.target.Target) -> bytes:
     """``source`` compiled by nvcc for ``target``'s arch (TVM's own nvcc driver)."""
     from tvm.support import nvcc  # the compiler side: build hosts only
 
@@ -108,7 +111,7 @@ def compile_fatbin(source: str, target: Any) -> bytes:
 
 
 @contextlib.contextmanager
-def precompiled(target: Any) -> Iterator[None]:
+def precompiled(target: tvm.target.Target) -> Iterator[None]:
     """Within: every CUDA module TVM builds carries its fatbin (see the module docstring)."""
     if target.kind.name != "cuda":
         yield
@@ -121,7 +124,7 @@ def precompiled(target: Any) -> Iterator[None]:
     install_hook()
     previous = tvm_ffi.get_global_func(POSTPROC_HOOK, allow_missing=True)
 
-    def postproc(source: str, tgt: Any) -> str:
+    def postproc(source: str, tgt: tvm.target.Target) -> str:
         if previous is not None:
             source = previous(source, tgt)
         try:

@@ -29,7 +29,7 @@ import os
 import platform
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import tvm
 
@@ -39,6 +39,12 @@ from aicf_tvm.core.version import __version__
 from . import cpu_features
 from .cpu_features import LLVM_TO_CPUINFO, missing_features, target_isa
 from .targets import describe
+
+if TYPE_CHECKING:
+    from .compiled import CompiledModel
+
+# a device as ``load`` accepts it: a TVM Device, or its name ("cpu", "cuda:1")
+DeviceLike = tvm.runtime.Device | str
 
 MAGIC = b"\x00AICF-TVM-MODULE\x00"
 FORMAT_VERSION = 1
@@ -50,7 +56,7 @@ _DL_CPU, _DL_CUDA = 1, 2  # DLPack device type codes
 
 # --- writing ---------------------------------------------------------------------------------
 
-def metadata_of(model: Any) -> dict:
+def metadata_of(model: CompiledModel) -> dict:
     """The JSON-able description of a compiled model that ``export`` embeds."""
     emits, table = [], ""
     if model.emit_listing is not None:
@@ -98,7 +104,7 @@ def _c_source(frame: bytes) -> str:
     )
 
 
-def export(model: Any, path: str | os.PathLike) -> Path:
+def export(model: CompiledModel, path: str | os.PathLike) -> Path:
     """Write ``model`` as a shared library at ``path`` that carries its metadata."""
     out = Path(path)
     if not out.resolve().parent.is_dir():
@@ -241,7 +247,7 @@ def check_target(meta: dict, name: str) -> dict:
     return spec
 
 
-def device_for(spec: dict, device: Any, name: str) -> Any:
+def device_for(spec: dict, device: DeviceLike | None, name: str) -> tvm.runtime.Device:
     """The device to run a module of target ``spec`` on: ``device`` checked against the
     target's kind, else the target's first device."""
     is_cuda = spec.get("kind") == "cuda"

@@ -12,6 +12,9 @@ import tvm
 from aicf_tvm.core.errors import TargetError
 from aicf_tvm.runtime import cpu_features
 
+# a target as users give it: a Target, its exported dict, its JSON text, "llvm" or "cuda"
+TargetLike = tvm.target.Target | Mapping[str, Any] | str
+
 DEFAULT_CUDA_ARCH = "sm_90"
 
 
@@ -43,7 +46,7 @@ def cuda_host_target() -> tvm.target.Target:
     return tvm.target.Target({"kind": "llvm", **({"mtriple": triple} if triple else {})})
 
 
-def resolve_target(target: Any) -> tvm.target.Target:
+def resolve_target(target: TargetLike) -> tvm.target.Target:
     """A ``tvm.target.Target`` from a Target, a dict, a JSON string, ``"llvm"`` or ``"cuda"``."""
     if isinstance(target, tvm.target.Target):
         return target
@@ -78,7 +81,7 @@ def resolve_target(target: Any) -> tvm.target.Target:
         raise TargetError(f"unknown target {target!r}: {err}") from err
 
 
-def _check_spec(spec: dict, given: Any) -> None:
+def _check_spec(spec: dict, given: TargetLike) -> None:
     """Refuse what TVM would refuse, before we merge in host keys: unknown keys (TVM's
     message names them), and an LLVM ``mcpu`` LLVM does not know (LLVM would only warn
     and silently build generic code)."""
