@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from aicf_tvm.core.errors import AicfError, InputError, TuningError, UnsupportedModelError
-from aicf_tvm.runtime.compiled import flat_outputs, load
+from aicf_tvm.runtime.compiled import Kernel, Outputs, TensorSpec, flat_outputs, load
 from aicf_tvm.runtime.targets import describe, resolve_target
 from aicf_tvm.runtime.threads import thread_count, use_threads
 
@@ -102,18 +102,18 @@ def _status(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _sig(specs: Sequence[Any]) -> str:
+def _sig(specs: Sequence[TensorSpec]) -> str:
     return ", ".join(f"{s.name}: {s.dtype}{list(s.shape)}" for s in specs)
 
 
-def _kernel_table(kernels: Sequence[Any]) -> str:
+def _kernel_table(kernels: Sequence[Kernel]) -> str:
     rows = [("#", "kernel", "Emit kind", "schedule")]
     rows += [(str(i), k.name, k.kind, k.schedule) for i, k in enumerate(kernels)]
     widths = [max(len(r[c]) for r in rows) for c in range(4)]
     return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def _as_list(out: Any) -> list[np.ndarray]:
+def _as_list(out: Outputs) -> list[np.ndarray]:
     return flat_outputs(out)
 
 

@@ -14,13 +14,13 @@ from tvm import relax
 from aicf_tvm.core.emit_table import emit_calls, emit_table
 from aicf_tvm.core.kinds.describe import dim_value
 from aicf_tvm.runtime.call_checks import Requirement
-from aicf_tvm.runtime.compiled import CompiledModel, Kernel, TensorSpec
+from aicf_tvm.runtime.compiled import CompiledModel, Executable, Kernel, TensorSpec
 from relax_passes.bound_shapes import bounds_of
 from relax_passes.lower_emits import kernel_calls
 from relax_passes.shape_requirements import requirements_of as derive_requirements
 
 
-def _specs_of_type(name: str, ty: Any) -> list[TensorSpec]:
+def _specs_of_type(name: str, ty: relax.Type) -> list[TensorSpec]:
     if isinstance(ty, relax.TensorType):
         shape = tuple(dim_value(d) for d in ty.shape.values) if ty.shape is not None else ()
         return [TensorSpec(name, shape, str(ty.dtype))]
@@ -65,7 +65,7 @@ def emit_listing(optimized: tvm.IRModule) -> tuple[list, str]:
     return emits, emit_table(optimized)
 
 
-def compiled_model(executable: Any, target: Any, main: relax.Function, *,
+def compiled_model(executable: Executable, target: tvm.target.Target, main: relax.Function, *,
                    lowered: tvm.IRModule | None = None, optimized: tvm.IRModule | None = None,
                    **kwargs: Any) -> CompiledModel:
     """A ``CompiledModel`` of ``executable`` whose signature is ``main``'s."""

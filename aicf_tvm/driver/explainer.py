@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import tvm
 
 from aicf_tvm.core.emit_table import emit_calls, emit_table
+from aicf_tvm.core.report import FusionReport
 from aicf_tvm.driver.compiled import kernels_of
 from aicf_tvm.runtime.targets import describe
 from relax_passes import LiftEmits, PropagateContracts
@@ -17,7 +16,7 @@ def lift_and_propagate(mod: tvm.IRModule) -> tvm.IRModule:
     return PropagateContracts()(LiftEmits()(mod))
 
 
-def explain(mod: tvm.IRModule, report: Any = None) -> str:
+def explain(mod: tvm.IRModule, report: FusionReport | None = None) -> str:
     """The Emit table of ``mod`` (lifted and propagated first when needed), and the
     fusion report when one is given."""
     if not emit_calls(mod):
@@ -28,7 +27,7 @@ def explain(mod: tvm.IRModule, report: Any = None) -> str:
     return text
 
 
-def kernel_selection(lowered: tvm.IRModule, target: Any) -> str:
+def kernel_selection(lowered: tvm.IRModule, target: tvm.target.Target) -> str:
     """Per kernel of a lowered module: its Emit kind and where its schedule came from
     (a tuned record, a tuned choice of our rule for a kernel with symbolic extents, one of
     our default rules, or none)."""

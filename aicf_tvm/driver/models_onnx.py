@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ OPSET = 17
 class _Graph:
     """Accumulates nodes and initializers; every helper returns its output's name."""
 
-    def __init__(self, helper: Any, numpy_helper: Any):
+    def __init__(self, helper: ModuleType, numpy_helper: ModuleType) -> None:
         self.helper, self.numpy_helper = helper, numpy_helper
         self.nodes: list[Any] = []
         self.initializers: list[Any] = []

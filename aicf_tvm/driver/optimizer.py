@@ -20,19 +20,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import tvm
 from tvm import relax
 
 from aicf_tvm.core.errors import InputError, UnsupportedModelError
 from aicf_tvm.core.kinds.adam import DISTINCT_INPUTS_ATTR
 from aicf_tvm.core.report import FusionReport
-from aicf_tvm.runtime.targets import resolve_target
+from aicf_tvm.runtime.compiled import Executable
+from aicf_tvm.runtime.targets import TargetLike, resolve_target
 from aicf_tvm.runtime.threads import thread_count, use_threads
 from relax_passes.fuse_adam_steps import FuseAdamSteps
 from relax_passes.lift_adam_steps import LiftAdamSteps
 from relax_passes.lower_emits import kernel_calls
 
 from .pipeline import run_pipeline
+
+# the step's arguments and results on the device: tensors, in (nested) tuples as the
+# function's parameters group them
+Tensors = tvm.runtime.Tensor | Sequence["Tensors"]
 
 
 def adam_function(shapes: Sequence[Sequence[int]], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
@@ -57,7 +63,7 @@ def adam_state(shapes: Sequence[Sequence[int]], dtype: str = "float32") -> list[
     return [np.zeros((), "int64"), np.ones((), dtype), np.ones((), dtype), *zeros, *[z.copy() for z in zeros]]
 
 
-def _flatten(value: Any, name: str, out: list[tuple[str, Any]]) -> None:
+def _flatten(value: Tensors, name: str, out: list[tuple[str, tvm.runtime.Tensor]]) -> None:
     if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
         for i, v in enumerate(value):
             _flatten(v, f"{name}.{i}", out)
@@ -65,13 +71,13 @@ def _flatten(value: Any, name: str, out: list[tuple[str, Any]]) -> None:
         out.append((name, value))
 
 
-def _span(t: Any) -> tuple[int, int]:
+def _span(t: tvm.runtime.Tensor) -> tuple[int, int]:
     start = int(t.data_ptr())
     nbytes = int(np.prod(t.shape, dtype=np.int64)) * np.dtype(str(t.dtype)).itemsize
     return start, start + nbytes
 
 
-def check_distinct(named: Sequence[tuple[str, Any]]) -> None:
+def check_distinct(named: Sequence[tuple[str, tvm.runtime.Tensor]]) -> None:
     """Raise ``InputError`` when two tensors' bytes overlap (donated buffers must be distinct)."""
     spans = sorted((_span(t), name) for name, t in named if int(np.prod(t.shape, dtype=np.int64)) > 0)
     for ((_, a1), na), ((b0, _), nb) in itertools.pairwise(spans):
@@ -89,7 +95,7 @@ class OptimizerStep:
     them (numpy arrays are copied in, so their updates are only in the results).
     """
 
-    def __init__(self, executable: Any, target: Any, report: FusionReport, lowered: tvm.IRModule,
+    def __init__(self, executable: Executable, target: tvm.target.Target, report: FusionReport, lowered: tvm.IRModule,
                  donate: bool, threads: int | None = None) -> None:
         self.executable, self.target, self.report, self.lowered = executable, target, report, lowered
         self.donate = donate
@@ -115,15 +121,15 @@ class OptimizerStep:
     def in_place(self) -> bool:
         return any(d.accepted and d.candidate == "fused_adam_step" for d in self.report.decisions)
 
-    def to_device(self, value: Any) -> Any:
+    def to_device(self, value: npt.ArrayLike | Tensors) -> Tensors:
         if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":  # results come back as Arrays
             return tuple(self.to_device(v) for v in value)
         return value if isinstance(value, tvm.runtime.Tensor) else tvm.runtime.tensor(np.asarray(value), self.device)
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: npt.ArrayLike | Tensors) -> Tensors:
         args = tuple(self.to_device(a) for a in args)
         if self.donate:
-            named: list[tuple[str, Any]] = []
+            named: list[tuple[str, tvm.runtime.Tensor]] = []
             for i, a in enumerate(args):
                 _flatten(a, f"arg{i}", named)
             check_distinct(named)
@@ -143,7 +149,7 @@ class CallProfile:
     storage_bytes: int
 
 
-def profile_call(vm: relax.VirtualMachine, func_name: str, *args: Any) -> CallProfile:
+def profile_call(vm: relax.VirtualMachine, func_name: str, *args: Tensors) -> CallProfile:
     """Run ``vm[func_name](*args)`` once with an instrument counting launches and allocations."""
     kernels: list[str] = []
     storage = [0]
@@ -163,7 +169,7 @@ def profile_call(vm: relax.VirtualMachine, func_name: str, *args: Any) -> CallPr
     return CallProfile(tuple(kernels), storage[0])
 
 
-def compile_optimizer_step(func: Any, target: Any = "llvm", *, donate: bool = True,
+def compile_optimizer_step(func: relax.Function | tvm.IRModule, target: TargetLike = "llvm", *, donate: bool = True,
                            threads: int | None = None) -> OptimizerStep:
     """Compile an optimizer step (a Relax function or a module with ``main``) to run in place.
 

@@ -12,15 +12,18 @@ user gives by name (``--dim``, ``bounds=``) on any imported model.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tvm
 from tvm import relax, tirx
 
 from aicf_tvm.core.errors import InputError
 
+if TYPE_CHECKING:
+    import torch
 
-def torch_dim_names(ep: Any, dynamic_shapes: Any) -> dict[str, str]:
+
+def torch_dim_names(ep: torch.export.ExportedProgram, dynamic_shapes: Any) -> dict[str, str]:
     """``{torch symbol: Dim name}`` for the user inputs of an ExportedProgram."""
     if dynamic_shapes is None:
         return {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import tvm
 
@@ -28,10 +28,16 @@ from ..symbolic import with_dim_bounds
 from .onnx import from_onnx
 from .torch import from_torch
 
+if TYPE_CHECKING:
+    from .onnx import OnnxModel
+
+    # a model as ``load_model`` takes it: see its docstring
+    ModelLike = tvm.IRModule | OnnxModel
+
 __all__ = ["from_onnx", "from_torch", "load_model"]
 
 
-def load_model(spec: Any, shapes: Mapping[str, Sequence[int | str]] | None = None,
+def load_model(spec: ModelLike, shapes: Mapping[str, Sequence[int | str]] | None = None,
                bounds: Mapping[str, tuple[int | None, int | None]] | None = None) -> tvm.IRModule:
     """A Relax module from: an IRModule; an ``nn.Module`` spec; an ONNX path;
     a built-in model name; or ``package.module:function`` returning an IRModule.
@@ -52,7 +58,7 @@ def _is_onnx(text: str) -> bool:
     return text not in models.BUILTIN_MODELS and (text.endswith(".onnx") or os.path.exists(text))
 
 
-def _load_other(spec: Any) -> tvm.IRModule:
+def _load_other(spec: tvm.IRModule | str) -> tvm.IRModule:
     """An IRModule, a built-in model or ``package.module:function`` (``load_model``)."""
     if isinstance(spec, tvm.IRModule):
         return spec

@@ -14,8 +14,8 @@ included), ``"?"`` keeps the model's dim. The shapes are written into the graph 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import tvm
 from tvm import relax, tirx
@@ -28,8 +28,14 @@ from .onnx_fold import fold_shapes
 
 Dim = int | tirx.Var
 
+if TYPE_CHECKING:
+    import onnx
 
-def _load_onnx(path_or_model: Any):
+    # an ONNX model as ``from_onnx`` takes it: a file path, the file's bytes, or loaded
+    OnnxModel = str | os.PathLike | bytes | onnx.ModelProto
+
+
+def _load_onnx(path_or_model: OnnxModel) -> tuple[onnx.ModelProto, str]:
     import onnx
 
     if not isinstance(path_or_model, (str, os.PathLike, bytes)):
@@ -52,13 +58,13 @@ def _load_onnx(path_or_model: Any):
         raise UnsupportedModelError(f"{path}: not an ONNX model ({type(err).__name__}: {err})") from err
 
 
-def real_inputs(model: Any) -> list[Any]:
+def real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """The graph inputs that are not initializers (old models list weights among inputs)."""
     inits = {i.name for i in model.graph.initializer}
     return [i for i in model.graph.input if i.name not in inits]
 
 
-def input_shapes(model: Any, shapes: Mapping[str, Sequence[int | str]] | None = None,
+def input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]] | None = None,
                  name: str = "<model>") -> dict[str, list[Dim]]:
     """Each real input's shape, dynamic dims as ``tirx.Var`` (module docstring); inputs of
     unknown rank and not given a shape are left out (TVM's frontend gives them no static
@@ -95,7 +101,7 @@ def input_shapes(model: Any, shapes: Mapping[str, Sequence[int | str]] | None = 
     return result
 
 
-def _given_dim(dim: int | str, own: Dim | None, var: Any, input_name: str) -> Dim:
+def _given_dim(dim: int | str, own: Dim | None, var: Callable[[str], tirx.Var], input_name: str) -> Dim:
     """One dim of ``shapes=``: an int pins it, ``"?"`` keeps the model's, a name is symbolic."""
     if isinstance(dim, str) and dim == "?":
         return own
@@ -106,7 +112,7 @@ def _given_dim(dim: int | str, own: Dim | None, var: Any, input_name: str) -> Di
     return int(dim)
 
 
-def _with_shapes(model: Any, shape_dict: Mapping[str, Sequence[Dim]]) -> Any:
+def _with_shapes(model: onnx.ModelProto, shape_dict: Mapping[str, Sequence[Dim]]) -> onnx.ModelProto:
     """A copy of ``model`` whose inputs carry the given shapes (vars as dim_params)."""
     import onnx
 
@@ -125,7 +131,7 @@ def _with_shapes(model: Any, shape_dict: Mapping[str, Sequence[Dim]]) -> Any:
     return out
 
 
-def from_onnx(path_or_model: Any, shapes: Mapping[str, Sequence[int | str]] | None = None,
+def from_onnx(path_or_model: OnnxModel, shapes: Mapping[str, Sequence[int | str]] | None = None,
               bounds: Mapping[str, tuple[int | None, int | None]] | None = None) -> tvm.IRModule:
     """Import an ONNX model (path, bytes or ``onnx.ModelProto``) with TVM's ONNX frontend,
     after ONNX shape inference and folding of shape subgraphs (``shapes=``, ``bounds=``:
@@ -142,7 +148,7 @@ def from_onnx(path_or_model: Any, shapes: Mapping[str, Sequence[int | str]] | No
     return normalize_import(with_dim_bounds(mod, bounds or {}))
 
 
-def _check_ops(model: Any, name: str) -> None:
+def _check_ops(model: onnx.ModelProto, name: str) -> None:
     """Name the first node whose operator TVM's ONNX frontend does not convert."""
     from tvm.relax.frontend.onnx import onnx_frontend
 

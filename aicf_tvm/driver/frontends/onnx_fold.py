@@ -23,9 +23,12 @@ tensor with a symbolic dim does not fold.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
 
 # Deterministic ops, exact on their inputs (a float result is one correctly rounded
 # operation), that shape computations are made of.
@@ -42,7 +45,7 @@ MAX_FOLDED_ELEMENTS = 1 << 16
 MAX_ROUNDS = 8
 
 
-def fold_shapes(model: Any) -> Any:
+def fold_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` with its shape subgraphs folded (see the module docstring)."""
     import onnx
 
@@ -57,7 +60,7 @@ def fold_shapes(model: Any) -> Any:
     return folded
 
 
-def _infer(model: Any) -> Any:
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     import onnx
 
     try:
@@ -66,7 +69,7 @@ def _infer(model: Any) -> Any:
         return model
 
 
-def _static_shapes(graph: Any) -> dict[str, list[int]]:
+def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
     shapes: dict[str, list[int]] = {}
     for info in [*graph.input, *graph.value_info, *graph.output]:
         tensor = info.type.tensor_type
@@ -77,7 +80,7 @@ def _static_shapes(graph: Any) -> dict[str, list[int]]:
     return shapes
 
 
-def _constants(graph: Any, opsets: dict[str, int]) -> dict[str, np.ndarray]:
+def _constants(graph: onnx.GraphProto, opsets: dict[str, int]) -> dict[str, np.ndarray]:
     from onnx import numpy_helper
 
     values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
@@ -90,7 +93,7 @@ def _constants(graph: Any, opsets: dict[str, int]) -> dict[str, np.ndarray]:
     return values
 
 
-def _shape_value(node: Any, shapes: dict[str, list[int]]) -> np.ndarray | None:
+def _shape_value(node: onnx.NodeProto, shapes: dict[str, list[int]]) -> np.ndarray | None:
     """The value of a ``Shape``/``Size`` node whose input shape is static."""
     dims = shapes.get(node.input[0])
     if dims is None:
@@ -102,14 +105,14 @@ def _shape_value(node: Any, shapes: dict[str, list[int]]) -> np.ndarray | None:
     return np.array(dims[start:end] if "end" in attrs else dims[start:], dtype=np.int64)
 
 
-def _evaluate(node: Any, inputs: dict[str, np.ndarray], opsets: dict[str, int]) -> list[np.ndarray]:
+def _evaluate(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opsets: dict[str, int]) -> list[np.ndarray]:
     from onnx.reference import ReferenceEvaluator
 
     feeds = {name: inputs[name] for name in node.input if name}
     return list(ReferenceEvaluator(node, opsets=opsets).run(None, feeds))
 
 
-def _is_foldable(node: Any, known: dict[str, np.ndarray], outputs: set[str]) -> bool:
+def _is_foldable(node: onnx.NodeProto, known: dict[str, np.ndarray], outputs: set[str]) -> bool:
     if node.domain not in ("", "ai.onnx") or any(o in outputs for o in node.output):
         return False
     if node.op_type not in FOLDABLE or any(name and name not in known for name in node.input):
@@ -117,7 +120,7 @@ def _is_foldable(node: Any, known: dict[str, np.ndarray], outputs: set[str]) -> 
     return node.op_type not in INTEGER_ONLY or known[node.input[0]].dtype.kind in "biu"
 
 
-def _fold_once(graph: Any, opsets: dict[str, int]) -> bool:
+def _fold_once(graph: onnx.GraphProto, opsets: dict[str, int]) -> bool:
     """One pass in graph order; True when a node was replaced by initializers."""
     from onnx import numpy_helper
 
@@ -148,7 +151,7 @@ def _fold_once(graph: Any, opsets: dict[str, int]) -> bool:
     return changed
 
 
-def _used_names(graph: Any) -> set[str]:
+def _used_names(graph: onnx.GraphProto) -> set[str]:
     """Every name a node reads, subgraph bodies (If/Loop branches) included."""
     used: set[str] = set()
     for node in graph.node:
@@ -159,7 +162,7 @@ def _used_names(graph: Any) -> set[str]:
     return used
 
 
-def _drop_dead(graph: Any) -> None:
+def _drop_dead(graph: onnx.GraphProto) -> None:
     """Remove nodes and initializers no output depends on (walking back from outputs)."""
     while True:
         live = _used_names(graph) | {o.name for o in graph.output}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tvm
 from tvm import relax, tirx
@@ -27,6 +27,11 @@ from ..symbolic import rename_dims, torch_dim_names
 from .common import first_line, normalize_import
 from .torch_export import capture
 from .torch_indices import index_converters
+
+if TYPE_CHECKING:
+    import torch
+    from torch.fx.node import Argument
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
 # Ops that compute in their result dtype: every tensor operand not listed in _KEEP_ARGS is
 # cast to it (PyTorch: an int or bool sum/cumsum accumulates in int64, true division and
@@ -43,14 +48,14 @@ _COMPARISONS = frozenset(f"{op}.{variant}" for op in ("eq", "ne", "lt", "le", "g
                          for variant in ("Tensor", "Scalar"))
 
 
-def _val(arg: Any) -> Any:
+def _val(arg: Argument) -> torch.Tensor | None:
     import torch
 
     val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
     return val if isinstance(val, torch.Tensor) else None
 
 
-def _compute_dtype(node: Any) -> Any:
+def _compute_dtype(node: torch.fx.Node) -> torch.dtype | None:
     """The dtype PyTorch computes ``node`` in, or None when it is not one of ours."""
     import torch
 
@@ -69,7 +74,7 @@ def _compute_dtype(node: Any) -> Any:
     return None
 
 
-def canonicalize_dtypes(graph: Any) -> int:
+def canonicalize_dtypes(graph: torch.fx.Graph) -> int:
     """Insert the casts PyTorch's type promotion implies (see the module docstring) into an
     FX graph; returns how many were inserted.
 
@@ -102,7 +107,7 @@ def canonicalize_dtypes(graph: Any) -> int:
     return inserted
 
 
-def drop_empty_cat_inputs(graph: Any) -> int:
+def drop_empty_cat_inputs(graph: torch.fx.Graph) -> int:
     """Drop the 1-D empty inputs of ``aten.cat``; returns how many were dropped.
 
     PyTorch's ``cat`` skips a tensor of shape ``(0,)`` whatever the other inputs' rank (an
@@ -123,7 +128,7 @@ def drop_empty_cat_inputs(graph: Any) -> int:
     return dropped
 
 
-def _result_back_to_bool(graph: Any, node: Any) -> int:
+def _result_back_to_bool(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     """Make ``node`` (bool-valued, computing in uint8 from now) feed its users through a cast
     back to bool; comparisons give bool anyway. Returns the casts inserted."""
     import torch
@@ -139,7 +144,7 @@ def _result_back_to_bool(graph: Any, node: Any) -> int:
     return 1
 
 
-def _arange(node: Any, importer: Any) -> Any:
+def _arange(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax.Var:
     """TVM's translation of a constant ``arange``, typed with its true length
     (``relax_passes.creation_ops``): Relax types ``arange(6, -1, -1)`` with 9 elements, and
     a sum with the 7 it is made for fails in the translator. Symbolic ones are left to
@@ -156,7 +161,8 @@ def _arange(node: Any, importer: Any) -> Any:
 _CONVERTERS = {name: _arange for name in ("arange.default", "arange.start", "arange.start_step")}
 
 
-def from_torch(module: Any, example_args: Sequence[Any], dynamic_shapes: Any = None) -> tvm.IRModule:
+def from_torch(module: torch.nn.Module, example_args: Sequence[Any],
+               dynamic_shapes: Any = None) -> tvm.IRModule:
     """Import a ``torch.nn.Module`` through ``torch.export`` (needs the ``torch`` extra).
 
     ``dynamic_shapes`` is ``torch.export``'s argument, one entry per example argument, e.g.

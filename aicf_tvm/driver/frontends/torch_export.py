@@ -28,11 +28,15 @@ import contextlib
 import logging
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aicf_tvm.core.errors import UnsupportedModelError
 
 from .common import whole_message
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export._draft_export import FailureReport
 
 # Loggers draft_export writes its report and each real-value evaluation to: an accepted
 # specialization is sound (module docstring), its "could not soundly produce a graph"
@@ -46,7 +50,8 @@ _SYMBOL = re.compile(r"\b[a-z]+\d+\b")
 _DATA_TAGS = {"data_dependent_output", "dynamic_output_shape"}
 
 
-def capture(module: Any, args: Sequence[Any], dynamic_shapes: Any = None) -> Any:
+def capture(module: torch.nn.Module, args: Sequence[Any],
+            dynamic_shapes: Any = None) -> torch.export.ExportedProgram:
     """``torch.export.export(module, args)`` decomposed to core ATen, or its
     ``draft_export`` when the only obstacle is a data-dependent guard on the module's
     constants (module docstring)."""
@@ -79,7 +84,7 @@ def capture(module: Any, args: Sequence[Any], dynamic_shapes: Any = None) -> Any
     return ep
 
 
-def varying_nodes(ep: Any) -> set[Any]:
+def varying_nodes(ep: torch.export.ExportedProgram) -> set[torch.fx.Node]:
     """The nodes of ``ep``'s (functional) graph whose values depend on a user input or on
     a buffer the program writes; every other node is computed from parameters, unwritten
     buffers and constant tensors only, the same on every call."""
@@ -90,7 +95,7 @@ def varying_nodes(ep: Any) -> set[Any]:
     constant = {spec.arg.name for spec in signature.input_specs
                 if spec.kind in (InputKind.PARAMETER, InputKind.CONSTANT_TENSOR)
                 or (spec.kind == InputKind.BUFFER and spec.target not in written)}
-    varying: set[Any] = set()
+    varying: set[torch.fx.Node] = set()
     for node in ep.graph.nodes:
         if (node.op == "placeholder" and node.name not in constant) or any(
                 arg in varying for arg in node.all_input_nodes):
@@ -98,7 +103,7 @@ def varying_nodes(ep: Any) -> set[Any]:
     return varying
 
 
-def _reads_data(node: Any) -> bool:
+def _reads_data(node: torch.fx.Node) -> bool:
     """Whether ``node`` turns tensor values into a scalar or a size (``item``, ``nonzero``:
     the ops that create unbacked symbols), or is a higher-order op whose body may."""
     import torch
@@ -108,7 +113,7 @@ def _reads_data(node: Any) -> bool:
         isinstance(target, torch._ops.OpOverload) and bool(_DATA_TAGS & {tag.name for tag in target.tags}))
 
 
-def _refusal(failure: Any, reads: list[Any]) -> str | None:
+def _refusal(failure: FailureReport, reads: list[torch.fx.Node]) -> str | None:
     """Why ``failure`` of a draft export makes its program unsound, or None when the
     expression it specialized is a constant: all its symbols unbacked (no input dim), and
     no unbacked symbol computed from a varying value (``reads`` empty)."""
@@ -128,7 +133,7 @@ def _refusal(failure: Any, reads: list[Any]) -> str | None:
             f"({expr}, at `{stack[-1].get('loc', '?')}`)")
 
 
-def _drop_constant_asserts(ep: Any, varying: set[Any]) -> None:
+def _drop_constant_asserts(ep: torch.export.ExportedProgram, varying: set[torch.fx.Node]) -> None:
     """Remove the runtime asserts on constant values, then what only they used."""
     import torch
 
@@ -139,7 +144,7 @@ def _drop_constant_asserts(ep: Any, varying: set[Any]) -> None:
     ep.graph_module.recompile()
 
 
-def _decomposed(ep: Any, name: str) -> Any:
+def _decomposed(ep: torch.export.ExportedProgram, name: str) -> torch.export.ExportedProgram:
     if views_as_reshapes(ep.graph):
         ep.graph_module.recompile()
     try:
@@ -178,7 +183,7 @@ def _metadata_only() -> frozenset:
     return frozenset({torch.ops.aten.detach_.default})
 
 
-def views_as_reshapes(graph: Any) -> int:
+def views_as_reshapes(graph: torch.fx.Graph) -> int:
     """Retarget every ``aten.view`` of a graph without mutation to ``aten.reshape``; returns
     how many were retargeted.
 

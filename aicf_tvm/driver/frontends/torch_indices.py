@@ -14,34 +14,40 @@ count-from-the-end reading.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tvm import relax
 
 from relax_passes.index_checks import IndexChecker
 from relax_passes.normalize_indices import describe_tensor
 
+if TYPE_CHECKING:
+    import torch
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
-def _checker(importer: Any) -> IndexChecker:
+    Converter = Callable[[torch.fx.Node, ExportedProgramImporter], relax.Var]
+
+
+def _checker(importer: ExportedProgramImporter) -> IndexChecker:
     bb = importer.block_builder
     inputs = [v for node, v in importer.env.items()
               if getattr(node, "op", None) == "placeholder" and isinstance(v, relax.Var)]
     return IndexChecker(bb, bb.lookup_binding, inputs, from_end=False)
 
 
-def _axis_of(node: Any, data: relax.Expr) -> int:
+def _axis_of(node: torch.fx.Node, data: relax.Expr) -> int:
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
     return int(dim) % data.ty.ndim
 
 
-def _embedding(node: Any, importer: Any) -> relax.Var:
+def _embedding(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax.Var:
     weight, ids = importer.env[node.args[0]], importer.env[node.args[1]]
     rows = weight.ty.shape.values[0]
     ids = _checker(importer).checked(ids, [rows], f"embedding of {describe_tensor(weight)}")
     return importer._embedding_impl(ids, weight)
 
 
-def _index_select(node: Any, importer: Any) -> relax.Var:
+def _index_select(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax.Var:
     data, index = importer.env[node.args[0]], importer.env[node.args[2]]
     axis = _axis_of(node, data)
     index = _checker(importer).checked(index, [data.ty.shape.values[axis]],
@@ -49,7 +55,7 @@ def _index_select(node: Any, importer: Any) -> relax.Var:
     return importer.block_builder.emit(relax.op.take(data, index, axis, mode="clip"))
 
 
-def _gather(node: Any, importer: Any) -> relax.Var:
+def _gather(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax.Var:
     data, index = importer.env[node.args[0]], importer.env[node.args[2]]
     axis = _axis_of(node, data)
     index = _checker(importer).checked(index, [data.ty.shape.values[axis]],
@@ -57,7 +63,7 @@ def _gather(node: Any, importer: Any) -> relax.Var:
     return importer.block_builder.emit(relax.op.gather_elements(data, index, axis=axis))
 
 
-def index_converters() -> dict[str, Callable[[Any, Any], relax.Var]]:
+def index_converters() -> dict[str, Converter]:
     """``custom_convert_map`` entries for the ops that refuse negative indices."""
     return {"embedding.default": _embedding, "index_select.default": _index_select,
             "gather.default": _gather}
