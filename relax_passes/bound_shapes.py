@@ -21,8 +21,6 @@ bounds are left unchanged.
 
 from __future__ import annotations
 
-from typing import Any
-
 import tvm
 import tvm_ffi
 from tvm import relax, sym, tirx
@@ -57,7 +55,7 @@ def bound_analyzer(func: relax.Function) -> sym.Analyzer | None:
     return analyzer
 
 
-def _simplify_type(ty: Any, analyzer: sym.Analyzer) -> Any:
+def _simplify_type(ty: relax.Type, analyzer: sym.Analyzer) -> relax.TensorType | None:
     """``ty`` with every shape dim simplified, or None when nothing changes."""
     if not isinstance(ty, relax.TensorType) or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
         return None
@@ -71,12 +69,12 @@ def _simplify_type(ty: Any, analyzer: sym.Analyzer) -> Any:
 _SLICE = "relax.strided_slice"
 
 
-def _is_prim(expr: Any) -> bool:
+def _is_prim(expr: relax.Expr) -> bool:
     """A TIR integer expression (``n``, ``n + 1``, ``512``), not a Relax value."""
     return str(getattr(expr, "ty", "")).startswith(("int", "uint"))
 
 
-def _prim_values(expr: Any) -> list | None:
+def _prim_values(expr: relax.Expr) -> list[relax.Expr] | None:
     if not isinstance(expr, relax.Tuple) or not all(_is_prim(f) for f in expr.fields):
         return None
     return list(expr.fields)

@@ -26,8 +26,6 @@ them, at compile time, as in the static build), for every ``n`` the bound admits
 
 from __future__ import annotations
 
-from typing import Any
-
 import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -135,7 +133,7 @@ class TableFinder:
         return out
 
 
-def _is_int(expr: Any, value: int) -> bool:
+def _is_int(expr: tvm.ir.Expr, value: int) -> bool:
     return isinstance(expr, tirx.IntImm) and int(expr.value) == value
 
 
@@ -193,7 +191,8 @@ def _sliced(table: tvm.ir.Constant, var: relax.Var) -> relax.Expr:
 class PrecomputeBoundedTables:
     """Fold float tables of bounded ``arange`` positions to constants (module docstring)."""
 
-    def transform_function(self, func: relax.Function, mod: tvm.IRModule, ctx: Any) -> relax.Function:
+    def transform_function(self, func: relax.Function, mod: tvm.IRModule,
+                           ctx: tvm.transform.PassContext) -> relax.Function:
         bounds = {name: high for name, (_, high) in bounds_of(func).items() if high is not None}
         if not bounds or not isinstance(func.body, relax.SeqExpr):
             return func

@@ -41,7 +41,7 @@ def _axes(call: relax.Call) -> tuple[int, ...] | None:
     return None if axes is None else tuple(int(a) for a in axes)
 
 
-def _dims(expr: Any) -> tuple[int, ...] | None:
+def _dims(expr: relax.Expr) -> tuple[int, ...] | None:
     ty = getattr(expr, "ty", None)
     if not isinstance(ty, relax.TensorType) or ty.shape is None or str(ty.dtype) != "float32":
         return None
@@ -49,7 +49,7 @@ def _dims(expr: Any) -> tuple[int, ...] | None:
     return tuple(int(d) for d in values) if all(isinstance(d, tvm.tirx.IntImm) for d in values) else None
 
 
-def _is_op(value: Any, name: str) -> bool:
+def _is_op(value: relax.Expr, name: str) -> bool:
     return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == name
 
 
@@ -60,7 +60,7 @@ def names_an_axis(call: relax.Call) -> bool:
     return attrs is not None and any(hasattr(attrs, a) for a in ("axis", "axes"))
 
 
-def _per_channel(arg: Any, channels: int) -> bool:
+def _per_channel(arg: relax.Expr, channels: int) -> bool:
     dims = _dims(arg)
     return isinstance(arg, tvm.ir.Constant) and dims is not None and len(dims) <= 4 and \
         (dims[-1:] == (channels,) or not dims) and all(d == 1 for d in dims[:-1])
@@ -70,21 +70,21 @@ class _Island:
     """The channels-last values seen so far: var -> (N, H, W) of the island it is in."""
 
     def __init__(self) -> None:
-        self.nhw: dict[Any, tuple[int, int, int]] = {}
-        self.parent: dict[Any, Any] = {}
+        self.nhw: dict[relax.Var, tuple[int, int, int]] = {}
+        self.parent: dict[relax.Var, relax.Var] = {}
 
-    def root(self, v: Any) -> Any:
+    def root(self, v: relax.Var) -> relax.Var:
         while self.parent[v] is not v:
             v = self.parent[v]
         return v
 
-    def add(self, var: Any, nhw: tuple, linked: list) -> None:
+    def add(self, var: relax.Var, nhw: tuple, linked: list[relax.Var]) -> None:
         self.nhw[var] = nhw
         self.parent[var] = var
         for other in linked:
             self.parent[self.root(other)] = self.root(var)
 
-    def channels_last(self, var: Any, dims: tuple | None) -> bool:
+    def channels_last(self, var: relax.Expr, dims: tuple | None) -> bool:
         """``var`` is an island value whose dims are [N, H, W, C] or [N*H*W, C]."""
         if var not in self.nhw or dims is None:
             return False
@@ -92,7 +92,7 @@ class _Island:
         return dims[:-1] in ((n, h, w), (n * h * w,))
 
 
-def _member(isl: _Island, var: Any, value: Any) -> list | None:
+def _member(isl: _Island, var: relax.Var, value: relax.Expr) -> list[relax.Var] | None:
     """The island values ``value`` reads when its binding joins the island, else None."""
     if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
         return None

@@ -36,7 +36,6 @@ outputs with the uncombined one bit for bit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import tvm
@@ -51,7 +50,7 @@ Block = relax.DataflowBlock
 VIEW_OPS = ("relax.reshape", "relax.strided_slice", "relax.squeeze", "relax.expand_dims")
 
 
-def _op_name(value: Any) -> str:
+def _op_name(value: relax.Expr) -> str:
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
         return value.op.name
     return ""
@@ -99,7 +98,7 @@ def _head_split(var: relax.Var, consumers: dict, uses: dict) -> bool:
     return True
 
 
-def _key(binding: relax.VarBinding, reshapes: dict) -> Any:
+def _key(binding: relax.VarBinding, reshapes: dict) -> relax.Expr | tuple[relax.Expr, tuple[int, ...]]:
     """What identifies the matmul's left operand: itself, or (source, shape) of a reshape."""
     lhs = binding.value.args[0]
     if lhs in reshapes:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import tvm
 from tvm import relax
-from tvm.relax.dpl import rewrite_call
+from tvm.relax.dpl import DFPattern, rewrite_call
 
 # (block builder, block, uses of each var in the function) -> (block, whether it changed)
 BlockRewrite = Callable[[relax.BlockBuilder, relax.DataflowBlock, dict], tuple[relax.DataflowBlock, bool]]
@@ -17,7 +16,7 @@ def use_counts(func: relax.Function) -> dict:
     """How many times each variable is read in ``func``'s body."""
     counts: dict = {}
 
-    def visit(expr: Any) -> None:
+    def visit(expr: relax.Expr) -> None:
         if isinstance(expr, relax.Var):
             counts[expr] = counts.get(expr, 0) + 1
 
@@ -59,7 +58,7 @@ def rewrite_dataflow_blocks(mod: tvm.IRModule, rewrite: BlockRewrite, *,
     return relax.transform.Normalize()(mod)
 
 
-def rewrite_op_calls(func: relax.Function, pattern: Any, rewrite: Callable[[relax.Expr, dict], relax.Expr]
+def rewrite_op_calls(func: relax.Function, pattern: DFPattern, rewrite: Callable[[relax.Expr, dict], relax.Expr]
                      ) -> relax.Function:
     """``relax.dpl.rewrite_call(pattern, rewrite, func)`` on a Relax function, leaving a
     Primitive (already lifted) function alone: the body of an op-level pass."""

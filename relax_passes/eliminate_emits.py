@@ -27,8 +27,6 @@ Runs before FuseEmits in the pipeline's fixpoint; re-propagate afterwards.
 
 from __future__ import annotations
 
-from typing import Any
-
 import tvm
 import tvm_ffi
 from tvm import relax
@@ -55,14 +53,18 @@ from .lift_emits import build_emit_function
 _VIEWS = {"reshape", "squeeze", "expand_dims", "flatten", "batch_flatten"}
 _VIEW_OPS = {"relax.reshape", "relax.squeeze", "relax.expand_dims", "relax.flatten"}
 
+# what replaces an eliminated node: an expression, "view", or the bindings that replace
+# the node's (the last binds its var)
+Replacement = relax.Expr | str | list[relax.VarBinding]
 
-def _shape(table: FactTable, expr: Any) -> ShapeFact:
+
+def _shape(table: FactTable, expr: relax.Expr) -> ShapeFact:
     if not isinstance(getattr(expr, "ty", None), relax.TensorType):
         return ShapeFact.top()
     return table.port_facts(expr).shape
 
 
-def _same_shape(a: Any, b: Any) -> bool:
+def _same_shape(a: relax.Expr, b: relax.Expr) -> bool:
     """Whether two tensors have the same shape for every binding of the symbolic dims: the
     same extents, static or the same expressions of the same vars (structural equality
     does not identify distinct free vars, so two dims that are only named alike differ)."""
@@ -70,7 +72,7 @@ def _same_shape(a: Any, b: Any) -> bool:
     return isinstance(sa, relax.ShapeExpr) and isinstance(sb, relax.ShapeExpr) and tvm_ffi.structural_equal(sa, sb)
 
 
-def _same_type(a: Any, b: Any) -> bool:
+def _same_type(a: relax.Expr, b: relax.Expr) -> bool:
     return isinstance(a.ty, relax.TensorType) and isinstance(b.ty, relax.TensorType) and \
         str(a.ty.dtype) == str(b.ty.dtype) and _same_shape(a, b)
 
@@ -85,10 +87,10 @@ class _Rules:
     def __init__(self, graph: EmitGraph, table: FactTable, bb: relax.BlockBuilder) -> None:
         self.graph, self.table, self.bb = graph, table, bb
 
-    def producer(self, expr: Any) -> Node | None:
+    def producer(self, expr: relax.Expr) -> Node | None:
         return self.graph.node_of(expr) if isinstance(expr, relax.Var) else None
 
-    def decide(self, node: Node) -> tuple[Any | None, str, list[Failure]]:
+    def decide(self, node: Node) -> tuple[Replacement | None, str, list[Failure]]:
         """(replacement or None, rule/justification, failures of a rule that almost applied).
         A replacement is an expression, ``"view"``, or the list of bindings that replace
         the node's (the last binds its var)."""
@@ -143,14 +145,14 @@ class _Rules:
             return None, "", [Failure(f"{var.name}.x.shape", src, want)]
         return None, "", []
 
-    def _view_input(self, expr: Any) -> Any | None:
+    def _view_input(self, expr: relax.Expr) -> relax.Expr | None:
         """The input of the view (Emit or plain op) that produces ``expr``, else None."""
         n = self.producer(expr)
         if n is None or not (is_view_call(n) or (n.emit is not None and n.emit.kind in _VIEWS and n.body is not None)):
             return None
         return n.value.args[0]
 
-    def _starts_at(self, expr: Any, var: Any) -> Any | None:
+    def _starts_at(self, expr: relax.Expr, var: relax.Var) -> relax.Expr | None:
         """The value up the chain of views ending in ``expr`` that has ``var``'s shape."""
         src = self._view_input(expr)
         while src is not None:
@@ -175,7 +177,7 @@ class _Rules:
                 return None
         return operands[0]
 
-    def view_chain(self, node: Node) -> tuple[Any, str, list] | None:
+    def view_chain(self, node: Node) -> tuple[Replacement, str, list[Failure]] | None:
         """A view chain, possibly through commuting elementwise Emits, that returns to the
         shape it started from: its start (rebuilt through those Emits)."""
         x, var = node.value.args[0], node.var
@@ -195,7 +197,7 @@ class _Rules:
                 return (rebuilt, why, []) if rebuilt is not None else None
         return None
 
-    def _rebuilt(self, chain: list[tuple[Node, int]], start: Any, var: Any) -> list[relax.VarBinding] | None:
+    def _rebuilt(self, chain: list[tuple[Node, int]], start: relax.Expr, var: relax.Var) -> list[relax.VarBinding] | None:
         """The chain's Emits applied to ``start`` instead, each lifted at its new shape."""
         out, value = [], start
         for j, (n, k) in enumerate(chain):
@@ -212,12 +214,12 @@ class _Rules:
         return out
 
 
-def _constant_text(c: Any) -> str:
+def _constant_text(c: tvm.ir.Constant) -> str:
     flat = c.value.numpy().reshape(-1)
     return repr(flat[0].item()) if flat.size == 1 else f"{flat[0].item()!r} (all {flat.size})"
 
 
-def _axes(call: Any) -> list[int] | None:
+def _axes(call: relax.Call) -> list[int] | None:
     axes = getattr(call.attrs, "axes", None)
     if axes is None:
         nd = call.args[0].ty.ndim

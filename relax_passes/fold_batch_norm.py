@@ -30,8 +30,6 @@ Runs on op-level Relax, before LiftEmits; afterwards no batch_norm is left for
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import tvm
 from tvm import relax
@@ -48,7 +46,7 @@ def _is_plain(layout: str, ndim: int) -> bool:
     return len(layout) == len(set(layout)) == ndim and layout.isalpha() and layout.isupper()
 
 
-def _is_float(dtype: Any) -> bool:
+def _is_float(dtype: str | tvm.DataType) -> bool:
     return str(dtype) in ("float16", "float32", "float64")
 
 

@@ -11,8 +11,6 @@ Sound: folding evaluates the same op on the same constants.
 
 from __future__ import annotations
 
-from typing import Any
-
 import tvm
 from tvm import relax
 
@@ -25,7 +23,7 @@ from .group_rewrite import drop_unused_emits
 from .ieee_fold import FoldConstantIEEE
 
 
-def _is_constant(expr: Any) -> bool:
+def _is_constant(expr: relax.Expr) -> bool:
     return isinstance(expr, tvm.ir.Constant)
 
 

@@ -26,8 +26,6 @@ the old values, overwriting them is unobservable.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import tvm
 from tvm import relax
@@ -60,7 +58,7 @@ class AliasFacts:
         self.table, self.paths = table, caller_paths(func)
         self.distinct = func.attrs is not None and DISTINCT_INPUTS_ATTR in func.attrs
 
-    def of(self, a: Any, b: Any) -> Alias:
+    def of(self, a: relax.Expr, b: relax.Expr) -> Alias:
         if a.same_as(b):
             return MUST_ALIAS
         pa, pb = self.paths.get(a), self.paths.get(b)
@@ -76,12 +74,12 @@ class AliasFacts:
         return alias_between(a, b, fa, fb)
 
 
-def _bytes(ty: Any) -> int:
+def _bytes(ty: relax.TensorType) -> int:
     shape = static_shape(ty) or ()
     return int(np.prod(shape, dtype=np.int64)) * tvm.runtime.DataType(str(ty.dtype)).bits // 8
 
 
-def _name(expr: Any) -> str:
+def _name(expr: relax.Expr) -> str:
     return getattr(expr, "name", None) or type(expr).__name__
 
 
@@ -95,7 +93,7 @@ class _Group:
         self.unit = set(steps) | {c for i in steps for c in self.reads[i]}
         self.proven: dict = {}  # the alias facts checked, set once accepted
 
-    def ports(self) -> list[tuple[str, Any]]:
+    def ports(self) -> list[tuple[str, relax.Expr]]:
         """(label, arg) of every port of every step, labelled ``<param>.<port>``."""
         out = []
         for i in self.steps:
@@ -118,7 +116,7 @@ class _Group:
                     out.append(Failure(f"alias({la}, {lb})", fact, NO_ALIAS))
         return out
 
-    def _asserted(self, la: str, lb: str, a: Any, b: Any) -> list[Alias]:
+    def _asserted(self, la: str, lb: str, a: relax.Expr, b: relax.Expr) -> list[Alias]:
         for i in self.steps:
             node = self.graph.nodes[i]
             args = list(node.value.args)
@@ -128,7 +126,7 @@ class _Group:
                 return [] if fact.is_top() else [fact]
         return []
 
-    def structural_note(self, facts: AliasFacts, later: list[tuple[int, Any]]) -> str:
+    def structural_note(self, facts: AliasFacts, later: list[tuple[int, relax.Var]]) -> str:
         nodes = self.graph.nodes
         for i in self.steps:
             if any(not isinstance(nodes[c].value, relax.TupleGetItem) for c in self.reads[i]) or nodes[i].escapes:
@@ -151,7 +149,7 @@ class _Group:
         return ""
 
     @staticmethod
-    def _contains(facts: AliasFacts, used: Any, a: Any) -> bool:
+    def _contains(facts: AliasFacts, used: relax.Expr, a: relax.Expr) -> bool:
         pu, pa = facts.paths.get(used), facts.paths.get(a)
         if pu is not None and pa is not None:
             return pa[: len(pu)] == pu
@@ -188,7 +186,7 @@ class _Group:
         return relax.DataflowBlock(bindings)
 
 
-def _later_uses(graph: EmitGraph, group: _Group, rest: relax.Expr) -> list[tuple[int, Any]]:
+def _later_uses(graph: EmitGraph, group: _Group, rest: relax.Expr) -> list[tuple[int, relax.Var]]:
     out = [(n.index, v) for n in graph.nodes[group.last + 1:] if n.index not in group.unit
            for v in relax.analysis.free_vars(n.value)]
     return out + [(len(graph.nodes), v) for v in relax.analysis.free_vars(rest)]

@@ -31,7 +31,7 @@ from aicf_tvm.core.emit import Emit, Interface, Port
 from aicf_tvm.core.emit_graph import EmitGraph
 from aicf_tvm.core.facts import FactTable
 from aicf_tvm.core.kinds.transfer import ALLOC_ALIGN, abi_of, fresh_shape
-from aicf_tvm.core.lattice import Effect
+from aicf_tvm.core.lattice import Effect, ShapeFact
 from aicf_tvm.core.legality import (
     derived_numeric,
     effect_failures,
@@ -75,7 +75,7 @@ def op_view(graph: EmitGraph) -> tuple[dict, dict]:
     return var2val, call_node
 
 
-def _root_ops(pattern: Any) -> frozenset | None:
+def _root_ops(pattern: dpl.DFPattern) -> frozenset | None:
     """The ops a match of ``pattern`` can be rooted at; None when any (a wildcard)."""
     if hasattr(pattern, "left"):  # an OrPattern
         left, right = _root_ops(pattern.left), _root_ops(pattern.right)
@@ -85,7 +85,7 @@ def _root_ops(pattern: Any) -> frozenset | None:
     return None if name is None else frozenset({name})
 
 
-def value_bytes(var: Any) -> int:
+def value_bytes(var: relax.Expr) -> int:
     """The bytes of a tensor value of static shape; 0 when its shape is not static."""
     ty = var.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
@@ -167,7 +167,7 @@ class FusionPlanner:
                 m.shapes[role] = shape
         return m
 
-    def _shape_of(self, var: Any) -> Any:
+    def _shape_of(self, var: relax.Expr) -> ShapeFact | None:
         """The propagated shape fact of a tensor value, or None."""
         if not isinstance(getattr(var, "ty", None), relax.TensorType):
             return None
@@ -232,7 +232,7 @@ class FusionPlanner:
             return None
         return Match(m.candidate, m.root, tuple(sorted(members)), roles, dict(m.role_nodes), shapes)
 
-    def ports_of(self, m: Match) -> dict[str, Any]:
+    def ports_of(self, m: Match) -> dict[str, relax.Expr]:
         return {r: e for r, e in m.roles.items() if r not in m.role_nodes}
 
     def judge(self, m: Match) -> Decision:

@@ -31,12 +31,11 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable
-from typing import Any
 
 import tvm
 from tvm import relax
 
-from aicf_tvm.core.emit_graph import EmitGraph
+from aicf_tvm.core.emit_graph import EmitGraph, Node
 from aicf_tvm.core.kinds import registry as K
 from aicf_tvm.core.report import Decision, FusionReport
 
@@ -60,14 +59,14 @@ STRUCTURAL_VIEWS = frozenset({"relax.reshape", "relax.expand_dims", "relax.squee
 _ORDER_KEEPING_VIEWS = frozenset({"relax.reshape", "relax.expand_dims", "relax.squeeze"})
 
 
-def is_structural_view(node: Any) -> bool:
+def is_structural_view(node: Node) -> bool:
     """Whether ``node`` is a plain (non-Emit) view op binding of a tensor."""
     v = node.value
     return (node.emit is None and isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
             and v.op.name in STRUCTURAL_VIEWS and isinstance(node.var.ty, relax.TensorType))
 
 
-def _is_passable_view(node: Any) -> bool:
+def _is_passable_view(node: Node) -> bool:
     """An order-keeping view of a known shape that provably keeps the element count: the
     group may pass through it (its target shape's vars are checked on the whole group,
     ``undefined_view_vars``)."""
@@ -76,7 +75,7 @@ def _is_passable_view(node: Any) -> bool:
             and keeps_element_count(node.value))
 
 
-def _dims(ty: Any) -> str:
+def _dims(ty: relax.Type) -> str:
     """A tensor type's dims as the report shows shapes (``[bxsx24]``)."""
     shape = getattr(ty, "shape", None)
     if not isinstance(shape, relax.ShapeExpr):
@@ -85,7 +84,7 @@ def _dims(ty: Any) -> str:
     return f"[{'x'.join(dims)}]"
 
 
-def _is_unproven_reshape(node: Any) -> bool:
+def _is_unproven_reshape(node: Node) -> bool:
     return (is_structural_view(node) and node.value.op.name == "relax.reshape"
             and not keeps_element_count(node.value))
 

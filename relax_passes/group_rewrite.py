@@ -37,10 +37,10 @@ class Group:
     accumulation: str | None = None
 
 
-def group_inputs(graph: EmitGraph, members: list[int]) -> list[Any]:
+def group_inputs(graph: EmitGraph, members: list[int]) -> list[relax.Expr]:
     """Boundary tensor inputs of a group, in first-use order, without duplicates."""
     inside = {graph.nodes[i].var for i in members}
-    out: list[Any] = []
+    out: list[relax.Expr] = []
     for i in members:
         for arg in graph.nodes[i].value.args:
             if isinstance(arg, relax.ShapeExpr):  # a view op's target shape
@@ -51,7 +51,7 @@ def group_inputs(graph: EmitGraph, members: list[int]) -> list[Any]:
     return out
 
 
-def _widened(bb: relax.BlockBuilder, call: Any, out_dtype: str, acc: str) -> Any:
+def _widened(bb: relax.BlockBuilder, call: relax.Expr, out_dtype: str, acc: str) -> relax.Expr:
     """``call`` recomputed with accumulator ``acc`` and cast back, when it accumulates."""
     if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in ACCUMULATING):
         return call
@@ -79,7 +79,7 @@ class _Remap(PyExprMutator):
         return self.remap.get(var, var)
 
 
-def _inline(bb: relax.BlockBuilder, func: relax.Function, args: list[Any], acc: str | None) -> Any:
+def _inline(bb: relax.BlockBuilder, func: relax.Function, args: list[relax.Expr], acc: str | None) -> relax.Expr:
     """Emit the body of ``func`` applied to ``args``; return the value it returns."""
     fresh = copy_with_new_vars(func)
     bound = fresh.bind_params({p: a for p, a in zip(fresh.params, args)})
@@ -93,11 +93,11 @@ def _inline(bb: relax.BlockBuilder, func: relax.Function, args: list[Any], acc: 
     return remap.get(bound.body.body, bound.body.body)
 
 
-def build_group_function(graph: EmitGraph, group: Group) -> tuple[relax.Function, list[Any], list[int]]:
+def build_group_function(graph: EmitGraph, group: Group) -> tuple[relax.Function, list[relax.Expr], list[int]]:
     inputs = group_inputs(graph, group.members)
     outputs = graph.outputs_of(group.members)
     params = [relax.Var(f"p{i}", ty) for i, ty in enumerate(param_types([a.ty for a in inputs]))]
-    env: dict[Any, Any] = {}
+    env: dict[relax.Expr, relax.Expr] = {}
     for a, p in zip(inputs, params):
         env[a] = p
     bb = relax.BlockBuilder()
@@ -132,7 +132,7 @@ def body_at_call_site(mod: tvm.IRModule, node: Node) -> relax.Call:
     return next(b for blk in bound.body.blocks for b in blk.bindings).value
 
 
-def _lookup(env: dict, expr: Any) -> Any:
+def _lookup(env: dict, expr: relax.Expr) -> relax.Expr:
     for k, v in env.items():
         if k.same_as(expr):
             return v
@@ -175,7 +175,7 @@ def rewrite_block(bb: relax.BlockBuilder, graph: EmitGraph, groups: list[Group])
     return relax.DataflowBlock(bindings)
 
 
-def _group_bindings(bb: relax.BlockBuilder, graph: EmitGraph, group: Group) -> list[Any]:
+def _group_bindings(bb: relax.BlockBuilder, graph: EmitGraph, group: Group) -> list[relax.VarBinding]:
     func, inputs, outputs = build_group_function(graph, group)
     gv = bb.add_func(func, group.name)
     call = bb.normalize(relax.Call(gv, inputs))

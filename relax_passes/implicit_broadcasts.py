@@ -40,7 +40,7 @@ before LiftEmits; the broadcasts and chains left unused go with dead-code elimin
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import tvm
@@ -57,7 +57,7 @@ from .bounded_tables import evaluate_at_bounds
 MAX_EVALUATED = 1 << 22
 
 
-def broadcast_source(value: Any) -> Any:
+def broadcast_source(value: relax.Expr) -> relax.Expr | None:
     """What a broadcasting binding broadcasts: the source of ``broadcast_to``, the rank-0
     fill constant of a ``full_like`` of the same dtype, else None."""
     if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
@@ -71,7 +71,7 @@ def broadcast_source(value: Any) -> Any:
     return None
 
 
-def uniform_constant(value: Any) -> Any:
+def uniform_constant(value: relax.Expr | None) -> tvm.ir.Constant | None:
     """A constant tensor (rank 1 or more) whose elements all have the same bits, as the
     rank-0 constant of that element; else None."""
     if not isinstance(value, tvm.ir.Constant) or not isinstance(value.ty, relax.TensorType) or value.ty.ndim < 1:
@@ -85,7 +85,7 @@ def uniform_constant(value: Any) -> Any:
     return relax.const(data.reshape(-1)[:1].reshape(()), str(value.ty.dtype))
 
 
-def _on_constants(value: Any, constant: set) -> bool:
+def _on_constants(value: relax.Expr, constant: set) -> bool:
     """Whether ``value`` is a pure op call whose operands are constants, shapes or
     variables of ``constant``."""
     if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)) \
@@ -106,7 +106,7 @@ def constant_vars(func: relax.Function) -> set:
     return constant
 
 
-def constant_chain(var: relax.Var, lookup: Any, constant: set) -> list[relax.VarBinding] | None:
+def constant_chain(var: relax.Var, lookup: Callable[[relax.Var], relax.Expr | None], constant: set) -> list[relax.VarBinding] | None:
     """The bindings that compute ``var`` from constants alone, in program order with ``var``
     last; None when ``var`` is not one of ``constant`` (``constant_vars``: it reads a
     parameter, a ``call_tir`` or an impure op). Only the chain itself is walked."""
@@ -128,7 +128,7 @@ def constant_chain(var: relax.Var, lookup: Any, constant: set) -> list[relax.Var
     return order
 
 
-def _static_size(ty: Any) -> int | None:
+def _static_size(ty: relax.Type) -> int | None:
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
     dims = ty.shape.values
@@ -137,7 +137,7 @@ def _static_size(ty: Any) -> int | None:
     return int(np.prod([int(d) for d in dims]))
 
 
-def _spans_axes(expr: Any) -> bool:
+def _spans_axes(expr: object) -> bool:
     """Whether ``expr`` has two axes or more of extent above 1: a mask or a fill, not a
     per-channel bias or scale. Those keep their shape: the kernels' epilogues take them as
     they are, and trained ones are not uniform (a random-init model's zero biases are)."""
@@ -155,7 +155,7 @@ class _Dropper(PyExprMutator):
         self.evaluated: dict = {}  # var -> its rank-0 value, or None
         self.constant: set = set()  # the visited function's constant_vars
 
-    def uniform_chain(self, var: relax.Var) -> Any:
+    def uniform_chain(self, var: relax.Var) -> tvm.ir.Constant | None:
         """The rank-0 value of ``var`` when a chain of ops on constants computes it and
         every element it computes has the same bits (``constant_chain``); else None."""
         if var not in self.evaluated:

@@ -29,7 +29,6 @@ on any other index it raises, where PyTorch and ONNX Runtime raise too.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import tvm
@@ -57,7 +56,7 @@ def check_kernel(src_ty: relax.TensorType, count: int, out_dtype: str, from_end:
     dtype = str(src_ty.dtype)
     unsigned = dtype.startswith("uint")
 
-    def body(*idx: tirx.PrimExpr) -> tirx.PrimExpr:
+    def body(*idx: tirx.Expr) -> tirx.Expr:
         n = extents[0]
         for j in range(1, count):
             n = tirx.Select(idx[-1] == j, extents[j], n)
@@ -98,7 +97,7 @@ def emit_checked(bb: relax.BlockBuilder, src: relax.Expr, extents: list, out_dty
 
 
 def folded_check(call: relax.Call, mod: tvm.IRModule,
-                 lookup: Callable[[relax.Var], Any] | None = None) -> relax.Expr | None:
+                 lookup: Callable[[relax.Var], relax.Expr | None] | None = None) -> relax.Expr | None:
     """A check call of constant indices against static extents, decided at compile time:
     the checked indices as a constant, or ``UnsupportedModelError`` for one out of range
     (PyTorch and ONNX refuse the model too); None for any other call."""
@@ -119,8 +118,8 @@ def folded_check(call: relax.Call, mod: tvm.IRModule,
     return relax.const(fixed.astype(str(out_ty.dtype)))
 
 
-def checked_extents(value: Any, mod: tvm.IRModule,
-                    lookup: Callable[[relax.Var], Any] | None = None) -> list | None:
+def checked_extents(value: relax.Expr, mod: tvm.IRModule,
+                    lookup: Callable[[relax.Var], relax.Expr | None] | None = None) -> list | None:
     """The extents ``value`` (a bound value) was checked against when it is a check
     kernel's call, else None; ``lookup`` gives the value of a var bound to an extent."""
     if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
@@ -165,7 +164,7 @@ class IndexChecker:
     reads: ``relax_passes.normalize_indices``); ``lookup`` gives
     a var's bound value, ``params`` are the function's inputs (named in messages)."""
 
-    def __init__(self, bb: relax.BlockBuilder, lookup: Callable[[relax.Var], Any], params: list,
+    def __init__(self, bb: relax.BlockBuilder, lookup: Callable[[relax.Var], relax.Expr | None], params: list,
                  from_end: bool = True) -> None:
         self.bb, self.lookup, self.params, self.from_end = bb, lookup, params, from_end
 
@@ -206,7 +205,7 @@ class IndexChecker:
         return False
 
     def _source(self, indices: relax.Expr, extents: list[Extent],
-                from_end: bool) -> tuple[Any, list, bool]:
+                from_end: bool) -> tuple[relax.Expr, list, bool]:
         """The tensor to check for ``indices`` (module docstring), the views from it to them
         in order, and whether its negative indices count from the end."""
         value = self._value(indices)
@@ -244,15 +243,15 @@ class IndexChecker:
         n = np.broadcast_to(n, np.broadcast_shapes(n.shape, wanted.shape))
         return src if np.all(n == wanted) else None
 
-    def _value(self, expr: relax.Expr) -> Any:
+    def _value(self, expr: relax.Expr) -> relax.Expr | None:
         return self.lookup(expr) if isinstance(expr, relax.Var) else expr
 
 
-def _is_call(value: Any, op: str) -> bool:
+def _is_call(value: relax.Expr | None, op: str) -> bool:
     return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == op
 
 
-def _is_int(expr: Any, value: int) -> bool:
+def _is_int(expr: tvm.ir.Expr, value: int) -> bool:
     return isinstance(expr, tirx.IntImm) and int(expr.value) == value
 
 

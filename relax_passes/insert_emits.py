@@ -25,13 +25,11 @@ the same values, leave every consumer's result unchanged.
 
 from __future__ import annotations
 
-from typing import Any
-
 import tvm
 from tvm import relax
 
-from aicf_tvm.core.candidate import Candidate, registered_candidates
-from aicf_tvm.core.emit_graph import EmitGraph
+from aicf_tvm.core.candidate import Candidate, Match, registered_candidates
+from aicf_tvm.core.emit_graph import EmitGraph, Node
 from aicf_tvm.core.facts import FactTable
 from aicf_tvm.core.kinds.describe import type_shape
 from aicf_tvm.core.lattice import ShapeFact
@@ -44,7 +42,7 @@ from .group_rewrite import body_at_call_site
 from .lift_emits import build_emit_function
 
 
-def _is_constant(expr: Any) -> bool:
+def _is_constant(expr: relax.Expr) -> bool:
     return isinstance(expr, tvm.ir.Constant)
 
 
@@ -68,7 +66,7 @@ def _fix_for(have: ShapeFact, want: ShapeFact) -> tuple[str, tuple] | None:
     return None
 
 
-def repairs(graph: EmitGraph, table: FactTable, candidates) -> list[tuple[Decision, Any, dict]]:
+def repairs(graph: EmitGraph, table: FactTable, candidates) -> list[tuple[Decision, Match, dict]]:
     """Refused library matches that inserted Emits on boundary inputs would make legal:
     (decision, match, {port: (fix kind, dims)}); every failure must be a shape/stride one
     on a boundary input that ``_fix_for`` repairs."""
@@ -95,7 +93,7 @@ def repairs(graph: EmitGraph, table: FactTable, candidates) -> list[tuple[Decisi
     return out
 
 
-def _inserted_call(kind: str, x: Any, dims: tuple) -> relax.Call:
+def _inserted_call(kind: str, x: relax.Expr, dims: tuple) -> relax.Call:
     if kind == "broadcast_to":
         return relax.op.broadcast_to(x, dims)
     # a fresh row-major copy: an identity layout_transform (an injective Emit, never elided)
@@ -111,7 +109,7 @@ class _Inserter:
         self.before: dict[int, list] = {}  # node index -> bindings to insert before it
         self.replace: dict[int, dict] = {}  # node index -> {old arg: new var}
 
-    def repair(self, decision: Decision, m: Any, fixes: dict) -> None:
+    def repair(self, decision: Decision, m: Match, fixes: dict) -> None:
         """Insert the fixes when they cost less than the fusion saves: each inserted Emit
         writes and the fused kernel reads ``2 x bytes``, nothing for a constant (folded)."""
         cost = 0
@@ -155,7 +153,7 @@ class _Inserter:
             out.append(b)
         return out
 
-    def _relifted(self, node: Any, swap: dict) -> Any:
+    def _relifted(self, node: Node, swap: dict) -> relax.VarBinding | None:
         """The member's op applied to the new argument, lifted to its own Emit function
         (the old function's parameter type no longer fits)."""
         if node.body is None:
@@ -170,7 +168,7 @@ class _Inserter:
         return relax.VarBinding(node.var, self.bb.normalize(relax.Call(gv, list(built[1]))))
 
 
-def _shown(m: Any, port: str) -> str:
+def _shown(m: Match, port: str) -> str:
     fact = m.shapes.get(port)
     return fact.show() if fact is not None else type_shape(m.roles[port].ty).show()
 

@@ -36,7 +36,6 @@ in ``out_dtype`` (the data dtype when unset), as TOPI's convolution does.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import tvm
 from tvm import te, tirx
@@ -93,7 +92,7 @@ def conv2d_blocked(data: te.Tensor, kernel: te.Tensor, strides, padding, dilatio
     r = te.reduce_axis((0, kh), "ry")
     q = te.reduce_axis((0, kw), "rx")
 
-    def cast(x: Any) -> Any:
+    def cast(x: tvm.ir.Expr) -> tvm.ir.Expr:
         return x.astype(out_dtype) if x.dtype != out_dtype else x
 
     if groups > 1 and kib == 1:  # depthwise: channel o*b + j reads its own input channel
@@ -108,7 +107,7 @@ def conv2d_blocked(data: te.Tensor, kernel: te.Tensor, strides, padding, dilatio
     i = te.reduce_axis((0, ib), "ri")
     per_group = blocks // groups  # output blocks per group
 
-    def block(o: Any) -> Any:  # input block c of output block o's group (dense: one group)
+    def block(o: tvm.ir.Expr) -> tvm.ir.Expr:  # input block c of output block o's group (dense: one group)
         return o // per_group * kin + c if groups > 1 else c
 
     return te.compute(shape, lambda n, o, y, x, j: te.sum(
@@ -134,7 +133,7 @@ def is_blocked_form(data_shape, kernel_shape, groups: int, data_layout: str, ker
     return ib == obk and kb[0] == 1 and int(kernel_shape[1]) == 1 and groups == channels == int(kernel_shape[0]) * obk
 
 
-def legalize_conv2d(bb: Any, call: Any) -> Any:
+def legalize_conv2d(bb: tvm.relax.BlockBuilder, call: tvm.relax.Call) -> tvm.relax.Expr:
     """``relax.nn.conv2d`` -> call_tir: blocked forms here, every other one as TVM does."""
     a = call.attrs
     data, kernel = call.args

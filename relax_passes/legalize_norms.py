@@ -51,14 +51,15 @@ keeps NaN). Used as ``LegalizeOps`` entries in ``LowerEmits``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import tvm
 from tvm import relax, te, tirx
 
-Index = tuple[Any, ...]
+Index = tuple[tirx.Expr, ...]
+# an op's axes attr: its axes (IntImm or int), one axis, or None for all of them
+Axes = Sequence[tirx.Expr | int] | tirx.Expr | int | None
 
 # Partial sums a row keeps at most, in vectors of 512 bits: the accumulators the CPU
 # Reduction rule keeps in flight (``ACCUMULATORS``).
@@ -75,7 +76,7 @@ def accumulation_dtype(dtype: str) -> str:
     return "float64" if dtype == "float64" else "float32"
 
 
-def partial_count(extent: Any, dtype: str) -> int:
+def partial_count(extent: tirx.Expr, dtype: str) -> int:
     """Partial sums per row over a last axis of ``extent`` summed in ``dtype``: 4, 2 or 1
     whole vectors of lanes (16 float32, a 512-bit register) if that many divide it, which
     the CPU schedule keeps as independent vector accumulators; else its largest divisor
@@ -96,14 +97,14 @@ class Rows:
     the partial sums take as lanes). A layer norm over blocked channels (axes 1 and 4 of
     ``NCHW16c``) is not: ``BlockedNorm`` gives it lanes of its own."""
 
-    shape: list[Any]
-    extents: list[Any]
+    shape: list[tirx.Expr]
+    extents: list[tirx.Expr]
     element: Callable[[Index, Index], Index]
     row_of: Callable[[Index], Index]
     contiguous: bool
 
 
-def _one_run(shape: list[Any], axes: list[int]) -> bool:
+def _one_run(shape: list[tirx.Expr], axes: list[int]) -> bool:
     """Whether each axis from the first of ``axes`` longer than 1 on is in ``axes`` or of
     extent 1: a row is one run of memory, its last axis in ``axes`` the fastest."""
     unit = [isinstance(e, tirx.IntImm) and e.value == 1 for e in shape]
@@ -155,13 +156,13 @@ def _row_sum(name: str, rows: Rows, term: Callable[[Index, Index], tirx.Expr],
     """``sum(term(row, k))`` over a row's points in the order of the module docstring."""
     p = partial_count(rows.extents[-1], acc) if rows.contiguous else 1
     if p == 1:
-        def whole(*row: Any) -> tirx.Expr:
+        def whole(*row: tirx.Expr) -> tirx.Expr:
             k = [te.reduce_axis((0, e), f"k{i}") for i, e in enumerate(rows.extents)]
             return te.sum(term(row, tuple(k)), axis=k)
 
         return te.compute(rows.shape, whole, name=name)
 
-    def part(*idx: Any) -> tirx.Expr:
+    def part(*idx: tirx.Expr) -> tirx.Expr:
         row, lane = idx[:-1], idx[-1]
         extents = [*rows.extents[:-1], rows.extents[-1] // p]
         k = [te.reduce_axis((0, e), f"k{i}") for i, e in enumerate(extents)]
@@ -200,7 +201,7 @@ def moments(x: te.Tensor, rows: Rows) -> Moments:
     s2 = _row_sum(f"{x.name}_sq_sum", rows, lambda row, k: dev(row, k) * dev(row, k), acc)
     c = te.compute(rows.shape, lambda *r: s1(*r) / n, name=f"{x.name}_c")
 
-    def var(*r: Any) -> tirx.Expr:
+    def var(*r: tirx.Expr) -> tirx.Expr:
         v = s2(*r) / n - c(*r) * c(*r)
         # only rounding makes it negative; a select (not max) keeps a NaN
         return tirx.Select(v < tirx.const(0, acc), tirx.const(0, acc), v)
@@ -217,7 +218,7 @@ def _normalize(x: te.Tensor, gamma: te.Tensor, beta: te.Tensor, rows: Rows,
     rstd = te.compute(rows.shape, lambda *r: tirx.const(1.0, acc) / te.sqrt(m.var(*r) + eps),
                       name=f"{x.name}_rstd")  # once per row: a division, not one per element
 
-    def out(*i: Any) -> tirx.Expr:
+    def out(*i: tirx.Expr) -> tirx.Expr:
         r = rows.row_of(i)
         y = (x(*i).astype(acc) - m.m0(*r) - m.c(*r)) * rstd(*r)
         return (y * gamma(*affine(i)).astype(acc) + beta(*affine(i)).astype(acc)).astype(x.dtype)
@@ -225,14 +226,14 @@ def _normalize(x: te.Tensor, gamma: te.Tensor, beta: te.Tensor, rows: Rows,
     return te.compute(x.shape, out, name=name)
 
 
-def _axes(axes: Any, ndim: int) -> list[int]:
+def _axes(axes: Axes, ndim: int) -> list[int]:
     """Sorted non-negative axes; all of them for None."""
     if axes is None:
         return list(range(ndim))
     return sorted({int(a) % ndim for a in (axes if hasattr(axes, "__len__") else [axes])})
 
 
-def layer_norm(x: te.Tensor, gamma: te.Tensor, beta: te.Tensor, axes: Any,
+def layer_norm(x: te.Tensor, gamma: te.Tensor, beta: te.Tensor, axes: Axes,
                epsilon: float) -> te.Tensor:
     """``relax.nn.layer_norm``: statistics over ``axes``; gamma and beta indexed by them."""
     ax = _axes(axes, len(x.shape))
@@ -241,7 +242,7 @@ def layer_norm(x: te.Tensor, gamma: te.Tensor, beta: te.Tensor, axes: Any,
 
 
 def group_norm(x: te.Tensor, gamma: te.Tensor, beta: te.Tensor, num_groups: int, channel_axis: int,
-               axes: Any, epsilon: float) -> te.Tensor:
+               axes: Axes, epsilon: float) -> te.Tensor:
     """``relax.nn.group_norm``: statistics per group of channels and over ``axes``; gamma
     and beta per channel."""
     ndim = len(x.shape)
@@ -250,7 +251,7 @@ def group_norm(x: te.Tensor, gamma: te.Tensor, beta: te.Tensor, num_groups: int,
     return _normalize(x, gamma, beta, rows, lambda i: (i[channel],), epsilon, "T_group_norm")
 
 
-def instance_norm(x: te.Tensor, gamma: te.Tensor, beta: te.Tensor, channel_axis: int, axes: Any,
+def instance_norm(x: te.Tensor, gamma: te.Tensor, beta: te.Tensor, channel_axis: int, axes: Axes,
                   epsilon: float) -> te.Tensor:
     """``relax.nn.instance_norm``: statistics over ``axes`` per channel; gamma and beta
     per channel."""
@@ -260,7 +261,7 @@ def instance_norm(x: te.Tensor, gamma: te.Tensor, beta: te.Tensor, channel_axis:
     return _normalize(x, gamma, beta, rows, lambda i: (i[channel],), epsilon, "T_instance_norm")
 
 
-def statistic(x: te.Tensor, axis: Any, keepdims: bool, of: str) -> te.Tensor:
+def statistic(x: te.Tensor, axis: Axes, keepdims: bool, of: str) -> te.Tensor:
     """``mean``, ``variance`` or ``std`` of ``x`` over ``axis``, rounded once to x's dtype."""
     ax = _axes(axis, len(x.shape))
     rows = rows_over(x, ax)
@@ -290,7 +291,7 @@ def _keeps_tvm_legalization(call: relax.Call) -> bool:
         isinstance(v, tirx.IntImm) and v.value == 0 for v in shape.values)
 
 
-def _legalize(te_func: Callable, attrs: Callable[[Any], tuple], name: str) -> Callable:
+def _legalize(te_func: Callable, attrs: Callable[[tvm.ir.Attrs], tuple], name: str) -> Callable:
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         if _keeps_tvm_legalization(call):
             return call.op.get_attr("FLegalize")(bb, call)

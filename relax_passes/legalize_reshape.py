@@ -28,13 +28,11 @@ as a reshape.
 
 from __future__ import annotations
 
-from typing import Any
-
 import tvm_ffi
 from tvm import relax, te, tirx, topi
 
 
-def _factors(extent: Any) -> tuple[int, list]:
+def _factors(extent: tirx.Expr) -> tuple[int, list[tirx.Expr]]:
     """``extent`` as (constant, symbolic factors): ``batch * seq * 2`` is (2, [batch, seq])."""
     if isinstance(extent, tirx.IntImm):
         return int(extent.value), []
@@ -61,7 +59,7 @@ def _times(a: tuple[int, list], b: tuple[int, list]) -> tuple[int, list]:
     return a[0] * b[0], a[1] + b[1]
 
 
-def _is_one(extent: Any) -> bool:
+def _is_one(extent: tirx.Expr) -> bool:
     return isinstance(extent, tirx.IntImm) and extent.value == 1
 
 
@@ -95,7 +93,7 @@ def group_axes(src: list, dst: list) -> list[tuple[list[int], list[int]]] | None
 def _index(groups: list, src: list, dst: list, out: tuple) -> list:
     """The input index of output index ``out``: per group, the output indices' row-major
     flat index unravelled in the group's input extents (the first needs no modulo)."""
-    index: list[Any] = [None] * len(src)
+    index: list[tirx.Expr | None] = [None] * len(src)
     for gi, gj in groups:
         flat = tirx.const(0, "int64")
         for j in gj:

@@ -21,8 +21,6 @@ used before ``p'``, is left alone. Idempotent: lifted calls are no longer op cal
 
 from __future__ import annotations
 
-from typing import Any
-
 import tvm
 import tvm_ffi
 from tvm import relax
@@ -63,7 +61,7 @@ def adam_patterns() -> list[dict[str, dpl.DFPattern]]:
     return out
 
 
-def scalar(const: Any) -> float | None:
+def scalar(const: tvm.ir.Constant) -> float | None:
     """The value of a rank-0 (or one-element) floating constant, else None."""
     data = const.value.numpy()
     if data.size != 1 or data.dtype.kind != "f":
@@ -71,7 +69,7 @@ def scalar(const: Any) -> float | None:
     return float(data.reshape(()))
 
 
-def adam_attrs(got: dict[str, Any]) -> dict[str, float] | None:
+def adam_attrs(got: dict[str, relax.Expr]) -> dict[str, float] | None:
     """Attrs of a match, or None when its constants are not an Adam step's."""
     vals = {k: scalar(got[k]) if k in got else 0.0 for k in ATTRS}
     if any(v is None for v in vals.values()):
@@ -82,9 +80,9 @@ def adam_attrs(got: dict[str, Any]) -> dict[str, float] | None:
     return vals
 
 
-def caller_paths(func: relax.Function) -> dict[Any, tuple[int, ...]]:
+def caller_paths(func: relax.Function) -> dict[relax.Var, tuple[int, ...]]:
     """Each var bound to a caller input: param index, then tuple indices (``params[0]`` -> (0, 0))."""
-    paths: dict[Any, tuple[int, ...]] = {p: (i,) for i, p in enumerate(func.params)}
+    paths: dict[relax.Var, tuple[int, ...]] = {p: (i,) for i, p in enumerate(func.params)}
     for block in func.body.blocks:
         for b in block.bindings:
             v = b.value
@@ -95,7 +93,7 @@ def caller_paths(func: relax.Function) -> dict[Any, tuple[int, ...]]:
     return paths
 
 
-def asserted_facts(args: list[Any], paths: dict) -> ContractFacts:
+def asserted_facts(args: list[relax.Expr], paths: dict) -> ContractFacts:
     """NoAlias for each pair of written/read tensor ports bound to different caller inputs."""
     alias = {}
     names = ADAM_PORTS[:4]
@@ -111,7 +109,7 @@ class _BlockLifter:
     def __init__(self, bb: relax.BlockBuilder, func: relax.Function, cache: dict) -> None:
         self.bb, self.cache = bb, cache
         self.paths = caller_paths(func) if func.attrs is not None and DISTINCT_INPUTS_ATTR in func.attrs else {}
-        self.uses: dict[Any, list[int]] = {}  # var -> binding positions using it (-1: after the block)
+        self.uses: dict[relax.Var, list[int]] = {}  # var -> binding positions using it (-1: after the block)
         self.patterns = adam_patterns()
 
     def lift(self, block: relax.DataflowBlock, later: relax.Expr) -> relax.DataflowBlock | None:
@@ -173,7 +171,7 @@ class _BlockLifter:
             new.append(relax.VarBinding(bindings[i].var, relax.TupleGetItem(tup, j)))
         return members, new
 
-    def _var_of(self, expr: Any, bindings, val2pos) -> Any:
+    def _var_of(self, expr: relax.Expr, bindings, val2pos) -> relax.Expr:
         return bindings[val2pos[expr]].var if expr in val2pos else expr
 
     def _function(self, p_ty, s_ty, attrs, asserted: ContractFacts) -> relax.GlobalVar:

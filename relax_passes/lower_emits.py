@@ -28,8 +28,6 @@ passes, preserve each function's semantics; we only add attrs.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import tvm
 import tvm_ffi
@@ -72,7 +70,7 @@ def kernel_calls(func: relax.Function) -> list[str]:
     return out
 
 
-def scalar_immediate(expr: Any) -> tuple[Any, tuple] | None:
+def scalar_immediate(expr: relax.Expr) -> tuple[tirx.Expr, tuple] | None:
     """A rank-0 float/int constant as a TIR immediate, with the key that tells constants
     apart bit for bit (dtype and bytes: -0.0 is not 0.0, a NaN is the same NaN), else None."""
     if not isinstance(expr, tvm.ir.Constant) or not isinstance(expr.ty, relax.TensorType) or expr.ty.ndim != 0:
@@ -102,7 +100,7 @@ def _arithmetic_uses(func: relax.Function, param: relax.Var) -> list[relax.Call]
     return uses
 
 
-def scalar_picks(func: relax.Function, args: list[Any]) -> list[tuple[int, relax.Var, Any, tuple]]:
+def scalar_picks(func: relax.Function, args: list[relax.Expr]) -> list[tuple[int, relax.Var, tirx.Expr, tuple]]:
     """(index, param, immediate, key) of each rank-0 constant argument that can be bound as
     an immediate without exposing it to one of TVM's unsound folds."""
     found = {}

@@ -77,12 +77,12 @@ def channel_block(channels: int, lanes: int) -> int | None:
     return None
 
 
-def _dims(expr: Any) -> tuple[int, ...] | None:
+def _dims(expr: relax.Expr) -> tuple[int, ...] | None:
     ty = getattr(expr, "ty", None)
     return static_shape(ty) if isinstance(ty, relax.TensorType) else None
 
 
-def _static_4d(expr: Any) -> tuple[int, ...] | None:
+def _static_4d(expr: relax.Expr) -> tuple[int, ...] | None:
     ty = getattr(expr, "ty", None)
     if not isinstance(ty, relax.TensorType) or ty.ndim != 4 or ty.shape is None or str(ty.dtype) != "float32":
         return None
@@ -100,7 +100,7 @@ class Form:
     plain_input: bool = False
 
 
-def _per_channel(arg: Any, channels: int) -> bool:
+def _per_channel(arg: relax.Expr, channels: int) -> bool:
     """A constant operand that is one value per channel ([1, C, 1, 1] or [C, 1, 1])."""
     dims = tuple(int(d) for d in arg.ty.shape.values) if arg.ty.shape is not None else None
     return dims in ((1, channels, 1, 1), (channels, 1, 1))
@@ -112,12 +112,12 @@ def _per_sample(out: tuple[int, ...]) -> tuple[int, ...]:
     return (out[0], out[1], 1, 1)
 
 
-def _scalar_like(arg: Any) -> bool:
+def _scalar_like(arg: relax.Expr) -> bool:
     dims = arg.ty.shape.values if arg.ty.shape is not None else None
     return dims is not None and all(isinstance(d, tvm.tirx.IntImm) and int(d) == 1 for d in dims)
 
 
-def layout_form(call: Any, result: Any, lanes: int) -> Form | None:
+def layout_form(call: relax.Expr, result: relax.Var, lanes: int) -> Form | None:
     """The blocked form of an op-level call bound to ``result``, None when it has none."""
     if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
         return None
@@ -157,7 +157,7 @@ def layout_form(call: Any, result: Any, lanes: int) -> Form | None:
     return None
 
 
-def _conv_form(call: Any, out: tuple, lanes: int) -> Form | None:
+def _conv_form(call: relax.Call, out: tuple, lanes: int) -> Form | None:
     a = call.attrs
     data, weight = call.args
     x = _static_4d(data)
@@ -234,7 +234,7 @@ def find_chains(graph: EmitGraph, lanes: int) -> list[Chain]:
     return chains
 
 
-def _operands(call: relax.Call) -> list[tuple[int, Any]]:
+def _operands(call: relax.Call) -> list[tuple[int, relax.Expr]]:
     """(argument position, expr) of every argument, a tuple's fields (concat's) each."""
     out = []
     for k, arg in enumerate(call.args):
@@ -242,7 +242,7 @@ def _operands(call: relax.Call) -> list[tuple[int, Any]]:
     return out
 
 
-def _nbytes(expr: Any) -> int:
+def _nbytes(expr: relax.Expr) -> int:
     return int(np.prod([int(d) for d in expr.ty.shape.values])) * 4
 
 
@@ -283,10 +283,10 @@ class ChainRewriter:
         self.replace: dict[int, list] = {}  # node index -> the bindings that replace it
         self.blocked: dict[Any, relax.Var] = {}  # NCHW value -> its blocked var
 
-    def _block(self, expr: Any) -> int:
+    def _block(self, expr: relax.Expr) -> int:
         return channel_block(_static_4d(expr)[1], self.lanes)
 
-    def _emit(self, call: relax.Call, name: str, var: relax.Var | None = None) -> tuple[relax.Var, Any]:
+    def _emit(self, call: relax.Call, name: str, var: relax.Var | None = None) -> tuple[relax.Var, relax.VarBinding]:
         """``call`` lifted to an Emit, bound to ``var`` (else a new ``name``)."""
         call = self.bb.normalize(call)
         func, args = build_emit_function(call)
@@ -318,7 +318,7 @@ class ChainRewriter:
                                       "layout_transform", node.var)[1])
             self.replace[i] = out
 
-    def _operand(self, arg: Any, chain: Chain, out: list) -> Any:
+    def _operand(self, arg: relax.Expr, chain: Chain, out: list[relax.VarBinding]) -> relax.Expr:
         """A chain activation's blocked var; an entering one blocked now (once)."""
         if arg not in self.blocked and any(arg.same_as(e) for e in chain.entries):
             var, binding = self._emit(relax.op.layout_transform(arg, index_map=blocking_map(self._block(arg))),
@@ -327,7 +327,7 @@ class ChainRewriter:
             self.blocked[arg] = var
         return self.blocked.get(arg, arg)
 
-    def _blocked_arg(self, arg: Any, call: relax.Call, result: Any, k: int, form: Form) -> Any:
+    def _blocked_arg(self, arg: relax.Expr, call: relax.Call, result: relax.Var, k: int, form: Form) -> relax.Expr:
         if arg in self.blocked:
             return self.blocked[arg]
         if not isinstance(arg, tvm.ir.Constant) or not isinstance(arg.ty, relax.TensorType):
@@ -343,7 +343,7 @@ class ChainRewriter:
             return relax.const(blocked_per_channel(value, out_block))
         return arg  # all ones: broadcasts against the blocked operand as it did
 
-    def _blocked_call(self, call: relax.Call, result: Any, args: list, form: Form) -> relax.Call:
+    def _blocked_call(self, call: relax.Call, result: relax.Var, args: list, form: Form) -> relax.Call:
         name, a = call.op.name, call.attrs
         out = blocked(self._block(result))
         if name == "relax.nn.conv2d":

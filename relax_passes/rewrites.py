@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .eliminate_emits import EliminateEmits
 from .materialize_emits import MaterializeEmits
 
+if TYPE_CHECKING:
+    import tvm
 
-def rewrite_passes(report: Any, candidates: Any = None, lanes: int | None = None) -> list:
+    from aicf_tvm.core.candidate import Candidate
+    from aicf_tvm.core.report import FusionReport
+
+
+def rewrite_passes(report: FusionReport, candidates: Sequence[Candidate] | None = None,
+                   lanes: int | None = None) -> list[tvm.transform.Pass]:
     """The passes that run before fusion, in order.
 
     Materialization runs before fusion so that an inserted Emit makes its candidate legal

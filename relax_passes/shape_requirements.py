@@ -24,13 +24,12 @@ refused before anything runs.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import tvm
 from tvm import relax, sym, tirx
 
 from aicf_tvm.core.errors import UnsupportedModelError
-from aicf_tvm.runtime.call_checks import Requirement, names_in, render
+from aicf_tvm.runtime.call_checks import DimExpr, Requirement, names_in, render
 
 from .bound_shapes import bounds_of
 from .shape_rules import conditions, type_shape
@@ -40,7 +39,7 @@ _INFIX = {tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*", tirx.FloorDiv: "//", tirx
           tirx.LE: "<=", tirx.And: "and", tirx.Or: "or"}
 
 
-def to_json(expr: tvm.ir.Expr) -> Any:
+def to_json(expr: tvm.ir.Expr) -> DimExpr | None:
     """``expr`` as a ``call_checks`` dim expression, or None for a form it has none of."""
     if isinstance(expr, tirx.IntImm):
         return int(expr.value)
@@ -62,7 +61,7 @@ def to_json(expr: tvm.ir.Expr) -> Any:
     return None if any(p is None for p in parts) else [op, *parts]
 
 
-def _text(dim: Any) -> str:
+def _text(dim: tvm.ir.Expr) -> str:
     expr = to_json(dim)
     return render(expr) if expr is not None else str(dim)
 
@@ -90,7 +89,7 @@ def input_dims(func: relax.Function) -> set[str]:
     """The names of the symbolic dims the inputs' shapes bind (a whole extent each)."""
     out: set[str] = set()
 
-    def visit(ty: Any) -> None:
+    def visit(ty: relax.Type) -> None:
         out.update(d.name for d in type_shape(ty) or [] if isinstance(d, tirx.Var))
         for field in getattr(ty, "fields", None) or []:
             visit(field)

@@ -25,15 +25,15 @@ from tvm import relax, tirx
 Cond = tuple[tvm.ir.Expr, str]  # a condition and the role it plays for the op
 
 
-def _int(x: Any) -> tvm.ir.Expr:
+def _int(x: int | tvm.ir.Expr) -> tvm.ir.Expr:
     return tirx.IntImm("int64", int(x)) if isinstance(x, int) else x
 
 
-def _eq(a: Any, b: Any) -> tvm.ir.Expr:
+def _eq(a: int | tvm.ir.Expr, b: int | tvm.ir.Expr) -> tvm.ir.Expr:
     return tirx.EQ(_int(a), _int(b))
 
 
-def _le(a: Any, b: Any) -> tvm.ir.Expr:
+def _le(a: int | tvm.ir.Expr, b: int | tvm.ir.Expr) -> tvm.ir.Expr:
     return tirx.LE(_int(a), _int(b))
 
 
@@ -44,14 +44,14 @@ def _any_of(*conds: tvm.ir.Expr) -> tvm.ir.Expr:
     return out
 
 
-def type_shape(ty: Any) -> list | None:
+def type_shape(ty: relax.Type | None) -> list[tvm.ir.Expr] | None:
     """The dims of a tensor type whose shape is known, else None."""
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
     return list(ty.shape.values)
 
 
-def _shape(expr: Any) -> list | None:
+def _shape(expr: relax.Expr) -> list[tvm.ir.Expr] | None:
     return type_shape(getattr(expr, "ty", None))
 
 

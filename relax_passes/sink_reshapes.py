@@ -18,8 +18,6 @@ Relax, before LiftEmits.
 
 from __future__ import annotations
 
-from typing import Any
-
 import tvm
 from tvm import relax
 
@@ -30,11 +28,11 @@ from .dataflow_rewrite import rewrite_dataflow_blocks
 _RESHAPE = "relax.reshape"
 
 
-def _is_tensor(expr: Any) -> bool:
+def _is_tensor(expr: relax.Expr) -> bool:
     return isinstance(expr.ty, relax.TensorType)
 
 
-def _is_scalar_constant(expr: Any, rank: int) -> bool:
+def _is_scalar_constant(expr: relax.Expr, rank: int) -> bool:
     if not isinstance(expr, tvm.ir.Constant) or not _is_tensor(expr):
         return False
     shape = [int(d) for d in expr.ty.shape]
@@ -44,7 +42,7 @@ def _is_scalar_constant(expr: Any, rank: int) -> bool:
     return size == 1 and len(shape) <= rank
 
 
-def _sinkable(value: Any, reshapes: dict, counts: dict) -> Any:
+def _sinkable(value: relax.Expr, reshapes: dict, counts: dict) -> relax.VarBinding | None:
     """The reshape binding ``value`` (an op call) may be swapped with, or None."""
     if not is_pointwise(value):
         return None
@@ -61,7 +59,7 @@ def _sinkable(value: Any, reshapes: dict, counts: dict) -> Any:
     return reshapes[tensors[0]]
 
 
-def _sink_block(bb: relax.BlockBuilder, block: relax.DataflowBlock, counts: dict) -> tuple[Any, bool]:
+def _sink_block(bb: relax.BlockBuilder, block: relax.DataflowBlock, counts: dict) -> tuple[relax.DataflowBlock, bool]:
     reshapes = {b.var: b for b in block.bindings
                 if isinstance(b.var, relax.DataflowVar) and isinstance(b.value, relax.Call)
                 and isinstance(b.value.op, tvm.ir.Op) and b.value.op.name == _RESHAPE}

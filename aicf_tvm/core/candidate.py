@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tvm import relax
 from tvm.relax import dpl
 
 from aicf_tvm.core.contract import ContractFacts, PortFacts
@@ -31,7 +32,7 @@ class Match:
     candidate: Candidate
     root: int
     members: tuple[int, ...]
-    roles: dict[str, Any]  # role -> matched expr (op call of a member, or a boundary value)
+    roles: dict[str, relax.Expr]  # role -> matched expr (op call of a member, or a boundary value)
     role_nodes: dict[str, int] = field(default_factory=dict)  # role -> member node index
     shapes: dict[str, ShapeFact] = field(default_factory=dict)  # role -> propagated shape
 
