@@ -7,7 +7,11 @@ one function.  It drops our own attrs (``aicf.emit`` differs between models in f
 do not change the kernel) and adds ``aicf.signature``, a key derived from the Emit's
 contract signature (kind, attrs, port dtypes, shapes, strides, alignment, target).  The
 key keeps records target-specific (MetaSchedule's JSON database ignores the target on
-lookup) and one record serves every model whose Emit has the same signature.
+lookup) and one record serves every model whose Emit has the same signature.  The key
+also holds the ``CompileOptions`` knobs that differ from their defaults (``option_knobs``:
+every setting but the target, candidates, database, threads and verify_each_pass), so a
+record tuned under other knobs (``gemm_prefetch_b_panels=False``...) is never applied to a
+compile with other ones, and one tuned under the default knobs keeps the key it always had.
 
 The database appends a row, then its newline; a run killed in between leaves an
 incomplete last row.  ``open_database`` keeps every complete row: for the tuning run it
@@ -30,6 +34,7 @@ kernel keeps the default rule.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import logging
@@ -43,6 +48,7 @@ import tvm
 from tvm import tirx
 
 from aicf_tvm.core.errors import TuningError
+from aicf_tvm.core.options import CompileOptions
 from aicf_tvm.core.tvm_values import to_python
 from schedules.tuning.choices import apply_choice, choice_label
 
@@ -58,6 +64,19 @@ RECORD_FILE = "database_tuning_record.json"
 # Attrs that vary with the model a kernel comes from (or with scheduling) but not its code.
 _DROPPED = (EMIT_ATTR, "aicf.kind", "aicf.schedule", "tirx.is_scheduled", "global_symbol")
 _TARGET_KEYS = ("kind", "mtriple", "mcpu", "mattr", "num-cores", "arch", "max_num_threads")
+# CompileOptions fields that are no knob of a kernel: the target is keyed by its own facts,
+# candidates make other Emits (another signature), the rest do not change the kernel
+_NOT_KNOBS = ("target", "candidates", "database", "threads", "verify_each_pass")
+
+
+def option_knobs(options: CompileOptions | None) -> dict:
+    """The knobs of ``options`` that differ from the defaults (the schedule rules', the
+    builds', the lowering's), by field name; empty for None and the default options."""
+    if options is None:
+        return {}
+    default = CompileOptions()
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(CompileOptions)
+            if f.name not in _NOT_KNOBS and getattr(options, f.name) != getattr(default, f.name)}
 
 
 def target_signature(target: tvm.target.Target) -> dict:
@@ -95,18 +114,23 @@ def record_digest(trace: Any) -> str:
     return hashlib.sha256(str(trace).encode()).hexdigest()[:16]
 
 
-def workload_of(func: tirx.PrimFunc, target: tvm.target.Target) -> tvm.IRModule | None:
+def workload_of(func: tirx.PrimFunc, target: tvm.target.Target,
+                options: CompileOptions | None = None) -> tvm.IRModule | None:
     """The MetaSchedule workload tuned and queried for ``func``; None if not an Emit kernel.
 
     The workload keeps TVM's ``layout_free_buffers`` (the parameters every call passes a
     constant, ``schedules.prepack_weights.mark_layout_free``): a kernel is tuned and
-    timed as it runs, on prepacked weights, and the key tells the two uses apart.
+    timed as it runs, on prepacked weights, and the key tells the two uses apart.  The
+    knobs of ``options`` that are not the defaults (``option_knobs``) are in the key too.
     """
     signature = contract_signature(func, target)
     if signature is None:
         return None
     if func.attrs is not None and LAYOUT_FREE_ATTR in func.attrs:
         signature["layout_free"] = [int(i) for i in func.attrs[LAYOUT_FREE_ATTR]]
+    knobs = option_knobs(options)
+    if knobs:  # absent under the default knobs: their records keep the key they always had
+        signature["options"] = knobs
     for key in _DROPPED:
         if func.attrs is not None and key in func.attrs:
             func = func.without_attr(key)
@@ -302,10 +326,12 @@ def _chosen_schedule(db: Any, workload: tvm.IRModule, target: tvm.target.Target,
     return None
 
 
-def _by_choice(func: tirx.PrimFunc, target: tvm.target.Target, plan: dict, name: str) -> tirx.PrimFunc | None:
-    """``func`` scheduled by its rule with the saved choice (``tune_symbolic``), marked
-    with it; None (and a warning) when the rule no longer offers that choice for it."""
-    sch = apply_choice(func, target, plan)
+def _by_choice(func: tirx.PrimFunc, target: tvm.target.Target, plan: dict, name: str,
+               options: CompileOptions | None = None) -> tirx.PrimFunc | None:
+    """``func`` scheduled by its rule (with the knobs of ``options``) with the saved choice
+    (``tune_symbolic``), marked with it; None (and a warning) when the rule no longer offers
+    that choice for it."""
+    sch = apply_choice(func, target, plan, options)
     if sch is None:
         _LOG.warning("the tuned choice %s for %s is not one its rule offers for it: using the default rule",
                      choice_label(plan), name)
@@ -314,11 +340,14 @@ def _by_choice(func: tirx.PrimFunc, target: tvm.target.Target, plan: dict, name:
 
 
 def apply_database(mod: tvm.IRModule, target: tvm.target.Target, database: Any,
-                   choices: Mapping[str, dict] | None = None) -> tvm.IRModule:
+                   choices: Mapping[str, dict] | None = None,
+                   options: CompileOptions | None = None) -> tvm.IRModule:
     """Replace each Emit PrimFunc whose signature has a winning record by its tuned schedule.
 
     ``choices`` (per signature, as in ``aicf_tuning.json``) replaces the work dir's own:
-    tuning builds its model variants so (``aicf_tvm.driver.tuning.in_models``)."""
+    tuning builds its model variants so (``aicf_tvm.driver.tuning.in_models``).  Records
+    are looked up under the knobs of ``options`` (``workload_of``): only those tuned with
+    the same knobs apply."""
     db = open_database(database)
     from_dir = isinstance(database, (str, os.PathLike))
     judged = choices is not None or (from_dir and (Path(database) / CHOICES_FILE).exists())
@@ -328,7 +357,7 @@ def apply_database(mod: tvm.IRModule, target: tvm.target.Target, database: Any,
     for gv, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get("tirx.is_scheduled")):
             continue
-        workload = workload_of(func, target)
+        workload = workload_of(func, target, options)
         if workload is None:
             continue
         key = str(workload["main"].attrs[SIGNATURE_ATTR])
@@ -336,7 +365,7 @@ def apply_database(mod: tvm.IRModule, target: tvm.target.Target, database: Any,
         if judged and choice.get("choice") != "tuned":
             continue  # not measured faster than the default rule (or not tuned): keep the rule
         if choice.get("plan") is not None:  # symbolic extents: the rule schedules by the choice
-            scheduled = _by_choice(func, target, choice["plan"], gv.name_hint)
+            scheduled = _by_choice(func, target, choice["plan"], gv.name_hint, options)
             if scheduled is not None:
                 updates[gv] = scheduled
             continue

@@ -181,7 +181,7 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
         # module of kernels again and again, with other records each time
         mod = mark_layout_free(kernels.clone())  # before the records: tuning saw the kernels marked
         if database is not None:  # records are keyed by the PrimFuncs as tuning saw them
-            mod = apply_database(mod, target, database, choices)
+            mod = apply_database(mod, target, database, choices, options)  # records of these knobs
         mod = apply_default_schedules(target, options)(mod)
         mod, packed, refused = prepack_weights(mod)
         mod = NaNExactComparisons(target)(mod)  # what the schedules inlined keeps IEEE NaN results

@@ -140,7 +140,7 @@ def seed_default(task: Task, target: tvm.target.Target, db: Any, tools: Tools,
     default whose packing MetaSchedule could not take out is not committed (its search
     would fail on it), and is measured again by a resumed run.
     """
-    sch = default_schedule(task.workload, target)
+    sch = default_schedule(task.workload, target, tools.options)
     if sch is None:
         return Baseline(None, None)
     seeds = [sch, *(spaces or [])[:1]]
@@ -218,7 +218,7 @@ def outcome(task: Task, target: tvm.target.Target, db: Any, baseline: Baseline, 
     to both alike; the times reported are each kernel's median turn."""
     tuned = tuned_records(db, task, baseline)
     result = TaskOutcome(task.key, task.kind, len(tuned), baseline.secs, None, "default", skipped)
-    default = default_schedule(task.workload, target)
+    default = default_schedule(task.workload, target, tools.options)
     best, mods = [], []
     for record in tuned:
         if len(best) == CONFIRM_TOP:

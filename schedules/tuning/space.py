@@ -5,7 +5,8 @@ schedules (``gemm.gemm_spaces``): one per structural choice around its default p
 register tile ``mr x nr``, whether B is packed, which loops run in parallel:
 ``gemm_plan.plan_candidates``), the default plan's first, each sampling its block sizes
 (``mc``, ``nc``, ``kc``) with ``sample_perfect_tile`` whose decision is the plan's.
-``design_spaces`` returns them for the rule that schedules the workload by default, and
+``design_spaces`` returns them for the rule that schedules the workload by default (the
+rules built with the run's ``CompileOptions``, as ``compile`` builds them), and
 ``space_generator`` gives them to MetaSchedule as a ``ScheduleFn`` whose one mutator is
 ``MutateTileSize``.  The evolutionary search then mutates the block sizes of measured
 records, the default plan's seeded trace among them (``tune.seed_default``), and samples
@@ -33,17 +34,20 @@ import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
 
+from aicf_tvm.core.options import CompileOptions
 from schedules import default_rules
 from schedules.cpu.gemm_blocks import PREPACK_ANNOTATION, is_plain_copy
 
 _LOG = logging.getLogger(__name__)
 
 
-def design_spaces(workload: tvm.IRModule, target: tvm.target.Target) -> list[s_tir.Schedule] | None:
-    """The design spaces of the rule that schedules ``workload`` by default, when that rule
-    has tunable ones; None otherwise (MetaSchedule's own space is searched)."""
+def design_spaces(workload: tvm.IRModule, target: tvm.target.Target,
+                  options: CompileOptions | None = None) -> list[s_tir.Schedule] | None:
+    """The design spaces of the rule that schedules ``workload`` by default (the rules
+    with the knobs of ``options``, as ``compile`` builds them), when that rule has tunable
+    ones; None otherwise (MetaSchedule's own space is searched)."""
     func = workload["main"]
-    for rule in default_rules(target):
+    for rule in default_rules(target, options):
         try:
             if rule.apply(func, target, False) is None:
                 continue

@@ -43,6 +43,7 @@ from tvm import relax, sym, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+from aicf_tvm.core.options import CompileOptions
 from schedules.tuning.measure import CONFIRM_ROUNDS, CONFIRM_TOP, WIN_MARGIN, TaskOutcome
 from schedules.tuning.space import timed_form
 from schedules.tuning.tasks import Task, Tools, TuningFailed, mean_secs
@@ -177,10 +178,12 @@ def _geomean_median(turns: list[list[float]]) -> float:
     return math.exp(statistics.fmean(math.log(statistics.median(col)) for col in zip(*turns)))
 
 
-def task_choices(task: Task, target: tvm.target.Target) -> tuple[Any, list[tuple[dict, Any]]]:
-    """The task's tunable rule and its choices with their schedules, the default's first."""
+def task_choices(task: Task, target: tvm.target.Target,
+                 options: CompileOptions | None = None) -> tuple[Any, list[tuple[dict, Any]]]:
+    """The task's tunable rule (with the knobs of ``options``) and its choices with their
+    schedules, the default's first."""
     func = task.workload["main"]
-    rule = tunable_rule(func, target)
+    rule = tunable_rule(func, target, options)
     return rule, (rule.choices(func, target) if rule is not None else [])
 
 

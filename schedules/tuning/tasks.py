@@ -23,7 +23,10 @@ and starts a fresh one for the next candidate.
 The build function skips ``import tvm.s_tir.tensor_intrin`` on LLVM targets: that import
 alone takes longer per build worker than MetaSchedule's default builder
 timeout (docs/design.md §9); it applies ``NaNExactComparisons`` and ``VectorizeMath`` as ``compile`` does, so a candidate is
-timed with the math code it will run.  ``Tools(..., tracker=...)`` measures on the servers of a TVM RPC
+timed with the math code it will run.  Every step takes the run's ``CompileOptions``: the
+workloads are keyed by its knobs (``select.workload_of``), the default schedules and the
+rules' choices come from ``default_rules(target, options)``, and the builder leaves out
+``IEEEArithmetic`` and ``VectorizeMath`` where the options do, as ``compile`` does.  ``Tools(..., tracker=...)`` measures on the servers of a TVM RPC
 tracker instead of this machine (``schedules.tuning.remote``).  Imports only TVM, the standard
 library and this package.
 """
@@ -51,6 +54,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 
 from aicf_tvm.core.errors import TuningError
+from aicf_tvm.core.options import CompileOptions
 from schedules import default_rules
 from schedules.cpu.codegen import codegen_target
 from schedules.cpu.comparisons import NaNExactComparisons
@@ -109,9 +113,13 @@ def _flops(func: tirx.PrimFunc) -> float:
 
 
 def symbolic_dims(func: tirx.PrimFunc) -> list[str]:
-    """Names of the symbolic extents of ``func``'s buffer parameters (none: static)."""
+    """Names of the symbolic extents of ``func``'s buffer parameters and of its scalar ones
+    (a caller's var a fused group passes as ``tir_vars``; none: static)."""
     names: list[str] = []
     for param in func.params:
+        scalar = isinstance(param.ty, tvm.ir.PrimType) and str(param.ty.dtype).startswith("int")
+        if scalar and param.name not in names:
+            names.append(param.name)
         for dim in getattr(getattr(param, "ty", None), "shape", None) or []:
             for var in tirx.analysis.undefined_vars(dim) if not isinstance(dim, tirx.IntImm) else []:
                 if var.name not in names:
@@ -121,12 +129,14 @@ def symbolic_dims(func: tirx.PrimFunc) -> list[str]:
 
 def extract_tasks(lowered: list[tuple[str, tvm.IRModule]], target: tvm.target.Target,
                   calls: Mapping[tuple[str, str], int] | None = None,
-                  bindings: Mapping[tuple[str, str], list[dict[str, int]]] | None = None) -> list[Task]:
+                  bindings: Mapping[tuple[str, str], list[dict[str, int]]] | None = None,
+                  options: CompileOptions | None = None) -> list[Task]:
     """Tasks of the Emit PrimFuncs of ``(model name, lowered module)`` pairs, costliest
     first; ``calls`` maps (model, PrimFunc name) to its calls per inference (default 1).
     A kernel with symbolic extents (``symbolic_dims``) is a task only when ``bindings``
     gives the bindings to time it at and its default rule offers choices
-    (``tune_symbolic``); otherwise it keeps its default schedule."""
+    (``tune_symbolic``); otherwise it keeps its default schedule.  The workloads are keyed
+    by the knobs of ``options`` and the rules built with them (``select.workload_of``)."""
     tasks: dict[int, Task] = {}
     for model, mod in lowered:
         for gv, func in mod.functions_items():
@@ -135,8 +145,8 @@ def extract_tasks(lowered: list[tuple[str, tvm.IRModule]], target: tvm.target.Ta
             timed_at = (bindings or {}).get((model, gv.name_hint), []) if symbolic_dims(func) else []
             if symbolic_dims(func) and not timed_at:
                 continue
-            workload = workload_of(func, target)
-            if workload is None or (timed_at and tunable_rule(workload["main"], target) is None):
+            workload = workload_of(func, target, options)
+            if workload is None or (timed_at and tunable_rule(workload["main"], target, options) is None):
                 continue
             shash = tvm_ffi.structural_hash(workload)
             if shash not in tasks:
@@ -150,8 +160,10 @@ def extract_tasks(lowered: list[tuple[str, tvm.IRModule]], target: tvm.target.Ta
     return sorted(tasks.values(), key=lambda t: (-t.cost, t.key))
 
 
-def _build(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
-    """MetaSchedule's default build, without the tensor-intrinsic import on LLVM targets."""
+def _build(mod: tvm.IRModule, target: tvm.target.Target, _params: Any, *, ieee_arithmetic: bool = True,
+           vector_math: bool = True) -> Any:
+    """MetaSchedule's default build, without the tensor-intrinsic import on LLVM targets;
+    ``IEEEArithmetic`` and ``VectorizeMath`` left out as ``CompileOptions`` may ask."""
     if target.kind.name != "llvm":
         importlib.import_module("tvm.s_tir.tensor_intrin")  # registers the GPU intrinsics
     from tvm.driver import build as tvm_build
@@ -159,8 +171,12 @@ def _build(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     # as compile builds the chosen schedule
-    mod = IEEEArithmetic(target)(NaNExactComparisons(target)(mod))
-    mod = VectorizeMath(target)(WrappingIntegers(target)(mod))
+    mod = NaNExactComparisons(target)(mod)
+    if ieee_arithmetic:
+        mod = IEEEArithmetic(target)(mod)
+    mod = WrappingIntegers(target)(mod)
+    if vector_math:
+        mod = VectorizeMath(target)(mod)
     if target.kind.name == "llvm":  # compile's TIR pipeline: a symbolic kernel's parallel loops guarded
         return tvm_build(mod, target=codegen_target(target), pipeline=tir_pipeline())
     return tvm_build(mod, target=target)
@@ -195,8 +211,12 @@ def cpu_intrinsics_only(target: tvm.target.Target) -> Iterator[None]:
                 delattr(parent, "tensor_intrin")
 
 
-def make_builder(timeout_s: float, workers: int) -> ms.builder.LocalBuilder:
-    return ms.builder.LocalBuilder(max_workers=workers, timeout_sec=timeout_s, f_build=_build)
+def make_builder(timeout_s: float, workers: int, options: CompileOptions | None = None) -> ms.builder.LocalBuilder:
+    """MetaSchedule's local builder, building each candidate as ``compile`` would under ``options``."""
+    f_build: Any = _build
+    if options is not None and not (options.ieee_arithmetic and options.vector_math):
+        f_build = functools.partial(_build, ieee_arithmetic=options.ieee_arithmetic, vector_math=options.vector_math)
+    return ms.builder.LocalBuilder(max_workers=workers, timeout_sec=timeout_s, f_build=f_build)
 
 
 def evaluator_config() -> ms.runner.EvaluatorConfig:
@@ -227,20 +247,23 @@ class Tools:
     and runner start worker processes: a resumed run with nothing to do needs neither).
 
     With a ``tracker``, candidates are built here on all local cores and measured on the
-    tracker's servers, ``workers`` at a time (``schedules.tuning.remote``)."""
+    tracker's servers, ``workers`` at a time (``schedules.tuning.remote``).  ``options``
+    are the run's ``CompileOptions``: the builds and the default schedules follow them."""
 
     def __init__(self, target: tvm.target.Target, builder_timeout: float, runner_timeout: float,
-                 tracker: Tracker | None = None, workers: int = 1) -> None:
+                 tracker: Tracker | None = None, workers: int = 1, options: CompileOptions | None = None) -> None:
         self.builder_timeout = builder_timeout
         self.runner_timeout = runner_timeout
         self.cores = max(1, int(target.export().get("num-cores", 1) or 1))
         self.tracker = tracker
         self.workers = workers
+        self.options = options
 
     @functools.cached_property
     def builder(self) -> ms.builder.LocalBuilder:
         try:  # LocalBuilder checks its workers at once, under the same timeout
-            return make_builder(self.builder_timeout, (os.cpu_count() or 1) if self.tracker else self.cores)
+            return make_builder(self.builder_timeout, (os.cpu_count() or 1) if self.tracker else self.cores,
+                                self.options)
         except Exception as err:
             raise TuningFailed(
                 f"no candidate can be built: the build workers did not answer within "
@@ -271,9 +294,11 @@ def mean_secs(secs: Any) -> float:
     return sum(values) / len(values)
 
 
-def default_schedule(workload: tvm.IRModule, target: tvm.target.Target) -> Any:
-    """The first default rule's schedule of the workload, or None when no rule applies."""
-    for rule in default_rules(target):
+def default_schedule(workload: tvm.IRModule, target: tvm.target.Target,
+                     options: CompileOptions | None = None) -> Any:
+    """The first default rule's schedule of the workload (the rules with the knobs of
+    ``options``, as ``compile`` builds them), or None when no rule applies."""
+    for rule in default_rules(target, options):
         try:
             sch = rule.apply(workload["main"], target, False)
         except Exception as err:  # noqa: BLE001 - a failing rule is skipped, as at compile time

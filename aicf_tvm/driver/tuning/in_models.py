@@ -32,7 +32,8 @@ once every task is measured, ``choose`` times the candidates where they run:
    measured.
 
 A model with symbolic input dims, a run measured over RPC and a GPU target are not timed
-here: their tasks keep the choice their kernel times made.
+here: their tasks keep the choice their kernel times made.  The variants are built with the
+run's ``CompileOptions``, as ``compile(..., options=...)`` builds the model.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ import tvm
 from tvm import relax
 
 import schedules.tuning.measure as sm
+from aicf_tvm.core.options import CompileOptions
 from aicf_tvm.driver.compiled import compiled_model, specs_of
 from aicf_tvm.driver.pipeline import build, schedule
 from aicf_tvm.runtime.compiled import CompiledModel
@@ -150,9 +152,10 @@ class _Variants:
 
     def __init__(self, models: Sequence[TimedModel], owners: Mapping[str, Mapping[str, str]],
                  target: tvm.target.Target, work_dir: Any, saved: Mapping[str, dict], threads: int | None,
-                 step: Callable[[], None]) -> None:
+                 step: Callable[[], None], options: CompileOptions | None = None) -> None:
         self.models, self.owners, self.target = models, owners, target
         self.work_dir, self.saved, self.threads, self.step = work_dir, saved, threads, step
+        self.options = options
 
     def build(self, records: Mapping[str, str | None]) -> list[CompiledModel]:
         """Every model with each task in ``records`` at that record (None: the default
@@ -161,7 +164,7 @@ class _Variants:
                                       for key, r in records.items()}
         built = []
         for m in self.models:
-            lowered = schedule(m.kernels, self.target, self.work_dir, choices=choices)
+            lowered = schedule(m.kernels, self.target, self.work_dir, choices=choices, options=self.options)
             built.append(compiled_model(build(lowered, self.target), self.target, m.kernels["main"],
                                        threads=self.threads, lowered=lowered))
             self.step()
@@ -257,12 +260,13 @@ def rounds(offered: Mapping[str, list[str]]) -> int:
 
 def choose(models: Sequence[TimedModel], tasks: Sequence[Any], offered: Mapping[str, list[str]],
            target: tvm.target.Target, work_dir: Any, saved: Mapping[str, dict], threads: int | None,
-           step: Callable[[], None] = lambda: None) -> ModelTiming:
+           step: Callable[[], None] = lambda: None, options: CompileOptions | None = None) -> ModelTiming:
     """Time each task's ``offered`` records (and the default rule) in ``models`` and choose
-    by those times (module docstring); ``saved`` holds the other tasks' choices."""
+    by those times (module docstring); ``saved`` holds the other tasks' choices, ``options``
+    the ``CompileOptions`` the models are built with."""
     keys = {k for k, c in offered.items() if c}
     owners = _owners(models, tasks, keys)
-    variants = _Variants(models, owners, target, work_dir, saved, threads, step)
+    variants = _Variants(models, owners, target, work_dir, saved, threads, step, options)
     ranks = rounds(offered)  # a task with no record adds no rank
     built = [variants.build({k: (offered[k][r - 1] if 0 < r <= len(offered[k]) else None) for k in keys})
              for r in range(ranks)]

@@ -23,6 +23,13 @@ that crashes or hangs the runner costs at most ``runner_timeout`` seconds and is
 as failed; tuning goes on with the next one.
 With ``rpc="HOST:PORT"`` and ``key``, candidates are built here and measured on every
 server registered with that TVM RPC tracker under ``key`` (``schedules.tuning.remote``).
+
+``options`` (``CompileOptions``) are those of the compile the records are for: the models
+are lowered with them, the default schedules, design spaces and rule choices come from
+``default_rules(target, options)``, candidates are built as ``compile`` builds them under
+those options, and the records are keyed by the knobs that differ from the defaults
+(``schedules.select.option_knobs``), so ``compile(..., options=<the same>, database=work_dir)``
+applies them and a compile under other knobs does not.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import aicf_tvm.driver.tuning.in_models as tm
 import schedules.tuning.measure as sm
 import schedules.tuning.tasks as st
 from aicf_tvm.core.errors import TuningError
+from aicf_tvm.core.options import CompileOptions, options_or_default
 from aicf_tvm.driver.frontends import load_model
 from aicf_tvm.driver.pipeline import run_pipeline
 from aicf_tvm.runtime.targets import describe, resolve_target
@@ -53,7 +61,7 @@ from aicf_tvm.runtime.threads import thread_count
 from relax_passes.bound_shapes import bounds_of
 from relax_passes.lower_emits import kernel_calls
 from schedules.prepack_weights import mark_layout_free
-from schedules.select import CHOICES_FILE, load_choices, open_database
+from schedules.select import CHOICES_FILE, load_choices, open_database, option_knobs
 from schedules.tuning.remote import RemoteError, Tracker
 from schedules.tuning.space import design_spaces, space_count
 from schedules.tuning.symbolic import choice_label, kernel_bindings, task_choices, tune_choices
@@ -118,11 +126,12 @@ def _ms(secs: float | None) -> str:
     return "-" if secs is None else f"{secs * 1e3:.4f} ms"
 
 
-def lower_for_tuning(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+def lower_for_tuning(mod: tvm.IRModule, target: tvm.target.Target,
+                     options: CompileOptions | None = None) -> tvm.IRModule:
     """The Emit PrimFuncs before any schedule, constant weights marked layout-free:
-    ``compile``'s pipeline, stopped there (``compile`` marks them before it looks up a
-    record, so the workloads are keyed alike)."""
-    return mark_layout_free(run_pipeline(mod, target, until="kernels").kernels)
+    ``compile``'s pipeline under ``options``, stopped there (``compile`` marks them before
+    it looks up a record, so the workloads are keyed alike)."""
+    return mark_layout_free(run_pipeline(mod, target, until="kernels", options=options).kernels)
 
 
 MIN_TRIALS = 4  # fewer trials than this do not pay for a task's search and re-measurement
@@ -181,11 +190,12 @@ def _save_choices(work_dir: Path, target: tvm.target.Target, choices: dict) -> N
     os.replace(tmp, path)
 
 
-def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "aicf_tuning", *,
+def tune(models: Any, target: Any = None, trials: int = 64, work_dir: Any = "aicf_tuning", *,
          trials_per_task: int | None = None, builder_timeout: float = 300, runner_timeout: float = 60,
          progress: bool = True, rpc: str | None = None, key: str | None = None,
          workers: int | None = None, threads: int | None = None,
-         shapes: Any = None, bounds: Any = None, time_in_model: bool = True) -> TuneResult:
+         shapes: Any = None, bounds: Any = None, time_in_model: bool = True,
+         options: CompileOptions | None = None) -> TuneResult:
     """Tune the Emit kernels of ``models`` (one or a list of what ``load_model`` takes, with
     its ``shapes`` and ``bounds``).
 
@@ -201,13 +211,20 @@ def tune(models: Any, target: Any = "llvm", trials: int = 64, work_dir: Any = "a
     the tuned model will run with (``threads``, else as ``compile`` chooses).  Then, with
     ``time_in_model`` (on a CPU target measured here), each task's best candidates are
     timed again inside the models and chosen by those times (``in_models``).
+
+    ``options`` are the ``CompileOptions`` of the compile to tune for (module docstring):
+    compile with the same ones to apply the records.  As in ``compile``, ``target``
+    (default ``"llvm"``) and ``threads`` given replace its own; its database is not read
+    (``work_dir`` is the database).
     """
     _check_seconds("runner_timeout", runner_timeout)
-    tgt = resolve_target(target)
-    with _worker_threads(thread_count(threads, tgt.export())):
+    options = options_or_default(options).updated(target=target, threads=threads)
+    tgt = resolve_target("llvm" if options.target is None else options.target)
+    options = options.updated(target=tgt)
+    with _worker_threads(thread_count(options.threads, tgt.export())):
         return _tune(specs_or(models), tgt, trials, work_dir, trials_per_task, builder_timeout,
                      runner_timeout, progress, rpc, key, workers, {"shapes": shapes, "bounds": bounds},
-                     time_in_model and rpc is None and "cpu" in tgt.keys, threads)
+                     time_in_model and rpc is None and "cpu" in tgt.keys, options.threads, options)
 
 
 @contextlib.contextmanager
@@ -233,16 +250,16 @@ def specs_or(models: Any) -> list:
 def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: int | None,
           builder_timeout: float, runner_timeout: float, progress: bool, rpc: str | None,
           key: str | None, workers: int | None, load_args: dict, time_in_model: bool = False,
-          threads: int | None = None) -> TuneResult:
+          threads: int | None = None, options: CompileOptions | None = None) -> TuneResult:
     tracker, workers, where = _remote(rpc, key, workers, runner_timeout)
     if not specs:
         raise TuningError("tune: no model given")
     names = [_model_name(s, i) for i, s in enumerate(specs)]
-    lowered = [(name, lower_for_tuning(load_model(s, **load_args), tgt)) for name, s in zip(names, specs)]
+    lowered = [(name, lower_for_tuning(load_model(s, **load_args), tgt, options)) for name, s in zip(names, specs)]
     calls = Counter((name, kernel) for name, mod in lowered for kernel in kernel_calls(mod["main"]))
     bindings = {(name, kernel): b for name, mod in lowered
                 for kernel, b in kernel_bindings(mod, bounds_of(mod["main"])).items()}
-    tasks = st.extract_tasks(lowered, tgt, calls, bindings)
+    tasks = st.extract_tasks(lowered, tgt, calls, bindings, options)
     in_tasks = {use for t in tasks for use in t.uses}
     symbolic = [f"{name}: {gv.name_hint} ({', '.join(st.symbolic_dims(f))})" for name, mod in lowered
                 for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and st.symbolic_dims(f)
@@ -257,11 +274,12 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
     wdir = Path(work_dir)
     db = open_database(wdir, create=True)  # validates the files before anything is written
     choices = load_choices(wdir)
-    spaces = [None if t.bindings else design_spaces(t.workload, tgt) for t in tasks]
+    spaces = [None if t.bindings else design_spaces(t.workload, tgt, options) for t in tasks]
     caps = [space_count(s) for s in spaces]
     shares = ([trials_per_task if cap is None else min(cap, trials_per_task) for cap in caps] if trials_per_task
               else trial_shares(trials, [t.cost for t in tasks], caps))
-    tools = st.Tools(tgt, builder_timeout, runner_timeout, tracker, workers)
+    tools = st.Tools(tgt, builder_timeout, runner_timeout, tracker, workers, options)
+    knobs = option_knobs(options)  # saved with each outcome under other knobs than the defaults
     result = TuneResult(wdir, tgt, names, measured_on=where, symbolic=symbolic)
     bar = tqdm(total=min(trials, sum(shares)), unit="trial", disable=not progress, desc="tune")
     baselines: dict[str, sm.Baseline] = {}
@@ -278,15 +296,16 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
                 result.untuned.append(task.key)
                 continue
             result.tasks.append(out)
-            choices[task.key] = out.to_json() | {"uses": [list(u) for u in task.uses]}
+            choices[task.key] = out.to_json() | {"uses": [list(u) for u in task.uses]} | \
+                ({"options": knobs} if knobs else {})
             _save_choices(wdir, tgt, choices)
     if time_in_model:
-        _time_in_model(lowered, tasks, db, baselines, result, choices, threads, progress)
+        _time_in_model(lowered, tasks, db, baselines, result, choices, threads, progress, options)
     return result
 
 
 def _time_in_model(lowered: list, tasks: list, db: Any, baselines: dict, result: TuneResult, choices: dict,
-                   threads: int | None, progress: bool) -> None:
+                   threads: int | None, progress: bool, options: CompileOptions | None = None) -> None:
     """Choose each tuned task's record by its time in the models (``in_models``) and save."""
     models = [tm.TimedModel(name, mod, inputs) for name, mod in lowered
               if (inputs := tm.model_inputs(mod)) is not None]
@@ -308,7 +327,7 @@ def _time_in_model(lowered: list, tasks: list, db: Any, baselines: dict, result:
     steps = len(models) * (tm.rounds(offered) + 2 * tm.CONFIRM_BUILDS) + 2 * tm.MODEL_TURNS
     with tqdm(total=steps, disable=not progress, desc="time in the model") as bar:
         timing = tm.choose(models, tasks, offered, result.target, result.work_dir, choices, threads,
-                           lambda: bar.update(1))
+                           lambda: bar.update(1), options)
     for key, choice in timing.choices.items():
         out = by_key[key]
         out.choice, out.record, out.in_model = ("tuned" if choice.record else "default"), choice.record, choice.to_json()
@@ -386,7 +405,7 @@ def _tune_symbolic_task(task: Any, tools: Any, per_task: int, left: int, result:
                         saved: dict | None) -> Any:
     """Time the rule choices of a kernel with symbolic extents at its bindings
     (``schedules.tuning.symbolic``); an outcome saved for as many trials is kept."""
-    rule, choices = task_choices(task, result.target)
+    rule, choices = task_choices(task, result.target, tools.options)
     wanted = min(per_task, len(choices) - 1)  # the candidates besides the default
     if wanted <= 0:
         return None

@@ -81,6 +81,23 @@ class TestWorkload:
         unmarked = workload_of(a.without_attr("layout_free_buffers"), target())
         assert unmarked["main"].attrs[SIGNATURE_ATTR] != workload["main"].attrs[SIGNATURE_ATTR]
 
+    def test_knobs_other_than_the_defaults_change_the_key_and_the_defaults_do_not(self):
+        """A record tuned under other ``CompileOptions`` knobs is keyed apart; the default
+        options (given, with a target or threads, or not) keep the key records always had."""
+        from aicf_tvm.core.options import CompileOptions
+        from schedules.select import option_knobs
+
+        (a,) = emit_funcs(gemm_model([(128, 96)]))
+        key = workload_of(a, target())["main"].attrs[SIGNATURE_ATTR]
+        for same in (CompileOptions(), CompileOptions(target="llvm", threads=1, verify_each_pass=True)):
+            assert option_knobs(same) == {}
+            assert tvm_ffi.structural_equal(workload_of(a, target(), same), workload_of(a, target()))
+        knobs = [CompileOptions(gemm_prefetch_b_panels=False), CompileOptions(gemm_area_slack=1.2),
+                 CompileOptions(vector_math=False), CompileOptions(conv_register_tile="partial")]
+        keys = {str(workload_of(a, target(), o)["main"].attrs[SIGNATURE_ATTR]) for o in knobs}
+        assert len(keys) == len(knobs) and key not in keys
+        assert option_knobs(knobs[0]) == {"gemm_prefetch_b_panels": False}
+
     def test_key_names_the_kind(self):
         assert signature_key({"kind": "fused_gemm_bias_act", "ports": []}).startswith("fused_gemm_bias_act-")
 

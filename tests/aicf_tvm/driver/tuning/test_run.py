@@ -17,6 +17,8 @@ import tvm
 
 import aicf_tvm
 from aicf_tvm.core.errors import TuningError
+from aicf_tvm.core.options import CompileOptions
+from aicf_tvm.driver.tuning import in_models
 from schedules.cpu.gemm_blocks import PREPACK_ANNOTATION
 from schedules.select import open_database, record_digest
 from tests.schedules.tuning.test_tasks import gemm_model
@@ -278,10 +280,10 @@ def test_the_choice_is_the_median_of_paired_turns(monkeypatch, tuned_turns, defa
     monkeypatch.setattr(tm, "tuned_records", lambda db, task, baseline: [Record()])
     monkeypatch.setattr(tm, "_replayed", lambda trace, workload: "mod")
     monkeypatch.setattr(tm, "timed_form", lambda mod: mod)
-    monkeypatch.setattr(tm, "default_schedule", lambda workload, target: type("S", (), {"mod": "default"})())
+    monkeypatch.setattr(tm, "default_schedule", lambda workload, target, options=None: type("S", (), {"mod": "default"})())
     monkeypatch.setattr(tm, "measure", lambda mods, *a, **k: [list(tuned_turns), list(default_turns)])
     monkeypatch.setattr(tm, "record_digest", lambda trace: "digest")
-    tools = type("Tools", (), {"builder": None, "runner": None})()
+    tools = type("Tools", (), {"builder": None, "runner": None, "options": None})()
     result = tm.outcome(task, None, None, tm.Baseline(trace=None, secs=1.0), tools)
     assert result.choice == choice and (result.record == "digest") == (choice == "tuned")
 
@@ -298,3 +300,104 @@ def test_the_kernel_was_timed_in_the_model_under_either_name(tuned):
     fake = SimpleNamespace(key=task.key, uses=[(model, "fused_gemm_bias_act")])
     owners = _owners([SimpleNamespace(name=model)], [fake], {task.key})
     assert owners[model] == {"fused_gemm_bias_act": task.key, "fused_gemm_bias_act_prepacked": task.key}
+
+
+# --- options: tuning for a compile with other knobs --------------------------------------------
+
+# a knob the test GEMM's schedule reads: its default plan prefetches the next B panel
+KNOBS = CompileOptions(gemm_prefetch_b_panels=False)
+
+
+@pytest.fixture(scope="module")
+def tuned_with_knobs(model, tmp_path_factory):
+    """A run with ``KNOBS`` (two trials), the options each model variant was scheduled with."""
+    work_dir = tmp_path_factory.mktemp("tuning_knobs")
+    seen = []
+    schedule = in_models.schedule
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("options"))
+        return schedule(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(in_models, "schedule", spy)
+        result = aicf_tvm.tune(model, trials=2, trials_per_task=2, work_dir=work_dir, builder_timeout=300,
+                               progress=False, options=KNOBS)
+    return work_dir, result, seen
+
+
+def _compile_workload(model, options):
+    """The workload of the one kernel ``compile`` builds for ``model`` under ``options``."""
+    from aicf_tvm.driver.pipeline import run_pipeline
+    from aicf_tvm.runtime.targets import resolve_target
+    from schedules.prepack_weights import mark_layout_free
+    from schedules.select import workload_of
+
+    target = resolve_target("llvm")
+    kernels = mark_layout_free(run_pipeline(model, target, until="kernels", options=options).kernels)
+    (workload,) = [w for _, f in kernels.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
+                   if (w := workload_of(f, target, options)) is not None]
+    return workload
+
+
+def test_tune_with_options_tunes_the_kernels_compile_builds_with_them(model, tuned_with_knobs):
+    """The task is the kernel ``compile(options=KNOBS)`` builds, keyed apart from the default
+    knobs' one; its default schedule, design spaces and model variants follow the knobs."""
+    from aicf_tvm.runtime.targets import resolve_target
+    from schedules.select import SIGNATURE_ATTR
+    from schedules.tuning.tasks import default_schedule, valid_records
+
+    work_dir, result, seen = tuned_with_knobs
+    (task,) = result.tasks
+    workload = _compile_workload(model, KNOBS)  # the records were measured on it
+    assert task.key == str(workload["main"].attrs[SIGNATURE_ATTR])
+    assert task.key != str(_compile_workload(model, None)["main"].attrs[SIGNATURE_ATTR])
+    target = resolve_target("llvm")
+    traces = [str(r.trace) for r in valid_records(open_database(work_dir), workload)]
+    assert str(default_schedule(workload, target, KNOBS).trace) in traces  # the seed: KNOBS' default
+    assert "aicf.gemm_kblock" in str(default_schedule(workload, target).trace)
+    assert traces and not any("aicf.gemm_kblock" in t for t in traces)  # no record prefetches B
+    summary = json.loads((work_dir / "aicf_tuning.json").read_text())["tasks"]
+    assert summary[task.key]["options"] == {"gemm_prefetch_b_panels": False}
+    assert seen and all(o is not None and not o.gemm_prefetch_b_panels for o in seen)  # in the models
+
+
+def test_records_apply_only_to_a_compile_with_the_knobs_they_were_tuned_with(model, tuned, tuned_with_knobs,
+                                                                            tmp_path):
+    """Every record marked the winner: ``compile(options=KNOBS)`` uses the ``KNOBS`` run's,
+    a compile with the default knobs or others does not, nor does ``KNOBS`` the default run's."""
+    work_dir, _, _ = tuned_with_knobs
+    copy = shutil.copytree(work_dir, tmp_path / "knobs")
+    default_copy = shutil.copytree(tuned[0], tmp_path / "default")
+    for wd in (copy, default_copy):
+        summary = json.loads((wd / "aicf_tuning.json").read_text())
+        for entry in summary["tasks"].values():
+            entry["choice"] = "tuned"
+            entry["record"] = None  # the fastest record (the seeded default's may be the named one)
+        (wd / "aicf_tuning.json").write_text(json.dumps(summary))
+    compiled = aicf_tvm.compile(model, database=copy, options=KNOBS)
+    assert [k.schedule for k in compiled.kernels] == ["tuned"]
+    x = np.random.default_rng(3).standard_normal((64, 128)).astype("float32")
+    np.testing.assert_allclose(compiled(x), reference(x), rtol=1e-4, atol=1e-4)
+    assert [k.schedule for k in aicf_tvm.compile(model, database=copy).kernels] == ["Gemm"]
+    other = CompileOptions(gemm_prefetch_b_panels=False, gemm_area_slack=1.2)
+    assert [k.schedule for k in aicf_tvm.compile(model, database=copy, options=other).kernels] == ["Gemm"]
+    assert [k.schedule for k in aicf_tvm.compile(model, database=default_copy, options=KNOBS).kernels] == ["Gemm"]
+    assert [k.schedule for k in aicf_tvm.compile(model, database=default_copy).kernels] == ["tuned"]
+
+
+def test_tune_keywords_replace_the_options_own(monkeypatch, model, tmp_path):
+    """As in ``compile``: ``target`` and ``threads`` given win over the options'; without
+    either, the options' (and "llvm")."""
+    from aicf_tvm.driver.tuning import run
+
+    seen = []
+    monkeypatch.setattr(run, "_tune", lambda specs, tgt, *args: seen.append((tgt, args[-2], args[-1])))
+    one, three = (tvm.target.Target({"kind": "llvm", "num-cores": n}) for n in (1, 3))
+    run.tune(model, work_dir=tmp_path, options=CompileOptions(target=one, threads=1))
+    run.tune(model, three, work_dir=tmp_path, threads=3, options=CompileOptions(target=one, threads=1))
+    run.tune(model, work_dir=tmp_path)
+    cores = [int(t.export().get("num-cores", 0) or 0) for t, _, _ in seen]
+    assert cores[:2] == [1, 3] and seen[2][0].kind.name == "llvm"
+    assert [threads for _, threads, _ in seen] == [1, 3, None]
+    assert [o.threads for _, _, o in seen] == [1, 3, None] and all(o.target is t for t, _, o in seen)
