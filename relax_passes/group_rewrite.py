@@ -94,14 +94,37 @@ def _inline(bb: relax.BlockBuilder, func: relax.Function, args: list[relax.Expr]
 
 
 def build_group_function(graph: EmitGraph, group: Group) -> tuple[relax.Function, list[relax.Expr], list[int]]:
+    """The group's function, the arguments to call it with and the members it returns.
+
+    A symbolic var of the caller that the members use (a view's target shape naming
+    ``past`` while the inputs only have ``past + 1``) but no parameter defines is passed
+    as TVM's FuseOps passes it: a last parameter ``tir_vars: R.Shape([past])``, the call
+    giving ``R.shape([past])`` (FuseTIR makes that ``call_tir``'s ``tir_vars``). The
+    parameters then keep the caller's extents over those vars, so the body's types are
+    the caller's."""
     inputs = group_inputs(graph, group.members)
     outputs = graph.outputs_of(group.members)
-    params = [relax.Var(f"p{i}", ty) for i, ty in enumerate(param_types([a.ty for a in inputs]))]
-    env: dict[relax.Expr, relax.Expr] = {}
-    for a, p in zip(inputs, params):
-        env[a] = p
-    bb = relax.BlockBuilder()
     emit: Emit = group.make_emit(inputs, outputs, graph)
+    func = _group_function(graph, group, inputs, outputs, emit, [])
+    tir_vars = list(relax.analysis.free_symbolic_vars(func))
+    if tir_vars:
+        func = _group_function(graph, group, inputs, outputs, emit, tir_vars)
+        inputs = [*inputs, relax.ShapeExpr(tir_vars)]
+    defined = relax.analysis.defined_symbolic_vars(func)
+    if defined:
+        func = func.bind_symbolic_vars({v: tvm.tirx.Var(v.name, v.ty) for v in defined})
+    return func, inputs, outputs
+
+
+def _group_function(graph: EmitGraph, group: Group, inputs: list[relax.Expr], outputs: list[int], emit: Emit,
+                    tir_vars: list[tvm.ir.Expr]) -> relax.Function:
+    """The group's function over the caller's vars; ``tir_vars`` (if any) its last parameter."""
+    types = param_types([a.ty for a in inputs], defined=tir_vars)
+    params = [relax.Var(f"p{i}", ty) for i, ty in enumerate(types)]
+    if tir_vars:
+        params.append(relax.Var("tir_vars", relax.ShapeType(tir_vars)))
+    env: dict[relax.Expr, relax.Expr] = dict(zip(inputs, params))
+    bb = relax.BlockBuilder()
     attrs = {"Primitive": True, EMIT_ATTR: emit.to_attr()}
     with bb.function("fused", params, attrs=attrs, private=True):
         with bb.dataflow():
@@ -116,11 +139,7 @@ def build_group_function(graph: EmitGraph, group: Group) -> tuple[relax.Function
             results = [env[graph.nodes[i].var] for i in outputs]
             out = bb.emit_output(results[0] if len(results) == 1 else relax.Tuple(results))
         bb.emit_func_output(out)
-    func = relax.transform.CanonicalizeBindings()(bb.finalize())["fused"]
-    defined = relax.analysis.defined_symbolic_vars(func)
-    if defined:
-        func = func.bind_symbolic_vars({v: tvm.tirx.Var(v.name, v.ty) for v in defined})
-    return func, inputs, outputs
+    return relax.transform.CanonicalizeBindings()(bb.finalize())["fused"]
 
 
 def body_at_call_site(mod: tvm.IRModule, node: Node) -> relax.Call:

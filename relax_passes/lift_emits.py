@@ -72,15 +72,16 @@ def defined_vars(types: list) -> list[tirx.Var]:
     return [d for ty in types for d in _dims(ty) if isinstance(d, tirx.Var)]
 
 
-def param_types(types: list) -> list:
+def param_types(types: list, defined: list | tuple = ()) -> list:
     """Parameter types for tensors of ``types``, each extent that uses a symbolic var no
     plain extent defines replaced by a fresh var (one per distinct extent).
 
     A parameter typed ``(batch * seq, 128)`` does not define ``batch`` or ``seq``, so a
     function taking it would have free vars; typed ``(d0, 128)`` it defines ``d0``, and a
     call with a ``(batch * seq, 128)`` argument binds ``d0 = batch * seq``: the function
-    computes the same values for every binding."""
-    defined = defined_vars(types)
+    computes the same values for every binding. Vars in ``defined`` are defined otherwise
+    (a group function's ``tir_vars`` parameter), so extents over them stay as they are."""
+    defined = [*defined_vars(types), *defined]
     fresh: list[tuple[tirx.PrimExpr, tirx.Var]] = []
 
     def abstract(d: tirx.PrimExpr) -> tirx.PrimExpr:

@@ -157,10 +157,13 @@ def bind_scalar_ports(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def abi_of(func: tirx.PrimFunc, emit: Emit, scalars: list[str]) -> list[dict]:
-    """Per PrimFunc parameter: port, the alignment the kernel assumes and the one proven."""
+    """Per PrimFunc buffer parameter: port, the alignment the kernel assumes and the one
+    proven. A scalar parameter (a symbolic var of the caller FuseTIR made of a group's
+    ``tir_vars``, an int64) is no port."""
     ports = [p for p in emit.interface.inputs if p.name not in scalars] + list(emit.interface.outputs)
+    buffers = [p for p in func.params if isinstance(p.ty, tirx.BufferType)]
     out = []
-    for param, port in zip(func.params, ports):
+    for param, port in zip(buffers, ports):
         ty = param.ty
         assumed = int(getattr(ty, "data_alignment", 1) or 1)
         facts = emit.contract.provides.port(port.name).abi

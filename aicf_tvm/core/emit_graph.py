@@ -44,6 +44,21 @@ class Node:
         return self.emit is not None and self.category == OPAQUE
 
 
+def tir_vars_arg(call: relax.Call) -> relax.ShapeExpr | None:
+    """The last argument of an Emit call when it is an ``R.shape([...])``: the caller's
+    symbolic vars that a fused Emit's ``tir_vars`` parameter takes
+    (``relax_passes.group_rewrite.build_group_function``); no tensor, no port, no fact."""
+    args = call.args
+    return args[-1] if len(args) and isinstance(args[-1], relax.ShapeExpr) else None
+
+
+def port_args(call: relax.Call) -> list[relax.Expr]:
+    """The arguments of an Emit call that are its ports, in port order: all but its
+    ``tir_vars_arg``."""
+    args = list(call.args)
+    return args[:-1] if tir_vars_arg(call) is not None else args
+
+
 def single_op_body(func: relax.Function) -> relax.Call | None:
     bindings = [b for blk in func.body.blocks for b in blk.bindings]
     if len(bindings) == 1 and isinstance(bindings[0].value, relax.Call):

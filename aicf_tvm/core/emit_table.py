@@ -9,6 +9,7 @@ import tvm
 from tvm import relax
 
 from .emit import Emit, Port, emit_of
+from .emit_graph import tir_vars_arg
 
 
 def emit_calls(mod: tvm.IRModule, name: str = "main") -> list[tuple[relax.Var, relax.GlobalVar, Emit]]:
@@ -44,8 +45,12 @@ def _numeric_text(emit: Emit) -> str:
 def emit_table(mod: tvm.IRModule) -> str:
     rows = [("#", "value", "Emit", "kind", "ports (dtype, shape/strides, effect)", "numeric")]
     calls = emit_calls(mod)
+    values = {b.var: b.value for block in mod["main"].body.blocks for b in block.bindings}
     for i, (var, gv, emit) in enumerate(calls):
         ports = "; ".join(_port_text(emit, p) for p in emit.interface.inputs + emit.interface.outputs)
+        shape = tir_vars_arg(values[var])
+        if shape is not None:  # the caller's symbolic vars the Emit takes besides its ports
+            ports += "; tir_vars: " + ", ".join(str(d) for d in shape.values)
         rows.append((str(i), var.name, gv.name_hint, emit.kind, ports, _numeric_text(emit)))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]) - 2)]
     lines = []

@@ -34,6 +34,7 @@ from tvm import relax
 
 from .contract import ContractFacts, PortFacts
 from .emit import Emit, emit_of
+from .emit_graph import port_args
 from .facts import (
     MAY,
     NO,
@@ -175,7 +176,7 @@ class _Analysis:
 
     def visit_emit(self, call: relax.Call, info: tuple, var: relax.Var) -> Fact:
         emit, body = info
-        args = list(call.args)
+        args = port_args(call)
         ins = [self.port_fact(call, a) for a in args]
         # Sites of one Emit with equal input facts share the transfer result (facts are
         # interned by ``value_facts`` and hash once, so the key is cheap).

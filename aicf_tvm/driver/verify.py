@@ -1,7 +1,8 @@
 """verify_contracts: check every invariant of the ``aicf.emit`` annotations.
 
 For each Emit function: the annotation decodes; the function is ``Primitive``; the
-interface matches the parameters and the return type (count, dtype, rank); every shape
+interface matches the parameters and the return type (count, dtype, rank), but for a
+last ``tir_vars`` shape parameter (``relax_passes.group_rewrite``), which is no port; every shape
 fact is consistent with the Relax type (their meet is not ⊥) and at least as strong
 as what the type proves (ranks and static extents: symbolic ones are the caller's in the
 facts and the function's own in the type); the effects are those of the kind's template (never weaker
@@ -41,6 +42,10 @@ def _problems_of(name: str, func: relax.Function, emit: Emit, known_kinds: set[s
     if emit.kind not in known_kinds:
         out.append(f"{where}: unknown kind")
     params = [p for p in func.params if isinstance(p.ty, relax.TensorType)]
+    for i, p in enumerate(func.params):
+        last_shape = i == len(func.params) - 1 and isinstance(p.ty, relax.ShapeType)
+        if not isinstance(p.ty, relax.TensorType) and not last_shape:
+            out.append(f"{where}: param {p.name} is neither a tensor port nor the last, tir_vars shape")
     if len(params) != len(emit.interface.inputs):
         out.append(f"{where}: {len(emit.interface.inputs)} input ports but {len(params)} tensor params")
     pairs: list[tuple[Any, Any]] = list(zip(emit.interface.inputs, [p.ty for p in params]))

@@ -162,3 +162,48 @@ def test_masks_and_positions_over_a_dynamic_length_match_pytorch():
         for k, (got, want) in enumerate(zip(compiled(x, mask), wants)):
             np.testing.assert_array_equal(np.asarray(got), want.numpy(),
                                           err_msg=f"output {k}, seq={length}")
+
+
+def test_llama_decode_step_over_a_dynamic_cache_matches_pytorch():
+    """A LLaMA decode step (2 layers, hidden 64, grouped-query heads) with the past keys and
+    values an input of dynamic length ``past``: ``repeat_kv``'s views name ``past`` while
+    attention's inputs are ``past + 1`` long, so the fused attention takes ``past`` as a
+    ``tir_vars`` shape (relax_passes/group_rewrite.py); this failed with "undefined
+    symbolic variables" in ``build_group_function``."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.cache_utils import DynamicCache
+
+    torch.manual_seed(4)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                   max_position_embeddings=256)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids, kv):  # kv: [layers, 2, batch, kv heads, past, head dim]
+            cache = DynamicCache()
+            for i in range(cfg.num_hidden_layers):
+                cache.update(kv[i, 0], kv[i, 1], i)
+            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+            layers = out.past_key_values.layers
+            return out.logits, torch.stack([torch.stack([layer.keys, layer.values]) for layer in layers])
+
+    step = Step().eval()
+    example = (torch.tensor([[3]]), torch.randn(2, 2, 1, 2, 5, 16))
+    mod = aicf_tvm.from_torch(step, example, dynamic_shapes=({}, {4: torch.export.Dim.DYNAMIC}))
+    compiled = aicf_tvm.compile(mod, target=TARGET)
+    assert [k.kind for k in compiled.kernels].count("fused_attention") == 2
+    rng = np.random.default_rng(9)
+    for past in (3, 12):
+        ids = rng.integers(0, 256, (1, 1))
+        kv = rng.standard_normal((2, 2, 1, 2, past, 16)).astype(np.float32)
+        with torch.no_grad():
+            want = step(torch.from_numpy(ids), torch.from_numpy(kv))
+            other = step(torch.from_numpy(ids), torch.from_numpy(-kv))
+        assert not np.allclose(want[0].numpy(), other[0].numpy())
+        for got, ref in zip(compiled(ids, kv), want):
+            np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-5)
