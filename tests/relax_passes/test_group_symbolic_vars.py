@@ -17,11 +17,15 @@ from aicf_tvm.core.propagation import analysis_of
 from aicf_tvm.core.report import FusionReport
 from aicf_tvm.driver.explainer import explain
 from aicf_tvm.driver.pipeline import normalize, optimize, run_pipeline
+from aicf_tvm.driver.symbolic import with_dim_bounds
+from aicf_tvm.driver.tuning.run import lower_for_tuning
 from aicf_tvm.runtime.targets import resolve_target
 from relax_passes import LiftEmits, PropagateContracts
+from relax_passes.bound_shapes import bounds_of
 from relax_passes.fusion_planner import FusionPlanner
 from relax_passes.group_rewrite import Group, drop_unused_emits, rewrite_block, with_blocks
-from schedules.tuning.tasks import symbolic_dims
+from schedules.tuning.symbolic import kernel_bindings
+from schedules.tuning.tasks import extract_tasks, symbolic_dims
 from tests.helpers import relax_main
 
 from ..conftest import run_vm
@@ -168,3 +172,16 @@ def test_a_second_group_inlines_the_call_and_takes_the_vars_again():
     for past in (2, 9):
         args = inputs(rng, past, False)
         np.testing.assert_allclose(run_vm(regrouped, *args)[0], 2 * reference(*args), rtol=1e-5, atol=1e-6)
+
+
+def test_tuning_leaves_the_kernel_to_its_default_schedule():
+    """Tuning times kernels on tensors alone: one with a scalar parameter gets no
+    bindings and no task, and keeps its default schedule (no error)."""
+    target = resolve_target("llvm")
+    lowered = lower_for_tuning(with_dim_bounds(decode_attention(), {"past": (1, 64)}), target)
+    (name,) = [gv.name_hint for gv, f in lowered.functions_items()
+               if isinstance(f, tirx.PrimFunc) and any(isinstance(p.ty, tvm.ir.PrimType) for p in f.params)]
+    found = kernel_bindings(lowered, bounds_of(lowered["main"]))
+    assert name not in found
+    tasks = extract_tasks([("m", lowered)], target, bindings={("m", k): b for k, b in found.items()})
+    assert all(("m", name) not in t.uses for t in tasks)
