@@ -82,9 +82,9 @@ def param_types(types: list, defined: list | tuple = ()) -> list:
     computes the same values for every binding. Vars in ``defined`` are defined otherwise
     (a group function's ``tir_vars`` parameter), so extents over them stay as they are."""
     defined = [*defined_vars(types), *defined]
-    fresh: list[tuple[tirx.PrimExpr, tirx.Var]] = []
+    fresh: list[tuple[tirx.Expr, tirx.Var]] = []
 
-    def abstract(d: tirx.PrimExpr) -> tirx.PrimExpr:
+    def abstract(d: tirx.Expr) -> tirx.Expr:
         if isinstance(d, (tirx.IntImm, tirx.Var)) or all(_is_var_in(v, defined) for v in tirx.analysis.undefined_vars(d)):
             return d
         for expr, var in fresh:
