@@ -23,12 +23,13 @@ from tvm import relax, tirx
 import aicf_tvm
 import schedules.tuning.symbolic as tune_symbolic
 from aicf_tvm.core.errors import TuningError
+from aicf_tvm.core.options import CompileOptions
 from aicf_tvm.driver.cli import main
 from aicf_tvm.driver.symbolic import with_dim_bounds
 from aicf_tvm.driver.tuning.run import lower_for_tuning
 from aicf_tvm.runtime.targets import resolve_target
 from schedules.cpu import Gemm
-from schedules.select import CHOICES_FILE, workload_of
+from schedules.select import CHOICES_FILE, apply_database, workload_of
 from schedules.tuning.space import timed_form
 from tests.aicf_tvm.driver.test_cli import _static_linear_onnx
 from tests.helpers import relax_main
@@ -54,17 +55,19 @@ def model(weights) -> tvm.IRModule:
     return with_dim_bounds(mod, {"rows": (1, UPPER)})
 
 
-def choices_of(model: tvm.IRModule) -> list[tuple[dict, tvm.s_tir.Schedule]]:
-    """The GEMM rule's choices of the model's kernel, as tuning sees it."""
+def choices_of(model: tvm.IRModule, options: CompileOptions | None = None) -> list[tuple[dict, tvm.s_tir.Schedule]]:
+    """The GEMM rule's choices of the model's kernel, as tuning (with ``options``) sees it."""
     target = resolve_target("llvm")
-    (func,) = [f for _, f in lower_for_tuning(model, target).functions_items() if isinstance(f, tirx.PrimFunc)]
-    return Gemm().choices(workload_of(func, target)["main"], target)
+    (func,) = [f for _, f in lower_for_tuning(model, target, options).functions_items()
+               if isinstance(f, tirx.PrimFunc)]
+    return Gemm(options).choices(workload_of(func, target, options)["main"], target)
 
 
-def stub_timing(monkeypatch, model: tvm.IRModule, seconds: Callable[[dict, int], float]) -> list[dict]:
+def stub_timing(monkeypatch, model: tvm.IRModule, seconds: Callable[[dict, int], float],
+                options: CompileOptions | None = None) -> list[dict]:
     """Time each candidate as ``seconds(choice, binding index)`` instead of running it;
-    returns the choices in the rule's order."""
-    choices = choices_of(model)
+    returns the choices in the rule's order (tuned with ``options``)."""
+    choices = choices_of(model, options)
     by_module = {tvm_ffi.structural_hash(timed_form(s.mod)): c for c, s in choices}
 
     def measure_at(mods, bindings, target, tools, rounds):
@@ -151,6 +154,34 @@ def test_every_binding_weighs_the_same(monkeypatch, model, tmp_path, small, choi
     forced = choices[1]
     (task,) = aicf_tvm.tune(model, trials=4, trials_per_task=4, work_dir=tmp_path, progress=False).tasks
     assert task.choice == choice and (task.plan is not None) == (choice == "tuned")
+
+
+def test_a_choice_tuned_under_other_knobs_is_replayed_only_with_them(monkeypatch, model, weights, tmp_path):
+    """Tuned with ``CompileOptions`` knobs, the choice is saved under a key of its own and
+    ``compile`` with the same options schedules the kernel by it (the rule built with those
+    knobs); with the default options it is not applied."""
+    knobs = CompileOptions(gemm_prefetch_b_panels=False, gemm_area_slack=1.3)
+    forced = None
+    choices = stub_timing(monkeypatch, model, lambda c, i: 1e-5 * (0.5 if c == forced else 1.0 if c == choices[0]
+                                                                   else 1.5), knobs)
+    forced = next(c for c in choices if c["pack_b"])  # a plan whose B panels the default knobs prefetch
+    trials = choices.index(forced)
+    (task,) = aicf_tvm.tune(model, trials=trials, trials_per_task=trials, work_dir=tmp_path, progress=False,
+                            options=knobs).tasks
+    assert task.choice == "tuned" and task.plan == {"rule": "Gemm", "choice": forced}
+    (entry,) = json.loads((tmp_path / CHOICES_FILE).read_text())["tasks"].values()
+    assert entry["options"] == {"gemm_prefetch_b_panels": False, "gemm_area_slack": 1.3}
+    compiled = aicf_tvm.compile(model, database=tmp_path, options=knobs)
+    assert [k.schedule for k in compiled.kernels] == [tune_symbolic.choice_label(task.plan)]
+    target = resolve_target("llvm")
+    kernels = lower_for_tuning(model, target, knobs)
+    ((gv, func),) = [(gv, f) for gv, f in kernels.functions_items() if isinstance(f, tirx.PrimFunc)]
+    selected = apply_database(kernels.clone(), target, tmp_path, options=knobs)[gv]
+    replay = tune_symbolic.apply_choice(func, target, task.plan, knobs).mod["main"]  # the knobs' rule
+    assert tvm_ffi.structural_equal(selected.body, replay.body)
+    assert not tvm_ffi.structural_equal(replay.body, tune_symbolic.apply_choice(func, target, task.plan).mod["main"].body)
+    assert [k.schedule for k in aicf_tvm.compile(model, database=tmp_path).kernels] == ["Gemm"]
+    assert_runs_right(compiled, weights, rows=(3, UPPER))
 
 
 def _tuned_dir(monkeypatch, model, tmp_path):
