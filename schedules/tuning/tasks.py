@@ -211,12 +211,17 @@ def cpu_intrinsics_only(target: tvm.target.Target) -> Iterator[None]:
                 delattr(parent, "tensor_intrin")
 
 
+def build_function(options: CompileOptions | None = None) -> Callable[..., Any]:
+    """The build of a candidate as ``compile`` builds under ``options`` (``_build``, with
+    ``IEEEArithmetic`` or ``VectorizeMath`` left out where they are off)."""
+    if options is None or (options.ieee_arithmetic and options.vector_math):
+        return _build
+    return functools.partial(_build, ieee_arithmetic=options.ieee_arithmetic, vector_math=options.vector_math)
+
+
 def make_builder(timeout_s: float, workers: int, options: CompileOptions | None = None) -> ms.builder.LocalBuilder:
     """MetaSchedule's local builder, building each candidate as ``compile`` would under ``options``."""
-    f_build: Any = _build
-    if options is not None and not (options.ieee_arithmetic and options.vector_math):
-        f_build = functools.partial(_build, ieee_arithmetic=options.ieee_arithmetic, vector_math=options.vector_math)
-    return ms.builder.LocalBuilder(max_workers=workers, timeout_sec=timeout_s, f_build=f_build)
+    return ms.builder.LocalBuilder(max_workers=workers, timeout_sec=timeout_s, f_build=build_function(options))
 
 
 def evaluator_config() -> ms.runner.EvaluatorConfig:

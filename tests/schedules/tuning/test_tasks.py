@@ -193,3 +193,25 @@ def test_cpu_intrinsics_only_leaves_the_real_package_importable():
         "assert 'tvm.s_tir.tensor_intrin' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_the_builder_leaves_out_what_the_options_leave_out():
+    """Candidates are built as ``compile`` builds under the run's options: an ``exp`` kernel
+    calls LLVM's exp under ``vector_math=False`` and is SIMD arithmetic by default."""
+    import re
+
+    from aicf_tvm.core.options import CompileOptions
+    from schedules.tuning.tasks import _build, build_function, default_schedule
+    from tests.helpers import relax_main
+
+    llvm = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    x = relax.Var("x", relax.TensorType([64, 256], "float32"))
+    (task,) = extract_tasks([("m", lower_for_tuning(relax_main([x], lambda bb, x: relax.op.exp(x)), llvm))], llvm)
+    kernel = default_schedule(task.workload, llvm).mod
+
+    def calls_exp(build):
+        return bool(re.search(r"@llvm\.exp", build(kernel, llvm, None).inspect_source("ll")))
+
+    assert build_function(None) is _build and build_function(CompileOptions(gemm_area_slack=1.2)) is _build
+    assert not calls_exp(build_function(CompileOptions()))
+    assert calls_exp(build_function(CompileOptions(vector_math=False)))
