@@ -22,5 +22,6 @@ from .propagate_contracts import PropagateContracts
 from .sink_reshapes import SinkReshapes
 
 __all__ = ["BoundShapes", "ChannelsFirst", "CombineProjections", "EliminateEmits", "FoldBatchNorm", "FoldConstantEmits",
-           "FoldConstantIEEE", "FoldPadIntoConv", "FuseEmits", "InsertEmits",
-           "LiftEmits", "LowerEmits", "MaterializeEmits", "MaterializeLayouts", "NormalizeCreationOps", "NormalizeIndices", "PropagateContracts", "SinkReshapes"]
+           "FoldConstantIEEE", "FoldPadIntoConv", "FuseEmits", "InsertEmits", "LiftEmits", "LowerEmits",
+           "MaterializeEmits", "MaterializeLayouts", "NormalizeCreationOps", "NormalizeIndices", "PropagateContracts",
+           "SinkReshapes"]

@@ -197,7 +197,8 @@ class _Rules:
                 return (rebuilt, why, []) if rebuilt is not None else None
         return None
 
-    def _rebuilt(self, chain: list[tuple[Node, int]], start: relax.Expr, var: relax.Var) -> list[relax.VarBinding] | None:
+    def _rebuilt(self, chain: list[tuple[Node, int]], start: relax.Expr,
+                 var: relax.Var) -> list[relax.VarBinding] | None:
         """The chain's Emits applied to ``start`` instead, each lifted at its new shape."""
         out, value = [], start
         for j, (n, k) in enumerate(chain):

@@ -106,7 +106,8 @@ def constant_vars(func: relax.Function) -> set:
     return constant
 
 
-def constant_chain(var: relax.Var, lookup: Callable[[relax.Var], relax.Expr | None], constant: set) -> list[relax.VarBinding] | None:
+def constant_chain(var: relax.Var, lookup: Callable[[relax.Var], relax.Expr | None],
+                   constant: set) -> list[relax.VarBinding] | None:
     """The bindings that compute ``var`` from constants alone, in program order with ``var``
     last; None when ``var`` is not one of ``constant`` (``constant_vars``: it reads a
     parameter, a ``call_tir`` or an impure op). Only the chain itself is walked."""

@@ -154,7 +154,8 @@ class _BlockLifter:
         members = {val2pos[e] for p, e in got.items() if not isinstance(p, (dpl.WildcardPattern, dpl.ConstantPattern))
                    and e in val2pos}
         keep = {val2pos[roles["m_new"]], val2pos[roles["v_new"]], pos}
-        if members & dropped or any(u not in members for i in members - keep for u in self.uses.get(bindings[i].var, [])):
+        if members & dropped or any(u not in members for i in members - keep
+                                    for u in self.uses.get(bindings[i].var, [])):
             return None  # an intermediate value is needed elsewhere
         if any(u < pos and u not in members for i in keep for u in self.uses.get(bindings[i].var, [])):
             return None  # m' or v' is read before p' is computed
@@ -204,5 +205,6 @@ class LiftAdamSteps:
                         blocks[k], changed = new, True
             if blocks != list(func.body.blocks):
                 body = relax.SeqExpr(blocks, func.body.body)
-                bb.update_func(gv, bb.normalize(relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)))
+                bb.update_func(gv, bb.normalize(relax.Function(func.params, body, func.ret_ty, func.is_pure,
+                                                               func.attrs)))
         return bb.get() if changed else mod

@@ -85,7 +85,8 @@ def param_types(types: list, defined: list | tuple = ()) -> list:
     fresh: list[tuple[tirx.Expr, tirx.Var]] = []
 
     def abstract(d: tirx.Expr) -> tirx.Expr:
-        if isinstance(d, (tirx.IntImm, tirx.Var)) or all(_is_var_in(v, defined) for v in tirx.analysis.undefined_vars(d)):
+        if isinstance(d, (tirx.IntImm, tirx.Var)) or all(_is_var_in(v, defined)
+                                                         for v in tirx.analysis.undefined_vars(d)):
             return d
         for expr, var in fresh:
             if tvm_ffi.structural_equal(expr, d):

@@ -212,7 +212,9 @@ def _demote_unfusable(mod: tvm.IRModule) -> tvm.IRModule:
             continue
         calls: list = []
         relax.analysis.post_order_visit(
-            func.body, lambda e, calls=calls: calls.append(e) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+            func.body,
+            lambda e, calls=calls: (calls.append(e) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)
+                                    else None))
         if any(c.op.name not in _FUSABLE for c in calls):
             mod[gv] = func.without_attr("Primitive")
     return mod
@@ -242,7 +244,8 @@ class LowerEmits:
             if isinstance(func, relax.Function):
                 emit = emit_of(func)
                 if emit is not None:
-                    scalars = [str(s) for s in func.attrs["aicf.scalar_ports"]] if "aicf.scalar_ports" in func.attrs else []
+                    scalars = ([str(s) for s in func.attrs["aicf.scalar_ports"]]
+                               if "aicf.scalar_ports" in func.attrs else [])
                     emits[gv.name_hint] = (emit, scalars)
         # Sort/scan/sampling ops lower through TVM's dispatchers (the target's
         # implementation); an Emit whose ops still do not all become call_tir (an extern

@@ -213,7 +213,8 @@ def prepack_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[Prepacked], l
                 continue
             shared = shared_sources(mod[gv])
             if shared:
-                mod[gv] = _unmark(mod[gv], keep=lambda b, shared=shared: not any(b.reads[0].source.same_as(s) for s in shared))
+                mod[gv] = _unmark(mod[gv],
+                                  keep=lambda b, shared=shared: not any(b.reads[0].source.same_as(s) for s in shared))
                 refused.append(PrepackRefused(name, "the kernel also reads the unpacked weight"))
                 if not preproc_blocks(mod[gv]):
                     continue

@@ -2,7 +2,8 @@
 against the serial max, in one process: ``python -m scripts.ab_attention_max [MODEL ...]``.
 
 Sides, each built twice and called in turn (``harness.compare_sides``): ``serial``
-without ``whole_vectors.pad_max`` (``CompileOptions.attention_lane_max`` False: a static key count that is not a multiple of the lanes
+without ``whole_vectors.pad_max`` (``CompileOptions.attention_lane_max`` False: a static
+key count that is not a multiple of the lanes
 then takes its row max in a scalar loop, as before the padding covered constant counts);
 ``lanes``, the default build.  Printed per side: the median time, in brackets the median
 over rounds of its time over serial's, the error against PyTorch and whether the output

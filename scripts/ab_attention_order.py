@@ -4,7 +4,8 @@ the heads, in one process: ``python -m scripts.ab_attention_order [--seq N] [MOD
 Sides, each built twice and called in turn (``harness.compare_sides``):
 ``tile_major`` fuses the parallel tile loop as (row tile, head), as the rule did before
 (``CompileOptions.attention_head_major`` False), so a core's consecutive steps read every
-head's kᵀ and v in turn; ``head_major``, the default build (``attention._tile_loop``): (head, row tile), one head's kᵀ and v read by
+head's kᵀ and v in turn; ``head_major``, the default build (``attention._tile_loop``):
+(head, row tile), one head's kᵀ and v read by
 consecutive steps.  Printed per side: the median time, in brackets the median over rounds
 of its time over tile_major's, the error against PyTorch and whether the output has
 tile_major's bits.  MODEL: as ``ab_gemm_rules.py``; ``--seq`` sets the text models' length.

@@ -4,7 +4,8 @@ over a row-major kᵀ, in one process: ``python -m scripts.ab_attention_tiles [-
 Sides, each built twice and called in turn (``harness.compare_sides``): ``two_pass``
 packs kᵀ ``[b, k, keys]`` and runs q·kᵀ for every row before the softmax and p·v
 (``attention._one_pass`` and ``attention._key_panels`` switched off:
-``CompileOptions.attention_one_pass`` False), as the rule did before; ``one_pass``, the default build: q·kᵀ inside the tile loop of the softmax and p·v
+``CompileOptions.attention_one_pass`` False), as the rule did before; ``one_pass``, the
+default build: q·kᵀ inside the tile loop of the softmax and p·v
 where the key count is whole register tiles, kᵀ in panels of a tile's keys.  Printed per
 side: the median time, in brackets the median over rounds of its time over two_pass's,
 the error against PyTorch and whether the output has two_pass's bits.  MODEL: as

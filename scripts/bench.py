@@ -225,7 +225,8 @@ def print_table(report: dict) -> None:
         cells = []
         for p in peers:
             r, v = m["ratio_to_ort"].get(p), m["ms"].get(p)
-            cells.append(f"{(f'{v:.2f}ms ' if v is not None else '')}{f'{r:.2f}' if r is not None else '-':>5s}".rjust(18))
+            cells.append((f"{(f'{v:.2f}ms ' if v is not None else '')}"
+                          f"{f'{r:.2f}' if r is not None else '-':>5s}").rjust(18))
         mark = {True: "ok", False: "MISMATCH", None: "n/a"}[m["ours_matches_ort"]]
         print(f"{name:20s} {f'{ort:.2f}' if ort else '-':>9s} " + " ".join(cells) + f"  {mark}")
         for note in m["notes"]:

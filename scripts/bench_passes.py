@@ -58,7 +58,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 50000])
     args = parser.parse_args()
-    print(f"{'emits':>7} {'lift s':>8} {'propagate s':>12} {'ours s':>8} {'FuseOps s':>10} {'ours/FuseOps':>13} {'us/emit':>8}")
+    print(f"{'emits':>7} {'lift s':>8} {'propagate s':>12} {'ours s':>8} {'FuseOps s':>10} "
+          f"{'ours/FuseOps':>13} {'us/emit':>8}")
     for n in args.sizes:
         mod = synthetic_graph(n)
         t0 = time.perf_counter()

@@ -37,7 +37,8 @@ so that each peer runs right after each other peer about equally often: a neighb
 steals a core hurts all peers alike. The median over rounds is reported. Printed per
 model: latency of each peer, ratio ours/peer (of the medians, and ``paired``: the median
 of the rounds' own ratios, steadier where the machine's speed drifts between rounds) and
-compile seconds; then the geometric mean of each ratio of the medians. The JSON keeps every round's time and the peer that ran just before it,
+compile seconds; then the geometric mean of each ratio of the medians. The JSON keeps every
+round's time and the peer that ran just before it,
 and under ``run`` where it ran: date, command, commit, CPU model and ISA flags, our target,
 the peers' versions (``scripts/benchmarks_md.py`` turns such files into ``docs/benchmarks.md``).
 """
@@ -345,7 +346,8 @@ def run_info(target: str) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python", "-m", "scripts.bench_peers", *sys.argv[1:]]),
         "commit": git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "aicf_tvm", "relax_passes", "schedules")),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--",
+                          "aicf_tvm", "relax_passes", "schedules")),
         "cpu": cpu.get("model name", platform.processor()),
         "cpu_family": cpu.get("cpu family", ""), "cpu_model": cpu.get("model", ""),
         "isa": [f for f in ISA_FLAGS if f in flags],

@@ -312,7 +312,8 @@ def check_inplace_and_kv(gen, hf, prompt, cfg):
     pkv = out.past_key_values
     hk = np.stack([pkv.layers[i].keys[0].numpy().transpose(1, 0, 2) for i in range(L)])  # (L, n, hkv, d)
     hv = np.stack([pkv.layers[i].values[0].numpy().transpose(1, 0, 2) for i in range(L)])
-    print(f"[kv] max|K_tvm-K_hf|={np.abs(k.numpy() - hk).max():.2e}  max|V_tvm-V_hf|={np.abs(v.numpy() - hv).max():.2e}")
+    print(f"[kv] max|K_tvm-K_hf|={np.abs(k.numpy() - hk).max():.2e}  "
+          f"max|V_tvm-V_hf|={np.abs(v.numpy() - hv).max():.2e}")
     ref_p = out.logits[0, len(prompt) - 1].numpy()
     ref_d = out.logits[0, -1].numpy()
     print(f"[logits] prefill max abs diff {np.abs(logits_p.numpy()[0, -1] - ref_p).max():.2e}, "
@@ -324,7 +325,8 @@ def build(cfg, max_len, page_size, use_dlight=False):
     m = LlamaNN(cfg)
     t0 = time.time()
     mod, params = m.export_tvm(spec=export_spec(m))
-    print(f"exported functions: {[gv.name_hint for gv in mod.get_global_vars() if isinstance(mod[gv], relax.Function)]}")
+    print(f"exported functions: "
+          f"{[gv.name_hint for gv in mod.get_global_vars() if isinstance(mod[gv], relax.Function)]}")
     print(f"params: {[n for n, _ in params][:6]} ... ({len(params)})")
     if use_dlight:
         ex = tvm.compile(mod, target=TARGET, relax_pipeline=dlight_pipeline(TARGET))
@@ -401,7 +403,8 @@ def main():
     print("HF  tokens:", hf_tokens)
     print("MATCH:", tvm_tokens == hf_tokens)
     print(f"TVM decode ms/token (median): {1e3 * np.median(times):.2f}  (total gen {tvm_total:.2f}s)")
-    print(f"HF  decode ms/token (median, manual loop): {1e3 * np.median(hf_times):.2f}  (generate() total {hf_total:.2f}s)")
+    print(f"HF  decode ms/token (median, manual loop): {1e3 * np.median(hf_times):.2f}  "
+          f"(generate() total {hf_total:.2f}s)")
 
 
 if __name__ == "__main__":

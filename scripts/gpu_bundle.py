@@ -237,7 +237,8 @@ if [ ! -e "$HERE/site/.installed" ]; then
     fi
     touch "$HERE/site/.installed"
 fi
-command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+command -v nvidia-smi > /dev/null \
+    && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 export PYTHONPATH="$HERE/site:$HERE/runtime${PYTHONPATH:+:$PYTHONPATH}" TVM_USE_RUNTIME_LIB=1 AICF_DEBUG=0
 exec "$PY" "$HERE/runner.py" "$@"
 """

@@ -3,7 +3,8 @@
 MODEL is anything ``aicf_tvm.load_model`` takes (a built-in name, an ONNX path), the
 name of a light ONNX model shipped with the ``onnx`` wheel (``squeezenet``,
 ``shufflenet``, ...), or ``hf:NAME`` for a ``transformers`` model of
-``scripts/bench_peers.py`` (``hf:gpt2``, ``hf:llama``, ``hf:resnet50``, ...; ``--seq``). Each distinct PrimFunc the model calls is built alone for the same
+``scripts/bench_peers.py`` (``hf:gpt2``, ``hf:llama``, ``hf:resnet50``, ...; ``--seq``).
+Each distinct PrimFunc the model calls is built alone for the same
 target and timed with TVM's ``time_evaluator`` on random arguments of its parameter
 shapes; the table lists kernels by total time (time per call x calls per inference) with
 their kind, chosen schedule and share of the sum.

@@ -62,9 +62,10 @@ def _configs() -> dict[str, tuple[str, Callable[[], Any]]]:
     import transformers as T
 
     def whisper():
-        cfg = T.WhisperConfig(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                              decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16,
-                              max_source_positions=16, max_target_positions=16, pad_token_id=0,
+        cfg = T.WhisperConfig(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2,
+                              encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                              decoder_ffn_dim=128, num_mel_bins=16, max_source_positions=16, max_target_positions=16,
+                              pad_token_id=0,
                               bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
         return T.WhisperModel(cfg).encoder
 
@@ -170,7 +171,8 @@ def _configs() -> dict[str, tuple[str, Callable[[], Any]]]:
             intermediate_size=128))),
         "swin": ("image", lambda: T.SwinModel(T.SwinConfig(
             image_size=IMAGE, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4))),
-        "convnext": ("image", lambda: T.ConvNextModel(T.ConvNextConfig(num_stages=2, hidden_sizes=[16, 32], depths=[1, 1]))),
+        "convnext": ("image", lambda: T.ConvNextModel(T.ConvNextConfig(
+            num_stages=2, hidden_sizes=[16, 32], depths=[1, 1]))),
         "resnet": ("image", lambda: T.ResNetModel(T.ResNetConfig(
             embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic"))),
         "mobilenet-v2": ("image", lambda: T.MobileNetV2Model(T.MobileNetV2Config(

@@ -95,7 +95,8 @@ def test_object_that_is_not_a_model():
 
 
 def test_unknown_builtin_model_lists_the_builtins():
-    with pytest.raises(UnsupportedModelError, match=r"no_such_model: no such file, and not a built-in model \(.*encoder"):
+    with pytest.raises(UnsupportedModelError,
+                       match=r"no_such_model: no such file, and not a built-in model \(.*encoder"):
         aicf_tvm.compile("no_such_model", target=TARGET)
 
 

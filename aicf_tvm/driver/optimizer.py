@@ -193,4 +193,5 @@ def compile_optimizer_step(func: relax.Function | tvm.IRModule, target: TargetLi
     return OptimizerStep(stages.executable, tgt, report, stages.lowered, donate, threads)
 
 
-__all__ = ["CallProfile", "OptimizerStep", "adam_function", "adam_state", "check_distinct", "compile_optimizer_step", "profile_call"]
+__all__ = ["CallProfile", "OptimizerStep", "adam_function", "adam_state", "check_distinct", "compile_optimizer_step",
+           "profile_call"]

@@ -73,12 +73,14 @@ def normalize(mod: tvm.IRModule, options: CompileOptions | None = None) -> tvm.I
     module built with ``BlockBuilder`` outside ``bb.dataflow()`` would otherwise keep every
     op out of the Emit passes, which lift only dataflow blocks), put the creation ops that
     TVM types or legalizes wrongly in forms it gets right (descending ``arange``, a
-    non-finite ``full``: ``relax_passes.NormalizeCreationOps``), simplify symbolic shapes under their bounds (``relax_passes.BoundShapes``), make every
+    non-finite ``full``: ``relax_passes.NormalizeCreationOps``), simplify symbolic shapes
+    under their bounds (``relax_passes.BoundShapes``), make every
     gather read in bounds (``relax_passes.NormalizeIndices``: modules need not come through
     our importers), precompute float tables of bounded ``arange`` positions up to the bound
     (``relax_passes.PrecomputeBoundedTables``: a dynamic build's rotary tables), fold what
     is computable at compile time (weights, with IEEE float arithmetic:
-    ``relax_passes.FoldConstantIEEE``; batch-norm into conv weights where exact, ``relax_passes.FoldBatchNorm``, which decomposes every other
+    ``relax_passes.FoldConstantIEEE``; batch-norm into conv weights where exact,
+    ``relax_passes.FoldBatchNorm``, which decomposes every other
     batch-norm by its own ``training`` flag before TVM's inference decomposition could
     misread it; zero pads into the convolutions that read them, ``relax_passes.FoldPadIntoConv``;
     an average pool's window that covers its whole input, to that input, ``relax_passes.ClipPoolWindows``),

@@ -11,8 +11,8 @@ into a parallel outer loop and a vectorized inner loop of one SIMD register.  Th
 a row of the output unless the row length is a multiple of the vector, so the vector
 indices stay affine.  With symbolic extents the loops are not fused into one: the
 innermost loop is vectorized (a symbolic one with its tail split off at lowering,
-``split_vector_tail``) and the outer loops fused into the parallel loop.  Rejected (None): any reduction block, a non-LLVM target, or a
-function TensorIR cannot normalize.
+``split_vector_tail``) and the outer loops fused into the parallel loop.  Rejected (None): any
+reduction block, a non-LLVM target, or a function TensorIR cannot normalize.
 """
 
 import math

@@ -25,7 +25,8 @@ Contraction stays where the Emit's numeric contract allows it (docs/numerics.md)
 multiply-accumulate update ``C = C + A * B`` of a reduction block of a dot-product Emit
 (``CONTRACTING_KINDS``: matmul, einsum, convolutions, and the fused GEMM, convolution and
 attention kernels), and in a kernel the GEMM or convolution rule scheduled, where the
-product reads two distinct buffers (a matmul inside a generic group).  A matrix product is defined as a sum of products in no stated order and
+product reads two distinct buffers (a matmul inside a generic group).  A matrix product is
+defined as a sum of products in no stated order and
 with no stated rounding of each product, as BLAS, MLAS and oneDNN compute it with FMA; a
 graph's separate ``multiply`` and ``add``, or a ``sum`` of an elementwise product, each round.
 

@@ -22,11 +22,13 @@ A candidate that crashes the runner's worker process (a segfault) or runs past
 and starts a fresh one for the next candidate.
 The build function skips ``import tvm.s_tir.tensor_intrin`` on LLVM targets: that import
 alone takes longer per build worker than MetaSchedule's default builder
-timeout (docs/design.md §9); it applies ``NaNExactComparisons`` and ``VectorizeMath`` as ``compile`` does, so a candidate is
+timeout (docs/design.md §9); it applies ``NaNExactComparisons`` and ``VectorizeMath`` as
+``compile`` does, so a candidate is
 timed with the math code it will run.  Every step takes the run's ``CompileOptions``: the
 workloads are keyed by its knobs (``select.workload_of``), the default schedules and the
 rules' choices come from ``default_rules(target, options)``, and the builder leaves out
-``IEEEArithmetic`` and ``VectorizeMath`` where the options do, as ``compile`` does.  ``Tools(..., tracker=...)`` measures on the servers of a TVM RPC
+``IEEEArithmetic`` and ``VectorizeMath`` where the options do, as ``compile`` does.
+``Tools(..., tracker=...)`` measures on the servers of a TVM RPC
 tracker instead of this machine (``schedules.tuning.remote``).  Imports only TVM, the standard
 library and this package.
 """

@@ -45,7 +45,8 @@ def _rotary(bounded: bool = True, end_offset: int = 0) -> tvm.IRModule:
 def _ops(mod: tvm.IRModule) -> set[str]:
     found: set[str] = set()
     relax.analysis.post_order_visit(
-        mod["main"], lambda e: found.add(e.op.name) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+        mod["main"],
+        lambda e: found.add(e.op.name) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
     return found
 
 

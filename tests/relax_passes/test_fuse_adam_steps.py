@@ -54,7 +54,8 @@ def _step(weights: str = "p", grad: str = "g"):
             with R.dataflow():
                 gr = R.reshape(m, (8,)) if grad == "view_of_m" else g
                 m1 = R.add(R.multiply(R.const(0.9, "float32"), m), R.multiply(R.const(0.1, "float32"), gr))
-                v1 = R.add(R.multiply(R.const(0.999, "float32"), v), R.multiply(R.const(0.001, "float32"), R.multiply(gr, gr)))
+                v1 = R.add(R.multiply(R.const(0.999, "float32"), v),
+                           R.multiply(R.const(0.001, "float32"), R.multiply(gr, gr)))
                 d = R.add(R.sqrt(R.divide(v1, b2)), R.const(1e-8, "float32"))
                 p1 = R.subtract(p, R.multiply(R.const(0.01, "float32"), R.divide(R.divide(m1, b1), d)))
                 old = R.sum(p) if weights == "read_old" else R.sum(p1)

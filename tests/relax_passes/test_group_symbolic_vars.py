@@ -126,7 +126,8 @@ def test_compiled_matches_numpy_at_two_lengths(doubled):
 def test_the_kernel_takes_the_var_as_a_scalar_and_its_ports_keep_their_buffers():
     kernels = run_pipeline(decode_attention(), resolve_target("llvm"), until="kernels").kernels
     (name,) = [gv.name_hint for gv, f in kernels.functions_items()
-               if isinstance(f, tirx.PrimFunc) and f.attrs is not None and f.attrs.get("aicf.kind") == "fused_attention"]
+               if isinstance(f, tirx.PrimFunc) and f.attrs is not None
+               and f.attrs.get("aicf.kind") == "fused_attention"]
     func = kernels[name]
     scalars = [p.name for p in func.params if not isinstance(p.ty, tirx.BufferType)]
     assert scalars == ["past"]

@@ -31,7 +31,8 @@ class Broadcasts:
             q = R.where(c, z, p)  # p has the full shape: the zeros are a scalar
             vb = R.broadcast_to(v, R.shape([8, 4]))
             u = R.matmul(x, vb)  # broadcasting v's rows is not matmul's: stays
-            r = R.add(R.broadcast_to(R.const(np.ones((1, 4), "float32")), R.shape([b, s, 4])), R.const(1.0, "float32"))  # the add's result would shrink: stays
+            r = R.add(R.broadcast_to(R.const(np.ones((1, 4), "float32")), R.shape([b, s, 4])),
+                      R.const(1.0, "float32"))  # the add's result would shrink: stays
             R.output(y, q, u, r)
         return (y, q, u, r)
 
@@ -65,7 +66,8 @@ class Uniform:
             mask = R.where(R.broadcast_to(keep, R.shape([1, 1, 5, 5])), R.const(0.0, "float32"),
                            R.const(float("-inf"), "float32"))
             masked = R.add(s, mask)  # a chain of ops on constants, all +0.0: a scalar
-            filled = R.where(R.less(s, R.const(0.0, "float32")), R.const(np.zeros((2, 3, 5, 5), "float32")), s)  # a scalar
+            filled = R.where(R.less(s, R.const(0.0, "float32")),
+                             R.const(np.zeros((2, 3, 5, 5), "float32")), s)  # a scalar
             mixed = R.add(s, R.const(_MIXED_ZEROS))  # -0.0 among +0.0: stays
             nans = R.multiply(x, R.const(_NANS))  # two NaN payloads: stays
             bias = R.add(x, R.const(np.zeros((5,), "float32")))  # per channel: stays

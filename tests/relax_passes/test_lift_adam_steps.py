@@ -27,7 +27,8 @@ class HandWritten:
              v: R.Tensor((8, 4), "float32"), b1: R.Tensor((), "float32"), b2: R.Tensor((), "float32")):
         with R.dataflow():
             m1 = R.add(R.multiply(m, R.const(0.9, "float32")), R.multiply(g, R.const(0.1, "float32")))
-            v1 = R.add(R.multiply(R.const(0.999, "float32"), v), R.multiply(R.const(0.001, "float32"), R.multiply(g, g)))
+            v1 = R.add(R.multiply(R.const(0.999, "float32"), v),
+                       R.multiply(R.const(0.001, "float32"), R.multiply(g, g)))
             d = R.add(R.sqrt(R.divide(v1, b2)), R.const(1e-8, "float32"))
             p1 = R.subtract(p, R.divide(R.multiply(R.const(0.01, "float32"), R.divide(m1, b1)), d))
             R.output(p1, m1, v1)
@@ -91,7 +92,8 @@ def test_keeps_update_whose_intermediate_is_used_elsewhere():
                  v: R.Tensor((4,), "float32"), b1: R.Tensor((), "float32"), b2: R.Tensor((), "float32")):
             with R.dataflow():
                 m1 = R.add(R.multiply(R.const(0.9, "float32"), m), R.multiply(R.const(0.1, "float32"), g))
-                v1 = R.add(R.multiply(R.const(0.999, "float32"), v), R.multiply(R.const(0.001, "float32"), R.multiply(g, g)))
+                v1 = R.add(R.multiply(R.const(0.999, "float32"), v),
+                           R.multiply(R.const(0.001, "float32"), R.multiply(g, g)))
                 mh = R.divide(m1, b1)
                 d = R.add(R.sqrt(R.divide(v1, b2)), R.const(1e-8, "float32"))
                 p1 = R.subtract(p, R.multiply(R.const(0.01, "float32"), R.divide(mh, d)))

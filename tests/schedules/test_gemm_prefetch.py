@@ -34,8 +34,10 @@ def nest(A: T.Buffer((64,), "float32"), B: T.Buffer((2048,), "float32"), C: T.Bu
         for j in T.serial(2, annotations={PANEL: 1}):
             for s in T.serial(2, annotations={STRIP: 1}):
                 for k in T.serial(16, annotations={K_LOOP: 2}):
-                    acc[j * 4 + s * 2] = acc[j * 4 + s * 2] + T.Broadcast(A[s * 32 + kb * 16 + k], 16) * B[T.Ramp(j * 1024 + kb * 512 + k * 32, 1, 16)]
-                    acc[j * 4 + s * 2 + 1] = acc[j * 4 + s * 2 + 1] + T.Broadcast(A[s * 32 + kb * 16 + k], 16) * B[T.Ramp(j * 1024 + kb * 512 + k * 32 + 16, 1, 16)]
+                    acc[j * 4 + s * 2] = acc[j * 4 + s * 2] + T.Broadcast(A[s * 32 + kb * 16 + k], 16) * B[
+                        T.Ramp(j * 1024 + kb * 512 + k * 32, 1, 16)]
+                    acc[j * 4 + s * 2 + 1] = acc[j * 4 + s * 2 + 1] + T.Broadcast(A[s * 32 + kb * 16 + k], 16) * B[
+                        T.Ramp(j * 1024 + kb * 512 + k * 32 + 16, 1, 16)]
     for i in range(8):
         C[i * 16:i * 16 + 16] = acc[i]
 
@@ -52,8 +54,10 @@ def overlapping(A: T.Buffer((64,), "float32"), B: T.Buffer((2048,), "float32"), 
     acc = T.alloc_buffer((64,), "float32")
     for j in T.serial(2, annotations={PANEL: 1}):
         for k in T.serial(16, annotations={K_LOOP: 2}):
-            acc[T.Ramp(j * 32, 1, 16)] = acc[T.Ramp(j * 32, 1, 16)] + T.Broadcast(A[k], 16) * B[T.Ramp(j * 1024 + k * 32, 1, 16)]
-            acc[T.Ramp(j * 32 + 8, 1, 16)] = acc[T.Ramp(j * 32 + 8, 1, 16)] + T.Broadcast(A[k], 16) * B[T.Ramp(j * 1024 + k * 32 + 16, 1, 16)]
+            acc[T.Ramp(j * 32, 1, 16)] = acc[T.Ramp(j * 32, 1, 16)] + T.Broadcast(A[k], 16) * B[
+                T.Ramp(j * 1024 + k * 32, 1, 16)]
+            acc[T.Ramp(j * 32 + 8, 1, 16)] = acc[T.Ramp(j * 32 + 8, 1, 16)] + T.Broadcast(A[k], 16) * B[
+                T.Ramp(j * 1024 + k * 32 + 16, 1, 16)]
     for i in range(64):
         C[i] = acc[i]
 
@@ -92,14 +96,16 @@ def test_promotes_the_tile_and_prefetches_the_next_panel():
     assert _buffers(k_loop.body) == {"acc_tile"}  # no access to the workspace inside
     assert K_LOOP not in k_loop.annotations
     calls = []
-    tvm_ffi.structural_walk(k_loop.body, [(tvm.ir.Call, lambda c: calls.append(c) if c.op.name == "tirx.prefetch" else None)])
+    tvm_ffi.structural_walk(
+        k_loop.body, [(tvm.ir.Call, lambda c: calls.append(c) if c.op.name == "tirx.prefetch" else None)])
     (call,) = calls
     index = call.args[0].args[0].indices[0]
     loops = {v.loop_var.name: v.loop_var for v in _all_loops(out)}
 
     def at(j, kb, s, k):
         values = {"j": j, "kb": kb, "s": s, "k": k}
-        bound = tvm_ffi.structural_map(index, [(tirx.Var, lambda v: tirx.const(values[v.name], "int32") if v.name in values else v)])
+        bound = tvm_ffi.structural_map(
+            index, [(tirx.Var, lambda v: tirx.const(values[v.name], "int32") if v.name in values else v)])
         return int(Analyzer().simplify(bound).value)
 
     assert set(loops) >= {"j", "kb", "s", "k"}
@@ -113,7 +119,8 @@ def test_promotes_the_tile_and_prefetches_the_next_panel():
     lines = sorted(at(0, 1, s, k) for s in range(2) for k in range(16))
     assert lines == [1024 + 512 + row * 32 + half * 16 for row in range(16) for half in range(2)]
     tiles = []
-    tvm_ffi.structural_walk(out.body, [(tirx.AllocBuffer, lambda a: tiles.append(a) if a.buffer.name == "acc_tile" else None)])
+    tvm_ffi.structural_walk(
+        out.body, [(tirx.AllocBuffer, lambda a: tiles.append(a) if a.buffer.name == "acc_tile" else None)])
     (tile,) = tiles
     assert tile.buffer.scope() == "local" and [int(x) for x in tile.buffer.shape] == [2]
     assert bool(tile.annotations[DISABLE_LOWER_BUILTIN])

@@ -72,7 +72,8 @@ def fused_emit(steps: Sequence[Emit], alias: dict[tuple[str, str], Alias]) -> Em
     return Emit("fused_adam_step", steps[0].attrs, Interface(tuple(inputs), tuple(outputs)), contract)
 
 
-def adam_step_function(param_ty: relax.TensorType, scalar_ty: relax.TensorType, attrs: dict[str, float], emit: Emit) -> relax.Function:
+def adam_step_function(param_ty: relax.TensorType, scalar_ty: relax.TensorType, attrs: dict[str, float],
+                       emit: Emit) -> relax.Function:
     """The private ``adam_step`` Emit function: the update written with Relax ops (pure)."""
     dtype = str(param_ty.dtype)
     params = [relax.Var(n, scalar_ty if n.startswith("bias") else param_ty) for n in ADAM_PORTS]
@@ -140,5 +141,5 @@ def _flat_loop(T: ModuleType, n: int, gpu: bool) -> Iterator[tirx.Var]:
             yield i
 
 
-__all__ = ["ADAM_KINDS", "ADAM_PORTS", "ATTRS", "DISTINCT_INPUTS_ATTR", "WRITTEN", "adam_step_emit", "adam_step_function",
-           "fused_adam_kernel", "fused_emit"]
+__all__ = ["ADAM_KINDS", "ADAM_PORTS", "ATTRS", "DISTINCT_INPUTS_ATTR", "WRITTEN", "adam_step_emit",
+           "adam_step_function", "fused_adam_kernel", "fused_emit"]

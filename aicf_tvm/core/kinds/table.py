@@ -25,13 +25,21 @@ from .registry import (
     register,
 )
 
-_UNARY = ["abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "ceil", "cos", "cosh", "erf", "exp", "floor", "log", "negative", "round", "rsqrt", "sigmoid", "sign", "sin", "sinh", "sqrt", "square", "tan", "tanh", "trunc", "logical_not", "bitwise_not", "isfinite", "isinf", "isnan", "clip", "astype", "nn.relu", "nn.silu", "nn.gelu", "nn.leakyrelu", "nn.selu", "nn.softplus"]
+_UNARY = ["abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "ceil", "cos", "cosh", "erf", "exp", "floor", "log",
+          "negative", "round", "rsqrt", "sigmoid", "sign", "sin", "sinh", "sqrt", "square", "tan", "tanh", "trunc",
+          "logical_not", "bitwise_not", "isfinite", "isinf", "isnan", "clip", "astype", "nn.relu", "nn.silu", "nn.gelu",
+          "nn.leakyrelu", "nn.selu", "nn.softplus"]
 
-_BINARY = ["add", "subtract", "multiply", "divide", "floor_divide", "floor_mod", "mod", "power", "maximum", "minimum", "atan2", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "log_add_exp", "where", "nn.prelu", "ewise_fma"]
+_BINARY = ["add", "subtract", "multiply", "divide", "floor_divide", "floor_mod", "mod", "power", "maximum", "minimum",
+           "atan2", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "logical_and", "logical_or",
+           "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "log_add_exp",
+           "where", "nn.prelu", "ewise_fma"]
 
 _REDUCE = ["sum", "mean", "max", "min", "prod", "variance", "std", "argmax", "argmin"]
 
-_INJECTIVE = ["concat", "split", "take", "tile", "repeat", "flip", "nn.pad", "layout_transform", "gather_elements", "gather_nd", "stack", "one_hot", "tril", "triu", "image.resize2d", "nn.pixel_shuffle", "collapse_sum_to", "collapse_sum_like", "index_tensor"]
+_INJECTIVE = ["concat", "split", "take", "tile", "repeat", "flip", "nn.pad", "layout_transform", "gather_elements",
+              "gather_nd", "stack", "one_hot", "tril", "triu", "image.resize2d", "nn.pixel_shuffle", "collapse_sum_to",
+              "collapse_sum_like", "index_tensor"]
 
 _CREATION = ["zeros", "ones", "full", "arange", "eye", "zeros_like", "ones_like", "full_like", "eye_like"]
 

@@ -32,7 +32,11 @@ if TYPE_CHECKING:
 
 # Deterministic ops, exact on their inputs (a float result is one correctly rounded
 # operation), that shape computations are made of.
-FOLDABLE = frozenset(["Abs", "Add", "And", "Cast", "CastLike", "Ceil", "Concat", "ConstantOfShape", "Div", "Equal", "Expand", "Flatten", "Floor", "Gather", "GatherElements", "Greater", "GreaterOrEqual", "Identity", "Less", "LessOrEqual", "Max", "Min", "Mod", "Mul", "Neg", "Not", "Or", "Range", "ReduceMax", "ReduceMin", "Reshape", "Slice", "Sqrt", "Squeeze", "Sub", "Tile", "Transpose", "Unsqueeze", "Where", "Xor", "CumSum", "ReduceSum", "ReduceProd"])
+FOLDABLE = frozenset(["Abs", "Add", "And", "Cast", "CastLike", "Ceil", "Concat", "ConstantOfShape", "Div", "Equal",
+                      "Expand", "Flatten", "Floor", "Gather", "GatherElements", "Greater", "GreaterOrEqual", "Identity",
+                      "Less", "LessOrEqual", "Max", "Min", "Mod", "Mul", "Neg", "Not", "Or", "Range", "ReduceMax",
+                      "ReduceMin", "Reshape", "Slice", "Sqrt", "Squeeze", "Sub", "Tile", "Transpose", "Unsqueeze",
+                      "Where", "Xor", "CumSum", "ReduceSum", "ReduceProd"])
 
 # Sums and products round once per step, in an order each runtime picks: folded only
 # on integers (and bools), where every order gives the same value.

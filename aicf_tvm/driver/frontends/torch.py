@@ -37,7 +37,16 @@ if TYPE_CHECKING:
 # cast to it (PyTorch: an int or bool sum/cumsum accumulates in int64, true division and
 # float math of integers give the default float dtype, a 0-dim float64 operand does not
 # widen a float32 tensor).
-_COMPUTE_IN_RESULT = frozenset(["add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tensor", "rsub.Scalar", "mul.Tensor", "mul.Scalar", "div.Tensor", "div.Scalar", "div.Tensor_mode", "remainder.Tensor", "remainder.Scalar", "fmod.Tensor", "fmod.Scalar", "floor_divide.default", "pow.Tensor_Tensor", "pow.Tensor_Scalar", "maximum.default", "minimum.default", "atan2.default", "where.self", "cumsum.default", "cumprod.default", "sum.default", "sum.dim_IntList", "prod.default", "prod.dim_int", "exp.default", "expm1.default", "log.default", "log2.default", "log10.default", "log1p.default", "sqrt.default", "rsqrt.default", "reciprocal.default", "sin.default", "cos.default", "tan.default", "tanh.default", "sigmoid.default", "erf.default", "asin.default", "acos.default", "atan.default", "sinh.default", "cosh.default"])
+_COMPUTE_IN_RESULT = frozenset(["add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tensor", "rsub.Scalar",
+                                "mul.Tensor", "mul.Scalar", "div.Tensor", "div.Scalar", "div.Tensor_mode",
+                                "remainder.Tensor", "remainder.Scalar", "fmod.Tensor", "fmod.Scalar",
+                                "floor_divide.default", "pow.Tensor_Tensor", "pow.Tensor_Scalar", "maximum.default",
+                                "minimum.default", "atan2.default", "where.self", "cumsum.default", "cumprod.default",
+                                "sum.default", "sum.dim_IntList", "prod.default", "prod.dim_int", "exp.default",
+                                "expm1.default", "log.default", "log2.default", "log10.default", "log1p.default",
+                                "sqrt.default", "rsqrt.default", "reciprocal.default", "sin.default", "cos.default",
+                                "tan.default", "tanh.default", "sigmoid.default", "erf.default", "asin.default",
+                                "acos.default", "atan.default", "sinh.default", "cosh.default"])
 
 # The condition of where stays bool.
 _KEEP_ARGS = {"where.self": frozenset({0})}

@@ -307,7 +307,8 @@ def choose(models: Sequence[TimedModel], tasks: Sequence[Any], offered: Mapping[
     ratios = {m.name: statistics.median(c / d for c, d in zip(chosen_calls[m.name], default_calls[m.name]))
               for m in models}
     base = {m.name: statistics.median(default_calls[m.name]) for m in models}
-    whole = [[sum(runs[m.name][t] for m in models) for t in range(MODEL_TURNS)] for runs in (default_calls, chosen_calls)]
+    whole = [[sum(runs[m.name][t] for m in models) for t in range(MODEL_TURNS)]
+             for runs in (default_calls, chosen_calls)]
     kept = not any(c.record for c in out.values()) or sm.win_ratio(whole[1], whole[0]) < sm.WIN_MARGIN
     if not kept:  # the models, called as a user calls them, were not faster: every task keeps its default
         out = {k: dataclasses.replace(c, record=None) for k, c in out.items()}

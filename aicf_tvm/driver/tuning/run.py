@@ -330,7 +330,8 @@ def _time_in_model(lowered: list, tasks: list, db: Any, baselines: dict, result:
                            lambda: bar.update(1), options)
     for key, choice in timing.choices.items():
         out = by_key[key]
-        out.choice, out.record, out.in_model = ("tuned" if choice.record else "default"), choice.record, choice.to_json()
+        out.choice, out.record, out.in_model = (("tuned" if choice.record else "default"), choice.record,
+                                                choice.to_json())
         choices[key] = choices[key] | out.to_json()
     _save_choices(result.work_dir, result.target, choices)
     result.in_model = timing.summary()

@@ -1,4 +1,5 @@
-"""The kind registry covers every op of the light ONNX models and built-in models, and\nputs every op whose kernel FuseTIR cannot merge in a category that is never fused."""
+"""The kind registry covers every op of the light ONNX models and built-in models, and
+puts every op whose kernel FuseTIR cannot merge in a category that is never fused."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ sliding-window mask, ModernBERT's alternating local and global attention, BLOOM'
 bias, LeViT's learned attention biases gathered by index and its subsampling attention,
 SegFormer's attention over spatially reduced keys, MobileViT's unfold of feature maps into
 patches and back, wav2vec2's conv1d feature encoder (strides 5, 2, 2) and grouped positional
-conv1d on raw samples (``relax_passes.Conv1dAsConv2d``).  Weights are random; every model is first checked to give different
+conv1d on raw samples (``relax_passes.Conv1dAsConv2d``).  Weights are random; every model is
+first checked to give different
 outputs for different inputs, so a kernel that ignored its input could not pass.
 """
 

@@ -3,7 +3,8 @@
 through ``aicf_tvm.compile``: every PrimFunc gets a thread-bound GPU schedule and the built
 executable carries a CUDA module with one ``__global__`` kernel or more.
 
-Compile only (this machine has nvcc, no GPU); the device-check bundle (``scripts/gpu_bundle.py``) checks the numbers on a GPU.
+Compile only (this machine has nvcc, no GPU); the device-check bundle
+(``scripts/gpu_bundle.py``) checks the numbers on a GPU.
 The other light models (densenet121, inception_v1/v2, shufflenet, vgg19) take
 25-170 s each here: ``python -m scripts.cuda_compile_all`` covers them all.
 """

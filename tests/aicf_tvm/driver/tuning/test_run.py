@@ -280,7 +280,8 @@ def test_the_choice_is_the_median_of_paired_turns(monkeypatch, tuned_turns, defa
     monkeypatch.setattr(tm, "tuned_records", lambda db, task, baseline: [Record()])
     monkeypatch.setattr(tm, "_replayed", lambda trace, workload: "mod")
     monkeypatch.setattr(tm, "timed_form", lambda mod: mod)
-    monkeypatch.setattr(tm, "default_schedule", lambda workload, target, options=None: type("S", (), {"mod": "default"})())
+    monkeypatch.setattr(tm, "default_schedule",
+                        lambda workload, target, options=None: type("S", (), {"mod": "default"})())
     monkeypatch.setattr(tm, "measure", lambda mods, *a, **k: [list(tuned_turns), list(default_turns)])
     monkeypatch.setattr(tm, "record_digest", lambda trace: "digest")
     tools = type("Tools", (), {"builder": None, "runner": None, "options": None})()

@@ -179,7 +179,8 @@ def test_a_choice_tuned_under_other_knobs_is_replayed_only_with_them(monkeypatch
     selected = apply_database(kernels.clone(), target, tmp_path, options=knobs)[gv]
     replay = tune_symbolic.apply_choice(func, target, task.plan, knobs).mod["main"]  # the knobs' rule
     assert tvm_ffi.structural_equal(selected.body, replay.body)
-    assert not tvm_ffi.structural_equal(replay.body, tune_symbolic.apply_choice(func, target, task.plan).mod["main"].body)
+    assert not tvm_ffi.structural_equal(replay.body,
+                                        tune_symbolic.apply_choice(func, target, task.plan).mod["main"].body)
     assert [k.schedule for k in aicf_tvm.compile(model, database=tmp_path).kernels] == ["Gemm"]
     assert_runs_right(compiled, weights, rows=(3, UPPER))
 
