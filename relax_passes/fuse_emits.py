@@ -5,22 +5,8 @@ analysis. Runs in the fixpoint with EliminateEmits and MaterializeEmits, before
 LowerEmits; re-propagate afterwards. The decisions are ``fusion_planner``'s; this pass is
 the ``EmitRewrite`` walk that applies them through ``group_rewrite``.
 
-1. Library candidates (``aicf_tvm.library``): ``relax.dpl`` patterns matched on the
-   op-level view of the DAG (each single-op Emit call seen as the op it wraps).
-2. Each match S is judged (``aicf_tvm.core.legality``): convex (a match that is not
-   first gives back the shared view chains on its input side, which a pattern's longest
-   view chain took in: ``FusionPlanner._without_shared_input_views``); no opaque member
-   and no effectful Emit inside its span touching its values; ``F ⊢ Requires(E*)``
-   on boundary facts; ``Provides(E*) ⊑ Provides(S)`` on numerics. Every verdict goes
-   to the report with the failing component and both lattice values.
-3. The planner takes legal matches by benefit (intermediate bytes removed), never
-   two that overlap: sorting makes it O(n log n) in the number of matches.
-4. What is left is grouped generically (``generic_groups``): elementwise, broadcast,
-   injective and view Emits join the group of a producer (``fused_elementwise``); an
-   elementwise epilogue joins a reduction, pool, norm, GEMM or convolution group
-   (``fused_reduce_epilogue`` for a plain reduction), a DAG of them (a decomposed
-   tanh-GELU reading the GEMM output three times) too, when its values stay inside the
-   group: every group ends with one output, convex.
+The steps (library candidates matched and judged, the legal ones taken by benefit, the
+rest grouped generically) are told in ``fusion_planner``'s docstring.
 
 Sound because a fused Emit's body inlines its members' bodies in order: it computes
 exactly what S computed (with intermediates in their own dtypes); the only change a

@@ -9,8 +9,6 @@ from __future__ import annotations
 import pytest
 import tvm
 from tvm import relax
-from tvm.script import ir as I
-from tvm.script import relax as R
 
 from aicf_tvm.core import propagation
 from aicf_tvm.core.contract import ContractFacts, PortFacts
@@ -20,17 +18,7 @@ from aicf_tvm.core.lattice import Effect
 from aicf_tvm.core.propagation import analysis_of, analyze, clear_analysis_cache
 from relax_passes import FuseEmits, LiftEmits
 
-
-@I.ir_module
-class GemmBias:
-    @R.function
-    def main(x: R.Tensor((8, 32), "float32"), w: R.Tensor((32, 16), "float32"), b: R.Tensor((16,), "float32")):
-        with R.dataflow():
-            y = R.matmul(x, w)
-            z = R.add(y, b)
-            r = R.nn.relu(z)
-            R.output(r)
-        return r
+from ...relax_passes.test_fuse_emits import GemmBiasRelu
 
 
 @pytest.fixture
@@ -51,7 +39,7 @@ def runs(monkeypatch):
 
 def test_an_unchanged_function_is_not_analyzed_again(runs):
     """The same function and callees, even in another module object, hit the cache."""
-    mod = LiftEmits()(GemmBias)
+    mod = LiftEmits()(GemmBiasRelu)
     table = analysis_of(mod)
     assert analysis_of(mod) is table
     assert analysis_of(tvm.IRModule(dict(mod.functions_items()))) is table
@@ -60,7 +48,7 @@ def test_an_unchanged_function_is_not_analyzed_again(runs):
 
 def test_a_changed_function_is_analyzed_again(runs):
     """FuseEmits makes a new ``main``: its table is computed afresh and equals ``analyze``'s."""
-    mod = LiftEmits()(GemmBias)
+    mod = LiftEmits()(GemmBiasRelu)
     before = analysis_of(mod)
     fused = FuseEmits()(mod)
     after = analysis_of(fused)
@@ -71,7 +59,7 @@ def test_a_changed_function_is_analyzed_again(runs):
 def test_a_changed_callee_alone_invalidates_the_table(runs):
     """A callee's contract feeds the transfer rule (its stated numerics and layout), so a
     new Emit function under the same ``main`` means a new analysis."""
-    mod = LiftEmits()(GemmBias)
+    mod = LiftEmits()(GemmBiasRelu)
     analysis_of(mod)
     gv = next(gv for gv, f in mod.functions_items() if gv.name_hint != "main")
     func = mod[gv]
@@ -83,7 +71,7 @@ def test_a_changed_callee_alone_invalidates_the_table(runs):
 
 
 def test_the_table_is_read_only():
-    table = analysis_of(LiftEmits()(GemmBias))
+    table = analysis_of(LiftEmits()(GemmBiasRelu))
     var = next(iter(table.values))
     with pytest.raises(TypeError):
         table.values[var] = table.values[var]
@@ -96,7 +84,7 @@ def test_roots_are_equal_when_they_name_the_same_buffer():
     the bound Var: the same object is the same root however Python wraps it."""
     assert ParamRoot(0).item(1) == ParamRoot(0, (1,)) != ParamRoot(0)
     assert ParamRoot(1) != ParamRoot(0)
-    mod = LiftEmits()(GemmBias)
+    mod = LiftEmits()(GemmBiasRelu)
     a = mod["main"].body.blocks[0].bindings[0].var
     b = mod["main"].body.blocks[0].bindings[0].var  # another Python object, the same Var
     other = mod["main"].body.blocks[0].bindings[1].var
