@@ -141,6 +141,10 @@ def read_metadata(path: str | os.PathLike) -> dict:
     if not data.startswith(_ELF):
         raise DeployError(f"{name}: not a shared library (no ELF header); expected a module "
                           f"written by `aicf compile` or CompiledModel.export")
+    need = _elf_size(data)
+    if len(data) < need:
+        raise DeployError(f"{name}: corrupt file (truncated: {len(data)} bytes, its ELF header places "
+                          f"data up to byte {need}); export it again or copy it whole")
     at = data.find(MAGIC)
     if at < 0:
         raise DeployError(f"{name}: not an AICF module (a shared library without AICF metadata, "
@@ -167,6 +171,21 @@ def read_metadata(path: str | os.PathLike) -> dict:
     if not isinstance(meta, dict) or meta.get("magic") != "aicf-tvm":
         raise DeployError(f"{name}: corrupt AICF metadata (no magic tag)")
     return meta
+
+
+def _elf_size(data: bytes) -> int:
+    """The least size an ELF file of this header has: its header, and its section header
+    table, which linkers write last (``e_shoff + e_shnum * e_shentsize``)."""
+    is_64 = data[4:5] == b"\x02"
+    header = 64 if is_64 else 52
+    if len(data) < header:
+        return header
+    order = "little" if data[5:6] == b"\x01" else "big"
+    shoff, fields = (0x28, 0x3A) if is_64 else (0x20, 0x2E)
+    offset = int.from_bytes(data[shoff:shoff + (8 if is_64 else 4)], order)
+    entsize = int.from_bytes(data[fields:fields + 2], order)
+    count = int.from_bytes(data[fields + 2:fields + 4], order)
+    return max(header, offset + entsize * count)
 
 
 def _host_target() -> dict:
