@@ -22,6 +22,7 @@ import numpy as np
 
 from aicf_tvm.core.errors import AicfError, InputError, TuningError, UnsupportedModelError
 from aicf_tvm.runtime.compiled import Kernel, Outputs, TensorSpec, flat_outputs, load
+from aicf_tvm.runtime.deploy import is_library, manifest, read_metadata
 from aicf_tvm.runtime.targets import describe, resolve_target
 from aicf_tvm.runtime.threads import thread_count, use_threads
 
@@ -221,6 +222,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
+    if is_library(args.model):  # a compiled library: its manifest, read with TVM's runtime alone
+        print(manifest(read_metadata(args.model), args.model))
+        return 0
     from .explainer import explain, kernel_selection
     from .frontends import load_model
     from .pipeline import run_pipeline
@@ -241,7 +245,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     try:
         from aicf_tvm.driver.tuning.run import tune
     except ModuleNotFoundError as err:
-        if err.name != f"{__package__}.tuning":
+        if err.name not in (f"{__package__}.tuning", f"{__package__}.tuning.run"):
             raise
         raise TuningError("aicf tune: this installation has no aicf_tvm.driver.tuning.run module") from err
 
@@ -295,8 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="a TVM device such as cpu or cuda:0 (default: by target)")
 
     p = sub.add_parser("explain", parents=[common, shapes],
-                       help="print the Emit table, contracts and fusion decisions of a model")
-    p.add_argument("model", help=MODEL_HELP)
+                       help="print the Emit table, contracts and fusion decisions of a model, "
+                            "or the manifest of a compiled library (.so)")
+    p.add_argument("model", help=MODEL_HELP + "; or a library written by `aicf compile`")
     p.add_argument("--no-fusion", action="store_true", help="only the Emit table (skip the fusion passes)")
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
     p.add_argument("--database", default=None, metavar="DIR", help="a tuning work dir (`aicf tune`)")

@@ -173,6 +173,42 @@ def read_metadata(path: str | os.PathLike) -> dict:
     return meta
 
 
+def is_library(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a file that starts like a shared library (ELF)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == _ELF
+    except OSError:
+        return False
+
+
+def manifest(meta: dict, name: str) -> str:
+    """What an exported library holds, from its metadata alone (no dlopen): what it was
+    built with and for, its signature with bounds and requirements, its kernels, its Emit
+    table and the fusion summary."""
+    def tensor(spec: dict) -> str:
+        return f"{spec['name']}: {spec['dtype']}[{', '.join(map(str, spec['shape']))}]"
+
+    bounds = meta.get("dim_bounds", {})
+    lines = [
+        (f"{name}: AICF module (format {meta.get('format_version')}, aicf {meta.get('aicf_version')}, "
+         f"TVM {meta.get('tvm_version')})"),
+        f"target: {meta.get('target_description')}",
+        f"needs CPU features: {', '.join(meta.get('isa_features', [])) or 'none recorded'}",
+        f"built on: {meta.get('build_host', {}).get('mcpu', '?')}",
+        "inputs:", *(f"  {tensor(s)}" for s in meta.get("inputs", [])),
+        *(["dims:"] + [f"  {dim} in [{'' if lo is None else lo}, {'' if hi is None else hi}]"
+                       for dim, (lo, hi) in bounds.items()] if bounds else []),
+        *(["requires:"] + [f"  {r}" for r in meta.get("requirements", [])] if meta.get("requirements") else []),
+        "outputs:", *(f"  {tensor(s)}" for s in meta.get("outputs", [])),
+        f"kernels ({len(meta.get('kernels', []))}):",
+        *(f"  {k['name']} ({k['kind']}, {k['schedule']})" for k in meta.get("kernels", [])),
+    ]
+    table = meta.get("emit_table", "")
+    summary = meta.get("fusion", {}).get("summary", "")
+    return "\n".join(lines + ([""] + [table] if table else []) + ([summary] if summary else []))
+
+
 def _elf_size(data: bytes) -> int:
     """The least size an ELF file of this header has: its header, and its section header
     table, which linkers write last (``e_shoff + e_shnum * e_shentsize``)."""

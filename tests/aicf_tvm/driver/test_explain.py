@@ -5,8 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import tvm
 from tvm import relax
 
+import aicf_tvm
 from aicf_tvm import explain
 from aicf_tvm.driver.models import BUILTIN_MODELS
 
@@ -56,3 +58,24 @@ def test_cli_explain_shows_kernel_selection_per_emit(capsys):
     assert rows and all(r[-1] in {"Gemm", "Conv2d", "Attention", "Reduction", "Elementwise", "Fallback", "tuned"}
                         for r in rows)
     assert any(r[2] == "fused_attention" for r in rows)
+
+
+def test_cli_explain_on_a_compiled_library_prints_its_manifest(tmp_path):
+    """A library's manifest comes from its metadata alone: none of our compiler side is loaded."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((tvm.tirx.Var("n", "int64"), 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(relax.op.add(x, x))))
+        bb.emit_func_output(out)
+    lib = aicf_tvm.compile(bb.get()).export(tmp_path / "relu.so")
+    code = ("import sys; from aicf_tvm.driver.cli import main; rc = main(['explain', sys.argv[1]]); "
+            "compiler = ('relax_passes', 'schedules', 'aicf_tvm.driver.pipeline'); "
+            "assert not [m for m in sys.modules if m.startswith(compiler)]; "
+            "sys.exit(rc)")
+    res = subprocess.run([sys.executable, "-c", code, str(lib)], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    text = res.stdout
+    assert text.startswith(f"{lib}: AICF module (format 1") and "target: llvm" in text
+    assert "x: float32[n, 8]" in text and "output: float32[n, 8]" in text
+    assert "kernels (1):" in text and "fused_elementwise" in text and "fusion:" in text
