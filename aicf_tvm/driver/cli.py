@@ -174,10 +174,17 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         raise TuningError(f"--database {args.database}: no such directory")
     if not Path(args.output).resolve().parent.is_dir():
         raise AicfError(f"-o {args.output}: directory {Path(args.output).parent} does not exist")
+    start = time.perf_counter()
     mod = load_model(args.model, **_model_args(args))
+    imported = time.perf_counter() - start
     _status(f"aicf: compiling {args.model} for {describe(target)} ...")
     model = aicf_compile(mod, target, database=args.database)
+    start = time.perf_counter()
     path = model.export(args.output)
+    if args.timings:
+        from .pipeline import format_timings
+
+        print(format_timings({"import": imported, **model.timings, "export": time.perf_counter() - start}))
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
     print(f"target   {describe(target)}")
     print(f"inputs   {_sig(model.inputs)}")
@@ -291,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="the shared library to write (out.so)")
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
     p.add_argument("--database", default=None, help="a MetaSchedule work dir from `aicf tune`")
+    p.add_argument("--timings", action="store_true",
+                   help="print the seconds of each phase: import, normalize, fuse, lower, schedule, codegen, export")
 
     p = sub.add_parser("run", parents=[common], help="run a library written by `aicf compile` on .npy inputs")
     p.add_argument("library", help="the .so written by `aicf compile`")

@@ -16,8 +16,10 @@ for tests and measurements of one stage.
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import tvm
@@ -245,6 +247,14 @@ class Stages:
     kernels: tvm.IRModule | None = None  # one unscheduled PrimFunc per Emit
     lowered: tvm.IRModule | None = None  # scheduled, ready to build
     executable: Any = None
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, in order
+
+
+def format_timings(timings: Mapping[str, float]) -> str:
+    """The phase table ``compile(..., timings=True)`` and ``aicf compile --timings`` print."""
+    total = sum(timings.values())
+    rows = [f"  {name:<10} {secs:8.2f} s  {secs / total:6.1%}" for name, secs in timings.items()] if total else []
+    return "\n".join(["compile phases:", *rows, f"  {'total':<10} {total:8.2f} s"])
 
 
 def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target | None = None, *, until: str = "build",
@@ -270,44 +280,68 @@ def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target | None = None, *, 
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise UnsupportedModelError("the module has no 'main' function")
     report = FusionReport() if report is None else report
-    mod = normalize(mod, options)
+    clock = _Clock()
+    mod = clock("normalize", normalize, mod, options)
     for step in before_optimize:
         mod = step(mod)
-    mod = optimize(mod, report, options=options)
+    mod = clock("fuse", optimize, mod, report, options=options)  # lift, propagate, the fixpoint
     for step in after_optimize:
         mod = step(mod)
-    stages = Stages(report, mod)
+    stages = Stages(report, mod, timings=clock.timings)
     if until == "optimize":
         return stages
-    stages.kernels = lower_emits(mod, target, options)
+    stages.kernels = clock("lower", lower_emits, mod, target, options)
     if until == "kernels":
         return stages
-    stages.lowered = schedule(stages.kernels, target, report=report, options=options)
+    stages.lowered = clock("schedule", schedule, stages.kernels, target, report=report, options=options)
     if until == "build":
-        stages.executable = build(stages.lowered, target)
+        stages.executable = clock("codegen", build, stages.lowered, target)
     return stages
 
 
+class _Clock:
+    """Calls a phase and adds its wall time to ``timings`` under its name."""
+
+    def __init__(self, timings: dict[str, float] | None = None) -> None:
+        self.timings = {} if timings is None else timings
+
+    def __call__(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+
 def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: Sequence[Any] | None = None,
-            threads: int | None = None, options: CompileOptions | None = None) -> CompiledModel:
+            threads: int | None = None, options: CompileOptions | None = None,
+            timings: bool = False) -> CompiledModel:
     """Compile a Relax IRModule (or anything ``load_model`` accepts) to a ``CompiledModel``
     that runs with ``threads`` CPU threads (default: ``aicf_tvm.runtime.threads.thread_count``).
 
     ``options`` carries every setting (``CompileOptions``); ``target`` (default ``"llvm"``),
-    ``database``, ``candidates`` and ``threads`` given replace its own."""
+    ``database``, ``candidates`` and ``threads`` given replace its own. The model's
+    ``timings`` holds the seconds of each phase (import, normalize, fuse, lower, schedule,
+    codegen); ``timings=True`` also prints them (``format_timings``) to stderr."""
     options = options_or_default(options).updated(target=target, database=database, candidates=candidates,
                                                   threads=threads)
     tgt = resolve_target("llvm" if options.target is None else options.target)
     options = options.updated(target=tgt)
     threads = options.threads
     thread_count(threads)  # a bad count fails now, not after the build
-    mod = load_model(mod) if not isinstance(mod, tvm.IRModule) else mod
+    clock = _Clock()
+    if not isinstance(mod, tvm.IRModule):
+        mod = clock("import", load_model, mod)
     # main's outputs and dim requirements as typed right: Relax types a descending arange
     # longer than it is, and its length would be required non-negative (creation_ops)
     mod = NormalizeCreationOps()(mod)
     stages = run_pipeline(mod, options=options)
-    return compiled_model(stages.executable, tgt, mod["main"], report=stages.report, lowered=stages.lowered,
-                          optimized=stages.optimized, threads=threads)
+    model = compiled_model(stages.executable, tgt, mod["main"], report=stages.report, lowered=stages.lowered,
+                           optimized=stages.optimized, threads=threads)
+    model.timings = {**clock.timings, **stages.timings}
+    if timings:
+        print(format_timings(model.timings), file=sys.stderr)
+    return model
 
 
 def get_pipeline(options: CompileOptions | None = None, *, report: FusionReport | None = None,

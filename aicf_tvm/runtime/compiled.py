@@ -172,6 +172,7 @@ class CompiledModel:
         self.kernels = list(kernels or [])
         # () -> (the Emit calls as JSON, the Emit table): what an export records (deploy)
         self.emit_listing = emit_listing
+        self.timings: dict[str, float] = {}  # seconds per compile phase (the driver's compile)
         self.device = device if device is not None else (tvm.cuda() if is_gpu(self.target_spec) else tvm.cpu())
         self.metadata = dict(metadata) if metadata is not None else None
         self.path = path  # the library it was loaded from, if any

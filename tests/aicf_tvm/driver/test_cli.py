@@ -242,3 +242,18 @@ def test_debug_shows_the_traceback(capsys, tmp_path):
     assert main(["compile", str(tmp_path / "nope.onnx"), "-o", "a.so", "--debug"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "UnsupportedModelError" in err
+
+
+def test_compile_timings_prints_every_phase_once(tmp_path, capsys):
+    """``--timings``: import, the pipeline's phases and the export, in order, each a
+    non-negative number of seconds, and a total equal to their sum."""
+    model_path = tmp_path / "linear.onnx"
+    onnx.save(_static_linear_onnx(), model_path)
+    assert main(["compile", str(model_path), "-o", str(tmp_path / "linear.so"), "--timings"]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("compile phases:"):].splitlines()[1:]
+    rows = {line.split()[0]: float(line.split()[1]) for line in table if line.startswith("  ")}
+    names = [n for n in rows if n != "total"]
+    assert names == ["import", "normalize", "fuse", "lower", "schedule", "codegen", "export"]
+    assert all(rows[n] >= 0 for n in names)
+    assert abs(sum(rows[n] for n in names) - rows["total"]) < 0.02

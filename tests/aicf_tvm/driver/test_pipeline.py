@@ -12,7 +12,7 @@ import tvm_ffi
 from aicf_tvm import verify_contracts
 from aicf_tvm.core.report import FusionReport
 from aicf_tvm.driver.models import BUILTIN_MODELS
-from aicf_tvm.driver.pipeline import MAX_ROUNDS, normalize, optimize, run_pipeline, schedule
+from aicf_tvm.driver.pipeline import MAX_ROUNDS, compile, normalize, optimize, run_pipeline, schedule
 from aicf_tvm.driver.tuning.run import lower_for_tuning
 from aicf_tvm.runtime.targets import describe, resolve_target
 from tests.conftest import run_vm
@@ -152,3 +152,11 @@ def test_ops_bound_outside_a_dataflow_block_are_lifted_and_fused():
     got = compiled(data)
     got = got.numpy() if hasattr(got, "numpy") else np.asarray(got)
     np.testing.assert_allclose(got, data @ weight.T + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_compile_records_its_phase_times_and_prints_them_on_request(capsys):
+    model = compile(BUILTIN_MODELS["encoder_layer_small"](), timings=True)
+    assert list(model.timings) == ["normalize", "fuse", "lower", "schedule", "codegen"]
+    assert all(secs >= 0 for secs in model.timings.values())
+    printed = capsys.readouterr().err
+    assert printed.startswith("compile phases:") and all(name in printed for name in model.timings)
