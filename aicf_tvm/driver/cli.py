@@ -1,4 +1,4 @@
-"""The ``aicf`` command: demo, compile, run, explain, tune.
+"""The ``aicf`` command: demo, compile, run, explain, tune, bundle.
 
 Results go to stdout, progress to stderr. Exit code 0 on success; any error prints one
 line (``aicf: error: ...``) and exits 1; ``--debug`` shows the full traceback instead.
@@ -248,6 +248,15 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bundle(args: argparse.Namespace) -> int:
+    from .bundle import bundle
+
+    run = bundle(args.library, args.folder)
+    size = sum(f.stat().st_size for f in run.parent.rglob("*") if f.is_file())
+    print(f"wrote {run.parent} ({size / 1e6:.0f} MB): {run} --input NAME=FILE.npy ... runs it with TVM's runtime alone")
+    return 0
+
+
 def _cmd_tune(args: argparse.Namespace) -> int:
     try:
         from aicf_tvm.driver.tuning.run import tune
@@ -267,6 +276,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _cmd_demo, "compile": _cmd_compile, "run": _cmd_run, "explain": _cmd_explain, "tune": _cmd_tune,
+    "bundle": _cmd_bundle,
 }
 
 
@@ -301,6 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timings", action="store_true",
                    help="print the seconds of each phase: import, normalize, fuse, lower, schedule, codegen, export")
 
+    p = sub.add_parser("bundle", parents=[common],
+                       help="write a folder that runs a library with TVM's runtime alone (no install on the host)")
+    p.add_argument("library", help="the .so written by `aicf compile`")
+    p.add_argument("folder", help="the folder to write (new, or empty)")
     p = sub.add_parser("run", parents=[common], help="run a library written by `aicf compile` on .npy inputs")
     p.add_argument("library", help="the .so written by `aicf compile`")
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="one per model input")

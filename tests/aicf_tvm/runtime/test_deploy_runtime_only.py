@@ -23,6 +23,7 @@ import tvm
 
 import aicf_tvm
 from aicf_tvm import DeployError
+from aicf_tvm.driver.cli import main
 from aicf_tvm.driver.models import SMALL_SIZES, encoder_layer
 from aicf_tvm.runtime import cpu_features, deploy
 from aicf_tvm.runtime.threads import available_cpus
@@ -123,6 +124,24 @@ def test_aicf_run_on_a_runtime_only_host(target_host, exported, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("output: float32[1, 16, 64] -> ")
     np.testing.assert_allclose(np.load(tmp_path / "output.npy"), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_aicf_bundle_runs_the_library_with_nothing_installed(exported, tmp_path):
+    """``aicf bundle``: the folder's run.sh runs the library with ``python -S`` (no
+    site-packages) and TVM's runtime alone, and matches the float64 reference; a folder
+    that holds something is refused and left as it was."""
+    lib, x, expected = exported
+    folder = tmp_path / "bundle"
+    assert main(["bundle", str(lib), str(folder)]) == 0
+    assert not list(folder.rglob("libtvm_compiler*")) and list(folder.rglob("libtvm_runtime.so"))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHON": sys.executable}
+    done = subprocess.run([str(folder / "run.sh"), "--input", f"x={x}", "--output", str(tmp_path / "out")],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "output.npy"), expected, rtol=1e-4, atol=1e-4)
+    before = sorted(p.name for p in folder.iterdir())
+    assert main(["bundle", str(lib), str(folder)]) == 1
+    assert sorted(p.name for p in folder.iterdir()) == before
 
 
 def test_cpu_check_without_llvm_uses_the_recorded_features(exported, monkeypatch):
