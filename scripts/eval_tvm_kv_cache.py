@@ -34,6 +34,8 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
 
+from aicf_tvm.runtime.threads import thread_count, use_threads
+
 TARGET = tvm.target.Target("llvm")
 
 
@@ -341,12 +343,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--big", action="store_true")
     ap.add_argument("--tie", action="store_true")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dlight", action="store_true")
     args = ap.parse_args()
-    os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
+    # the thread count our library would choose here, read (not set): TVM's pool and torch both use it
+    threads = use_threads(thread_count())
+    torch.set_num_threads(threads)
+    print(f"threads: {threads} (aicf_tvm's default on this machine)")
     torch.manual_seed(0)
-    torch.set_num_threads(args.threads)
     if args.big:
         hf_cfg = LlamaConfig(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4,
                              intermediate_size=2816, vocab_size=32000, max_position_embeddings=512,
