@@ -13,11 +13,10 @@ from tvm import relax
 
 from aicf_tvm.core.emit_table import emit_calls, emit_table
 from aicf_tvm.core.kinds.describe import dim_value
-from aicf_tvm.runtime.call_checks import Requirement
 from aicf_tvm.runtime.compiled import CompiledModel, Executable, Kernel, TensorSpec
 from relax_passes.bound_shapes import bounds_of
 from relax_passes.lower_emits import kernel_calls
-from relax_passes.shape_requirements import requirements_of as derive_requirements
+from relax_passes.shape_requirements import requirements_of
 
 
 def _specs_of_type(name: str, ty: relax.Type) -> list[TensorSpec]:
@@ -41,11 +40,6 @@ def dim_bounds_of(func: relax.Function) -> dict[str, list]:
     """``{symbolic dim: [lower or None, upper or None]}`` from ``tir_var_*_bound`` attrs
     (JSON-able, as exported)."""
     return {name: list(pair) for name, pair in bounds_of(func).items()}
-
-
-def requirements_of(func: relax.Function) -> list[Requirement]:
-    """The relations of input dims ``func``'s ops require (``relax_passes.shape_requirements``)."""
-    return derive_requirements(func)
 
 
 def kernels_of(mod: tvm.IRModule) -> list[Kernel]:
