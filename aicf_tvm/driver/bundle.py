@@ -54,15 +54,8 @@ def _copy(source: Path, site: Path) -> None:
         shutil.copy2(source, site / source.name)
 
 
-def bundle(library: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
-    """Write the folder ``out_dir`` (which must not exist, or be empty) that runs
-    ``library`` with TVM's runtime alone; returns its ``run.sh``."""
-    lib = Path(library)
-    read_metadata(lib)  # refuses anything but an intact AICF library
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DeployError(f"aicf bundle: {out} exists and is not an empty folder; nothing was written")
-    site = out / "site"
+def write_runtime_site(site: Path) -> None:
+    """Fill the folder ``site`` with what a runtime-only process imports (module docstring)."""
     site.mkdir(parents=True, exist_ok=True)
     _copy(Path(tvm.__file__).parent, site)
     if list((site / "tvm").rglob("libtvm_compiler*")) or not list((site / "tvm" / "lib").glob("libtvm_runtime*")):
@@ -72,6 +65,17 @@ def bundle(library: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     numpy_libs = _source("numpy").parent / "numpy.libs"  # the wheel's vendored BLAS, where it has one
     if numpy_libs.is_dir():
         shutil.copytree(numpy_libs, site / "numpy.libs")
+
+
+def bundle(library: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Write the folder ``out_dir`` (which must not exist, or be empty) that runs
+    ``library`` with TVM's runtime alone; returns its ``run.sh``."""
+    lib = Path(library)
+    read_metadata(lib)  # refuses anything but an intact AICF library
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DeployError(f"aicf bundle: {out} exists and is not an empty folder; nothing was written")
+    write_runtime_site(out / "site")
     shutil.copy2(lib, out / lib.name)
     run = out / "run.sh"
     python = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -9,27 +9,23 @@ of the encoder layer computed here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import tvm
 
 import aicf_tvm
 from aicf_tvm import DeployError
+from aicf_tvm.driver.bundle import write_runtime_site
 from aicf_tvm.driver.cli import main
 from aicf_tvm.driver.models import SMALL_SIZES, encoder_layer
 from aicf_tvm.runtime import cpu_features, deploy
 from aicf_tvm.runtime.threads import available_cpus
 from tests.aicf_tvm.driver.test_models import numpy_encoder
-
-REPO = Path(__file__).resolve().parents[3]
 
 PROBE = r"""
 import json, sys
@@ -54,29 +50,12 @@ print(json.dumps({"runtime_only": bool(tvm.base._RUNTIME_ONLY), "libs": sorted(t
 """
 
 
-def _link(site: Path, module: str) -> None:
-    """Symlink an installed top-level module (package dir or single file) into ``site``."""
-    origin = Path(importlib.util.find_spec(module).origin)
-    source = origin.parent if origin.name == "__init__.py" else origin
-    (site / source.name).symlink_to(source)
-
-
 @pytest.fixture(scope="module")
 def target_host(tmp_path_factory) -> Path:
+    """The site ``aicf bundle`` writes: TVM without its compiler library, tvm_ffi, numpy,
+    typing_extensions and aicf_tvm, nothing else."""
     site = tmp_path_factory.mktemp("target_host")
-    installed = Path(tvm.__file__).parent
-    (site / "tvm" / "lib").mkdir(parents=True)
-    for entry in installed.iterdir():
-        if entry.name != "lib":
-            (site / "tvm" / entry.name).symlink_to(entry)
-    for lib in (installed / "lib").glob("libtvm_runtime*.so"):
-        shutil.copy2(lib, site / "tvm" / "lib" / lib.name)  # copies: $ORIGIN is this lib dir
-    for module in ("tvm_ffi", "numpy", "typing_extensions"):
-        _link(site, module)
-    numpy_libs = Path(importlib.util.find_spec("numpy").origin).parents[1] / "numpy.libs"
-    if numpy_libs.is_dir():
-        (site / "numpy.libs").symlink_to(numpy_libs)
-    (site / "aicf_tvm").symlink_to(REPO / "aicf_tvm")
+    write_runtime_site(site)
     assert not list(site.rglob("libtvm_compiler*"))
     return site
 
