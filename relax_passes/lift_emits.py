@@ -110,8 +110,25 @@ def _dims(ty) -> list:
 def build_emit_function(call: relax.Call) -> tuple[relax.Function, tuple] | None:
     """The private Emit function for ``call`` and the arguments to call it with."""
     sig = split_call(call)
+    func = _emit_function(call, sig, [])
+    tir_vars = list(relax.analysis.free_symbolic_vars(func))
+    if tir_vars:  # a var of the caller in a non-tensor argument: passed as FuseOps passes it
+        func = _emit_function(call, sig, tir_vars)
+    if relax.analysis.free_symbolic_vars(func) or relax.analysis.free_vars(func):
+        return None  # a var of the caller (a shape value) it cannot bind
+    defined = relax.analysis.defined_symbolic_vars(func)
+    if defined:  # each function must define its own symbolic variables
+        func = func.bind_symbolic_vars({v: tvm.tirx.Var(v.name, v.ty) for v in defined})
+    args = tuple(sig.tensor_args)
+    return func, (*args, relax.ShapeExpr(tir_vars)) if tir_vars else args
+
+
+def _emit_function(call: relax.Call, sig, tir_vars: list[tirx.Expr]) -> relax.Function:
+    """The Emit function of ``call``; ``tir_vars`` (if any) its last parameter, a shape of the
+    caller's symbolic vars that its non-tensor arguments use (``strided_slice(x, end=past)``
+    of a static ``x``), so the parameters keep the caller's extents over them."""
     emit = describe_call(call, sig)
-    types = param_types([a.ty for a in sig.tensor_args])
+    types = param_types([a.ty for a in sig.tensor_args], defined=tir_vars)
     params = [relax.Var(_param_name(p), ty) for p, ty in zip(sig.port_names, types)]
     it = iter(params)
     new_args = []
@@ -125,17 +142,12 @@ def build_emit_function(call: relax.Call) -> tuple[relax.Function, tuple] | None
     body_call = relax.Call(call.op, new_args, call.attrs, call.ty_args)
     bb = relax.BlockBuilder()
     attrs = {"Primitive": True, EMIT_ATTR: emit.to_attr()}
-    with bb.function("emit", params, attrs=attrs, private=True):
+    shape_params = [relax.Var("tir_vars", relax.ShapeType(tir_vars))] if tir_vars else []
+    with bb.function("emit", [*params, *shape_params], attrs=attrs, private=True):
         with bb.dataflow():
             out = bb.emit_output(body_call)
         bb.emit_func_output(out)
-    func = bb.finalize()["emit"]
-    if relax.analysis.free_symbolic_vars(func) or relax.analysis.free_vars(func):
-        return None  # a var of the caller (a shape value, a symbolic dim) it cannot bind
-    defined = relax.analysis.defined_symbolic_vars(func)
-    if defined:  # each function must define its own symbolic variables
-        func = func.bind_symbolic_vars({v: tvm.tirx.Var(v.name, v.ty) for v in defined})
-    return func, sig.tensor_args
+    return bb.finalize()["emit"]
 
 
 def _signature_key(call: relax.Call) -> tuple:
@@ -154,6 +166,7 @@ class _Lifter(PyExprMutator):
     def __init__(self, mod: tvm.IRModule) -> None:
         super().__init__(mod)
         self.cache: dict[tuple, relax.GlobalVar | None] = {}
+        self.tir_vars: dict[tuple, list[tirx.Expr]] = {}  # per cached Emit: the caller's vars it takes
         self.in_dataflow = False
 
     def visit_dataflow_block_(self, block):
@@ -173,12 +186,16 @@ class _Lifter(PyExprMutator):
             if built is None:
                 self.cache[key] = None
             else:
+                last = built[1][-1] if built[1] else None
+                self.tir_vars[key] = list(last.values) if isinstance(last, relax.ShapeExpr) else []
                 name = f"emit_{emit_of(built[0]).kind}"
                 self.cache[key] = self.builder_.add_func(built[0], name)
         gv = self.cache[key]
         if gv is None:
             return call
-        return relax.Call(gv, flat_tensor_args(call))
+        args = flat_tensor_args(call)
+        tir_vars = self.tir_vars[key]
+        return relax.Call(gv, [*args, relax.ShapeExpr(tir_vars)] if tir_vars else args)
 
 
 def lift_function(mod: tvm.IRModule, name: str = "main") -> tvm.IRModule:

@@ -183,6 +183,23 @@ def _squeeze(call: relax.Call) -> list[Cond]:
             for a in call.attrs.axis]
 
 
+def _slice_scatter(call: relax.Call) -> list[Cond]:
+    """The rows land within the data: ``0 <= start <= end <= dim`` on the axis, and (step 1)
+    the rows are ``end - start`` long there."""
+    data, rows = _shape(call.args[0]), _shape(call.args[1])
+    bounds = [a if isinstance(getattr(a, "ty", None), tvm.ir.PrimType) else None for a in call.args[2:5]]
+    if data is None or rows is None or None in bounds[:2]:
+        return []
+    start, end = bounds[0], bounds[1]
+    axis = int(call.attrs.axis) % len(data)
+    conds = [(tirx.And(tirx.And(_le(0, start), _le(start, end)), _le(end, data[axis])),
+              f"its slice of axis {axis} within the data")]
+    step = bounds[2] if len(bounds) > 2 else None
+    if step is None or (isinstance(step, tirx.IntImm) and step.value == 1):
+        conds.append((_eq(rows[axis], end - start), f"its rows fill the slice of axis {axis}"))
+    return conds
+
+
 def _scatter_elements(call: relax.Call) -> list[Cond]:
     i, u = _shape(call.args[1]), _shape(call.args[2])
     if i is None or u is None:
@@ -195,7 +212,7 @@ _RULES: dict[str, Callable[[relax.Call], list[Cond]]] = {
     "relax.matmul": _matmul, "relax.reshape": _reshape, "relax.broadcast_to": _broadcast_to,
     "relax.strided_slice": _strided_slice, "relax.einsum": _einsum,
     "relax.nn.attention": _attention, "relax.squeeze": _squeeze,
-    "relax.scatter_elements": _scatter_elements, "relax.nn.prelu": _prelu,
+    "relax.scatter_elements": _scatter_elements, "relax.slice_scatter": _slice_scatter, "relax.nn.prelu": _prelu,
     **{f"relax.nn.{op}": _conv for op in _CONVS},
     "relax.nn.layer_norm": _norm([1, 2], "axes"), "relax.nn.rms_norm": _norm([1], "axes"),
     "relax.nn.group_norm": _norm([1, 2], "channel_axis"),

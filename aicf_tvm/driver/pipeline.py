@@ -39,6 +39,7 @@ from aicf_tvm.runtime.threads import thread_count
 from relax_passes import FuseEmits, LiftEmits, LowerEmits, PropagateContracts
 from relax_passes.bound_shapes import BoundShapes
 from relax_passes.bounded_tables import PrecomputeBoundedTables
+from relax_passes.cache_in_place import CacheInPlace
 from relax_passes.channels_first import ChannelsFirst
 from relax_passes.clip_pool_windows import ClipPoolWindows
 from relax_passes.combine_projections import CombineProjections
@@ -285,6 +286,7 @@ def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target | None = None, *, 
     for step in before_optimize:
         mod = step(mod)
     mod = clock("fuse", optimize, mod, report, options=options)  # lift, propagate, the fixpoint
+    mod = CacheInPlace(report)(mod)  # donated caches written in place (lowers those writes)
     for step in after_optimize:
         mod = step(mod)
     stages = Stages(report, mod, timings=clock.timings)

@@ -105,26 +105,29 @@ class WithTupleAndSymbolic:
             b = parts[1]
             c = R.concat((a, b), axis=0)
             d = R.reshape(x, R.shape([n * 8]))
-            e = R.reshape(c, R.shape([n * 8]))  # n is not definable from c's (n*2, 4)
+            e = R.reshape(c, R.shape([n * 8]))  # n is not definable from c's (n*2, 4): a tir_vars arg
             R.output(d, e)
         return (d, e)
 
 
 class TestTuplesAndSymbolicShapes:
     """split's tuple result, concat's tuple argument and a symbolic reshape all lift;
-    tuple reads stay structural bindings."""
+    tuple reads stay structural bindings. The reshape of ``c`` names ``n``, which ``c``'s
+    type does not define: its Emit takes ``n`` as a last ``tir_vars`` shape parameter."""
 
     def test_lifts(self):
         after = LiftEmits()(WithTupleAndSymbolic)
         verify_contracts(after)
         kinds = sorted(emit_of(f).kind for gv, f in after.functions_items() if gv.name_hint != "main")
-        assert kinds == ["concat", "reshape", "split"]
+        assert kinds == ["concat", "reshape", "reshape", "split"]
         concat = emit_of(after["emit_concat"])
         assert concat.interface.port_names() == ["tensors.0", "tensors.1", "out"]
         split = emit_of(after["emit_split"])
         assert [p.name for p in split.interface.outputs] == ["out.0", "out.1"]
         e = after["main"].body.blocks[0].bindings[-1].value
-        assert e.op.name == "relax.reshape"  # left as it was, not lifted
+        assert emit_of(after[e.op.name_hint]).kind == "reshape"
+        assert isinstance(e.args[-1], relax.ShapeExpr) and [str(v) for v in e.args[-1].values] == ["n"]
+        assert after[e.op.name_hint].params[-1].name == "tir_vars"
 
     def test_same_numbers(self):
         x = np.random.default_rng(0).standard_normal((3, 8)).astype("float32")
