@@ -95,6 +95,8 @@ _LAZY = {
     "compile": ".driver.pipeline",
     "get_pipeline": ".driver.pipeline",
     "compile_optimizer_step": ".driver.optimizer",
+    "compile_causal_lm": ".driver.llm",
+    "CausalLM": ".runtime.llm",
     "CompiledModel": ".runtime.compiled",
     "explain": ".driver.explainer",
     "from_onnx": ".driver.frontends",
@@ -102,7 +104,7 @@ _LAZY = {
     "load_model": ".driver.frontends",
     "tune": ".driver.tuning.run",
     "TuneResult": ".driver.tuning.run",
-    "load": ".runtime.compiled",
+    "load": ".runtime.llm",
 }
 __all__ += list(_LAZY)
 

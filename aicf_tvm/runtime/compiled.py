@@ -173,6 +173,7 @@ class CompiledModel:
         # () -> (the Emit calls as JSON, the Emit table): what an export records (deploy)
         self.emit_listing = emit_listing
         self.timings: dict[str, float] = {}  # seconds per compile phase (the driver's compile)
+        self.extra_metadata: dict[str, Any] = {}  # more JSON an export records (a CausalLM's config)
         self.device = device if device is not None else (tvm.cuda() if is_gpu(self.target_spec) else tvm.cpu())
         self.metadata = dict(metadata) if metadata is not None else None
         self.path = path  # the library it was loaded from, if any

@@ -66,6 +66,7 @@ def metadata_of(model: CompiledModel) -> dict:
     report = model.report
     host = _host_target()
     return {
+        **model.extra_metadata,
         "magic": "aicf-tvm",
         "format_version": FORMAT_VERSION,
         "aicf_version": __version__,

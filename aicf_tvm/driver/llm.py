@@ -1,0 +1,227 @@
+"""``compile_causal_lm``: a transformers ``*ForCausalLM`` compiled into a ``CausalLM``.
+
+The model is exported by ``torch.export`` as one step function (the signature is in
+``aicf_tvm.runtime.llm``) with the model's own attention code: its KV cache is a
+transformers ``Cache`` whose layers (``_WriteLayer``) write the step's keys and values
+into a preallocated ``[batch, heads, max_length + 1, dim]`` tensor with
+``slice_scatter`` and hand attention the rows ``[0, total)``. The imported function
+donates those tensors (``aicf.donated_inputs``), so ``relax_passes.cache_in_place`` writes
+the rows in place, and the slice to ``total`` joins the fused attention as a view: no
+cache byte is copied per step. ``logits_to_keep=1``: only the last position reaches
+the LM head.
+
+Any decoder whose attention goes through transformers' ``Cache.update`` works this way;
+before it is returned, the compiled model is checked against the PyTorch model on a
+probe prompt and one decode step, and a family that disagrees (or cannot be exported) is
+refused by name.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from aicf_tvm.core.errors import AicfError, UnsupportedModelError
+from aicf_tvm.core.kinds.cache import DONATED_INPUTS_ATTR
+from aicf_tvm.core.options import CompileOptions
+from aicf_tvm.runtime.llm import CausalLM, LMConfig, cache_shapes_of
+
+from .frontends import from_torch
+from .pipeline import _Clock, compile, format_timings
+
+if TYPE_CHECKING:
+    import torch
+
+DEFAULT_MAX_LENGTH = 1024
+# a probe's logits agree with PyTorch's to this (float32 sums in another order)
+PROBE_RTOL, PROBE_ATOL = 1e-3, 1e-4
+PROBE_PROMPT = 5
+
+
+def _write_layer_class() -> type:
+    """The cache layer class (transformers is imported only when a model is compiled)."""
+    import torch
+    from transformers.cache_utils import CacheLayerMixin
+
+    class _WriteLayer(CacheLayerMixin):
+        """One layer's keys or values: rows ``[past, past + new)`` of a preallocated tensor."""
+
+        is_sliding = False
+        is_compileable = True
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, past: Any) -> None:
+            super().__init__()
+            self.keys, self.values, self.past = keys, values, past
+            self.is_initialized = True
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            pass
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            end = self.past + key_states.shape[2]
+            self.keys = torch.slice_scatter(self.keys, key_states, 2, self.past, end)
+            self.values = torch.slice_scatter(self.values, value_states, 2, self.past, end)
+            return self.keys[:, :, :end], self.values[:, :, :end]
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.past + query_length, 0
+
+        def get_seq_length(self) -> int:
+            return self.past
+
+        def get_max_length(self) -> int:
+            return self.keys.shape[2]
+
+    return _WriteLayer
+
+
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """The forward's name for the KV cache: ``cache`` (transformers 5.2x) or ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _returned_cache(out: Any) -> Any:
+    return getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+
+
+def _step_module(model: torch.nn.Module) -> torch.nn.Module:
+    import torch
+    from transformers.cache_utils import Cache
+
+    layer_class = _write_layer_class()
+    keyword = _cache_keyword(model)
+
+    class Step(torch.nn.Module):
+        """ids, mask (its length: the total), the caches -> last logits and the caches."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor, *kv: torch.Tensor) -> tuple:
+            past = mask.shape[1] - ids.shape[1]
+            layers = [layer_class(kv[2 * i], kv[2 * i + 1], past) for i in range(len(kv) // 2)]
+            out = self.model(input_ids=ids, **{keyword: Cache(layers=layers)}, use_cache=True, logits_to_keep=1)
+            return (out.logits, *[t for layer in layers for t in (layer.keys, layer.values)])
+
+    return Step().eval()
+
+
+def load_causal_lm(model: Any) -> torch.nn.Module:
+    """``model`` itself, or the transformers model saved in the folder ``model`` names."""
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isdir(path):
+            raise UnsupportedModelError(f"{path}: not a folder (expected a transformers model saved with "
+                                        f"save_pretrained: config.json and the weights)")
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM
+        except ImportError as err:
+            raise UnsupportedModelError("compile_causal_lm needs transformers and PyTorch: "
+                                        "pip install 'aicf-tvm[llm]'") from err
+        try:
+            return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        except Exception as err:
+            raise UnsupportedModelError(f"{path}: transformers could not load a causal LM from it: "
+                                        f"{str(err).strip().splitlines()[0]}") from err
+    return model
+
+
+def _cache_shapes(model: torch.nn.Module) -> list[tuple[int, ...]]:
+    """[batch, heads, tokens, dim] of each layer's keys and values after one token."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.zeros(1, 1, dtype=torch.long), use_cache=True)
+    layers = getattr(_returned_cache(out), "layers", None)
+    if not layers:
+        raise UnsupportedModelError(f"{type(model).__name__}: its forward returned no per-layer KV cache")
+    shapes = []
+    for i, layer in enumerate(layers):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(keys, torch.Tensor) or keys.ndim != 4 or values is None or values.ndim != 4:
+            raise UnsupportedModelError(
+                f"{type(model).__name__}: layer {i} keeps a {type(layer).__name__} cache, not keys and values "
+                f"of shape [batch, heads, tokens, dim] (recurrent or linear-attention layers are not supported)")
+        shapes += [tuple(keys.shape), tuple(values.shape)]
+    return shapes
+
+
+def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: Any = "llvm", *,
+                      threads: int | None = None,
+                      options: CompileOptions | None = None, timings: bool = False,
+                      check: bool = True) -> CausalLM:
+    """Compile a transformers ``*ForCausalLM`` (or the folder it was saved in) for generation
+    of up to ``max_length`` tokens (prompt + new). The step function takes one sequence
+    (batch 1, the fast path); a ``CausalLM`` runs the rows of a batch one after another.
+
+    ``check`` compares the compiled model's logits with PyTorch's on a probe prompt and
+    one decode step and refuses the model (``UnsupportedModelError``) when they differ.
+    ``timings`` prints the compile phases (export, import, ... codegen)."""
+    import torch
+
+    if max_length < 2:
+        raise ValueError(f"max_length={max_length}: need max_length >= 2")
+    clock = _Clock()
+    model = clock("load", load_causal_lm, model)
+    config = model.config
+    name = f"{type(model).__name__} ({getattr(config, 'model_type', '?')})"
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(f"{name}: an encoder-decoder model; compile_causal_lm takes decoders")
+    model = model.float().eval()
+    shapes = clock("load", _cache_shapes, model)
+    rows = max_length + 1
+    kv = [torch.zeros(1, h, rows, d) for _, h, _, d in shapes]
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    mask = torch.ones(1, 5, dtype=torch.long)
+    prompt = torch.export.Dim("prompt", min=1, max=max_length)
+    total = torch.export.Dim("total", min=1, max=max_length)
+    dynamic = ({1: prompt}, {1: total}, tuple({} for _ in kv))
+    try:
+        mod = clock("export", from_torch, _step_module(model), (ids, mask, *kv), dynamic_shapes=dynamic)
+    except AicfError as err:
+        raise UnsupportedModelError(f"{name}: cannot be compiled for generation: {err}") from err
+    main = mod["main"]
+    donated = [p.name for p in main.params[2:]]
+    mod["main"] = main.with_attr(DONATED_INPUTS_ATTR, donated)
+    compiled = compile(mod, target, options=options, threads=threads)
+    compiled.timings = {**clock.timings, **compiled.timings}
+    if timings:
+        print(format_timings(compiled.timings), file=sys.stderr)
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(config, "eos_token_id", None)
+    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]))
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    lm = CausalLM(compiled, LMConfig(str(getattr(config, "model_type", type(model).__name__)), max_length,
+                                     vocab, cache_shapes_of(shapes), eos_ids))
+    if check:
+        _check_against_torch(lm, model, name)
+    return lm
+
+
+def _check_against_torch(lm: CausalLM, model: torch.nn.Module, name: str) -> None:
+    """The compiled prefill and one decode step agree with PyTorch's logits on a probe."""
+    import torch
+
+    vocab = lm.config.vocab_size
+    prompt = min(PROBE_PROMPT, lm.config.max_length - 1)
+    ids = np.random.default_rng(0).integers(0, vocab, (1, prompt + 1))
+    with torch.no_grad():
+        want = model(input_ids=torch.from_numpy(ids)).logits[0, -2:].numpy()
+    got = [lm.prefill(ids[:, :prompt])[0], lm.decode(ids[:, prompt])[0]]
+    for step, (g, w) in enumerate(zip(got, want)):
+        if not np.allclose(g, w, rtol=PROBE_RTOL, atol=PROBE_ATOL):
+            err = float(np.max(np.abs(g - w)))
+            raise UnsupportedModelError(
+                f"{name}: the compiled {'prefill' if step == 0 else 'decode step'} disagrees with PyTorch on a "
+                f"probe prompt (max |difference| {err:.3g} in the logits); this family is not supported")
+
+
+__all__ = ["DEFAULT_MAX_LENGTH", "compile_causal_lm", "load_causal_lm"]
