@@ -1,4 +1,4 @@
-"""The ``aicf`` command: demo, compile, run, explain, tune, bundle.
+"""The ``aicf`` command: demo, compile, run, explain, tune, bundle, generate.
 
 Results go to stdout, progress to stderr. Exit code 0 on success; any error prints one
 line (``aicf: error: ...``) and exits 1; ``--debug`` shows the full traceback instead.
@@ -274,9 +274,73 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token_ids(text: str) -> list[int]:
+    """An ``argparse`` type: ``1,2,3`` -> [1, 2, 3]."""
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected token ids such as 1,2,3") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("no token ids given")
+    return ids
+
+
+def _tokenizer(folder: str | None) -> Any:
+    """The tokenizer saved in ``folder`` (None when there is none, or no folder)."""
+    if folder is None or not os.path.isdir(folder):
+        return None
+    if not any(os.path.exists(os.path.join(folder, f)) for f in ("tokenizer.json", "tokenizer.model",
+                                                                  "tokenizer_config.json", "vocab.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from aicf_tvm.runtime.llm import CausalLM
+    from aicf_tvm.runtime.llm import load as load_lm
+
+    tokenizer = _tokenizer(args.tokenizer or (args.model if os.path.isdir(args.model) else None))
+    if args.prompt is not None:
+        if tokenizer is None:
+            raise InputError(f"--prompt needs a tokenizer, and none was found in {args.tokenizer or args.model}; "
+                             "give the ids with --prompt-ids 1,2,3 or a folder with --tokenizer")
+        ids = tokenizer(args.prompt, return_tensors="np")["input_ids"].astype(np.int64)
+    else:
+        ids = np.asarray([args.prompt_ids], np.int64)
+    need = ids.shape[1] + args.max_new_tokens
+    if is_library(args.model):
+        lm = load_lm(args.model, threads=args.threads)
+        if not isinstance(lm, CausalLM):
+            raise InputError(f"{args.model}: a library of a model that is no causal LM (write one with "
+                             "`aicf generate MODEL_DIR --save LIB.so`)")
+    else:
+        from .llm import DEFAULT_MAX_LENGTH, compile_causal_lm
+
+        max_length = args.max_length or max(DEFAULT_MAX_LENGTH, need)
+        _status(f"compiling {args.model} for up to {max_length} tokens ...")
+        start = time.perf_counter()
+        lm = compile_causal_lm(args.model, max_length=max_length, target=args.target, threads=args.threads,
+                               timings=args.timings)
+        _status(f"compiled in {time.perf_counter() - start:.1f} s")
+        if args.save:
+            _status(f"wrote {lm.export_library(args.save)}")
+    out = lm.generate(ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                      top_p=args.top_p, seed=args.seed, progress=sys.stderr.isatty())
+    new = out[0, ids.shape[1]:]
+    if tokenizer is not None:
+        print(tokenizer.decode(out[0], skip_special_tokens=True))
+    print("ids: " + ",".join(str(int(t)) for t in out[0]))
+    t = lm.last_timings
+    _status(f"prompt {ids.shape[1]} tokens, {len(new)} new: prefill {t['prefill_ms']:.1f} ms, "
+            f"decode {t['decode_tokens_per_s']:.1f} tokens/s")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _cmd_demo, "compile": _cmd_compile, "run": _cmd_run, "explain": _cmd_explain, "tune": _cmd_tune,
-    "bundle": _cmd_bundle,
+    "bundle": _cmd_bundle, "generate": _cmd_generate,
 }
 
 
@@ -345,6 +409,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel-times-only", action="store_true",
                    help="choose each kernel by its time alone, without timing the best candidates "
                         "again inside the models (on by itself with --rpc and GPU targets)")
+
+    p = sub.add_parser("generate", parents=[common],
+                       help="generate text with a transformers causal LM (a local folder) or a library it was saved to")
+    p.add_argument("model", help="a folder written by transformers' save_pretrained, or a library from --save")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", default=None, metavar="TEXT", help="the prompt (needs the folder's tokenizer)")
+    prompt.add_argument("--prompt-ids", type=_token_ids, default=None, metavar="1,2,3", help="the prompt's token ids")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=32, metavar="N", help="tokens to generate (32)")
+    p.add_argument("--max-length", type=_positive_int, default=None, metavar="L",
+                   help="prompt + new tokens the library serves (default: 1024, or more if the call needs it)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sample")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample among the tokens of probability mass P")
+    p.add_argument("--seed", type=int, default=None, help="the sampling seed")
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help="a folder with the tokenizer (default: MODEL)")
+    p.add_argument("--save", default=None, metavar="LIB.so", help="also write the compiled library here")
+    p.add_argument("--target", default="llvm", help=TARGET_HELP)
+    p.add_argument("--timings", action="store_true", help="print the seconds of each compile phase")
     return parser
 
 

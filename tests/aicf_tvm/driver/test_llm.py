@@ -174,3 +174,35 @@ def test_export_and_load_in_a_fresh_process(tmp_path):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["runtime_only"] and not report["compiler"] and report["tokens"] == want
     assert isinstance(aicf_tvm.load(path), CausalLM)
+
+
+def word_tokenizer(folder) -> None:
+    """A tokenizer of 256 words ``t0`` ... ``t255`` saved in ``folder`` (no hub here)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"t{i}": i for i in range(256)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(folder)
+
+
+def test_aicf_generate_on_a_model_folder_and_its_library(tmp_path, capsys):
+    from aicf_tvm.driver.cli import main
+
+    model = build("llama")
+    folder = tmp_path / "tiny-llama"
+    model.save_pretrained(folder)
+    word_tokenizer(folder)
+    want = reference(model, np.array([[5, 7, 9, 11]]), 6)[0].tolist()
+    lib = tmp_path / "tiny.so"
+    assert main(["generate", str(folder), "--prompt", "t5 t7 t9 t11", "--max-new-tokens", "6",
+                 "--max-length", "16", "--save", str(lib)]) == 0
+    out, err = capsys.readouterr()
+    text, ids = out.strip().splitlines()[-2:]
+    assert ids == "ids: " + ",".join(map(str, want))
+    assert text == " ".join(f"t{i}" for i in want)
+    assert "prefill" in err and "tokens/s" in err
+    assert main(["generate", str(lib), "--prompt-ids", "5,7,9,11", "--max-new-tokens", "6"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "ids: " + ",".join(map(str, want))
+    assert main(["generate", str(lib), "--prompt", "t5", "--max-new-tokens", "2"]) == 1
+    assert "--prompt needs a tokenizer" in capsys.readouterr().err
