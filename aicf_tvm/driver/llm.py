@@ -24,14 +24,21 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import tvm
 
 from aicf_tvm.core.errors import AicfError, UnsupportedModelError
 from aicf_tvm.core.kinds.cache import DONATED_INPUTS_ATTR
-from aicf_tvm.core.options import CompileOptions
-from aicf_tvm.runtime.llm import CausalLM, LMConfig, cache_shapes_of
+from aicf_tvm.core.options import CompileOptions, options_or_default
+from aicf_tvm.core.report import FusionReport
+from aicf_tvm.runtime.compiled import CompiledModel
+from aicf_tvm.runtime.llm import DECODE, CausalLM, LMConfig, cache_shapes_of
+from aicf_tvm.runtime.targets import resolve_target
+from relax_passes.creation_ops import NormalizeCreationOps
 
+from .compiled import compiled_model
 from .frontends import from_torch
-from .pipeline import _Clock, compile, format_timings
+from .merge import merge_functions
+from .pipeline import _Clock, build, format_timings, run_pipeline
 
 if TYPE_CHECKING:
     import torch
@@ -153,6 +160,50 @@ def _cache_shapes(model: torch.nn.Module) -> list[tuple[int, ...]]:
     return shapes
 
 
+def export_step(model: torch.nn.Module, shapes: list[tuple[int, ...]], max_length: int,
+                tokens: int | None = None) -> Any:
+    """The step function as a Relax module (``from_torch``): ``tokens`` new tokens per call,
+    or any number up to ``max_length`` (None)."""
+    import torch
+
+    kv = [torch.zeros(1, h, max_length + 1, d) for _, h, _, d in shapes]
+    ids = torch.zeros(1, tokens or 3, dtype=torch.long)
+    mask = torch.ones(1, 5, dtype=torch.long)
+    total = torch.export.Dim("total", min=1, max=max_length)
+    prompt = {} if tokens else {1: torch.export.Dim("prompt", min=1, max=max_length)}
+    return from_torch(_step_module(model), (ids, mask, *kv),
+                      dynamic_shapes=(prompt, {1: total}, tuple({} for _ in kv)))
+
+
+def compile_steps(steps: dict[str, tvm.IRModule], target: Any, *, options: CompileOptions | None = None,
+                  threads: int | None = None) -> CompiledModel:
+    """One library of the step functions (each module's ``main``, named by its key; "main"
+    first), their caches donated: each runs the pipeline up to its scheduled kernels,
+    without prepacked weights, so that the functions' kernels read the same weight
+    constants; the kernels of the others are renamed ``<name>_<kernel>``, equal constants
+    become one (``merge_functions``), and the whole builds once."""
+    options = options_or_default(options).updated(target=target, threads=threads, prepack_weights=False)
+    tgt = resolve_target("llvm" if options.target is None else options.target)
+    options = options.updated(target=tgt)
+    report, timings, merged, main = FusionReport(), {}, None, None
+    for fname, mod in steps.items():
+        func = mod["main"]
+        mod["main"] = func.with_attr(DONATED_INPUTS_ATTR, [p.name for p in func.params[2:]])
+        mod = NormalizeCreationOps()(mod)
+        stages = run_pipeline(mod, report=report, until="schedule", options=options)
+        for phase, secs in stages.timings.items():
+            timings[phase] = timings.get(phase, 0.0) + secs
+        if merged is None:
+            merged, main = stages.lowered, mod["main"]
+        else:
+            merged = merge_functions(merged, stages.lowered, fname)
+    clock = _Clock(timings)
+    executable = clock("codegen", build, merged, tgt)
+    model = compiled_model(executable, tgt, main, report=report, lowered=merged, threads=options.threads)
+    model.timings = timings
+    return model
+
+
 def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: Any = "llvm", *,
                       threads: int | None = None,
                       options: CompileOptions | None = None, timings: bool = False,
@@ -164,7 +215,6 @@ def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: 
     ``check`` compares the compiled model's logits with PyTorch's on a probe prompt and
     one decode step and refuses the model (``UnsupportedModelError``) when they differ.
     ``timings`` prints the compile phases (export, import, ... codegen)."""
-    import torch
 
     if max_length < 2:
         raise ValueError(f"max_length={max_length}: need max_length >= 2")
@@ -176,22 +226,13 @@ def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: 
         raise UnsupportedModelError(f"{name}: an encoder-decoder model; compile_causal_lm takes decoders")
     model = model.float().eval()
     shapes = clock("load", _cache_shapes, model)
-    rows = max_length + 1
-    kv = [torch.zeros(1, h, rows, d) for _, h, _, d in shapes]
-    ids = torch.zeros(1, 3, dtype=torch.long)
-    mask = torch.ones(1, 5, dtype=torch.long)
-    prompt = torch.export.Dim("prompt", min=1, max=max_length)
-    total = torch.export.Dim("total", min=1, max=max_length)
-    dynamic = ({1: prompt}, {1: total}, tuple({} for _ in kv))
     try:
-        mod = clock("export", from_torch, _step_module(model), (ids, mask, *kv), dynamic_shapes=dynamic)
+        steps = {name: clock("export", export_step, model, shapes, max_length, tokens)
+                 for name, tokens in (("main", None), (DECODE, 1))}
     except AicfError as err:
         raise UnsupportedModelError(f"{name}: cannot be compiled for generation: {err}") from err
-    main = mod["main"]
-    donated = [p.name for p in main.params[2:]]
-    mod["main"] = main.with_attr(DONATED_INPUTS_ATTR, donated)
-    compiled = compile(mod, target, options=options, threads=threads)
-    compiled.timings = {**clock.timings, **compiled.timings}
+    compiled = compile_steps(steps, target, options=options, threads=threads)
+    compiled.timings = {**clock.timings, **{k: v for k, v in compiled.timings.items() if k != "load"}}
     if timings:
         print(format_timings(compiled.timings), file=sys.stderr)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

@@ -188,7 +188,9 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
         if database is not None:  # records are keyed by the PrimFuncs as tuning saw them
             mod = apply_database(mod, target, database, choices, options)  # records of these knobs
         mod = apply_default_schedules(target, options)(mod)
-        mod, packed, refused = prepack_weights(mod)
+        packed, refused = [], []
+        if options.prepack_weights:
+            mod, packed, refused = prepack_weights(mod)
         mod = NaNExactComparisons(target)(mod)  # what the schedules inlined keeps IEEE NaN results
         if options.ieee_arithmetic:  # float + - * / kept from the simplifier and contraction
             mod = IEEEArithmetic(target)(mod)

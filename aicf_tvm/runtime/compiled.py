@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from aicf_tvm.runtime.call_checks import BoundDim, Requirement, check_requiremen
 
 from .cpu_features import unrunnable_here
 from .cuda_binary import install_hook
-from .deploy import DeviceLike, check_target, device_for, export, read_metadata
+from .deploy import DeviceLike, check_target, device_for, export, read_metadata, verify_digest
 from .targets import describe
 from .threads import thread_count, use_threads
 
@@ -282,15 +283,21 @@ def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int
     """A callable ``CompiledModel`` from a library written by ``export``, run with
     ``threads`` CPU threads (default: see ``aicf_tvm.runtime.threads.thread_count``)."""
     name = os.fspath(path)
-    meta = read_metadata(name)
+    meta = read_metadata(name, verify=False)
     target = check_target(meta, name)
     dev = device_for(target, device, name)
     if target.get("kind") == "cuda":
         install_hook()  # the kernels' fatbin travels in the library: no CUDA compiler needed here
-    try:
-        lib = tvm.runtime.load_module(name)
-    except Exception as err:
-        raise DeployError(f"{name}: cannot be loaded: {str(err).strip().splitlines()[0]}") from err
+    # the file's digest is checked while TVM loads it (hashing releases the GIL): a library
+    # of hundreds of MB loads in about the time TVM alone takes
+    with ThreadPoolExecutor(1) as pool:
+        digest = pool.submit(verify_digest, name)
+        try:
+            lib = tvm.runtime.load_module(name)
+        except Exception as err:
+            digest.result()  # a corrupt file is named as such
+            raise DeployError(f"{name}: cannot be loaded: {str(err).strip().splitlines()[0]}") from err
+        digest.result()
     if lib.kind != "relax.VMExecutable":
         raise DeployError(f"{name}: holds a {lib.kind} module, not a Relax VM executable")
     try:

@@ -23,11 +23,14 @@ the features were recorded are checked by mcpu name, as then.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import mmap
 import os
 import platform
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,13 +136,58 @@ def export(model: CompiledModel, path: str | os.PathLike) -> Path:
 
 # --- reading ---------------------------------------------------------------------------------
 
-def read_metadata(path: str | os.PathLike) -> dict:
-    """The metadata embedded by ``export``; ``DeployError`` for any other file."""
+def read_metadata(path: str | os.PathLike, verify: bool = True) -> dict:
+    """The metadata embedded by ``export``; ``DeployError`` for any other file. ``verify``
+    checks the whole file's digest too (``verify_digest``; ``load`` runs that beside
+    TVM's own load instead)."""
     name = os.fspath(path)
+    with _mapped(name) as data:
+        at = _frame_at(name, data)
+        header = data[at:at + _HEADER_LEN]
+        try:
+            version = int(header[len(MAGIC):len(MAGIC) + 2])
+            length = int(header[len(MAGIC) + 2:len(MAGIC) + 10], 16)
+        except ValueError:
+            raise DeployError(f"{name}: corrupt AICF metadata header") from None
+        if version != FORMAT_VERSION:
+            raise DeployError(f"{name}: AICF module format {version}, this aicf_tvm reads {FORMAT_VERSION}; "
+                              f"recompile the model")
+        if verify:
+            _check_digest(name, data, at)
+        payload = data[at + _HEADER_LEN:at + _HEADER_LEN + length]
+    try:
+        meta = json.loads(payload)
+    except ValueError as err:
+        raise DeployError(f"{name}: corrupt AICF metadata ({err})") from err
+    if not isinstance(meta, dict) or meta.get("magic") != "aicf-tvm":
+        raise DeployError(f"{name}: corrupt AICF metadata (no magic tag)")
+    return meta
+
+
+def verify_digest(path: str | os.PathLike) -> None:
+    """``DeployError`` unless the file's bytes are those ``export`` wrote (its SHA-256,
+    recorded in the metadata frame)."""
+    name = os.fspath(path)
+    with _mapped(name) as data:
+        _check_digest(name, data, _frame_at(name, data))
+
+
+@contextlib.contextmanager
+def _mapped(name: str) -> Iterator[mmap.mmap | bytes]:
+    """The file's bytes, mapped (no copy of a library of hundreds of MB)."""
     if not os.path.isfile(name):
         raise DeployError(f"{name}: no such file")
-    data = Path(name).read_bytes()
-    if not data.startswith(_ELF):
+    with open(name, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield b""
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            yield data
+
+
+def _frame_at(name: str, data: mmap.mmap | bytes) -> int:
+    """Where the metadata frame starts, after the checks that need no digest."""
+    if data[:4] != _ELF:
         raise DeployError(f"{name}: not a shared library (no ELF header); expected a module "
                           f"written by `aicf compile` or CompiledModel.export")
     need = _elf_size(data)
@@ -150,28 +198,19 @@ def read_metadata(path: str | os.PathLike) -> dict:
     if at < 0:
         raise DeployError(f"{name}: not an AICF module (a shared library without AICF metadata, "
                           f"e.g. a plain TVM build); write it with `aicf compile` or CompiledModel.export")
-    header = data[at:at + _HEADER_LEN]
-    try:
-        version = int(header[len(MAGIC):len(MAGIC) + 2])
-        length = int(header[len(MAGIC) + 2:len(MAGIC) + 10], 16)
-    except ValueError:
-        raise DeployError(f"{name}: corrupt AICF metadata header") from None
-    if version != FORMAT_VERSION:
-        raise DeployError(f"{name}: AICF module format {version}, this aicf_tvm reads {FORMAT_VERSION}; "
-                          f"recompile the model")
+    return at
+
+
+def _check_digest(name: str, data: mmap.mmap | bytes, at: int) -> None:
     hash_at = at + len(MAGIC) + 10
-    stored = data[hash_at:hash_at + _HASH_LEN]
-    zeroed = data[:hash_at] + b"0" * _HASH_LEN + data[hash_at + _HASH_LEN:]
-    if hashlib.sha256(zeroed).hexdigest().encode() != stored:
+    stored = bytes(data[hash_at:hash_at + _HASH_LEN])
+    digest = hashlib.sha256()
+    with memoryview(data) as view:  # the digest of the file with its own hash field zeroed
+        digest.update(view[:hash_at])
+        digest.update(b"0" * _HASH_LEN)
+        digest.update(view[hash_at + _HASH_LEN:])
+    if digest.hexdigest().encode() != stored:
         raise DeployError(f"{name}: corrupt file (checksum mismatch: truncated or modified after export)")
-    payload = data[at + _HEADER_LEN:at + _HEADER_LEN + length]
-    try:
-        meta = json.loads(payload)
-    except ValueError as err:
-        raise DeployError(f"{name}: corrupt AICF metadata ({err})") from err
-    if not isinstance(meta, dict) or meta.get("magic") != "aicf-tvm":
-        raise DeployError(f"{name}: corrupt AICF metadata (no magic tag)")
-    return meta
 
 
 def is_library(path: str | os.PathLike) -> bool:
@@ -210,7 +249,7 @@ def manifest(meta: dict, name: str) -> str:
     return "\n".join(lines + ([""] + [table] if table else []) + ([summary] if summary else []))
 
 
-def _elf_size(data: bytes) -> int:
+def _elf_size(data: mmap.mmap | bytes) -> int:
     """The least size an ELF file of this header has: its header, and its section header
     table, which linkers write last (``e_shoff + e_shnum * e_shentsize``)."""
     is_64 = data[4:5] == b"\x02"

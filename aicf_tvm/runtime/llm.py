@@ -39,6 +39,8 @@ from .compiled import load as load_model
 
 # metadata key of an exported CausalLM (deploy.metadata_of writes CompiledModel.extra_metadata)
 LLM_KEY = "llm"
+# the function of one new token per call (``main`` takes any number)
+DECODE = "decode"
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,7 @@ class CausalLM:
         model.extra_metadata[LLM_KEY] = config.to_json()
         self._caches: list[list[tvm.runtime.Tensor]] = []  # per sequence: its cache tensors
         self.length = 0  # tokens cached per sequence
+        self._has_decode = _has_function(model, DECODE)
         self.last_timings: dict[str, float] = {}  # of the last generate: prefill_ms, decode_tokens_per_s
 
     def __repr__(self) -> str:
@@ -195,9 +198,10 @@ class CausalLM:
         self._check_room(new, total)
         dev, vm = self.model.device, self.model.vm
         mask = tvm.runtime.tensor(np.ones((1, total), np.int64), dev)
+        step = vm[DECODE if new == 1 and self._has_decode else "main"]
         logits = []
         for row, cache in enumerate(self._caches):
-            out = vm["main"](tvm.runtime.tensor(ids[row:row + 1], dev), mask, *cache)
+            out = step(tvm.runtime.tensor(ids[row:row + 1], dev), mask, *cache)
             self._caches[row] = list(out[1:])  # the same buffers: written in place
             logits.append(out[0].numpy().reshape(-1))
         self.length = total
@@ -252,6 +256,14 @@ class CausalLM:
         return self.model.export(path)
 
 
+def _has_function(model: CompiledModel, name: str) -> bool:
+    try:
+        model.vm[name]
+    except (AttributeError, KeyError, RuntimeError, ValueError):
+        return False
+    return True
+
+
 def _progress(progress: bool | Callable[[int, int], None], total: int) -> Callable[[int | None], None]:
     if callable(progress):
         return lambda done: None if done is None else progress(done, total)
@@ -288,4 +300,4 @@ def cache_shapes_of(shapes: Sequence[Sequence[int]]) -> tuple[tuple[int, int], .
     return tuple((int(s[1]), int(s[3])) for s in shapes)
 
 
-__all__ = ["LLM_KEY", "CausalLM", "LMConfig", "Sampling", "cache_shapes_of", "load"]
+__all__ = ["DECODE", "LLM_KEY", "CausalLM", "LMConfig", "Sampling", "cache_shapes_of", "load"]

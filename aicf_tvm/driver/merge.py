@@ -1,0 +1,78 @@
+"""Two compiled Relax modules as one: ``merge_functions``.
+
+A library may serve several entry functions that share weights (a causal LM's prefill
+step and its one-token decode step, ``aicf_tvm.driver.llm``). Each is compiled from its
+own module; merging adds the other module's ``main`` under a new name and its kernels
+under ``<name>_<kernel>``, and makes every constant of it that equals one of the base
+module (same dtype, shape and bytes) that very constant: the VM's executable stores an
+object once, so the library and the loaded process hold one copy of each weight.
+
+Sound: renaming changes no computation (every reference is renamed with its function),
+and a constant is replaced only by one with the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+
+def _key(const: tvm.ir.expr.GenericConst) -> tuple:
+    data = const.value.numpy()
+    return str(data.dtype), data.shape, hashlib.sha1(np.ascontiguousarray(data).tobytes()).hexdigest()
+
+
+def _constants(func: relax.Function) -> list[tvm.ir.expr.GenericConst]:
+    out: list[tvm.ir.expr.GenericConst] = []
+    relax.analysis.post_order_visit(func, lambda e: out.append(e) if isinstance(e, tvm.ir.expr.GenericConst) else None)
+    return out
+
+
+@mutator
+class _Rewriter(PyExprMutator):
+    """References renamed, constants replaced by their equals of the base module."""
+
+    def __init__(self, renamed: dict[str, tvm.ir.GlobalVar], shared: dict[tuple, tvm.ir.expr.GenericConst]) -> None:
+        super().__init__()
+        self.renamed, self.shared = renamed, shared
+        self.keys: dict[int, tuple] = {}
+
+    def visit_global_var_(self, op: tvm.ir.GlobalVar) -> relax.Expr:
+        return self.renamed.get(op.name_hint, op)
+
+    def visit_generic_const_(self, op: tvm.ir.expr.GenericConst) -> relax.Expr:
+        return self.shared.get(_key(op), op)
+
+
+def merge_functions(base: tvm.IRModule, other: tvm.IRModule, name: str) -> tvm.IRModule:
+    """``base`` plus ``other``'s ``main`` as ``name`` and its other functions as
+    ``<name>_<function>`` (module docstring)."""
+    taken = {gv.name_hint for gv in base.get_global_vars()}
+    if name in taken:
+        raise ValueError(f"merge_functions: the base module already has a function {name!r}")
+    shared = {_key(c): c for f in base.functions.values() if isinstance(f, relax.Function) for c in _constants(f)}
+    bb = relax.BlockBuilder(base)
+    renamed: dict[str, tvm.ir.GlobalVar] = {}
+    rewriter = _Rewriter(renamed, shared)
+    # kernels first, then the Relax functions that call them, ``main`` last
+    items = sorted(other.functions_items(), key=lambda kv: (isinstance(kv[1], relax.Function),
+                                                           kv[0].name_hint == "main"))
+    for gv, func in items:
+        new = name if gv.name_hint == "main" else f"{name}_{gv.name_hint}"
+        if new in taken:
+            raise ValueError(f"merge_functions: {new!r} is in both modules")
+        if isinstance(func, relax.Function):
+            func = rewriter.visit_expr(func)
+        elif not isinstance(func, tirx.PrimFunc):
+            raise TypeError(f"merge_functions: {gv.name_hint} is neither a Relax function nor a PrimFunc")
+        if func.attrs is not None and "global_symbol" in func.attrs:
+            func = func.with_attr("global_symbol", new)
+        renamed[gv.name_hint] = bb.add_func(func, new)
+    return bb.get()
+
+
+__all__ = ["merge_functions"]
