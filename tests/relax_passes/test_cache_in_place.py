@@ -7,43 +7,32 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from tvm.script import ir as I
-from tvm.script import relax as R
-from tvm.script import tirx as T
+from tvm import relax, tirx
 
 import aicf_tvm
 from aicf_tvm.core.kinds.cache import DONATED_INPUTS_ATTR
 
 
 def module(read_again: bool = False) -> tvm.IRModule:
-    @I.ir_module
-    class Mod:
-        @R.function
-        def main(cache: R.Tensor((2, 8, 4), "float32"), rows: R.Tensor((2, "s", 4), "float32"),
-                 mark: R.Tensor(("t",), "int64")):
-            s, t = T.int64(), T.int64()
-            R.func_attr({"tir_var_upper_bound": {"s": 8, "t": 8}})
-            with R.dataflow():
-                new = R.slice_scatter(cache, rows, t - s, t, 1, axis=1)
-                head = R.strided_slice(new, axes=[1], begin=[0], end=[t], assume_inbound=True)
-                total = R.sum(head, axis=[1])
-                R.output(new, total)
-            return (new, total)
-
-    @I.ir_module
-    class ReadsAgain:
-        @R.function
-        def main(cache: R.Tensor((2, 8, 4), "float32"), rows: R.Tensor((2, "s", 4), "float32"),
-                 mark: R.Tensor(("t",), "int64")):
-            s, t = T.int64(), T.int64()
-            R.func_attr({"tir_var_upper_bound": {"s": 8, "t": 8}})
-            with R.dataflow():
-                new = R.slice_scatter(cache, rows, t - s, t, 1, axis=1)
-                total = R.add(R.sum(new, axis=[1]), R.sum(cache, axis=[1]))
-                R.output(new, total)
-            return (new, total)
-
-    return ReadsAgain if read_again else Mod
+    """``new = slice_scatter(cache, rows, t - s, t, axis=1)`` and a sum over ``new[:, :t]``
+    (``read_again``: over ``new`` plus one over the old ``cache``); ``t`` is ``mark``'s length."""
+    s, t = tirx.Var("s", "int64"), tirx.Var("t", "int64")
+    cache = relax.Var("cache", relax.TensorType([2, 8, 4], "float32"))
+    rows = relax.Var("rows", relax.TensorType([2, s, 4], "float32"))
+    mark = relax.Var("mark", relax.TensorType([t], "int64"))
+    op = relax.op
+    bb = relax.BlockBuilder()
+    with bb.function("main", [cache, rows, mark], attrs={"tir_var_upper_bound": {"s": 8, "t": 8}}):
+        with bb.dataflow():
+            new = bb.emit(op.slice_scatter(cache, rows, t - s, t, 1, axis=1))
+            if read_again:
+                total = bb.emit(op.add(op.sum(new, axis=[1]), op.sum(cache, axis=[1])))
+            else:
+                head = bb.emit(op.strided_slice(new, axes=[1], begin=[0], end=[t], assume_inbound=True))
+                total = bb.emit(op.sum(head, axis=[1]))
+            out = bb.emit_output(relax.Tuple([new, total]))
+        bb.emit_func_output(out)
+    return bb.get()
 
 
 def reference(cache: np.ndarray, rows: np.ndarray, t: int, read_again: bool):
