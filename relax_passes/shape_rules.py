@@ -188,7 +188,7 @@ def _slice_scatter(call: relax.Call) -> list[Cond]:
     the rows are ``end - start`` long there."""
     data, rows = _shape(call.args[0]), _shape(call.args[1])
     bounds = [a if isinstance(getattr(a, "ty", None), tvm.ir.PrimType) else None for a in call.args[2:5]]
-    if data is None or rows is None or None in bounds[:2]:
+    if data is None or rows is None or any(b is None for b in bounds[:2]):
         return []
     start, end = bounds[0], bounds[1]
     axis = int(call.attrs.axis) % len(data)

@@ -35,7 +35,8 @@ MAY_IMPORT = {
 # the one place the package names the layers above the core, so that importing the core
 # stays light and ``aicf_tvm.load`` needs only TVM's runtime.
 PUBLIC_LAZY = {
-    "compile", "compile_optimizer_step", "CompiledModel", "explain", "from_onnx", "from_torch",
+    "compile", "compile_optimizer_step", "compile_causal_lm", "CausalLM", "CompiledModel", "explain", "from_onnx",
+    "from_torch",
     "load_model", "tune", "TuneResult", "load", "contract_problems", "verify_contracts", "get_pipeline",
 }
 
