@@ -66,6 +66,8 @@ class CompileOptions:
     attention_head_major: bool = True
     # attention's q·kᵀ inside the softmax's tile loop, kᵀ packed in panels of a tile's keys
     attention_one_pass: bool = True
+    # kᵀ packed per head inside the tile when a tile holds all of a head's rows (decode)
+    attention_pack_in_tile: bool = True
     # the blocked convolution's register tile: "held" (partial tiles in half the registers),
     # "partial" (the most FMAs per step) or "dividing" (columns dividing the width)
     conv_register_tile: str = "held"

@@ -176,25 +176,29 @@ def _under(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> list[LoopRV]:
     raise s_tir.ScheduleError("block is not under the tile loop")
 
 
-def _schedule_pack(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan, key_panels: bool = True) -> None:
+def _schedule_pack(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan, key_panels: bool = True,
+                   parallel: bool = True) -> None:
     """kᵀ ``[b, k, keys]`` from k stored ``[keys, k]``, in panels of a register tile's keys
     (``_key_panels``): blocks of lanes keys x head vectors, read along the head dimension
     (whole vectors), written a key at a time (faster on ViT-B/16 than
-    gathering a vector of keys per store); ``key_panels=False``: kᵀ row-major, as before."""
+    gathering a vector of keys per store); ``key_panels=False``: kᵀ row-major, as before.
+    ``parallel=False``: the pack sits in a tile of the parallel loop (its loops stay serial)."""
     if key_panels:
         _key_panels(sch, pack, plan)
     *outer, head, keys = sch.get_loops(pack)
     whole = _divides(sch, keys, plan.lanes) and _divides(sch, head, plan.head_lanes)
     if not whole or plan.head_lanes < 4:
         vectorize_innermost(sch, keys, plan.lanes)
-        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        if parallel:
+            sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
         return
     keys_outer, keys_inner = sch.split(keys, [None, plan.lanes])
     head_outer, head_inner = sch.split(head, [None, plan.head_lanes])
     sch.reorder(keys_outer, head_outer, keys_inner, head_inner)
     sch.vectorize(head_inner)
     sch.unroll(keys_inner)
-    sch.parallel(sch.fuse(*outer, keys_outer))
+    if parallel:
+        sch.parallel(sch.fuse(*outer, keys_outer))
 
 
 def _key_panels(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan) -> None:
@@ -406,12 +410,18 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
         scores = _tile_loop(sch, found.qk, plan.rows, head_major)
     _compute_at(sch, q_copy, scores)
     placed.append((q_copy, scores))
+    # every row of a head in one tile (a decode step's one query row): kᵀ is packed per
+    # head inside the tile, from L2, instead of all heads' kᵀ through memory first
+    pack_in_tile = options.attention_pack_in_tile and m is not None and m <= plan.rows
+    if pack_in_tile:
+        _compute_at(sch, k_pack, scores)
+        placed.append((k_pack, scores))
     if not all(_computes_once(sch, block, tile, plan.rows) for block, tile in placed):
         return False
     sch.parallel(context)
     if scores is not context:
         sch.parallel(scores)
-    _schedule_pack(sch, k_pack, plan, key_panels=one_pass)
+    _schedule_pack(sch, k_pack, plan, key_panels=one_pass or pack_in_tile, parallel=not pack_in_tile)
     vectorize_innermost(sch, sch.get_loops(q_copy)[-1], lanes)
     _schedule_qk(sch, found.qk, scores, plan)
     for block in [*row_blocks, p_copy]:

@@ -206,3 +206,19 @@ def test_aicf_generate_on_a_model_folder_and_its_library(tmp_path, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1] == "ids: " + ",".join(map(str, want))
     assert main(["generate", str(lib), "--prompt", "t5", "--max-new-tokens", "2"]) == 1
     assert "--prompt needs a tokenizer" in capsys.readouterr().err
+
+
+def test_the_decode_attention_packs_keys_per_head_with_the_same_bits():
+    """``CompileOptions.attention_pack_in_tile``: the decode step's one query row per head
+    gets kᵀ packed inside its head's tile; the logits are the same bits as with the pack
+    of every head first."""
+    model = build("llama")
+    lms = {flag: aicf_tvm.compile_causal_lm(model, max_length=40, check=False,
+                                            options=aicf_tvm.CompileOptions(attention_pack_in_tile=flag))
+           for flag in (True, False)}
+    kernels = {flag: lm.model.lowered.script() for flag, lm in lms.items()}
+    assert kernels[True] != kernels[False]
+    ids = prompts(13, batch=1)
+    for k in range(PROMPT, PROMPT + 8):
+        logits = [lm.prefill(ids) if k == PROMPT else lm.decode([k]) for lm in lms.values()]
+        np.testing.assert_array_equal(logits[0], logits[1])
