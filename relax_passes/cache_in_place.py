@@ -29,9 +29,10 @@ from aicf_tvm.core.emit_graph import EmitGraph, Node
 from aicf_tvm.core.facts import FactTable
 from aicf_tvm.core.kinds.cache import DONATED_INPUTS_ATTR, KIND, cache_write_emit, cache_write_kernel
 from aicf_tvm.core.report import Decision
-from aicf_tvm.core.tvm_values import static_shape
 
+from .dataflow_rewrite import use_counts
 from .emit_rewrite import EmitRewrite
+from .fusion_planner import value_bytes
 from .group_rewrite import body_at_call_site
 
 
@@ -40,27 +41,6 @@ def donated_inputs(func: relax.Function) -> list[str]:
     if func.attrs is None or DONATED_INPUTS_ATTR not in func.attrs:
         return []
     return [str(n) for n in func.attrs[DONATED_INPUTS_ATTR]]
-
-
-def _bytes(ty: relax.TensorType) -> int | None:
-    shape = static_shape(ty)
-    if shape is None:
-        return None
-    n = 1
-    for d in shape:
-        n *= d
-    return n * tvm.runtime.DataType(str(ty.dtype)).bits // 8
-
-
-def _uses(func: relax.Function, var: relax.Var) -> int:
-    count = [0]
-
-    def visit(e: relax.Expr) -> None:
-        if isinstance(e, relax.Var) and e.same_as(var):
-            count[0] += 1
-
-    relax.analysis.post_order_visit(func.body, visit)
-    return count[0]
 
 
 class _Write:
@@ -83,7 +63,7 @@ class _Write:
         if cache.name not in donated:
             return (f"the caller does not donate {cache.name} (the function's {DONATED_INPUTS_ATTR} "
                     "does not name it), so its old value must survive the call")
-        if _uses(func, cache) != 1:
+        if use_counts(func).get(cache, 0) != 1:
             return f"{cache.name} is read elsewhere in the function: writing it would change that read"
         step = self.call.args[4] if len(self.call.args) > 4 else None
         if step is not None and not (isinstance(step, tirx.IntImm) and step.value == 1):
@@ -97,11 +77,11 @@ class _Write:
         return ""
 
     def decision(self) -> Decision:
-        size = _bytes(self.cache.ty)
-        copy = f"{size} B" if size is not None else "the whole cache"
+        size = value_bytes(self.cache)  # 0: a shape that is not static
+        copy = f"{size} B" if size else "the whole cache"
         if self.note:
             return Decision(KIND, (self.name,), False, note=f"{self.note}; each call copies {copy}")
-        return Decision(KIND, (self.name,), True, benefit=size or 0,
+        return Decision(KIND, (self.name,), True, benefit=size,
                         note="rows written in place: 0 cache bytes copied per call")
 
     def lowered(self, bb: relax.BlockBuilder) -> relax.Call:

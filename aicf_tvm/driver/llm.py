@@ -1,9 +1,10 @@
 """``compile_causal_lm``: a transformers ``*ForCausalLM`` compiled into a ``CausalLM``.
 
-The model is exported by ``torch.export`` as one step function (the signature is in
-``aicf_tvm.runtime.llm``) with the model's own attention code: its KV cache is a
+The model is exported by ``torch.export`` as two step functions, ``main`` and ``decode``
+(the signature is in ``aicf_tvm.runtime.llm``; ``compile_steps`` builds them into one
+library), with the model's own attention code: its KV cache is a
 transformers ``Cache`` whose layers (``_WriteLayer``) write the step's keys and values
-into a preallocated ``[batch, heads, max_length + 1, dim]`` tensor with
+into a preallocated ``[1, heads, max_length + 1, dim]`` tensor with
 ``slice_scatter`` and hand attention the rows ``[0, total)``. The imported function
 donates those tensors (``aicf.donated_inputs``), so ``relax_passes.cache_in_place`` writes
 the rows in place, and the slice to ``total`` joins the fused attention as a view: no
@@ -214,8 +215,7 @@ def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: 
 
     ``check`` compares the compiled model's logits with PyTorch's on a probe prompt and
     one decode step and refuses the model (``UnsupportedModelError``) when they differ.
-    ``timings`` prints the compile phases (export, import, ... codegen)."""
-
+    ``timings`` prints the compile phases (load, export, ... codegen)."""
     if max_length < 2:
         raise ValueError(f"max_length={max_length}: need max_length >= 2")
     clock = _Clock()
@@ -227,12 +227,12 @@ def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: 
     model = model.float().eval()
     shapes = clock("load", _cache_shapes, model)
     try:
-        steps = {name: clock("export", export_step, model, shapes, max_length, tokens)
-                 for name, tokens in (("main", None), (DECODE, 1))}
+        steps = {function: clock("export", export_step, model, shapes, max_length, tokens)
+                 for function, tokens in (("main", None), (DECODE, 1))}
     except AicfError as err:
         raise UnsupportedModelError(f"{name}: cannot be compiled for generation: {err}") from err
     compiled = compile_steps(steps, target, options=options, threads=threads)
-    compiled.timings = {**clock.timings, **{k: v for k, v in compiled.timings.items() if k != "load"}}
+    compiled.timings = {**clock.timings, **compiled.timings}
     if timings:
         print(format_timings(compiled.timings), file=sys.stderr)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

@@ -39,7 +39,6 @@ class _Rewriter(PyExprMutator):
     def __init__(self, renamed: dict[str, tvm.ir.GlobalVar], shared: dict[tuple, tvm.ir.expr.GenericConst]) -> None:
         super().__init__()
         self.renamed, self.shared = renamed, shared
-        self.keys: dict[int, tuple] = {}
 
     def visit_global_var_(self, op: tvm.ir.GlobalVar) -> relax.Expr:
         return self.renamed.get(op.name_hint, op)

@@ -1,8 +1,9 @@
 """``CausalLM``: a compiled decoder's generation loop over its in-place KV cache.
 
-The library holds ONE function (``main``) that serves prefill and decode alike:
+The library holds two step functions over one copy of the weights: ``main`` (any number
+of new tokens: prefill) and ``decode`` (exactly one: matrix-vector kernels), each
 
-    main(ids: int64[1, prompt], mask: int64[1, total], cache_0, ..., cache_{2L-1})
+    (ids: int64[1, new], mask: int64[1, total], cache_0, ..., cache_{2L-1})
         -> (logits: float32[1, 1, vocab], cache_0, ..., cache_{2L-1})
 
 ``total`` = the tokens already cached + ``prompt``; ``mask`` is all ones and carries
@@ -127,7 +128,6 @@ class CausalLM:
         model.extra_metadata[LLM_KEY] = config.to_json()
         self._caches: list[list[tvm.runtime.Tensor]] = []  # per sequence: its cache tensors
         self.length = 0  # tokens cached per sequence
-        self._has_decode = _has_function(model, DECODE)
         self.last_timings: dict[str, float] = {}  # of the last generate: prefill_ms, decode_tokens_per_s
 
     def __repr__(self) -> str:
@@ -198,7 +198,8 @@ class CausalLM:
         self._check_room(new, total)
         dev, vm = self.model.device, self.model.vm
         mask = tvm.runtime.tensor(np.ones((1, total), np.int64), dev)
-        step = vm[DECODE if new == 1 and self._has_decode else "main"]
+        # a library written before the decode function had main alone
+        step = vm[DECODE if new == 1 and vm.module.implements_function(DECODE) else "main"]
         logits = []
         for row, cache in enumerate(self._caches):
             out = step(tvm.runtime.tensor(ids[row:row + 1], dev), mask, *cache)
@@ -254,14 +255,6 @@ class CausalLM:
         """Write the library (its metadata records the ``LMConfig``); ``aicf_tvm.load`` of it
         gives a ``CausalLM`` back."""
         return self.model.export(path)
-
-
-def _has_function(model: CompiledModel, name: str) -> bool:
-    try:
-        model.vm[name]
-    except (AttributeError, KeyError, RuntimeError, ValueError):
-        return False
-    return True
 
 
 def _progress(progress: bool | Callable[[int, int], None], total: int) -> Callable[[int | None], None]:
