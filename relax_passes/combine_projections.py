@@ -99,11 +99,13 @@ def _head_split(var: relax.Var, consumers: dict, uses: dict) -> bool:
 
 
 def _key(binding: relax.VarBinding, reshapes: dict) -> relax.Expr | tuple[relax.Expr, tuple[int, ...]]:
-    """What identifies the matmul's left operand: itself, or (source, shape) of a reshape."""
+    """What identifies the matmul's left operand: itself, or (source, shape) of a reshape
+    (a symbolic dim by its expression: within one function a name is one variable)."""
     lhs = binding.value.args[0]
-    if lhs in reshapes:
+    shape = getattr(lhs.ty, "shape", None)
+    if lhs in reshapes and isinstance(shape, relax.ShapeExpr):
         source, _shape = reshapes[lhs].value.args
-        return (source, static_shape(lhs.ty) or ())
+        return (source, tuple(int(d.value) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in shape.values))
     return lhs
 
 
@@ -120,8 +122,8 @@ def _groups(block: relax.DataflowBlock, uses: dict) -> list[list[_Branch]]:
             continue
         lhs, rhs = b.value.args
         w_shape = static_shape(rhs.ty) if isinstance(rhs, tvm.ir.Constant) else None
-        x_shape = static_shape(lhs.ty)
-        if w_shape is None or len(w_shape) != 2 or not x_shape or len(x_shape) < 2:
+        # the rows may be symbolic (a prompt of any length): each column is its own dot product
+        if w_shape is None or len(w_shape) != 2 or getattr(lhs.ty, "ndim", -1) < 2:
             continue
         dtype = str(rhs.ty.dtype)
         if not dtype.startswith("float") or str(lhs.ty.dtype) != dtype or str(b.var.ty.dtype) != dtype:

@@ -30,7 +30,7 @@ import tvm
 from aicf_tvm.core.errors import AicfError, UnsupportedModelError
 from aicf_tvm.core.kinds.cache import DONATED_INPUTS_ATTR
 from aicf_tvm.core.options import CompileOptions, options_or_default
-from aicf_tvm.core.report import FusionReport
+from aicf_tvm.core.report import Decision, FusionReport
 from aicf_tvm.runtime.compiled import CompiledModel
 from aicf_tvm.runtime.llm import DECODE, CausalLM, LMConfig, cache_shapes_of
 from aicf_tvm.runtime.targets import resolve_target
@@ -179,11 +179,13 @@ def export_step(model: torch.nn.Module, shapes: list[tuple[int, ...]], max_lengt
 def compile_steps(steps: dict[str, tvm.IRModule], target: Any, *, options: CompileOptions | None = None,
                   threads: int | None = None) -> CompiledModel:
     """One library of the step functions (each module's ``main``, named by its key; "main"
-    first), their caches donated: each runs the pipeline up to its scheduled kernels,
-    without prepacked weights, so that the functions' kernels read the same weight
-    constants; the kernels of the others are renamed ``<name>_<kernel>``, equal constants
-    become one (``merge_functions``), and the whole builds once."""
-    options = options_or_default(options).updated(target=target, threads=threads, prepack_weights=False)
+    first), their caches donated: each runs the pipeline up to its scheduled kernels; the
+    kernels of the others are renamed ``<name>_<kernel>``, equal constants become one
+    (``merge_functions``), and the whole builds once.  A weight is stored once when every
+    function holds it in the same layout: as stored, or packed at compile time by a GEMM
+    plan that does not depend on the rows (a one-token step packs as a prompt does,
+    ``gemm_plan._one_strip``); the report says per function how many bytes it shares."""
+    options = options_or_default(options).updated(target=target, threads=threads)
     tgt = resolve_target("llvm" if options.target is None else options.target)
     options = options.updated(target=tgt)
     report, timings, merged, main = FusionReport(), {}, None, None
@@ -197,7 +199,10 @@ def compile_steps(steps: dict[str, tvm.IRModule], target: Any, *, options: Compi
         if merged is None:
             merged, main = stages.lowered, mod["main"]
         else:
-            merged = merge_functions(merged, stages.lowered, fname)
+            merged, shared, own = merge_functions(merged, stages.lowered, fname)
+            report.add(Decision("materialize:shared_constants", (fname,), True, benefit=shared,
+                                note=f"{shared / 1e6:.1f} MB of constants stored once with the functions "
+                                     f"before it, {own / 1e6:.1f} MB its own"))
     clock = _Clock(timings)
     executable = clock("codegen", build, merged, tgt)
     model = compiled_model(executable, tgt, main, report=report, lowered=merged, threads=options.threads)

@@ -14,6 +14,7 @@ and a constant is replaced only by one with the same bytes.
 from __future__ import annotations
 
 import hashlib
+from typing import NamedTuple
 
 import numpy as np
 import tvm
@@ -24,6 +25,20 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 def _key(const: tvm.ir.expr.GenericConst) -> tuple:
     data = const.value.numpy()
     return str(data.dtype), data.shape, hashlib.sha1(np.ascontiguousarray(data).tobytes()).hexdigest()
+
+
+def _nbytes(key: tuple) -> int:
+    dtype, shape, _ = key
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+class Merged(NamedTuple):
+    """``merge_functions``' module, and the bytes of the added function's distinct
+    constants: those now the base module's objects (stored once), and its own."""
+
+    module: tvm.IRModule
+    shared_bytes: int
+    own_bytes: int
 
 
 def _constants(func: relax.Function) -> list[tvm.ir.expr.GenericConst]:
@@ -39,17 +54,21 @@ class _Rewriter(PyExprMutator):
     def __init__(self, renamed: dict[str, tvm.ir.GlobalVar], shared: dict[tuple, tvm.ir.expr.GenericConst]) -> None:
         super().__init__()
         self.renamed, self.shared = renamed, shared
+        self.seen: dict[tuple, bool] = {}  # each distinct constant: whether the base has it
 
     def visit_global_var_(self, op: tvm.ir.GlobalVar) -> relax.Expr:
         return self.renamed.get(op.name_hint, op)
 
     def visit_generic_const_(self, op: tvm.ir.expr.GenericConst) -> relax.Expr:
-        return self.shared.get(_key(op), op)
+        key = _key(op)
+        self.seen[key] = key in self.shared
+        return self.shared.get(key, op)
 
 
-def merge_functions(base: tvm.IRModule, other: tvm.IRModule, name: str) -> tvm.IRModule:
+def merge_functions(base: tvm.IRModule, other: tvm.IRModule, name: str) -> Merged:
     """``base`` plus ``other``'s ``main`` as ``name`` and its other functions as
-    ``<name>_<function>`` (module docstring)."""
+    ``<name>_<function>`` (module docstring), with the bytes of ``other``'s constants
+    it shares with ``base`` and of those it does not."""
     taken = {gv.name_hint for gv in base.get_global_vars()}
     if name in taken:
         raise ValueError(f"merge_functions: the base module already has a function {name!r}")
@@ -71,7 +90,9 @@ def merge_functions(base: tvm.IRModule, other: tvm.IRModule, name: str) -> tvm.I
         if func.attrs is not None and "global_symbol" in func.attrs:
             func = func.with_attr("global_symbol", new)
         renamed[gv.name_hint] = bb.add_func(func, new)
-    return bb.get()
+    shared_bytes = sum(_nbytes(key) for key, shared in rewriter.seen.items() if shared)
+    own_bytes = sum(_nbytes(key) for key, shared in rewriter.seen.items() if not shared)
+    return Merged(bb.get(), shared_bytes, own_bytes)
 
 
-__all__ = ["merge_functions"]
+__all__ = ["Merged", "merge_functions"]

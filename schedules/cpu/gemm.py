@@ -61,6 +61,7 @@ from .common import (
 )
 from .gemm_analysis import GemmTraits, IterRole, NormalizedGemm, detect_gemm, normalize_gemm
 from .gemm_blocks import (
+    copies_a_constant,
     find_reduction_block,
     inline_consumers,
     inline_producers,
@@ -166,11 +167,12 @@ class GemmProblem:
     registers: int = 32
     tile_by_area: bool = False
     options: CompileOptions | None = None  # the rule's knobs (the default ones when None)
+    b_constant: bool = False  # B copies a weight that is packed once, at compile time
 
     def plan_args(self) -> tuple:
         """``plan_gemm``'s / ``plan_candidates``' arguments for this problem."""
         return (*self.dims, self.lanes, self.cores, self.registers, self.b_contiguous_in_n,
-                self.norm.b_im2col, self.tile_by_area, self.options)
+                self.norm.b_im2col, self.tile_by_area, self.options, self.b_constant)
 
 
 def prepare_gemm(
@@ -190,7 +192,8 @@ def prepare_gemm(
     dims = tuple(static_extent(iv.dom.extent) for iv in sch.get(main).iter_vars)
     contiguous = norm.b_im2col or last_index_is_iter(sch, norm.b_copy, 1)
     return GemmProblem(norm, dims, lanes, num_cores(target), contiguous, vector_registers(target),
-                       gemm_tiles_by_area(target), options)
+                       gemm_tiles_by_area(target), options,
+                       not norm.b_im2col and copies_a_constant(sch, norm.b_copy))
 
 
 def schedule_gemm(

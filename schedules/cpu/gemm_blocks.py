@@ -148,11 +148,11 @@ def is_plain_copy(block: s_tir.SBlock) -> bool:
             and all(isinstance(i, tirx.Var) for i in body.value.indices))
 
 
-def mark_prepack(sch: s_tir.Schedule, block: SBlockRV, plain_only: bool = False) -> bool:
-    """Mark ``block`` as a compile-time layout rewrite when it reads exactly one buffer and
-    that buffer is a parameter every caller passes a constant (``LAYOUT_FREE_ATTR``, set by
-    ``schedules.prepack_weights.mark_layout_free``); True if marked.  ``plain_only``
-    (tuning's design spaces): only a plain copy, which MetaSchedule can time prepacked."""
+def copies_a_constant(sch: s_tir.Schedule, block: SBlockRV, plain_only: bool = False) -> bool:
+    """Whether ``block`` reads exactly one buffer and that buffer is a parameter every
+    caller passes a constant (``LAYOUT_FREE_ATTR``, set by
+    ``schedules.prepack_weights.mark_layout_free`` when weights are prepacked): a layout
+    rewrite of it can run once, at compile time.  ``plain_only``: only a plain copy."""
     func = sch.mod["main"]
     if func.attrs is None or LAYOUT_FREE_ATTR not in func.attrs:
         return False
@@ -160,7 +160,14 @@ def mark_prepack(sch: s_tir.Schedule, block: SBlockRV, plain_only: bool = False)
     if len(stmt.reads) != 1 or len(stmt.writes) != 1 or (plain_only and not is_plain_copy(stmt)):
         return False
     source = stmt.reads[0].source
-    if not any(source.same_as(func.params[int(i)]) for i in func.attrs[LAYOUT_FREE_ATTR]):
+    return any(source.same_as(func.params[int(i)]) for i in func.attrs[LAYOUT_FREE_ATTR])
+
+
+def mark_prepack(sch: s_tir.Schedule, block: SBlockRV, plain_only: bool = False) -> bool:
+    """Mark ``block`` as a compile-time layout rewrite when it ``copies_a_constant``; True
+    if marked.  ``plain_only`` (tuning's design spaces): only a plain copy, which
+    MetaSchedule can time prepacked."""
+    if not copies_a_constant(sch, block, plain_only):
         return False
     sch.annotate(block, PREPACK_ANNOTATION, tirx.IntImm("int32", 1))
     return True

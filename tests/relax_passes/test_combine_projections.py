@@ -28,10 +28,10 @@ def _ops(mod: tvm.IRModule, name: str) -> int:
 
 
 def _projections(rand: Operands, widths: tuple[int, ...], bias: bool | tuple[bool, ...] = True,
-                 head_split: bool = True):
+                 head_split: bool = True, rows=ROWS):
     """``main(x)``: x projected by one weight per width (with a bias, per branch when
     ``bias`` is a tuple), each result split into heads (reshape + permute_dims) or, with
-    ``head_split=False``, through silu."""
+    ``head_split=False``, through silu; ``rows`` may be a symbolic var."""
     weights = [rand(HIDDEN, w) for w in widths]
     biases = [rand(w) for w in widths]
     with_bias = bias if isinstance(bias, tuple) else (bias,) * len(widths)
@@ -40,18 +40,18 @@ def _projections(rand: Operands, widths: tuple[int, ...], bias: bool | tuple[boo
         outs = []
         for w, b, has_bias in zip(weights, biases, with_bias):
             # once per Linear, as frontends do
-            flat = bb.emit(relax.op.reshape(x, relax.ShapeExpr([ROWS, HIDDEN])))
+            flat = bb.emit(relax.op.reshape(x, relax.ShapeExpr([rows, HIDDEN])))
             y = bb.emit(relax.op.matmul(flat, relax.const(w)))
             if has_bias:
                 y = bb.emit(relax.op.add(relax.const(b), y))
             if head_split:
-                y = bb.emit(relax.op.reshape(y, relax.ShapeExpr([1, ROWS, HEADS, w.shape[1] // HEADS])))
+                y = bb.emit(relax.op.reshape(y, relax.ShapeExpr([1, rows, HEADS, w.shape[1] // HEADS])))
                 outs.append(bb.emit(relax.op.permute_dims(y, [0, 2, 1, 3])))
             else:
                 outs.append(bb.emit(relax.op.nn.silu(y)))
         return relax.Tuple(outs)
 
-    return relax_main([relax.Var("x", relax.TensorType([1, ROWS, HIDDEN], "float32"))], body)
+    return relax_main([relax.Var("x", relax.TensorType([1, rows, HIDDEN], "float32"))], body)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -65,6 +65,20 @@ def test_head_split_projections_become_one_gemm_with_the_same_values(bias):
     assert_matches_reference(lambda a: np.concatenate([o.ravel() for o in run_vm(got, a)]),
                              lambda a: np.concatenate([o.ravel() for o in run_vm(mod, a)]),
                              [[x], [other]], rtol=0, atol=0)
+
+
+def test_projections_of_a_symbolic_number_of_rows_combine_with_the_same_values():
+    """A prompt of any length (``compile_causal_lm``'s prompt function): the rows are
+    symbolic, each column still its own dot product; prompts of 5 and 12 rows keep their
+    bits, and the one-row decode function then combines the same weights (one copy)."""
+    rand = Operands(5)
+    mod = _projections(rand, (32, 16, 16), rows=tvm.tirx.Var("n", "int64"))
+    got = CombineProjections()(mod)
+    assert _ops(mod, "matmul") == 3 and _ops(got, "matmul") == 1 and _ops(got, "strided_slice") == 3
+    for rows in (5, 12):
+        x = rand(1, rows, HIDDEN)
+        for a, b in zip(run_vm(mod, x), run_vm(got, x)):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_a_projection_without_bias_joins_with_an_exact_minus_zero():

@@ -231,7 +231,7 @@ def test_plan_blocks_symbolic_extents():
 
 
 @pytest.mark.parametrize(
-    ("m", "n"), [(128, 3072), (128, 768), (128, 2816), (128, 256), (197, 768), (1, 1000), (49, 512),
+    ("m", "n"), [(128, 3072), (128, 768), (128, 2816), (128, 256), (197, 768), (49, 512),
                  (7, 33), (64, 48)]
 )
 def test_tile_by_area_holds_the_most_accumulators_within_the_slack(m, n):
@@ -269,6 +269,22 @@ def test_tile_by_area_takes_more_rows_where_widest_first_cannot_divide_them():
     for m, n in ((None, 3072), (128, None)):
         by_area = plan_gemm(1, m, n, 768, lanes=16, cores=2, tile_by_area=True)
         assert by_area == plan_gemm(1, m, n, 768, lanes=16, cores=2)
+
+
+@pytest.mark.parametrize("n", [1000, 1024, 2816, 32000, 50257, 151936, 33])
+def test_one_strip_of_rows_takes_the_tile_of_a_symbolic_m(n):
+    """A static M of one strip (a decode step's one row) tiles and packs B as a symbolic M
+    does, by area or not: the prompt and decode functions of ``compile_causal_lm`` then
+    hold a weight in one packed layout, stored once (GPT-2's 50257 columns: by area would
+    take 4 vectors, padding to 50304; the rule takes 2, padding to 50272)."""
+    for m in (1, 2, 6):
+        for b_constant in (False, True):
+            row = plan_gemm(1, m, n, 768, 16, 2, 32, True, False, True, None, b_constant)
+            prompt = plan_gemm(1, None, n, 768, 16, 2, 32, True, False, False, None, b_constant)
+            assert (row.nr, row.n_padded, row.k_padded) == (prompt.nr, prompt.n_padded, prompt.k_padded)
+            panels = prompt.n_padded > prompt.nr  # one panel stored N-innermost is already packed
+            assert row.pack_b == (b_constant and panels) and prompt.pack_b == panels
+    assert plan_gemm(1, 1, 50257, 768, 16, 2, 32, tile_by_area=True).nr == 32
 
 
 def test_plans_follow_the_options_the_rule_is_given():

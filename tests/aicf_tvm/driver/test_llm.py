@@ -7,6 +7,7 @@ where TVM has only its runtime."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -88,6 +89,19 @@ def test_the_cache_is_written_in_place(compiled):
     before = [t for t in lm._caches[0]]
     lm.decode([4])
     assert all(a.same_as(b) for a, b in zip(before, lm._caches[0]))  # the buffers the call was given
+
+
+def test_the_functions_store_each_weight_once(compiled):
+    """Both step functions prepack their GEMM weights alike (one packed layout per weight,
+    q/k/v combined in both): the decode function's constants are the prompt function's
+    objects, all but a few bytes of its own."""
+    model, lm = compiled
+    shared = [d for d in lm.model.report.decisions if d.candidate == "materialize:shared_constants"]
+    assert [d.members for d in shared] == [("decode",)]
+    own = float(re.search(r"([0-9.]+) MB its own", shared[0].note).group(1)) * 1e6
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert shared[0].benefit >= 0.9 * weights and own <= 0.01 * weights
+    assert any(d.candidate == "materialize:layout_transform" and d.accepted for d in lm.model.report.decisions)
 
 
 def test_bad_calls_are_refused(compiled):
