@@ -13,7 +13,7 @@ from tvm import relax
 
 from aicf_tvm.core.emit_table import emit_calls, emit_table
 from aicf_tvm.core.kinds.describe import dim_value
-from aicf_tvm.runtime.compiled import CompiledModel, Executable, Kernel, TensorSpec
+from aicf_tvm.runtime.compiled import CompiledModel, Executable, Kernel, Signature, TensorSpec
 from relax_passes.bound_shapes import bounds_of
 from relax_passes.lower_emits import kernel_calls
 from relax_passes.shape_requirements import requirements_of
@@ -42,9 +42,18 @@ def dim_bounds_of(func: relax.Function) -> dict[str, list]:
     return {name: list(pair) for name, pair in bounds_of(func).items()}
 
 
+def signature_of(func: relax.Function) -> Signature:
+    """A function's inputs, outputs, dim bounds and requirements."""
+    inputs, outputs = specs_of(func)
+    return Signature(inputs, outputs, dim_bounds_of(func), requirements_of(func))
+
+
 def kernels_of(mod: tvm.IRModule) -> list[Kernel]:
+    """The kernel of every call of every entry function (``main``'s first), in program order."""
+    entries = sorted((gv.name_hint for gv, f in mod.functions_items() if isinstance(f, relax.Function)
+                      and f.attrs is not None and "global_symbol" in f.attrs), key=lambda n: n != "main")
     out = []
-    for name in kernel_calls(mod["main"]):
+    for name in [k for entry in entries for k in kernel_calls(mod[entry])]:
         attrs = mod[name].attrs
         kind = str(attrs["aicf.kind"]) if attrs is not None and "aicf.kind" in attrs else "tvm"
         sched = str(attrs["aicf.schedule"]) if attrs is not None and "aicf.schedule" in attrs else "unscheduled"
@@ -62,10 +71,11 @@ def emit_listing(optimized: tvm.IRModule) -> tuple[list, str]:
 def compiled_model(executable: Executable, target: tvm.target.Target, main: relax.Function, *,
                    lowered: tvm.IRModule | None = None, optimized: tvm.IRModule | None = None,
                    **kwargs: Any) -> CompiledModel:
-    """A ``CompiledModel`` of ``executable`` whose signature is ``main``'s."""
-    inputs, outputs = specs_of(main)
+    """A ``CompiledModel`` of ``executable`` whose signature is ``main``'s (the signatures
+    of other entry functions go in ``functions``)."""
+    sig = signature_of(main)
     return CompiledModel(
-        executable, target, inputs=inputs, outputs=outputs, dim_bounds=dim_bounds_of(main),
-        requirements=requirements_of(main), kernels=kernels_of(lowered) if lowered else [],
+        executable, target, inputs=sig.inputs, outputs=sig.outputs, dim_bounds=sig.dim_bounds,
+        requirements=sig.requirements, kernels=kernels_of(lowered) if lowered else [],
         lowered=lowered, optimized=optimized,
         emit_listing=partial(emit_listing, optimized) if optimized is not None else None, **kwargs)

@@ -36,7 +36,7 @@ from aicf_tvm.runtime.llm import DECODE, CausalLM, LMConfig, cache_shapes_of
 from aicf_tvm.runtime.targets import resolve_target
 from relax_passes.creation_ops import NormalizeCreationOps
 
-from .compiled import compiled_model
+from .compiled import compiled_model, signature_of
 from .frontends import from_torch
 from .merge import merge_functions
 from .pipeline import _Clock, build, format_timings, run_pipeline
@@ -188,7 +188,7 @@ def compile_steps(steps: dict[str, tvm.IRModule], target: Any, *, options: Compi
     options = options_or_default(options).updated(target=target, threads=threads)
     tgt = resolve_target("llvm" if options.target is None else options.target)
     options = options.updated(target=tgt)
-    report, timings, merged, main = FusionReport(), {}, None, None
+    report, timings, merged, main, others = FusionReport(), {}, None, None, {}
     for fname, mod in steps.items():
         func = mod["main"]
         mod["main"] = func.with_attr(DONATED_INPUTS_ATTR, [p.name for p in func.params[2:]])
@@ -199,13 +199,15 @@ def compile_steps(steps: dict[str, tvm.IRModule], target: Any, *, options: Compi
         if merged is None:
             merged, main = stages.lowered, mod["main"]
         else:
+            others[fname] = signature_of(mod["main"])
             merged, shared, own = merge_functions(merged, stages.lowered, fname)
             report.add(Decision("materialize:shared_constants", (fname,), True, benefit=shared,
                                 note=f"{shared / 1e6:.1f} MB of constants stored once with the functions "
                                      f"before it, {own / 1e6:.1f} MB its own"))
     clock = _Clock(timings)
     executable = clock("codegen", build, merged, tgt)
-    model = compiled_model(executable, tgt, main, report=report, lowered=merged, threads=options.threads)
+    model = compiled_model(executable, tgt, main, report=report, lowered=merged, threads=options.threads,
+                           functions=others)
     model.timings = timings
     return model
 

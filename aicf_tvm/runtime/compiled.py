@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +139,70 @@ def is_gpu(spec: Mapping[str, Any]) -> bool:
     return spec.get("kind") == "cuda" or "gpu" in (spec.get("keys") or ())
 
 
+@dataclass
+class Signature:
+    """What one function of a module takes and returns: its inputs and outputs, the bounds
+    of its symbolic dims and the relations its dims must meet (checked before a call)."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    dim_bounds: dict[str, list] = field(default_factory=dict)
+    requirements: list[Requirement] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"inputs": [s.to_json() for s in self.inputs], "dim_bounds": self.dim_bounds,
+                "requirements": [r.to_json() for r in self.requirements],
+                "outputs": [s.to_json() for s in self.outputs]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Signature:
+        return cls([TensorSpec.from_json(s) for s in data["inputs"]],
+                   [TensorSpec.from_json(s) for s in data["outputs"]],
+                   dict(data.get("dim_bounds", {})),
+                   [Requirement.from_json(r) for r in data.get("requirements", [])])
+
+    def arrange(self, args: Sequence[npt.ArrayLike], named: Mapping[str, npt.ArrayLike]) -> list[np.ndarray]:
+        """Positional then named inputs, in the order of ``inputs``; names are checked."""
+        names = [s.name for s in self.inputs]
+        expected = ", ".join(names) or "none"
+        if len(args) > len(names):
+            raise InputError(f"expected {len(names)} inputs ({expected}), got {len(args)}")
+        values: dict[str, npt.ArrayLike] = dict(zip(names, args))
+        for key, value in named.items():
+            if key not in names:
+                raise InputError(f"no input named {key!r}; the inputs are: {expected}")
+            if key in values:
+                raise InputError(f"input {key!r} given twice")
+            values[key] = value
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise InputError(f"missing input {', '.join(missing)} (the inputs are: {expected})")
+        return [np.asarray(values[n]) for n in names]
+
+    def check(self, args: Sequence[np.ndarray]) -> None:
+        """``InputError`` unless ``args`` match the inputs: count, dtype, shape, each
+        symbolic dim one value within its bounds, the requirements met."""
+        if len(args) != len(self.inputs):
+            names = ", ".join(s.name for s in self.inputs)
+            raise InputError(f"expected {len(self.inputs)} inputs ({names}), got {len(args)}")
+        bound: dict[str, BoundDim] = {}  # symbolic dim -> (value, the input, its axis)
+        for spec, value in zip(self.inputs, args):
+            value = np.asarray(value)
+            spec.check(value)
+            for axis, (want, got) in enumerate(zip(spec.shape, value.shape)):
+                if not (isinstance(want, str) and want.isidentifier()):
+                    continue
+                first = bound.setdefault(want, (got, spec.name, axis))
+                if first[0] != got:
+                    raise InputError(f"input {spec.name}: dim {want} = {got}, but input {first[1]} "
+                                     f"has {want} = {first[0]}")
+                low, high = self.dim_bounds.get(want, (None, None))
+                if (low is not None and got < low) or (high is not None and got > high):
+                    raise InputError(f"input {spec.name}: dim {want} = {got} is outside its bounds "
+                                     f"[{'' if low is None else low}, {'' if high is None else high}]")
+        check_requirements(self.requirements, bound)
+
+
 class CompiledModel:
     """A compiled module: call it with numpy arrays, get numpy arrays back.
 
@@ -148,7 +212,9 @@ class CompiledModel:
     (``optimized``/``lowered`` are None) but keeps the metadata it was exported with.
     ``target`` is a ``tvm.target.Target`` or its exported dict (``target_spec``, what a
     runtime-only process has). It runs with ``threads`` CPU threads (see
-    ``aicf_tvm.runtime.threads.thread_count`` for the default).
+    ``aicf_tvm.runtime.threads.thread_count`` for the default). A module of several entry
+    functions (a causal LM's prompt and decode steps) runs each with ``call(name, ...)``,
+    checked against its own ``signature(name)``; ``model(...)`` runs ``main``.
     """
 
     def __init__(self, executable: Executable, target: tvm.target.Target | Mapping[str, Any],
@@ -159,7 +225,8 @@ class CompiledModel:
                  device: tvm.runtime.Device | None = None, metadata: Mapping[str, Any] | None = None,
                  path: str | None = None, dim_bounds: Mapping[str, Sequence] | None = None,
                  requirements: Sequence[Requirement] | None = None,
-                 emit_listing: Callable[[], tuple[list, str]] | None = None) -> None:
+                 emit_listing: Callable[[], tuple[list, str]] | None = None,
+                 functions: Mapping[str, Signature] | None = None) -> None:
         self.executable = executable
         self._target = None if isinstance(target, Mapping) else target
         self.target_spec = _spec_of(target)
@@ -171,6 +238,7 @@ class CompiledModel:
         self.inputs = list(inputs or [])
         self.outputs = list(outputs or [])
         self.kernels = list(kernels or [])
+        self._functions = dict(functions or {})  # the entry functions besides main: their signatures
         # () -> (the Emit calls as JSON, the Emit table): what an export records (deploy)
         self.emit_listing = emit_listing
         self.timings: dict[str, float] = {}  # seconds per compile phase (the driver's compile)
@@ -226,56 +294,46 @@ class CompiledModel:
             vm = self._vms.vm = VirtualMachine(self.executable, self.device)
         return vm
 
-    def check_inputs(self, args: Sequence[np.ndarray]) -> None:
-        if len(args) != len(self.inputs):
-            names = ", ".join(s.name for s in self.inputs)
-            raise InputError(f"expected {len(self.inputs)} inputs ({names}), got {len(args)}")
-        bound: dict[str, BoundDim] = {}  # symbolic dim -> (value, the input, its axis)
-        for spec, value in zip(self.inputs, args):
-            value = np.asarray(value)
-            spec.check(value)
-            for axis, (want, got) in enumerate(zip(spec.shape, value.shape)):
-                if not (isinstance(want, str) and want.isidentifier()):
-                    continue
-                first = bound.setdefault(want, (got, spec.name, axis))
-                if first[0] != got:
-                    raise InputError(f"input {spec.name}: dim {want} = {got}, but input {first[1]} "
-                                     f"has {want} = {first[0]}")
-                low, high = self.dim_bounds.get(want, (None, None))
-                if (low is not None and got < low) or (high is not None and got > high):
-                    raise InputError(f"input {spec.name}: dim {want} = {got} is outside its bounds "
-                                     f"[{'' if low is None else low}, {'' if high is None else high}]")
-        check_requirements(self.requirements, bound)
+    def signature(self, function: str = "main") -> Signature:
+        """The inputs, outputs, dim bounds and requirements of ``function``."""
+        if function == "main":
+            return Signature(self.inputs, self.outputs, self.dim_bounds, self.requirements)
+        if function not in self._functions:
+            raise InputError(f"no function {function!r} in {self.path or 'this model'}; "
+                             f"it has: {', '.join(self.function_names)}")
+        return self._functions[function]
 
-    def arrange(self, args: Sequence[npt.ArrayLike], named: Mapping[str, npt.ArrayLike]) -> list[np.ndarray]:
+    @property
+    def function_names(self) -> list[str]:
+        """The functions a caller may run (``call``): ``main`` first."""
+        return ["main", *self._functions]
+
+    def check_inputs(self, args: Sequence[np.ndarray], function: str = "main") -> None:
+        self.signature(function).check(args)
+
+    def arrange(self, args: Sequence[npt.ArrayLike], named: Mapping[str, npt.ArrayLike],
+                function: str = "main") -> list[np.ndarray]:
         """Positional then named inputs, in the order of ``inputs``; names are checked."""
-        names = [s.name for s in self.inputs]
-        expected = ", ".join(names) or "none"
-        if len(args) > len(names):
-            raise InputError(f"expected {len(names)} inputs ({expected}), got {len(args)}")
-        values: dict[str, npt.ArrayLike] = dict(zip(names, args))
-        for key, value in named.items():
-            if key not in names:
-                raise InputError(f"no input named {key!r}; the inputs are: {expected}")
-            if key in values:
-                raise InputError(f"input {key!r} given twice")
-            values[key] = value
-        missing = [n for n in names if n not in values]
-        if missing:
-            raise InputError(f"missing input {', '.join(missing)} (the inputs are: {expected})")
-        return [np.asarray(values[n]) for n in names]
+        return self.signature(function).arrange(args, named)
+
+    def call(self, function: str, *args: np.ndarray, **named: np.ndarray) -> Outputs:
+        """Run ``function`` (one of ``function_names``) on numpy arrays, its inputs checked
+        against its own signature, as ``model(...)`` runs ``main``."""
+        signature = self.signature(function)
+        arrays = signature.arrange(args, named)
+        signature.check(arrays)
+        moved = [to_device(a, self.device) for a in arrays]
+        self.boundary_copies = [spec.name for spec, (_, copied) in zip(signature.inputs, moved) if copied]
+        return _to_numpy(self.vm[function](*[t for t, _ in moved]))
 
     def __call__(self, *args: np.ndarray, **named: np.ndarray) -> Outputs:
-        arrays = self.arrange(args, named)
-        self.check_inputs(arrays)
-        moved = [to_device(a, self.device) for a in arrays]
-        self.boundary_copies = [spec.name for spec, (_, copied) in zip(self.inputs, moved) if copied]
-        return _to_numpy(self.vm["main"](*[t for t, _ in moved]))
+        return self.call("main", *args, **named)
 
-    def benchmark(self, *args: np.ndarray, number: int = 10, repeat: int = 3) -> float:
-        """Median seconds per call of ``main`` (TVM's time evaluator)."""
+    def benchmark(self, *args: np.ndarray, number: int = 10, repeat: int = 3, function: str = "main") -> float:
+        """Median seconds per call of ``function`` (TVM's time evaluator)."""
+        self.signature(function)  # an unknown name is refused by name
         arrays = [tvm.runtime.tensor(_contiguous(a), self.device) for a in args]
-        timer = self.vm.time_evaluator("main", self.device, number=number, repeat=repeat)
+        timer = self.vm.time_evaluator(function, self.device, number=number, repeat=repeat)
         return float(timer(*arrays).median)
 
 
@@ -311,6 +369,7 @@ def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int
             requirements=[Requirement.from_json(r) for r in meta.get("requirements", [])],
             outputs=[TensorSpec.from_json(s) for s in meta["outputs"]],
             kernels=[Kernel(k["name"], k["kind"], k["schedule"]) for k in meta["kernels"]],
+            functions={f: Signature.from_json(sig) for f, sig in meta.get("functions", {}).items()},
         )
     except (KeyError, TypeError, ValueError) as err:
         raise DeployError(f"{name}: incomplete AICF metadata ({type(err).__name__}: {err})") from err

@@ -83,6 +83,8 @@ def metadata_of(model: CompiledModel) -> dict:
         "dim_bounds": model.dim_bounds,
         "requirements": [r.to_json() for r in model.requirements],
         "outputs": [s.to_json() for s in model.outputs],
+        # the other entry functions' signatures (main's are the keys above)
+        "functions": {f: model.signature(f).to_json() for f in model.function_names if f != "main"},
         "kernels": [{"name": k.name, "kind": k.kind, "schedule": k.schedule} for k in model.kernels],
         "emits": emits,
         "emit_table": table,
@@ -229,18 +231,27 @@ def manifest(meta: dict, name: str) -> str:
     def tensor(spec: dict) -> str:
         return f"{spec['name']}: {spec['dtype']}[{', '.join(map(str, spec['shape']))}]"
 
-    bounds = meta.get("dim_bounds", {})
+    def signature(sig: dict, indent: str = "") -> list[str]:
+        bounds = sig.get("dim_bounds", {})
+        return [
+            f"{indent}inputs:", *(f"{indent}  {tensor(s)}" for s in sig.get("inputs", [])),
+            *([f"{indent}dims:"] + [f"{indent}  {dim} in [{'' if lo is None else lo}, {'' if hi is None else hi}]"
+                                    for dim, (lo, hi) in bounds.items()] if bounds else []),
+            *([f"{indent}requires:"] + [f"{indent}  {r}" for r in sig.get("requirements", [])]
+              if sig.get("requirements") else []),
+            f"{indent}outputs:", *(f"{indent}  {tensor(s)}" for s in sig.get("outputs", [])),
+        ]
+
+    functions = meta.get("functions", {})
     lines = [
         (f"{name}: AICF module (format {meta.get('format_version')}, aicf {meta.get('aicf_version')}, "
          f"TVM {meta.get('tvm_version')})"),
         f"target: {meta.get('target_description')}",
         f"needs CPU features: {', '.join(meta.get('isa_features', [])) or 'none recorded'}",
         f"built on: {meta.get('build_host', {}).get('mcpu', '?')}",
-        "inputs:", *(f"  {tensor(s)}" for s in meta.get("inputs", [])),
-        *(["dims:"] + [f"  {dim} in [{'' if lo is None else lo}, {'' if hi is None else hi}]"
-                       for dim, (lo, hi) in bounds.items()] if bounds else []),
-        *(["requires:"] + [f"  {r}" for r in meta.get("requirements", [])] if meta.get("requirements") else []),
-        "outputs:", *(f"  {tensor(s)}" for s in meta.get("outputs", [])),
+        *([f"functions: main, {', '.join(functions)} (main's signature first)"] if functions else []),
+        *signature(meta),
+        *(line for fname, sig in functions.items() for line in [f"function {fname}:", *signature(sig, "  ")]),
         f"kernels ({len(meta.get('kernels', []))}):",
         *(f"  {k['name']} ({k['kind']}, {k['schedule']})" for k in meta.get("kernels", [])),
     ]

@@ -17,6 +17,7 @@ import pytest
 import aicf_tvm
 from aicf_tvm import InputError, UnsupportedModelError
 from aicf_tvm.driver.bundle import write_runtime_site
+from aicf_tvm.runtime.deploy import manifest, read_metadata
 from aicf_tvm.runtime.llm import CausalLM
 from tests.aicf_tvm.runtime.test_deploy_runtime_only import run_on_target_host
 
@@ -104,6 +105,29 @@ def test_the_functions_store_each_weight_once(compiled):
     assert any(d.candidate == "materialize:layout_transform" and d.accepted for d in lm.model.report.decisions)
 
 
+def test_each_function_of_the_library_runs_with_its_own_checks(compiled):
+    """The module serves both step functions: ``call(name, ...)`` checks the inputs against
+    that function's own signature (decode takes one token) and runs it; the logits of a
+    prompt then one decode step, called so, match PyTorch's."""
+    model, lm = compiled
+    m = lm.model
+    assert m.function_names == ["main", "decode"]
+    main, decode = m.signature("main"), m.signature("decode")
+    assert main.inputs[0].shape[1] == "prompt" and decode.inputs[0].shape == (1, 1)
+    ids = prompts(11, batch=1)
+    caches = [np.zeros((1, h, lm.config.cache_rows, d), np.float32) for h, d in lm.config.cache_shapes]
+    out = m.call("main", ids[:, :5], np.ones((1, 5), np.int64), *caches)
+    step = m.call("decode", ids[:, 5:6], np.ones((1, 6), np.int64), *out[1:])
+    with torch.no_grad():
+        want = model(input_ids=torch.from_numpy(ids[:, :6])).logits[0].numpy()
+    np.testing.assert_allclose(np.asarray(out[0]).reshape(-1), want[4], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(step[0]).reshape(-1), want[5], rtol=1e-4, atol=1e-5)
+    with pytest.raises(InputError, match=r"input ids: shape \[1, 2\], expected \[1, 1\]"):
+        m.call("decode", ids[:, 4:6], np.ones((1, 7), np.int64), *out[1:])
+    with pytest.raises(InputError, match="it has: main, decode"):
+        m.call("prefill", ids)
+
+
 def test_bad_calls_are_refused(compiled):
     _, lm = compiled
     with pytest.raises(InputError, match="exceed max_length"):
@@ -187,7 +211,11 @@ def test_export_and_load_in_a_fresh_process(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["runtime_only"] and not report["compiler"] and report["tokens"] == want
-    assert isinstance(aicf_tvm.load(path), CausalLM)
+    loaded = aicf_tvm.load(path)
+    assert isinstance(loaded, CausalLM) and loaded.model.function_names == ["main", "decode"]
+    assert loaded.model.signature("decode").to_json() == lm.model.signature("decode").to_json()
+    shown = manifest(read_metadata(path), str(path))
+    assert "functions: main, decode" in shown and "function decode:\n  inputs:\n    ids: int64[1, 1]" in shown
 
 
 def word_tokenizer(folder) -> None:
