@@ -46,6 +46,8 @@ class CompileOptions:
     prepack_weights: bool = True
     # q/k/v projections of one input as one GEMM (relax_passes.CombineProjections)
     combine_projections: bool = True
+    # a grouped-query attention's one-row matmuls per key/value head (relax_passes.GroupQueryHeads)
+    group_query_heads: bool = True
     # a constant operand whose elements share their bits passed as its one element (ImplicitBroadcasts)
     uniform_constants_as_scalars: bool = True
     # float + - * / kept from TIR's simplifier and FMA contraction (schedules.cpu.ieee_arith)

@@ -47,6 +47,7 @@ from relax_passes.conv1d_as_conv2d import Conv1dAsConv2d
 from relax_passes.creation_ops import NormalizeCreationOps
 from relax_passes.fold_batch_norm import FoldBatchNorm
 from relax_passes.fold_pad import FoldPadIntoConv
+from relax_passes.group_query_heads import GroupQueryHeads
 from relax_passes.ieee_fold import FoldConstantIEEE
 from relax_passes.implicit_broadcasts import ImplicitBroadcasts
 from relax_passes.index_checks import HostIndexChecks
@@ -111,6 +112,7 @@ def normalize(mod: tvm.IRModule, options: CompileOptions | None = None) -> tvm.I
         *([CombineProjections()] if options.combine_projections else []),
         ImplicitBroadcasts(options),
         SinkReshapes(),
+        *([GroupQueryHeads()] if options.group_query_heads else []),
         relax.transform.DeadCodeElimination(),
     ]
     return tvm.transform.Sequential(seq)(mod)

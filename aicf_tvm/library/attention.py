@@ -128,8 +128,11 @@ def attention_requires(m: Match):
     if m.has("mask") and scores.dims is not None:
         mask = m.shapes.get("mask", ShapeFact.top())
         if mask.ndim is not None and mask.ndim == scores.ndim and mask.dims is not None:
-            # the mask may broadcast over batch and heads, never over the score matrix
-            req["mask"] = ShapeFact.shape(tuple(mask.dims[:-2]) + tuple(scores.dims[-2:]))
+            # the mask may broadcast over batch and heads, and over the query rows (one mask
+            # row for every query: a padding mask, or the grouped query heads of a decode
+            # step, relax_passes.GroupQueryHeads), never over the keys
+            rows = 1 if mask.dims[-2] == 1 else scores.dims[-2]
+            req["mask"] = ShapeFact.shape((*mask.dims[:-2], rows, scores.dims[-1]))
     return port_requirement(**req)
 
 

@@ -350,7 +350,10 @@ def _computes_once(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, rows: int
     for iv, value in zip(realize.block.iter_vars, realize.iter_values):
         if not any(v.same_as(var) for v in tirx.analysis.undefined_vars(value)):
             free = free * tirx.Cast("int64", iv.dom.extent)
-    return Analyzer().can_prove(work <= free)
+    analyzer = Analyzer()
+    for dim in tirx.analysis.undefined_vars(work - free):  # shape vars: a key count is never negative
+        analyzer.bind(dim, tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(2**62, "int64")))
+    return analyzer.can_prove(work <= free)
 
 
 def _is_leaf(sch: s_tir.Schedule, loop: LoopRV) -> bool:
