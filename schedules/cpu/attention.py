@@ -219,17 +219,25 @@ def _divides(sch: s_tir.Schedule, loop: LoopRV, factor: int) -> bool:
     return Analyzer().can_prove(tirx.floormod(sch.get(loop).extent, factor) == 0)
 
 
+def _rows_and(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV) -> tuple[list[LoopRV], list[LoopRV]]:
+    """A matmul's loops under the tile: its row loop (none when ``compute_at`` dropped a
+    tile of one row) and the other two."""
+    loops = _under(sch, block, tile)
+    return (loops[:1], loops[1:]) if len(loops) == 3 else ([], loops)
+
+
 def _schedule_qk(sch: s_tir.Schedule, qk: SBlockRV, tile: LoopRV, plan: AttentionPlan) -> None:
     """rows x key_vectors vectors of scores accumulated over k in registers."""
-    rows, keys, k = _under(sch, qk, tile)
+    rows, (keys, k) = _rows_and(sch, qk, tile)
     if not _divides(sch, keys, plan.key_width):
         return  # a single key (not padded): nothing to vectorize
     symbolic = static_extent(sch.get(keys).extent) is None
     outer, vectors, lanes = sch.split(keys, [None, plan.key_vectors, plan.lanes])
-    sch.reorder(outer, k, rows, vectors, lanes)
+    sch.reorder(outer, k, *rows, vectors, lanes)
     sch.vectorize(lanes)
     sch.unroll(vectors)
-    sch.unroll(rows)
+    for loop in rows:
+        sch.unroll(loop)
     if symbolic:
         _accumulate_locally(sch, qk, outer, plan.lanes)
     init = sch.decompose_reduction(qk, k)
@@ -250,12 +258,13 @@ def _accumulate_locally(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, lane
 
 def _schedule_pv(sch: s_tir.Schedule, pv: SBlockRV, tile: LoopRV, plan: AttentionPlan) -> None:
     """rows x (head vectors / head_splits) vectors of the output accumulated over the keys."""
-    rows, head, keys = _under(sch, pv, tile)
+    rows, (head, keys) = _rows_and(sch, pv, tile)
     part, vectors, lanes = sch.split(head, [plan.head_splits, None, plan.head_lanes])
-    sch.reorder(part, keys, rows, vectors, lanes)
+    sch.reorder(part, keys, *rows, vectors, lanes)
     sch.vectorize(lanes)
     sch.unroll(vectors)
-    sch.unroll(rows)
+    for loop in rows:
+        sch.unroll(loop)
     init = sch.decompose_reduction(pv, keys)
     sch.vectorize(sch.get_loops(init)[-1])
 
