@@ -127,6 +127,7 @@ class CausalLM:
         self.config = config
         model.extra_metadata[LLM_KEY] = config.to_json()
         self._caches: list[list[tvm.runtime.Tensor]] = []  # per sequence: its cache tensors
+        self._ones: tvm.runtime.Tensor | None = None  # [1, max_length] ones: each step's mask is a view
         self.length = 0  # tokens cached per sequence
         self.last_timings: dict[str, float] = {}  # of the last generate: prefill_ms, decode_tokens_per_s
 
@@ -197,16 +198,18 @@ class CausalLM:
         total = self.length + new
         self._check_room(new, total)
         dev, vm = self.model.device, self.model.vm
-        mask = tvm.runtime.tensor(np.ones((1, total), np.int64), dev)
+        if self._ones is None:  # the mask of every step: a view of its first total columns
+            self._ones = tvm.runtime.tensor(np.ones((1, self.config.max_length), np.int64), dev)
+        mask = self._ones._create_view((1, total))
         # a library written before the decode function had main alone
         step = vm[DECODE if new == 1 and vm.module.implements_function(DECODE) else "main"]
         logits = []
         for row, cache in enumerate(self._caches):
             out = step(tvm.runtime.tensor(ids[row:row + 1], dev), mask, *cache)
             self._caches[row] = list(out[1:])  # the same buffers: written in place
-            logits.append(out[0].numpy().reshape(-1))
+            logits.append(out[0].numpy().reshape(1, -1))
         self.length = total
-        return np.stack(logits)
+        return logits[0] if len(logits) == 1 else np.concatenate(logits)
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, input_ids: npt.ArrayLike, max_new_tokens: int = 32, *, temperature: float = 0.0,
@@ -238,7 +241,7 @@ class CausalLM:
             if step:  # a finished row repeats its stop token
                 token = np.where(done, out[-1][:, 0], token)
             out.append(token[:, None])
-            done |= np.isin(token, list(stops)) if stops else False
+            done |= np.fromiter((int(t) in stops for t in token), bool, len(token))
             report(step + 1)
             if step + 1 == max_new_tokens or done.all():
                 break
