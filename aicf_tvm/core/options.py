@@ -41,8 +41,8 @@ class CompileOptions:
     verify_each_pass: bool = field(default_factory=debug_from_env)
     # float32 exp/erf/tanh/... as SIMD arithmetic, not one libm call per lane (False: measure it)
     vector_math: bool = True
-    # constant GEMM operands packed at compile time (False: the kernels read the weights as
-    # stored, so that two functions of one library share one copy: compile_causal_lm)
+    # constant GEMM operands packed at compile time, for a small M too (False: packed per call,
+    # or read as stored by a small M)
     prepack_weights: bool = True
     # q/k/v projections of one input as one GEMM (relax_passes.CombineProjections)
     combine_projections: bool = True
