@@ -43,7 +43,7 @@ from tvm import relax
 
 from aicf_tvm.core.tvm_values import static_shape
 
-from .dataflow_rewrite import rewrite_dataflow_blocks
+from .dataflow_rewrite import rewrite_and_drop_dead, splice_block
 
 _MATMUL, _ADD, _RESHAPE = "relax.matmul", "relax.add", "relax.reshape"
 Block = relax.DataflowBlock
@@ -207,14 +207,9 @@ def _combine(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> 
             start += width
             if br.bias is not None:
                 dropped.add(br.matmul.var)
-    out = []
-    for b in block.bindings:
-        out.extend(first.get(b.var, []))
-        if b.var in replaced:
-            out.append(replaced[b.var])
-        elif b.var not in dropped:
-            out.append(b)
-    return relax.DataflowBlock(out), True
+    replace = {var: [] for var in dropped}
+    replace.update({var: [binding] for var, binding in replaced.items()})
+    return splice_block(block, replace, before=first), True
 
 
 @tvm.transform.module_pass(opt_level=0, name="CombineProjections")
@@ -222,10 +217,7 @@ class CombineProjections:
     """Merge the head-split GEMMs of one input into one GEMM read through slices."""
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        out = rewrite_dataflow_blocks(mod, _rewrite_block)
-        if out.same_as(mod):
-            return mod
-        return relax.transform.DeadCodeElimination()(out)  # the branches' own reshapes of x
+        return rewrite_and_drop_dead(mod, _rewrite_block)  # the branches' own reshapes of x
 
 
 def _rewrite_block(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> tuple[Block, bool]:

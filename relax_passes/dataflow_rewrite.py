@@ -58,6 +58,25 @@ def rewrite_dataflow_blocks(mod: tvm.IRModule, rewrite: BlockRewrite, *,
     return relax.transform.Normalize()(mod)
 
 
+def splice_block(block: relax.DataflowBlock, replace: dict, before: dict | None = None) -> relax.DataflowBlock:
+    """``block`` with each binding whose var is a key of ``replace`` replaced by that list
+    of bindings (empty: dropped), and the bindings of ``before`` (var -> list) put in front
+    of the binding of that var."""
+    before = before or {}
+    out = []
+    for b in block.bindings:
+        out.extend(before.get(b.var, []))
+        out.extend(replace.get(b.var, [b]))
+    return relax.DataflowBlock(out)
+
+
+def rewrite_and_drop_dead(mod: tvm.IRModule, rewrite: BlockRewrite, *, to_fixpoint: bool = False) -> tvm.IRModule:
+    """``rewrite_dataflow_blocks``, then TVM's DeadCodeElimination when anything changed
+    (the bindings the rewrite left unread); ``mod`` itself when nothing did."""
+    out = rewrite_dataflow_blocks(mod, rewrite, to_fixpoint=to_fixpoint)
+    return mod if out.same_as(mod) else relax.transform.DeadCodeElimination()(out)
+
+
 def rewrite_op_calls(func: relax.Function, pattern: DFPattern, rewrite: Callable[[relax.Expr, dict], relax.Expr]
                      ) -> relax.Function:
     """``relax.dpl.rewrite_call(pattern, rewrite, func)`` on a Relax function, leaving a

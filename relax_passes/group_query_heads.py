@@ -44,7 +44,7 @@ from tvm import relax
 
 from aicf_tvm.core.tvm_values import static_shape
 
-from .dataflow_rewrite import rewrite_dataflow_blocks
+from .dataflow_rewrite import rewrite_and_drop_dead, splice_block
 
 Block = relax.DataflowBlock
 
@@ -330,16 +330,9 @@ def _rewrite_block(bb: relax.BlockBuilder, block: Block, uses: dict) -> tuple[Bl
     new = _regroup(bb, att) if att is not None else None
     if new is None:
         return block, False
-    region = {b.var for b in att.region}
-    out = []
-    for b in block.bindings:
-        if b.var.same_as(att.qk.var):
-            continue
-        if b.var.same_as(att.pv.var):
-            out.extend(new)
-        elif b.var not in region:
-            out.append(b)
-    return relax.DataflowBlock(out), True
+    replace = {b.var: [] for b in (att.qk, *att.region)}
+    replace[att.pv.var] = new
+    return splice_block(block, replace), True
 
 
 @tvm.transform.module_pass(opt_level=0, name="GroupQueryHeads")
@@ -347,10 +340,7 @@ class GroupQueryHeads:
     """One-row grouped-query matmuls per key/value head (module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        out = rewrite_dataflow_blocks(mod, _rewrite_block, to_fixpoint=True)  # each attention in turn
-        if out.same_as(mod):
-            return mod
-        return relax.transform.DeadCodeElimination()(out)  # the repeated k and v
+        return rewrite_and_drop_dead(mod, _rewrite_block, to_fixpoint=True)  # each attention in turn
 
 
 __all__ = ["GroupQueryHeads"]
