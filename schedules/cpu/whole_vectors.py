@@ -5,8 +5,11 @@ A max is idempotent: a term that is already in the set changes nothing (a NaN th
 already a term; so was either zero).  So the reduction can run over more terms, as long
 as each extra one repeats a real one:
 
-* a symbolic extent ``n``: ``max(x[min(k, n - 1)] for k < ceil(n / lanes) * lanes)``, the
-  extra terms repeat ``x[n - 1]``;
+* a symbolic extent ``n``: ``max(x[min(k // lanes * lanes, n - lanes) + k % lanes] for k <
+  ceil(n / lanes) * lanes)`` when ``n >= lanes`` (the last vector ends at ``n``, as for a
+  constant below), else ``max(x[min(k, n - 1)] ...)``, the extra terms repeating ``x[n - 1]``;
+  the choice is one branch per term on a value the whole loop shares (``if_then_else``
+  evaluates only the branch it takes);
 * a constant ``n`` above ``lanes`` but not a multiple: the last vector is read where it
   ends at ``n`` instead of where it starts, ``x[min(k // lanes * lanes, n - lanes) + k %
   lanes]`` over ``ceil(n / lanes) * lanes`` terms; it repeats the ``lanes - n % lanes``
@@ -63,15 +66,27 @@ def _padded(loop: tirx.For, lanes: int) -> tirx.For:
             or any(uses_var(index, reduce_iv.var) for index in block.body.indices)):
         return loop
     var = reduce_iv.var
+    store = block.body
     if constant is None:
         padded = tirx.floordiv(extent + (lanes - 1), lanes) * lanes
         clamped = tirx.min(var, extent - 1)
+        # at least a vector of keys: the last vector ends at the extent (every vector one
+        # contiguous load; a clamped index is a gather); fewer: the clamped index
+        lane = tirx.const(lanes, str(var.ty))
+        overlap = (tirx.max(tirx.min(tirx.floordiv(var, lanes) * lanes, extent - lane), tirx.const(0, str(var.ty)))
+                   + tirx.floormod(var, lanes))
+        def chosen(term: tirx.Expr) -> tirx.Expr:  # the term of key var, read by one index or the other
+            if not uses_var(term, var):
+                return term  # the accumulator
+            return tirx.if_then_else(lane <= extent, _substitute(term, var, overlap), _substitute(term, var, clamped))
+
+        value = tirx.Max(chosen(store.value.a), chosen(store.value.b))  # the operands in their order
     else:  # the last vector ends at the extent: it overlaps the one before
         padded = tirx.const(-(-constant // lanes) * lanes, str(extent.ty))
         clamped = (tirx.min(tirx.floordiv(var, lanes) * lanes, tirx.const(constant - lanes, str(var.ty)))
                    + tirx.floormod(var, lanes))
-    store = block.body
-    body = tirx.BufferStore(store.buffer, _substitute(store.value, var, clamped), store.indices)
+        value = _substitute(store.value, var, clamped)
+    body = tirx.BufferStore(store.buffer, value, store.indices)
     reads = [_substitute(region, var, clamped) for region in block.reads]
     domain = Range.from_min_extent(tirx.const(0, str(padded.ty)), padded)
     iv = tirx.IterVar(domain, var, reduce_iv.iter_type)
