@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import tvm_ffi
 from tvm import relax
 
 from relax_passes.index_checks import IndexChecker
@@ -63,10 +64,90 @@ def _gather(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax.Var
     return importer.block_builder.emit(relax.op.gather_elements(data, index, axis=axis))
 
 
+def _index_tensor(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax.Var:
+    """Advanced indexing ``x[..., i, j, ...]`` by integer index tensors (``F.unfold``
+    exports as one), by NumPy's rules, which TVM's translator gets wrong when the index
+    shapes broadcast: the index tensors broadcast together; when they index consecutive
+    axes the result has their broadcast shape in place of those axes, else in front (the
+    indexed axes moved to the front first). Each index is checked against its axis (from
+    the end when negative, as PyTorch counts), combined into one row-major index over the
+    indexed axes, and taken from ``x`` with those axes merged. Boolean masks (a result
+    whose shape depends on the data) are left to TVM's translator."""
+    data = importer.env[node.args[0]]
+    indices = [None if i is None else importer.env[i] for i in node.args[1]]
+    shape = getattr(data.ty, "shape", None)
+    if (not isinstance(shape, relax.ShapeExpr) or not any(i is not None for i in indices)
+            or any(i is not None and not str(i.ty.dtype).startswith("int") for i in indices)):
+        return importer._index_tensor(node)
+    bb = importer.block_builder
+    dims = list(shape.values)
+    axes = [k for k, i in enumerate(indices) if i is not None]
+    checker = IndexChecker(bb, bb.lookup_binding, _checker(importer).params, from_end=True)
+    checked = [bb.emit(relax.op.astype(checker.checked(indices[k], [dims[k]],
+                                                        f"index along axis {k} of {describe_tensor(data)}"), "int64"))
+               for k in axes]
+    if axes != list(range(axes[0], axes[-1] + 1)):  # apart: NumPy puts the broadcast axes first
+        order = axes + [k for k in range(len(dims)) if k not in axes]
+        data = bb.emit(relax.op.permute_dims(data, order))
+        dims = [dims[k] for k in order]
+        axes = list(range(len(axes)))
+    linear = checked[0]
+    for k, index in zip(axes[1:], checked[1:]):
+        linear = bb.emit(relax.op.add(relax.op.multiply(linear, _dim(dims[k])), index))
+    first, last = axes[0], axes[-1]
+    merged = dims[first]
+    for d in dims[first + 1:last + 1]:
+        merged = merged * d
+    flat = bb.emit(relax.op.reshape(data, [*dims[:first], merged, *dims[last + 1:]]))
+    return bb.emit(relax.op.take(flat, linear, axis=first, mode="clip"))
+
+
+def _dim(extent) -> relax.Expr:
+    """An axis extent as an int64 scalar tensor (a symbolic one through a shape value)."""
+    if hasattr(extent, "value"):
+        return relax.const(int(extent.value), "int64")
+    return relax.op.shape_to_tensor(relax.ShapeExpr([extent]))
+
+
+def _index_put(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax.Var:
+    """``x[mask] = v`` (``x[mask] += v`` with ``accumulate``) for a boolean mask over the
+    leading axes of ``x`` and one value: ``where(mask, v, x)`` (``where(mask, x + v, x)``),
+    which TVM's translator refuses (it takes integer indices only). A tensor of values, one
+    per masked element, has a shape that depends on the data: refused by name. Other
+    ``index_put`` calls go to TVM's translator."""
+    data, indices = importer.env[node.args[0]], node.args[1]
+    values = importer.env[node.args[2]] if isinstance(node.args[2], type(node)) else node.args[2]
+    accumulate = bool(node.args[3]) if len(node.args) > 3 else bool(node.kwargs.get("accumulate", False))
+    if len(indices) != 1 or indices[0] is None or str(importer.env[indices[0]].ty.dtype) != "bool":
+        return importer._index_put(node)
+    mask = importer.env[indices[0]]
+    bb = importer.block_builder
+    rank, mask_rank = data.ty.ndim, mask.ty.ndim
+    if not isinstance(values, relax.Expr):
+        values = relax.const(values, str(data.ty.dtype))
+    value_shape = getattr(values.ty, "shape", None)
+    one = isinstance(value_shape, relax.ShapeExpr) and all(
+        hasattr(d, "value") and int(d.value) == 1 for d in value_shape.values)
+    if not one:
+        raise ValueError(f"x[mask] = values with a tensor of values ({describe_tensor(values)}): the values "
+                         f"fill the masked elements in order, a shape that depends on the data; only one value "
+                         f"(x[mask] = 0.0) is supported")
+    if mask_rank > rank or not all(tvm_ffi.structural_equal(a, b) for a, b in
+                                   zip(mask.ty.shape.values, data.ty.shape.values[:mask_rank])):
+        return importer._index_put(node)  # a mask not over x's leading axes: TVM's error
+    value = bb.emit(relax.op.reshape(relax.op.astype(values, str(data.ty.dtype)), []))
+    if mask_rank < rank:  # a mask over the leading axes covers the rest of each
+        mask = bb.emit(relax.op.reshape(mask, [*mask.ty.shape.values, *[1] * (rank - mask_rank)]))
+    new = bb.emit(relax.op.add(data, value)) if accumulate else value
+    return bb.emit(relax.op.where(mask, new, data))
+
+
 def index_converters() -> dict[str, Converter]:
-    """``custom_convert_map`` entries for the ops that refuse negative indices."""
+    """``custom_convert_map`` entries for the ops that refuse negative indices, and for the
+    indexing TVM's translator gets wrong or refuses (``index.Tensor``, a boolean
+    ``index_put``)."""
     return {"embedding.default": _embedding, "index_select.default": _index_select,
-            "gather.default": _gather}
+            "gather.default": _gather, "index.Tensor": _index_tensor, "index_put.default": _index_put}
 
 
 __all__ = ["index_converters"]

@@ -100,3 +100,63 @@ def test_negative_indices_follow_each_torch_op():
             module(*(torch.from_numpy(a) for a in bad))
         with pytest.raises(InputError, match=message):
             compiled(*bad)
+
+
+class Indexing(torch.nn.Module):
+    """``F.unfold`` (exported as advanced indexing by broadcast aranges), indices that
+    broadcast against each other, and indices of axes that are not neighbours."""
+
+    def forward(self, x, i, j):
+        patches = torch.nn.functional.unfold(x, kernel_size=3, padding=1, stride=2)
+        grid = x[:, :, i[:, None], j[None, :]]  # [1, 3, len(i), len(j)]
+        apart = x[0].permute(1, 0, 2)[i, :, j]  # axes 0 and 2: the broadcast axis first, [len(i), 3]
+        return patches.sum() + grid.sum(-1, keepdim=True) * apart.sum()
+
+
+def test_advanced_indexing_with_broadcast_indices_matches_pytorch():
+    """TVM's translator refused these index shapes (``F.unfold``: MobileViTV2, ConvBERT);
+    negative indices count from the end, as in PyTorch, and one past the axis is named."""
+    module = Indexing().eval()
+    rng = np.random.default_rng(4)
+    args = (torch.randn(1, 3, 7, 7), torch.tensor([0, -1, 2]), torch.tensor([1, 6, -3]))
+    compiled = aicf_tvm.compile(aicf_tvm.from_torch(module, args))
+    sets = [(rng.standard_normal((1, 3, 7, 7)).astype("float32"), rng.integers(-7, 7, 3), rng.integers(-7, 7, 3))
+            for _ in range(3)]
+    assert_matches_reference(compiled, torch_function(module), sets, rtol=1e-5, atol=1e-5)
+    x, _, j = sets[0]
+    with pytest.raises(IndexError), torch.no_grad():
+        module(torch.from_numpy(x), torch.tensor([0, 7, 1]), torch.from_numpy(j))
+    with pytest.raises(InputError, match=r"input i: index 7 at \[1\] is out of range"):
+        compiled(x, np.array([0, 7, 1]), j)
+
+
+class MaskAssign(torch.nn.Module):
+    """``y[x > 0] = 0.0`` (Longformer), an accumulating one, and a mask over the leading axes."""
+
+    def forward(self, x):
+        y = x * 2
+        y[x > 0] = 0.0
+        y = y.index_put((x < -1,), torch.tensor(1.5), accumulate=True)
+        y[x.sum(-1) > 0] = -3.0
+        return y
+
+
+class MaskAssignValues(torch.nn.Module):
+    def forward(self, x, v):
+        y = x.clone()
+        y[x > 0] = v
+        return y
+
+
+def test_boolean_mask_assignment_matches_pytorch():
+    """TVM's translator takes integer indices only; one value per mask is a ``where``, a
+    tensor of values (its shape depends on the data) is refused by name."""
+    module = MaskAssign().eval()
+    compiled = aicf_tvm.compile(aicf_tvm.from_torch(module, (torch.randn(4, 5),)))
+    rng = np.random.default_rng(5)
+    sets = [(rng.standard_normal((4, 5)).astype("float32") * 2,) for _ in range(3)]
+    assert_matches_reference(compiled, torch_function(module), sets, rtol=0, atol=0)
+    x = -torch.ones(4, 5)
+    x[0, :3] = 1.0  # three positive: three values
+    with pytest.raises(aicf_tvm.UnsupportedModelError, match="shape that depends on the data"):
+        aicf_tvm.from_torch(MaskAssignValues(), (x, torch.randn(3)))
