@@ -142,12 +142,53 @@ def _index_put(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax.
     return bb.emit(relax.op.where(mask, new, data))
 
 
+def _as_strided(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax.Var:
+    """``as_strided`` with strides that are not a contiguous layout's (Longformer's
+    overlapping chunks), which TVM's translator refuses: each output element is the
+    operand's element at storage position ``offset + sum(i_j * stride_j)``: one ``take`` of
+    the operand, its axes in storage order (a dense view: contiguous or transposed),
+    flattened, by those constant positions. Only for constant sizes and strides whose every
+    position lies within the operand; anything else goes to TVM's translator."""
+    import numpy as np
+
+    args = importer.retrieve_args(node)
+    data, size, stride = args[0], args[1], args[2]
+    offset = args[3] if len(args) > 3 else node.kwargs.get("storage_offset", 0)
+    val = node.args[0].meta.get("val") if hasattr(node.args[0], "meta") else None
+    numbers = [*size, *stride, offset or 0]
+    shape = getattr(data.ty, "shape", None)
+    if (val is None or not all(isinstance(v, int) for v in numbers) or not isinstance(shape, relax.ShapeExpr)
+            or not all(hasattr(d, "value") for d in shape.values)):
+        return importer._as_strided(node)
+    # the operand in the order of its storage (a transposed view of a dense tensor too)
+    order = sorted(range(val.dim()), key=lambda k: -int(val.stride(k)))
+    step = 1
+    for k in reversed(order):  # dense: each axis steps over the axes stored inside it
+        if int(val.shape[k]) != 1 and int(val.stride(k)) != step:
+            return importer._as_strided(node)
+        step *= int(val.shape[k])
+    bb = importer.block_builder
+    if order != list(range(val.dim())):
+        data = bb.emit(relax.op.permute_dims(data, order))
+    numel = int(np.prod([int(d.value) for d in shape.values]))
+    positions = np.full([int(d) for d in size], int(offset or 0) - int(val.storage_offset()), np.int64)
+    for axis, (extent, step) in enumerate(zip(size, stride)):
+        view = [1] * len(size)
+        view[axis] = extent
+        positions = positions + np.arange(extent, dtype=np.int64).reshape(view) * step
+    if positions.size and (positions.min() < 0 or positions.max() >= numel):
+        return importer._as_strided(node)  # past the operand: TVM's error
+    flat = bb.emit(relax.op.reshape(data, [numel]))
+    return bb.emit(relax.op.take(flat, relax.const(positions), axis=0, mode="clip"))
+
+
 def index_converters() -> dict[str, Converter]:
     """``custom_convert_map`` entries for the ops that refuse negative indices, and for the
     indexing TVM's translator gets wrong or refuses (``index.Tensor``, a boolean
-    ``index_put``)."""
+    ``index_put``, a strided view that is not a reshape)."""
     return {"embedding.default": _embedding, "index_select.default": _index_select,
-            "gather.default": _gather, "index.Tensor": _index_tensor, "index_put.default": _index_put}
+            "gather.default": _gather, "index.Tensor": _index_tensor, "index_put.default": _index_put,
+            "as_strided.default": _as_strided}
 
 
 __all__ = ["index_converters"]

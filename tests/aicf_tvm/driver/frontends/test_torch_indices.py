@@ -160,3 +160,22 @@ def test_boolean_mask_assignment_matches_pytorch():
     x[0, :3] = 1.0  # three positive: three values
     with pytest.raises(aicf_tvm.UnsupportedModelError, match="shape that depends on the data"):
         aicf_tvm.from_torch(MaskAssignValues(), (x, torch.randn(3)))
+
+
+class Windows(torch.nn.Module):
+    """Overlapping windows by ``as_strided`` (Longformer's chunks), of a transposed view."""
+
+    def forward(self, x):
+        t = x.transpose(0, 1)  # [8, 4, 16] over [4, 8, 16]'s storage
+        windows = t.as_strided((4, 3, 4, 16), (16, 128, 64, 1))
+        return windows * 2 + x.as_strided((4, 16), (3, 1), 7).reshape(4, 1, 1, 16)  # with an offset
+
+
+def test_strided_windows_match_pytorch():
+    """TVM's translator takes only strides of a contiguous layout; overlapping windows read
+    each element where PyTorch's storage has it (the same values)."""
+    module = Windows().eval()
+    compiled = aicf_tvm.compile(aicf_tvm.from_torch(module, (torch.randn(4, 8, 16),)))
+    rng = np.random.default_rng(6)
+    sets = [(rng.standard_normal((4, 8, 16)).astype("float32"),) for _ in range(3)]
+    assert_matches_reference(compiled, torch_function(module), sets, rtol=0, atol=0)
