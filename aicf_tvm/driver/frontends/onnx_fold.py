@@ -152,6 +152,12 @@ def _fold_once(graph: onnx.GraphProto, opsets: dict[str, int]) -> bool:
         changed = True
     del graph.node[:]
     graph.node.extend(keep)
+    if changed:  # a folded value's inferred type goes: its initializer has the true shape, and
+        # a stale entry (an unknown dim) would pass on to every value the next inference types
+        folded = {init.name for init in graph.initializer}
+        stale = [info for info in graph.value_info if info.name in folded]
+        for info in stale:
+            graph.value_info.remove(info)
     return changed
 
 

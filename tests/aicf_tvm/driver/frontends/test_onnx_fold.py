@@ -1,0 +1,41 @@
+"""Shape folding before TVM's ONNX frontend (``aicf_tvm/driver/frontends/onnx_fold.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import aicf_tvm
+from aicf_tvm.driver.frontends.onnx_fold import fold_shapes
+
+onnx = pytest.importorskip("onnx")
+helper = onnx.helper
+
+
+def _model_with_a_stale_type() -> onnx.ModelProto:
+    """``reshape(x + table[[0]], [-1, 2])`` whose gathered row carries the type an exporter
+    left (its first dim unknown: ConvBERT's token-type embedding): the gather folds to an
+    initializer [1, 4]; the old entry, kept, made every value after it of unknown shape,
+    and TVM's Reshape refused to infer its -1."""
+    table = np.arange(12, dtype=np.float32).reshape(3, 4) - 5
+    nodes = [helper.make_node("Constant", [], ["row"], value=helper.make_tensor("r", onnx.TensorProto.INT64, [1], [0])),
+             helper.make_node("Gather", ["table", "row"], ["picked"], axis=0),
+             helper.make_node("Add", ["x", "picked"], ["sum"]),
+             helper.make_node("Reshape", ["sum", "shape"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "stale", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        initializer=[onnx.numpy_helper.from_array(table, "table"),
+                     onnx.numpy_helper.from_array(np.array([-1, 2], np.int64), "shape")],
+        value_info=[helper.make_tensor_value_info("picked", onnx.TensorProto.FLOAT, ["unk__0", 4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_folded_value_loses_its_stale_type_and_the_model_imports():
+    model = _model_with_a_stale_type()
+    folded = fold_shapes(model)
+    assert "picked" in {init.name for init in folded.graph.initializer}
+    assert "picked" not in {info.name for info in folded.graph.value_info}
+    compiled = aicf_tvm.compile(aicf_tvm.from_onnx(model))
+    for x in (np.array([[1, 2, 3, 4]], np.float32), np.array([[-1, 0, 0.5, 8]], np.float32)):
+        np.testing.assert_array_equal(np.asarray(compiled(x)), (x + np.float32([-5, -4, -3, -2])).reshape(-1, 2))
