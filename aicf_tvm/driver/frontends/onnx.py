@@ -13,8 +13,9 @@ included), ``"?"`` keeps the model's dim. The shapes are written into the graph 
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import tvm
@@ -141,11 +142,55 @@ def from_onnx(path_or_model: OnnxModel, shapes: Mapping[str, Sequence[int | str]
     prepared = fold_shapes(_with_shapes(model, shape_dict))
     _check_ops(prepared, name)
     try:
-        mod = relax.frontend.onnx.from_onnx(prepared, shape_dict=shape_dict, keep_params_in_input=False)
+        with _own_converters():
+            mod = relax.frontend.onnx.from_onnx(prepared, shape_dict=shape_dict, keep_params_in_input=False)
     except Exception as err:
         raise UnsupportedModelError(f"{name}: the ONNX frontend failed: {type(err).__name__}: "
                                     f"{first_line(err)}") from err
     return normalize_import(with_dim_bounds(mod, bounds or {}))
+
+
+@contextlib.contextmanager
+def _own_converters() -> Iterator[None]:
+    """TVM's ONNX frontend with our converters where its own fail (it has no
+    ``custom_convert_map``): its table of converters is replaced while the import runs."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    table = onnx_frontend._get_convert_map
+
+    def ours() -> dict:
+        return {**table(), "Expand": _expand_class(onnx_frontend.Expand)}
+
+    onnx_frontend._get_convert_map = ours
+    try:
+        yield
+    finally:
+        onnx_frontend._get_convert_map = table
+
+
+def _expand_class(base: type) -> type:
+    """``Expand`` to a constant shape of data whose dims are symbolic expressions (a
+    ``NonZero`` count, Longformer's), which TVM's converter reads as integers: each output
+    dim is the target's, or the data's where the target has 1 (ONNX broadcasting), one
+    ``broadcast_to``; data of constant dims goes to TVM's converter."""
+
+    class Expand(base):
+        @classmethod
+        def _impl_v13(cls, bb, inputs, attr, params):
+            data, shape = inputs[0], inputs[1]
+            dims = getattr(getattr(data.ty, "shape", None), "values", None)
+            if (not isinstance(shape, tvm.ir.GenericConst) or dims is None
+                    or all(isinstance(d, tirx.IntImm) for d in dims)):
+                return super()._impl_v13(bb, inputs, attr, params)
+            target = [int(t) for t in shape.value.numpy().tolist()]
+            rank = max(len(target), len(dims))
+            dims = [tirx.IntImm("int64", 1)] * (rank - len(dims)) + list(dims)
+            target = [1] * (rank - len(target)) + target
+            if data.ty.ndim < rank:
+                data = bb.normalize(relax.op.reshape(data, dims))
+            return relax.op.broadcast_to(data, [d if t == 1 else t for d, t in zip(dims, target)])
+
+    return Expand
 
 
 def _check_ops(model: onnx.ModelProto, name: str) -> None:
