@@ -68,6 +68,7 @@ from schedules.prepack_weights import mark_layout_free, prepack_weights
 from schedules.select import apply_database
 
 from .frontends import load_model
+from .frontends.common import first_line
 
 MAX_ROUNDS = 4
 
@@ -315,8 +316,18 @@ class _Clock:
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
+        except tvm.error.InternalError as err:
+            if name not in GRAPH_PHASES:
+                raise
+            # TVM's own check failing on a model's graph (its analyzer on shapes a NonZero
+            # count makes): the model is refused by name of the phase, not with a bare crash
+            raise UnsupportedModelError(f"TVM failed while compiling the model ({name}): "
+                                        f"{first_line(err)}") from err
         finally:
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+
+GRAPH_PHASES = ("import", "normalize", "fuse")  # phases on the model's graph, before kernels exist
 
 
 def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: Sequence[Any] | None = None,
