@@ -362,7 +362,7 @@ def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int
         report = FusionReport([Decision(d["candidate"], tuple(d["members"]), bool(d["accepted"]),
                                         tuple(d["failures"]), d["note"], int(d["benefit"]))
                                for d in meta["fusion"]["decisions"]])
-        return CompiledModel(
+        model = CompiledModel(
             lib, target, report=report, device=dev, metadata=meta, path=name, threads=threads,
             inputs=[TensorSpec.from_json(s) for s in meta["inputs"]],
             dim_bounds=meta.get("dim_bounds", {}),
@@ -373,3 +373,5 @@ def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int
         )
     except (KeyError, TypeError, ValueError) as err:
         raise DeployError(f"{name}: incomplete AICF metadata ({type(err).__name__}: {err})") from err
+    model.vm  # noqa: B018 - the loading thread's VM and thread pool, made now: the first call runs as the next
+    return model
