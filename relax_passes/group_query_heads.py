@@ -66,8 +66,10 @@ class _Repeat:
 def _dims(expr: relax.Expr) -> list | None:
     """The dims of ``expr``'s tensor type: ints, or PrimExprs where symbolic."""
     shape = getattr(expr.ty, "shape", None)
-    if not isinstance(shape, relax.ShapeExpr):
-        return None
+    return _dims_of_shape(shape) if isinstance(shape, relax.ShapeExpr) else None
+
+
+def _dims_of_shape(shape: relax.ShapeExpr) -> list:
     return [int(d.value) if isinstance(d, tvm.tirx.IntImm) else d for d in shape.values]
 
 
@@ -245,7 +247,7 @@ def _find(block: Block, uses: dict) -> _Attention | None:
     return None
 
 
-def _broadcasts_over_rows(expr: relax.Expr, rank: int, dims: list) -> bool:
+def _broadcasts_over_rows(expr: relax.Expr, rank: int) -> bool:
     """Whether an operand from outside the region is the same for every head and row: a
     scalar, or a tensor (right-aligned with the region's rank) of extent 1 on the head
     and row axes (a mask over the keys)."""
@@ -271,7 +273,7 @@ def _regroup(bb: relax.BlockBuilder, att: _Attention) -> list[relax.VarBinding] 
 
     def matmul(b: relax.VarBinding, chain: _Chain, rows: relax.Expr, tag: str) -> relax.Var:
         r, x = chain.repeat, chain.repeat.source  # [B, Hkv, T, D]
-        rank = _dims(b.value.args[0]).__len__()
+        rank = len(_dims(b.value.args[0]))
         if chain.transposed is not None:
             x = emit(relax.op.permute_dims(x, [0, 1, 3, 2]), f"{tag}_t")
         if chain.scale is not None:  # the constant on the side the graph has it
@@ -293,7 +295,7 @@ def _regroup(bb: relax.BlockBuilder, att: _Attention) -> list[relax.VarBinding] 
                 args.append(grouped[a])
             elif isinstance(a, relax.ShapeExpr):
                 args.append(relax.ShapeExpr(_grouped(_dims_of_shape(a), repeat)))
-            elif _broadcasts_over_rows(a, rank, _dims(b.var)) if hasattr(a, "ty") else False:
+            elif hasattr(a, "ty") and _broadcasts_over_rows(a, rank):
                 args.append(a)
             else:
                 return None
@@ -311,10 +313,6 @@ def _regroup(bb: relax.BlockBuilder, att: _Attention) -> list[relax.VarBinding] 
     context = matmul(pv, att.values, grouped[pv.value.args[0]], pv.var.name)
     out.append(relax.VarBinding(pv.var, bb.normalize(relax.op.reshape(context, _dims(pv.var)))))
     return out
-
-
-def _dims_of_shape(shape: relax.ShapeExpr) -> list:
-    return [int(d.value) if isinstance(d, tvm.tirx.IntImm) else d for d in shape.values]
 
 
 def _last_axis(call: relax.Call, rank: int) -> bool:

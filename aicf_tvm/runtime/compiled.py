@@ -362,13 +362,11 @@ def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int
         report = FusionReport([Decision(d["candidate"], tuple(d["members"]), bool(d["accepted"]),
                                         tuple(d["failures"]), d["note"], int(d["benefit"]))
                                for d in meta["fusion"]["decisions"]])
+        main = Signature.from_json(meta)  # main's signature: the metadata's top-level keys
         model = CompiledModel(
             lib, target, report=report, device=dev, metadata=meta, path=name, threads=threads,
-            inputs=[TensorSpec.from_json(s) for s in meta["inputs"]],
-            dim_bounds=meta.get("dim_bounds", {}),
-            requirements=[Requirement.from_json(r) for r in meta.get("requirements", [])],
-            outputs=[TensorSpec.from_json(s) for s in meta["outputs"]],
-            kernels=[Kernel(k["name"], k["kind"], k["schedule"]) for k in meta["kernels"]],
+            inputs=main.inputs, dim_bounds=main.dim_bounds, requirements=main.requirements,
+            outputs=main.outputs, kernels=[Kernel(k["name"], k["kind"], k["schedule"]) for k in meta["kernels"]],
             functions={f: Signature.from_json(sig) for f, sig in meta.get("functions", {}).items()},
         )
     except (KeyError, TypeError, ValueError) as err:

@@ -79,10 +79,7 @@ def metadata_of(model: CompiledModel) -> dict:
         "build_host": {"mcpu": host.get("mcpu"), "isa_flags": sorted(cpu_features.isa_flags())},
         # the instruction-set features the kernels may use (LLVM's names, cpu_features)
         "isa_features": target_isa(_cpu_spec(model.target_spec)),
-        "inputs": [s.to_json() for s in model.inputs],
-        "dim_bounds": model.dim_bounds,
-        "requirements": [r.to_json() for r in model.requirements],
-        "outputs": [s.to_json() for s in model.outputs],
+        **model.signature("main").to_json(),  # inputs, dim_bounds, requirements, outputs
         # the other entry functions' signatures (main's are the keys above)
         "functions": {f: model.signature(f).to_json() for f in model.function_names if f != "main"},
         "kernels": [{"name": k.name, "kind": k.kind, "schedule": k.schedule} for k in model.kernels],

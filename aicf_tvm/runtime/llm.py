@@ -128,6 +128,7 @@ class CausalLM:
         model.extra_metadata[LLM_KEY] = config.to_json()
         self._caches: list[list[tvm.runtime.Tensor]] = []  # per sequence: its cache tensors
         self._ones: tvm.runtime.Tensor | None = None  # [1, max_length] ones: each step's mask is a view
+        self._has_decode: bool | None = None  # whether the library has the decode function (asked once)
         self.length = 0  # tokens cached per sequence
         self.last_timings: dict[str, float] = {}  # of the last generate: prefill_ms, decode_tokens_per_s
 
@@ -201,8 +202,9 @@ class CausalLM:
         if self._ones is None:  # the mask of every step: a view of its first total columns
             self._ones = tvm.runtime.tensor(np.ones((1, self.config.max_length), np.int64), dev)
         mask = self._ones._create_view((1, total))
-        # a library written before the decode function had main alone
-        step = vm[DECODE if new == 1 and vm.module.implements_function(DECODE) else "main"]
+        if self._has_decode is None:  # a library written before the decode function had main alone
+            self._has_decode = bool(vm.module.implements_function(DECODE))
+        step = vm[DECODE if new == 1 and self._has_decode else "main"]
         logits = []
         for row, cache in enumerate(self._caches):
             out = step(tvm.runtime.tensor(ids[row:row + 1], dev), mask, *cache)

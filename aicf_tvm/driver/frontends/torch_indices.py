@@ -29,11 +29,13 @@ if TYPE_CHECKING:
     Converter = Callable[[torch.fx.Node, ExportedProgramImporter], relax.Var]
 
 
-def _checker(importer: ExportedProgramImporter) -> IndexChecker:
+def _checker(importer: ExportedProgramImporter, from_end: bool = False) -> IndexChecker:
+    """Checks of indices against their extents; ``from_end``: negative ones count from the
+    end (advanced indexing) instead of being refused (the ops of the module docstring)."""
     bb = importer.block_builder
     inputs = [v for node, v in importer.env.items()
               if getattr(node, "op", None) == "placeholder" and isinstance(v, relax.Var)]
-    return IndexChecker(bb, bb.lookup_binding, inputs, from_end=False)
+    return IndexChecker(bb, bb.lookup_binding, inputs, from_end=from_end)
 
 
 def _axis_of(node: torch.fx.Node, data: relax.Expr) -> int:
@@ -82,7 +84,7 @@ def _index_tensor(node: torch.fx.Node, importer: ExportedProgramImporter) -> rel
     bb = importer.block_builder
     dims = list(shape.values)
     axes = [k for k, i in enumerate(indices) if i is not None]
-    checker = IndexChecker(bb, bb.lookup_binding, _checker(importer).params, from_end=True)
+    checker = _checker(importer, from_end=True)
     checked = [bb.emit(relax.op.astype(checker.checked(indices[k], [dims[k]],
                                                         f"index along axis {k} of {describe_tensor(data)}"), "int64"))
                for k in axes]
