@@ -21,10 +21,21 @@ from aicf_tvm.core.report import Decision, FusionReport
 from .emit_rewrite import EmitRewrite
 from .group_rewrite import drop_unused_emits
 from .ieee_fold import FoldConstantIEEE
+from .narrow_constants import widens
 
 
 def _is_constant(expr: relax.Expr) -> bool:
     return isinstance(expr, tvm.ir.Constant)
+
+
+def _feeds_matmul(graph: EmitGraph, node) -> bool:
+    """``node``'s value is a ``matmul`` operand, directly or through ``permute_dims``."""
+    for index in node.consumers:
+        consumer = graph.nodes[index]
+        op = consumer.body.op.name if consumer.body is not None else ""
+        if op == "relax.matmul" or (op == "relax.permute_dims" and _feeds_matmul(graph, consumer)):
+            return True
+    return False
 
 
 def fold_constant_emits(graph: EmitGraph, mod: tvm.IRModule, bindings: list, report: FusionReport) -> bool:
@@ -43,6 +54,8 @@ def fold_constant_emits(graph: EmitGraph, mod: tvm.IRModule, bindings: list, rep
             sub = dict(zip(mod[node.callee].params, args))
             call = relax.Call(node.body.op, [sub.get(a, a) for a in node.body.args], node.body.attrs,
                               node.body.ty_args)
+            if widens(call) and _feeds_matmul(graph, node):  # relax_passes.narrow_constants
+                continue
             bindings[k] = relax.VarBinding(b.var, call)
             report.add(Decision(f"materialize:{node.emit.kind}", (node.var.name,), True,
                                 note="inputs are constants: computed at compile time"))

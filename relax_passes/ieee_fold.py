@@ -24,6 +24,8 @@ import tvm
 from tvm import relax
 from tvm.relax.transform.legalize_ops import binary
 
+from .narrow_constants import keep_narrow
+
 
 def _keep_float_scalars(convert: Any) -> Any:
     def converted(expr: Any, python_native: bool = False) -> Any:
@@ -52,7 +54,7 @@ class FoldConstantIEEE:
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
         with scalars_as_buffers():
-            return relax.transform.FoldConstant()(mod)
+            return keep_narrow(relax.transform.FoldConstant(), mod)
 
 
 __all__ = ["FoldConstantIEEE", "scalars_as_buffers"]

@@ -84,16 +84,20 @@ def _train_tokenizer(folder: Path) -> None:
     (folder / "tokenizer.vocab").unlink(missing_ok=True)
 
 
-def bytes_per_token(past: float) -> float:
+def bytes_per_token(past: float, weights: str = "fp32") -> float:
     """Bytes one decode step reads: every weight but the embedding table (one row of it),
-    and the keys and values of ``past`` tokens."""
+    and the keys and values of ``past`` tokens (float32). ``int8``: the linear layers' weights
+    one byte each, with a float32 scale per output channel."""
     c = CONFIG
     h, inter, layers, vocab = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
     head = h // c["num_attention_heads"]
     kv = c["num_key_value_heads"] * head
-    per_layer = h * h * 2 + h * kv * 2 + 3 * h * inter + 2 * h
-    weights = layers * per_layer + h + vocab * h + h
-    return 4.0 * (weights + 2 * layers * kv * past)
+    linear = layers * (h * h * 2 + h * kv * 2 + 3 * h * inter) + vocab * h
+    columns = layers * (h * 2 + kv * 2 + inter * 2 + h) + vocab
+    floats = layers * 2 * h + h + h + 2 * layers * kv * past  # norms, one embedding row, the cache
+    if weights == "int8":
+        return linear + 4.0 * (columns + floats)
+    return 4.0 * (linear + floats)
 
 
 def read_bandwidth(threads: int) -> float:
@@ -133,11 +137,12 @@ def eager_runner(folder: Path, prompt: np.ndarray, new: int, threads: int):
     return run
 
 
-def ours_runner(folder: Path, prompt: np.ndarray, new: int, threads: int):
+def ours_runner(folder: Path, prompt: np.ndarray, new: int, threads: int, weights: str = "fp32"):
     import aicf_tvm
 
     start = time.perf_counter()
-    lm = aicf_tvm.compile_causal_lm(str(folder), max_length=prompt.shape[1] + new, threads=threads)
+    lm = aicf_tvm.compile_causal_lm(str(folder), max_length=prompt.shape[1] + new, threads=threads,
+                                    weights=weights)
     print(f"  ours: compiled in {time.perf_counter() - start:.1f} s", flush=True)
 
     deployment(lm)
@@ -180,14 +185,16 @@ def deployment(lm) -> None:
               f"({times['aicf'] / times['tvm']:.2f}x)", flush=True)
 
 
-def llamacpp_runner(folder: Path, prompt: np.ndarray, new: int, threads: int, src: Path | None):
+def llamacpp_runner(folder: Path, prompt: np.ndarray, new: int, threads: int, src: Path | None,
+                    weights: str = "fp32"):
     from llama_cpp import Llama
 
-    gguf = folder.parent / (folder.name + "-f32.gguf")
+    outtype = {"fp32": "f32", "int8": "q8_0"}[weights]
+    gguf = folder.parent / (folder.name + f"-{outtype}.gguf")
     if not gguf.exists():
         script = _find_converter(src)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(script.parent / d) for d in ("", "gguf-py"))}
-        subprocess.run([sys.executable, str(script), str(folder), "--outtype", "f32", "--outfile", str(gguf)],
+        subprocess.run([sys.executable, str(script), str(folder), "--outtype", outtype, "--outfile", str(gguf)],
                        check=True, env=env, capture_output=True)
     llm = Llama(model_path=str(gguf), n_ctx=prompt.shape[1] + new + 8, n_threads=threads,
                 n_threads_batch=threads, n_batch=prompt.shape[1], verbose=False)
@@ -219,13 +226,13 @@ def _find_converter(src: Path | None) -> Path:
                      "(pip download --no-binary :all: --no-deps llama-cpp-python) or a llama.cpp checkout")
 
 
-def ortgenai_runner(folder: Path, prompt: np.ndarray, new: int, threads: int):
+def ortgenai_runner(folder: Path, prompt: np.ndarray, new: int, threads: int, weights: str = "fp32"):
     import onnxruntime_genai as og
 
-    out_dir = folder.parent / (folder.name + "-ortgenai-fp32")
+    out_dir = folder.parent / (folder.name + f"-ortgenai-{weights}")
     if not (out_dir / "genai_config.json").exists():
         subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder), "-o",
-                        str(out_dir), "-p", "fp32", "-e", "cpu"], check=True, capture_output=True)
+                        str(out_dir), "-p", weights, "-e", "cpu"], check=True, capture_output=True)
     config = json.loads((out_dir / "genai_config.json").read_text())
     session = config["model"]["decoder"].setdefault("session_options", {})
     session["intra_op_num_threads"] = threads
@@ -252,14 +259,15 @@ def ortgenai_runner(folder: Path, prompt: np.ndarray, new: int, threads: int):
     return run
 
 
-def openvino_runner(folder: Path, prompt: np.ndarray, new: int, threads: int, optimum_cli: str):
+def openvino_runner(folder: Path, prompt: np.ndarray, new: int, threads: int, optimum_cli: str,
+                    weights: str = "fp32"):
     import openvino as ov
     import openvino_genai as ov_genai
 
-    out_dir = folder.parent / (folder.name + "-openvino-fp32")
+    out_dir = folder.parent / (folder.name + f"-openvino-{weights}")
     if not (out_dir / "openvino_model.xml").exists():
         subprocess.run([optimum_cli, "export", "openvino", "--model", str(folder), "--task",
-                        "text-generation-with-past", "--weight-format", "fp32", str(out_dir)],
+                        "text-generation-with-past", "--weight-format", weights, str(out_dir)],
                        check=True, capture_output=True)
     sched = ov_genai.SchedulerConfig()
     sched.enable_prefix_caching = False
@@ -302,6 +310,10 @@ def main() -> None:
     parser.add_argument("--llamacpp-src", type=Path, default=None)
     parser.add_argument("--optimum-cli", default=shutil.which("optimum-cli") or "optimum-cli")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--weights", choices=("fp32", "int8"), default="fp32",
+                        help="the weights every engine but eager runs: int8 is llama.cpp q8_0, ORT GenAI "
+                             "int8 (MatMulNBits), OpenVINO int8 weight compression, ours weights='int8'; "
+                             "eager stays float32, the reference the tokens are compared with")
     args = parser.parse_args()
 
     from aicf_tvm.runtime.threads import thread_count
@@ -310,14 +322,17 @@ def main() -> None:
     make_folder(args.folder)
     prompt = np.random.default_rng(0).integers(3, CONFIG["vocab_size"], (1, args.prompt))
     bandwidth = read_bandwidth(threads)
-    limit = bytes_per_token(args.prompt + args.new / 2) / bandwidth
+    step_bytes = bytes_per_token(args.prompt + args.new / 2, args.weights)
+    limit = step_bytes / bandwidth
     print(f"CPU: {isa()}, {threads} threads; read bandwidth {bandwidth / 1e9:.1f} GB/s; a decode step reads "
-          f"{bytes_per_token(args.prompt + args.new / 2) / 1e6:.1f} MB -> limit {limit * 1e3:.2f} ms/token", flush=True)
+          f"{step_bytes / 1e6:.1f} MB ({args.weights} weights) -> limit {limit * 1e3:.2f} ms/token", flush=True)
     makers = {"eager": lambda: eager_runner(args.folder, prompt, args.new, threads),
-              "ours": lambda: ours_runner(args.folder, prompt, args.new, threads),
-              "llamacpp": lambda: llamacpp_runner(args.folder, prompt, args.new, threads, args.llamacpp_src),
-              "ortgenai": lambda: ortgenai_runner(args.folder, prompt, args.new, threads),
-              "openvino": lambda: openvino_runner(args.folder, prompt, args.new, threads, args.optimum_cli)}
+              "ours": lambda: ours_runner(args.folder, prompt, args.new, threads, args.weights),
+              "llamacpp": lambda: llamacpp_runner(args.folder, prompt, args.new, threads, args.llamacpp_src,
+                                                  args.weights),
+              "ortgenai": lambda: ortgenai_runner(args.folder, prompt, args.new, threads, args.weights),
+              "openvino": lambda: openvino_runner(args.folder, prompt, args.new, threads, args.optimum_cli,
+                                                  args.weights)}
     runners, reference = {}, None
     for name in ["eager", *[p for p in args.peers if p != "eager"]]:
         try:
@@ -340,13 +355,16 @@ def main() -> None:
             print(f"  {name}: tokens differ from eager's from new token {k} on", flush=True)
         prefill_ms = statistics.median(r["prefill"]) * 1e3
         per_token = statistics.median(r["decode"]) / (args.new - 1)
-        table[name] = {"tokens_equal_eager": same, "prefill_ms": round(prefill_ms, 2),
+        agree = float(np.mean(np.asarray(r["tokens"][: len(reference)]) == reference))
+        table[name] = {"tokens_equal_eager": same, "top1_agreement": round(agree, 3),
+                       "prefill_ms": round(prefill_ms, 2),
                        "decode_tokens_per_s": round(1 / per_token, 1),
                        "fraction_of_limit": round(limit / per_token, 3)}
-    print(f"\n{'engine':10} {'tokens':8} {'prefill ms':>10} {'decode tok/s':>12} {'of limit':>9}")
+    print(f"\nweights: {args.weights} (eager: float32, the reference)")
+    print(f"{'engine':10} {'tokens':8} {'top-1':>6} {'prefill ms':>10} {'decode tok/s':>12} {'of limit':>9}")
     for name, r in table.items():
-        print(f"{name:10} {'equal' if r['tokens_equal_eager'] else 'DIFFER':8} {r['prefill_ms']:10.1f} "
-              f"{r['decode_tokens_per_s']:12.1f} {r['fraction_of_limit']:9.0%}")
+        print(f"{name:10} {'equal' if r['tokens_equal_eager'] else 'DIFFER':8} {r['top1_agreement']:6.0%} "
+              f"{r['prefill_ms']:10.1f} {r['decode_tokens_per_s']:12.1f} {r['fraction_of_limit']:9.0%}")
     if "ours" in table:
         print("\nours / peer (time; < 1: ours faster):")
         for name, r in table.items():
@@ -356,6 +374,7 @@ def main() -> None:
                       f"decode {r['decode_tokens_per_s'] / o['decode_tokens_per_s']:.2f}")
     if args.json:
         args.json.write_text(json.dumps({"isa": isa(), "threads": threads, "prompt": args.prompt, "new": args.new,
+                                         "weights": args.weights,
                                          "bandwidth_gb_s": round(bandwidth / 1e9, 2),
                                          "limit_ms_per_token": round(limit * 1e3, 3), "engines": table}, indent=1))
 

@@ -322,7 +322,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         _status(f"compiling {args.model} for up to {max_length} tokens ...")
         start = time.perf_counter()
         lm = compile_causal_lm(args.model, max_length=max_length, target=args.target, threads=args.threads,
-                               timings=args.timings)
+                               timings=args.timings, weights=args.weights)
         _status(f"compiled in {time.perf_counter() - start:.1f} s")
         if args.save:
             _status(f"wrote {lm.export_library(args.save)}")
@@ -427,6 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", default=None, metavar="LIB.so", help="also write the compiled library here")
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
     p.add_argument("--timings", action="store_true", help="print the seconds of each compile phase")
+    p.add_argument("--weights", choices=("float32", "fp32", "int8"), default="float32",
+                   help="int8: round every linear layer's weight to per-channel int8 (an approximation: "
+                        "a quarter of the bytes a step reads; the report lists each layer's error)")
     return parser
 
 

@@ -19,6 +19,7 @@ refused by name.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import os
 import sys
@@ -40,6 +41,7 @@ from .compiled import compiled_model, signature_of
 from .frontends import from_torch
 from .merge import merge_functions
 from .pipeline import _Clock, build, format_timings, run_pipeline
+from .quantize_weights import QuantizedLayer, check_weights, quantize_linears
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +50,7 @@ DEFAULT_MAX_LENGTH = 1024
 # a probe's logits agree with PyTorch's to this (float32 sums in another order)
 PROBE_RTOL, PROBE_ATOL = 1e-3, 1e-4
 PROBE_PROMPT = 5
+CALIBRATION_TOKENS = 32
 
 
 def _write_layer_class() -> type:
@@ -215,16 +218,21 @@ def compile_steps(steps: dict[str, tvm.IRModule], target: Any, *, options: Compi
 def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: Any = "llvm", *,
                       threads: int | None = None,
                       options: CompileOptions | None = None, timings: bool = False,
-                      check: bool = True) -> CausalLM:
+                      check: bool = True, weights: str = "float32") -> CausalLM:
     """Compile a transformers ``*ForCausalLM`` (or the folder it was saved in) for generation
     of up to ``max_length`` tokens (prompt + new). The step function takes one sequence
     (batch 1, the fast path); a ``CausalLM`` runs the rows of a batch one after another.
 
     ``check`` compares the compiled model's logits with PyTorch's on a probe prompt and
     one decode step and refuses the model (``UnsupportedModelError``) when they differ.
+    ``weights="int8"`` (an opt-in approximation, ``quantize_weights``): every linear layer
+    computes with its weight rounded to per-channel int8, stored and read as int8; the
+    report lists each layer and its error on a calibration prompt, and ``check`` compares
+    with the PyTorch model so quantized (the user's model is not changed).
     ``timings`` prints the compile phases (load, export, ... codegen)."""
     if max_length < 2:
         raise ValueError(f"max_length={max_length}: need max_length >= 2")
+    weights = check_weights(weights)
     clock = _Clock()
     model = clock("load", load_causal_lm, model)
     config = model.config
@@ -233,6 +241,11 @@ def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: 
         raise UnsupportedModelError(f"{name}: an encoder-decoder model; compile_causal_lm takes decoders")
     model = model.float().eval()
     shapes = clock("load", _cache_shapes, model)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    quantized: list[QuantizedLayer] = []
+    if weights != "float32":
+        model = copy.deepcopy(model)
+        quantized = clock("quantize", quantize_linears, model, weights, _calibration_ids(vocab))
     try:
         steps = {function: clock("export", export_step, model, shapes, max_length, tokens)
                  for function, tokens in (("main", None), (DECODE, 1))}
@@ -240,18 +253,26 @@ def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: 
         raise UnsupportedModelError(f"{name}: cannot be compiled for generation: {err}") from err
     compiled = compile_steps(steps, target, options=options, threads=threads)
     compiled.timings = {**clock.timings, **compiled.timings}
+    for layer in quantized:
+        compiled.report.add(layer.decision())
     if timings:
         print(format_timings(compiled.timings), file=sys.stderr)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos is None:
         eos = getattr(config, "eos_token_id", None)
     eos_ids = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]))
-    vocab = int(model.get_output_embeddings().weight.shape[0])
     lm = CausalLM(compiled, LMConfig(str(getattr(config, "model_type", type(model).__name__)), max_length,
-                                     vocab, cache_shapes_of(shapes), eos_ids))
+                                     vocab, cache_shapes_of(shapes), eos_ids, weights=weights))
     if check:
         _check_against_torch(lm, model, name)
     return lm
+
+
+def _calibration_ids(vocab: int) -> Any:
+    """The calibration prompt of weight quantization: random token ids (seeded)."""
+    import torch
+
+    return torch.from_numpy(np.random.default_rng(1).integers(0, vocab, (1, CALIBRATION_TOKENS)))
 
 
 def _check_against_torch(lm: CausalLM, model: torch.nn.Module, name: str) -> None:

@@ -55,12 +55,14 @@ def _epilogue_variants(core: dpl.DFPattern, roles: dict, post_relu: bool) -> lis
 
 def gemm_variants() -> list[Variant]:
     out = []
-    for transposed in (True, False):
-        a, w = dpl.wildcard(), dpl.wildcard()
+    for transposed, dequantized in product((True, False), (True, False)):
+        a, w = dpl.wildcard(), dpl.is_const() if dequantized else dpl.wildcard()
         roles = {"a": a, "b": w}
         b = w
+        if dequantized:  # a narrow (int8) weight read as float: the cast joins the kernel
+            b = roles["dequant_b"] = op("relax.astype")(w)
         if transposed:
-            b = roles["transpose_b"] = op("relax.permute_dims")(w)
+            b = roles["transpose_b"] = op("relax.permute_dims")(b)
         roles["matmul"] = op("relax.matmul")(a, b)
         out.extend(_epilogue_variants(roles["matmul"], roles, post_relu=False))
     out.sort(key=lambda v: -len(v[1]))

@@ -59,7 +59,14 @@ from .common import (
     static_extent,
     vector_registers,
 )
-from .gemm_analysis import GemmTraits, IterRole, NormalizedGemm, detect_gemm, normalize_gemm
+from .gemm_analysis import (
+    GemmTraits,
+    IterRole,
+    NormalizedGemm,
+    detect_gemm,
+    inline_dequantized_operand,
+    normalize_gemm,
+)
 from .gemm_blocks import (
     copies_a_constant,
     find_reduction_block,
@@ -441,6 +448,10 @@ class Gemm(CPUScheduleRule):
         except Exception:  # noqa: BLE001 - not a TensorIR function TensorIR can schedule
             return None
         if main is None:
+            return None
+        try:
+            inline_dequantized_operand(sch, main)
+        except s_tir.ScheduleError:
             return None
         traits = detect_gemm(sch.get(main))
         if traits is None:

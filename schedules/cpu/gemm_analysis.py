@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from tvm import ir, s_tir, tirx
+from tvm.runtime import DataType
 from tvm.s_tir.schedule import SBlockRV
 from tvm.sym.analyzer import Analyzer
 from tvm.tirx.analysis import undefined_vars
@@ -99,6 +100,47 @@ def is_multiply_accumulate(block: s_tir.SBlock) -> bool:
         and not lhs.source.same_as(store.buffer)
         and not rhs.source.same_as(store.buffer)
     )
+
+
+def _copied_load(block: s_tir.SBlock) -> _Load | None:
+    """The load a block copies (``out[...] = in[...]``, possibly through casts), or None."""
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or block.init is not None or len(block.reads) != 1:
+        return None
+    value = strip_cast(store.value)
+    return value if isinstance(value, _Load) else None
+
+
+def _widens_narrow_int(block: s_tir.SBlock) -> bool:
+    """``out[...] = float(in[...])`` with ``in`` a narrower integer buffer (a quantized weight)."""
+    value = block.body.value
+    if not isinstance(value, tirx.Cast) or not isinstance(value.value, _Load):
+        return False
+    src, dst = DataType(str(value.value.source.dtype)), DataType(str(value.ty.dtype))
+    return str(src).startswith(("int", "uint")) and str(dst).startswith("float") and src.bits < dst.bits
+
+
+def inline_dequantized_operand(sch: s_tir.Schedule, main: SBlockRV) -> bool:
+    """Inline into ``main`` the copy chain (a transpose, ...) that casts a narrow integer
+    buffer to float for one of its operands, so the GEMM reads the integer buffer and casts
+    in registers: the operand's copy (``normalize_gemm``'s reindex, a prepacked weight)
+    then holds the narrow integers, not 4x the bytes of floats. Whether it inlined one."""
+    for producer in sch.get_producers(main):
+        chain, block = [], producer
+        while True:
+            stmt = sch.get(block)
+            if _copied_load(stmt) is None:
+                break
+            chain.append(block)
+            if _widens_narrow_int(stmt):
+                for member in chain:
+                    sch.compute_inline(member)
+                return True
+            feeding = sch.get_producers(block)
+            if len(feeding) != 1:
+                break
+            block = feeding[0]
+    return False
 
 
 def _is_affine(expr: tirx.Expr) -> bool:

@@ -7,6 +7,7 @@ from tvm import relax
 
 from relax_passes.bound_shapes import BoundShapes
 from relax_passes.creation_ops import NormalizeCreationOps
+from relax_passes.narrow_constants import keep_narrow
 from relax_passes.normalize_indices import NormalizeIndices
 
 
@@ -22,9 +23,9 @@ def normalize_import(mod: tvm.IRModule) -> tvm.IRModule:
     """
     # bounds first: a shape left unknown by inference cannot be folded or legalized
     # creation ops first: TVM types a descending arange and legalizes a -inf full wrongly
-    seq = [NormalizeCreationOps(), BoundShapes(), NormalizeIndices(), relax.transform.FoldConstant(),
-           relax.transform.DeadCodeElimination()]
-    return tvm.transform.Sequential(seq)(mod)
+    # a widening cast of a narrow constant (a quantized weight) stays a cast: relax_passes.narrow_constants
+    mod = tvm.transform.Sequential([NormalizeCreationOps(), BoundShapes(), NormalizeIndices()])(mod)
+    return relax.transform.DeadCodeElimination()(keep_narrow(relax.transform.FoldConstant(), mod))
 
 
 def whole_message(err: BaseException) -> str:

@@ -1,0 +1,128 @@
+"""``compile_causal_lm(weights="int8")``: an explicit opt-in that rounds every linear
+layer's weight to symmetric per-channel int8. Checked against a reference built here in
+PyTorch from numpy's rounding (not our quantizer): the compiled prefill and decode logits
+and greedy tokens equal it; the weights are stored once, as int8; the report lists every
+quantized layer with its error; the user's model is untouched; the library says so after
+export and load. GPT-2 covers transformers' ``Conv1D`` layers."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import aicf_tvm
+from aicf_tvm.driver.quantize_weights import quantize_int8
+from tests.aicf_tvm.driver.test_llm import MAX_LENGTH, PROMPT, build, prompts, reference
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+
+def _numpy_int8(weight: np.ndarray) -> np.ndarray:
+    """The weight as per-channel symmetric int8 dequantizes it ([out, in]), by numpy."""
+    amax = np.abs(weight).max(axis=1)
+    scale = np.where(amax > 0, amax / 127, 1.0).astype(np.float32)
+    q = np.clip(np.rint(weight / scale[:, None]), -127, 127)
+    return (q * scale[:, None]).astype(np.float32)
+
+
+def _reference_model(model):
+    """``model`` with each linear weight replaced by its int8 rounding (numpy's)."""
+    ref = copy.deepcopy(model)
+    # a head tied to the embedding (GPT-2) is rounded alone: the embedding stays float32
+    ref.lm_head.weight = torch.nn.Parameter(ref.lm_head.weight.detach().clone())
+    with torch.no_grad():
+        for mod in ref.modules():
+            if isinstance(mod, torch.nn.Linear):
+                mod.weight.copy_(torch.from_numpy(_numpy_int8(mod.weight.numpy())))
+            elif type(mod).__name__ == "Conv1D":  # GPT-2: weight stored [in, out]
+                mod.weight.copy_(torch.from_numpy(_numpy_int8(mod.weight.numpy().T).T.copy()))
+    return ref
+
+
+def _linears(model) -> int:
+    return sum(isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D" for m in model.modules())
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def int8(request):
+    model = build(request.param)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    lm = aicf_tvm.compile_causal_lm(model, max_length=MAX_LENGTH, weights="int8")
+    for k, v in model.state_dict().items():  # the user's model is not quantized
+        assert torch.equal(v, before[k]), k
+    return model, lm
+
+
+def test_quantize_int8_rounds_half_to_even_per_channel():
+    w = torch.tensor([[0.5, -1.0, 127.0, 2.5], [0.0, 0.0, 0.0, 0.0], [1e-3, -2e-3, 3e-3, 0.0]])
+    q, scale = quantize_int8(w)
+    assert q.dtype == torch.int8 and scale.tolist() == pytest.approx([1.0, 1.0, 3e-3 / 127])
+    assert q[0].tolist() == [0, -1, 127, 2]  # 0.5 -> 0 and 2.5 -> 2: half to even
+    assert q[1].tolist() == [0, 0, 0, 0] and q[2].tolist() == [42, -85, 127, 0]
+
+
+def test_logits_and_tokens_equal_the_int8_rounded_model(int8):
+    model, lm = int8
+    ref = _reference_model(model)
+    ids = prompts(7, batch=1)
+    with torch.no_grad():
+        want = ref(input_ids=torch.from_numpy(ids)).logits[0].numpy()
+        fp32 = model(input_ids=torch.from_numpy(ids)).logits[0].numpy()
+    assert not np.allclose(want, fp32, rtol=1e-4, atol=1e-5)  # the rounding shows in the logits
+    np.testing.assert_allclose(lm.prefill(ids[:, :3])[0], want[2], rtol=1e-4, atol=1e-4)
+    for k in range(3, PROMPT):
+        np.testing.assert_allclose(lm.decode(ids[:, k])[0], want[k], rtol=1e-4, atol=1e-4)
+    ids = prompts(11)
+    np.testing.assert_array_equal(lm.generate(ids, max_new_tokens=8, stop_tokens=[]), reference(ref, ids, 8))
+
+
+def test_weights_are_stored_once_as_int8_and_each_layer_is_reported(int8):
+    model, lm = int8
+    consts = {}  # the constants of every function, each object once (shared ones are the same object)
+    for name in lm.model.function_names:
+        relax.analysis.post_order_visit(lm.model.lowered[name], lambda e: consts.setdefault(e, None)
+                                        if isinstance(e, tvm.ir.Constant) else None)
+    int8_elems = sum(int(np.prod([int(d) for d in c.ty.shape])) for c in consts if str(c.ty.dtype) == "int8")
+    float_elems = sum(int(np.prod([int(d) for d in c.ty.shape])) for c in consts if str(c.ty.dtype) == "float32")
+    linear = sum(m.weight.numel() for m in model.modules()
+                 if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D")
+    assert linear <= int8_elems <= 1.1 * linear
+    assert float_elems < 0.2 * linear + model.get_input_embeddings().weight.numel() + 4 * 256  # no float copies
+    approx = [d for d in lm.model.report.decisions if d.candidate == "approximate:weights_int8"]
+    assert len(approx) == _linears(model) and len({d.members for d in approx}) == len(approx)
+    errors = [float(d.note.split("relative error ")[1].split()[0]) for d in approx]
+    assert all(0 < e < 0.05 for e in errors)
+    assert lm.config.weights == "int8"
+
+
+def test_int8_survives_export_and_load(int8, tmp_path):
+    _, lm = int8
+    path = tmp_path / "lm.so"
+    lm.export_library(path)
+    loaded = aicf_tvm.load(path)
+    assert loaded.config.weights == "int8"
+    ids = prompts(13)
+    np.testing.assert_array_equal(loaded.generate(ids, max_new_tokens=4, stop_tokens=[]),
+                                  lm.generate(ids, max_new_tokens=4, stop_tokens=[]))
+
+
+def test_an_unknown_weight_format_is_refused():
+    with pytest.raises(ValueError, match="weights='int3'"):
+        aicf_tvm.compile_causal_lm(build("llama"), max_length=8, weights="int3")
+
+
+def test_aicf_generate_with_int8_weights(tmp_path, capsys):
+    from aicf_tvm.driver.cli import main
+
+    model = build("llama")
+    folder = tmp_path / "tiny-llama"
+    model.save_pretrained(folder)
+    want = reference(_reference_model(model), np.array([[5, 7, 9, 11]]), 6)[0].tolist()
+    assert main(["generate", str(folder), "--prompt-ids", "5,7,9,11", "--max-new-tokens", "6",
+                 "--max-length", "16", "--weights", "int8"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "ids: " + ",".join(map(str, want))
