@@ -3,7 +3,7 @@ random decoders of many families (2 layers, hidden 64): the families E17 names a
 decoders a user is likely to try next. Prints one row per family: equal / differs /
 refused (with our error), and the compile seconds.
 
-    python -m scripts.sweep_llm [--families llama gpt2 ...] [--steps 20] [--json out.json]
+    python -m scripts.sweep_llm [--families llama gpt2 ...] [--steps 20] [--json out.json] [--weights int8]
 """
 
 from __future__ import annotations
@@ -50,12 +50,16 @@ def main() -> None:
     import torch
 
     import aicf_tvm
+    from tests.helpers import int8_rounded_copy
 
     table = configs()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", nargs="*", default=list(table))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json")
+    parser.add_argument("--weights", choices=("float32", "int8"), default="float32",
+                        help="int8: compile with weights='int8' and compare with the model whose linear "
+                             "weights numpy rounded to int8 (tests.helpers.int8_rounded_copy)")
     args = parser.parse_args()
     rows = []
     for family in args.families:
@@ -69,12 +73,14 @@ def main() -> None:
         prompt = np.random.default_rng(1).integers(3, 256, (2, 6))
         start = time.perf_counter()
         try:
-            lm = aicf_tvm.compile_causal_lm(model, max_length=6 + args.steps)
+            lm = aicf_tvm.compile_causal_lm(model, max_length=6 + args.steps, weights=args.weights)
         except aicf_tvm.AicfError as err:
             rows.append({"family": family, "result": "refused", "error": str(err)[:300]})
             print(f"{family:10} refused: {str(err)[:300]}", flush=True)
             continue
         secs = time.perf_counter() - start
+        if args.weights == "int8":
+            model = int8_rounded_copy(model)
         with torch.no_grad():
             want = model.generate(torch.from_numpy(prompt), max_new_tokens=args.steps, do_sample=False,
                                   eos_token_id=None, pad_token_id=0).numpy()

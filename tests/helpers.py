@@ -254,3 +254,32 @@ def cuda_source(module: Any) -> str | None:
             return current.inspect_source()
         pending.extend(current.imports)
     return None
+
+
+def _numpy_int8(weight: np.ndarray) -> np.ndarray:
+    """``weight`` [out, in] rounded to symmetric per-output-channel int8 and back, by numpy:
+    ``scale = max|w| / 127``, ``rint`` (half to even), clipped to [-127, 127]."""
+    amax = np.abs(weight).max(axis=1)
+    scale = np.where(amax > 0, amax / 127, 1.0).astype(np.float32)
+    q = np.clip(np.rint(weight / scale[:, None]), -127, 127)
+    return (q * scale[:, None]).astype(np.float32)
+
+
+def int8_rounded_copy(model: Any) -> Any:
+    """A copy of a transformers causal LM whose linear weights (``nn.Linear`` and GPT-2's
+    ``Conv1D``, the LM head included; not the embedding) are rounded to int8 by numpy: the
+    reference of ``compile_causal_lm(weights="int8")``, independent of its quantizer."""
+    import copy
+
+    import torch
+
+    ref = copy.deepcopy(model)
+    # a head tied to the embedding (GPT-2) is rounded alone: the embedding stays float32
+    ref.lm_head.weight = torch.nn.Parameter(ref.lm_head.weight.detach().clone())
+    with torch.no_grad():
+        for mod in ref.modules():
+            if isinstance(mod, torch.nn.Linear):
+                mod.weight.copy_(torch.from_numpy(_numpy_int8(mod.weight.numpy())))
+            elif type(mod).__name__ == "Conv1D":  # GPT-2: weight stored [in, out]
+                mod.weight.copy_(torch.from_numpy(_numpy_int8(mod.weight.numpy().T).T.copy()))
+    return ref

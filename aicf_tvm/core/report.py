@@ -29,6 +29,9 @@ class Decision:
         return head + ": " + "; ".join(reasons)
 
 
+APPROXIMATE = "approximate:"  # the candidate prefix of a decision that changes results by the user's choice
+
+
 @dataclass
 class FusionReport:
     """All decisions of a compilation, in the order they were made."""
@@ -50,12 +53,25 @@ class FusionReport:
     def refused(self) -> list[Decision]:
         return [d for d in self.decisions if not d.accepted]
 
+    @property
+    def approximations(self) -> list[Decision]:
+        """What the user opted into that changes results (``approximate:*``: weights rounded
+        to int8, ``aicf_tvm.driver.quantize_weights``), one decision per value changed."""
+        return [d for d in self.decisions if d.candidate.startswith(APPROXIMATE)]
+
     def summary(self) -> str:
         kinds: dict[str, int] = {}
-        for d in self.accepted:
+        fused_decisions = [d for d in self.accepted if not d.candidate.startswith(APPROXIMATE)]
+        for d in fused_decisions:
             kinds[d.candidate] = kinds.get(d.candidate, 0) + 1
         fused = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none"
-        return f"fusion: {len(self.accepted)} fused ({fused}), {len(self.refused)} refused"
+        line = f"fusion: {len(fused_decisions)} fused ({fused}), {len(self.refused)} refused"
+        approx: dict[str, int] = {}
+        for d in self.approximations:
+            approx[d.candidate] = approx.get(d.candidate, 0) + 1
+        if approx:
+            line += "; approximations opted into: " + ", ".join(f"{k} x{n}" for k, n in sorted(approx.items()))
+        return line
 
     def __str__(self) -> str:
         return "\n".join([self.summary()] + [f"  {d}" for d in self.decisions])

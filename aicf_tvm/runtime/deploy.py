@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import tvm
 
 from aicf_tvm.core.errors import DeployError
+from aicf_tvm.core.report import APPROXIMATE
 from aicf_tvm.core.version import __version__
 
 from . import cpu_features
@@ -252,6 +253,12 @@ def manifest(meta: dict, name: str) -> str:
         f"kernels ({len(meta.get('kernels', []))}):",
         *(f"  {k['name']} ({k['kind']}, {k['schedule']})" for k in meta.get("kernels", [])),
     ]
+    approximations = [d for d in meta.get("fusion", {}).get("decisions", [])
+                      if str(d.get("candidate", "")).startswith(APPROXIMATE)]
+    if approximations:  # opted into by the user: every value it changed, with its error
+        lines += [f"approximations ({len(approximations)}, opted into at compile time):",
+                  *(f"  {d['candidate'].split(':', 1)[1]} {', '.join(d['members'])}: {d['note']}"
+                    for d in approximations)]
     table = meta.get("emit_table", "")
     summary = meta.get("fusion", {}).get("summary", "")
     return "\n".join(lines + ([""] + [table] if table else []) + ([summary] if summary else []))

@@ -1,13 +1,13 @@
 """``compile_causal_lm(weights="int8")``: an explicit opt-in that rounds every linear
-layer's weight to symmetric per-channel int8. Checked against a reference built here in
-PyTorch from numpy's rounding (not our quantizer): the compiled prefill and decode logits
+layer's weight to symmetric per-channel int8. Checked against a reference built in
+PyTorch from numpy's rounding (``tests.helpers.int8_rounded_copy``, not our quantizer): the compiled prefill and decode logits
 and greedy tokens equal it; the weights are stored once, as int8; the report lists every
 quantized layer with its error; the user's model is untouched; the library says so after
 export and load. GPT-2 covers transformers' ``Conv1D`` layers."""
 
 from __future__ import annotations
 
-import copy
+import re
 
 import numpy as np
 import pytest
@@ -16,32 +16,12 @@ from tvm import relax
 
 import aicf_tvm
 from aicf_tvm.driver.quantize_weights import quantize_int8
+from aicf_tvm.runtime.deploy import manifest, read_metadata
 from tests.aicf_tvm.driver.test_llm import MAX_LENGTH, PROMPT, build, prompts, reference
+from tests.helpers import int8_rounded_copy
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
-
-
-def _numpy_int8(weight: np.ndarray) -> np.ndarray:
-    """The weight as per-channel symmetric int8 dequantizes it ([out, in]), by numpy."""
-    amax = np.abs(weight).max(axis=1)
-    scale = np.where(amax > 0, amax / 127, 1.0).astype(np.float32)
-    q = np.clip(np.rint(weight / scale[:, None]), -127, 127)
-    return (q * scale[:, None]).astype(np.float32)
-
-
-def _reference_model(model):
-    """``model`` with each linear weight replaced by its int8 rounding (numpy's)."""
-    ref = copy.deepcopy(model)
-    # a head tied to the embedding (GPT-2) is rounded alone: the embedding stays float32
-    ref.lm_head.weight = torch.nn.Parameter(ref.lm_head.weight.detach().clone())
-    with torch.no_grad():
-        for mod in ref.modules():
-            if isinstance(mod, torch.nn.Linear):
-                mod.weight.copy_(torch.from_numpy(_numpy_int8(mod.weight.numpy())))
-            elif type(mod).__name__ == "Conv1D":  # GPT-2: weight stored [in, out]
-                mod.weight.copy_(torch.from_numpy(_numpy_int8(mod.weight.numpy().T).T.copy()))
-    return ref
 
 
 def _linears(model) -> int:
@@ -68,7 +48,7 @@ def test_quantize_int8_rounds_half_to_even_per_channel():
 
 def test_logits_and_tokens_equal_the_int8_rounded_model(int8):
     model, lm = int8
-    ref = _reference_model(model)
+    ref = int8_rounded_copy(model)
     ids = prompts(7, batch=1)
     with torch.no_grad():
         want = ref(input_ids=torch.from_numpy(ids)).logits[0].numpy()
@@ -101,9 +81,13 @@ def test_weights_are_stored_once_as_int8_and_each_layer_is_reported(int8):
 
 
 def test_int8_survives_export_and_load(int8, tmp_path):
-    _, lm = int8
+    model, lm = int8
     path = tmp_path / "lm.so"
     lm.export_library(path)
+    shown = manifest(read_metadata(path), path.name)  # aicf explain's text
+    assert f"approximations ({_linears(model)}, opted into at compile time):" in shown
+    assert re.search(r"weights_int8 lm_head: \[256x64\] weight per-channel symmetric int8: relative error", shown)
+    assert "approximations opted into: approximate:weights_int8" in shown  # the summary line
     loaded = aicf_tvm.load(path)
     assert loaded.config.weights == "int8"
     ids = prompts(13)
@@ -122,7 +106,7 @@ def test_aicf_generate_with_int8_weights(tmp_path, capsys):
     model = build("llama")
     folder = tmp_path / "tiny-llama"
     model.save_pretrained(folder)
-    want = reference(_reference_model(model), np.array([[5, 7, 9, 11]]), 6)[0].tolist()
+    want = reference(int8_rounded_copy(model), np.array([[5, 7, 9, 11]]), 6)[0].tolist()
     assert main(["generate", str(folder), "--prompt-ids", "5,7,9,11", "--max-new-tokens", "6",
                  "--max-length", "16", "--weights", "int8"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "ids: " + ",".join(map(str, want))
