@@ -1,9 +1,10 @@
 """``compile_causal_lm(weights="int8")``: an explicit opt-in that rounds every linear
 layer's weight to symmetric per-channel int8. Checked against a reference built in
-PyTorch from numpy's rounding (``tests.helpers.int8_rounded_copy``, not our quantizer): the compiled prefill and decode logits
-and greedy tokens equal it; the weights are stored once, as int8; the report lists every
-quantized layer with its error; the user's model is untouched; the library says so after
-export and load. GPT-2 covers transformers' ``Conv1D`` layers."""
+PyTorch from numpy's rounding (``tests.helpers.int8_rounded_copy``, not our quantizer):
+the compiled prefill and decode logits and greedy tokens equal it; the weights are stored
+once, as int8; the report lists every quantized layer with its error; the user's model is
+untouched; the library says so after export and load. GPT-2 covers transformers'
+``Conv1D`` layers."""
 
 from __future__ import annotations
 
