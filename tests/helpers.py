@@ -283,3 +283,16 @@ def int8_rounded_copy(model: Any) -> Any:
             elif type(mod).__name__ == "Conv1D":  # GPT-2: weight stored [in, out]
                 mod.weight.copy_(torch.from_numpy(_numpy_int8(mod.weight.numpy().T).T.copy()))
     return ref
+
+
+def relax_constants(mod: Any, names: Sequence[str] = ("main",)) -> list:
+    """The constants the Relax functions ``names`` of ``mod`` hold, each object once (the
+    functions of one library share theirs)."""
+    import tvm
+    from tvm import relax
+
+    found: dict = {}
+    for name in names:
+        relax.analysis.post_order_visit(mod[name], lambda e: found.setdefault(e, None)
+                                        if isinstance(e, tvm.ir.Constant) else None)
+    return list(found)

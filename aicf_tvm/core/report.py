@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .lattice import Failure
@@ -60,17 +61,13 @@ class FusionReport:
         return [d for d in self.decisions if d.candidate.startswith(APPROXIMATE)]
 
     def summary(self) -> str:
-        kinds: dict[str, int] = {}
-        fused_decisions = [d for d in self.accepted if not d.candidate.startswith(APPROXIMATE)]
-        for d in fused_decisions:
-            kinds[d.candidate] = kinds.get(d.candidate, 0) + 1
-        fused = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none"
-        line = f"fusion: {len(fused_decisions)} fused ({fused}), {len(self.refused)} refused"
-        approx: dict[str, int] = {}
-        for d in self.approximations:
-            approx[d.candidate] = approx.get(d.candidate, 0) + 1
-        if approx:
-            line += "; approximations opted into: " + ", ".join(f"{k} x{n}" for k, n in sorted(approx.items()))
+        def counts(decisions: list[Decision]) -> str:
+            return ", ".join(f"{k} x{n}" for k, n in sorted(Counter(d.candidate for d in decisions).items()))
+
+        fused = [d for d in self.accepted if not d.candidate.startswith(APPROXIMATE)]
+        line = f"fusion: {len(fused)} fused ({counts(fused) or 'none'}), {len(self.refused)} refused"
+        if self.approximations:
+            line += f"; approximations opted into: {counts(self.approximations)}"
         return line
 
     def __str__(self) -> str:

@@ -11,6 +11,7 @@ from tvm import relax
 from aicf_tvm.driver.frontends.common import normalize_import
 from relax_passes.ieee_fold import FoldConstantIEEE
 from relax_passes.narrow_constants import keep_narrow
+from tests.helpers import relax_constants
 
 W = np.arange(-6, 6, dtype="int8").reshape(3, 4)
 
@@ -33,12 +34,6 @@ def _ops(mod: tvm.IRModule) -> list[str]:
             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
 
 
-def _constants(mod: tvm.IRModule) -> list:
-    out = []
-    relax.analysis.post_order_visit(mod["main"], lambda e: out.append(e) if isinstance(e, tvm.ir.Constant) else None)
-    return out
-
-
 def _run(mod: tvm.IRModule, x: np.ndarray) -> np.ndarray:
     ex = tvm.compile(mod, target="llvm")
     return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
@@ -50,7 +45,7 @@ def test_a_widened_int8_constant_stays_a_cast_and_the_rest_folds():
         ops = _ops(folded)
         assert "relax.astype" in ops  # the int8 weight is still int8, cast in the graph
         assert ops.count("relax.add") == 1  # ones + ones folded; x + shift left
-        consts = _constants(folded)
+        consts = relax_constants(folded)
         assert any(str(c.ty.dtype) == "int8" for c in consts)
         assert not any(str(c.ty.dtype) == "float32" and tuple(int(d) for d in c.ty.shape) == W.shape
                        for c in consts)

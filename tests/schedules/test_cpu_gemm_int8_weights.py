@@ -12,6 +12,7 @@ import tvm
 from tvm import relax, tirx
 
 import aicf_tvm
+from tests.helpers import relax_constants
 
 K, N = 96, 80
 
@@ -32,12 +33,6 @@ def _module(rows, transposed: bool, weight: np.ndarray, scale: np.ndarray, bias:
     return bb.get()
 
 
-def _constants(mod: tvm.IRModule) -> list:
-    out = []
-    relax.analysis.post_order_visit(mod["main"], lambda e: out.append(e) if isinstance(e, tvm.ir.Constant) else None)
-    return out
-
-
 @pytest.mark.parametrize("transposed", [True, False])
 @pytest.mark.parametrize("rows", [1, 5, "m"])
 def test_an_int8_weight_gemm_reads_int8_and_equals_float64(rows, transposed):
@@ -50,7 +45,7 @@ def test_an_int8_weight_gemm_reads_int8_and_equals_float64(rows, transposed):
     model = aicf_tvm.compile(_module(dims, transposed, weight, scale, bias))
     gemms = [k for k in model.kernels if k.kind == "fused_gemm_bias_act"]
     assert len(gemms) == 1 and gemms[0].schedule == "Gemm" and len(model.kernels) == 1
-    consts = _constants(model.lowered)
+    consts = relax_constants(model.lowered)
     assert sum(int(np.prod([int(d) for d in c.ty.shape])) for c in consts if str(c.ty.dtype) == "int8") >= K * N
     assert not any(str(c.ty.dtype) == "float32" and int(np.prod([int(d) for d in c.ty.shape])) >= K * N
                    for c in consts)  # no float copy of the weight, packed or not

@@ -12,14 +12,12 @@ import re
 
 import numpy as np
 import pytest
-import tvm
-from tvm import relax
 
 import aicf_tvm
 from aicf_tvm.driver.quantize_weights import quantize_int8
 from aicf_tvm.runtime.deploy import manifest, read_metadata
 from tests.aicf_tvm.driver.test_llm import MAX_LENGTH, PROMPT, build, prompts, reference
-from tests.helpers import int8_rounded_copy
+from tests.helpers import int8_rounded_copy, relax_constants
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -64,10 +62,7 @@ def test_logits_and_tokens_equal_the_int8_rounded_model(int8):
 
 def test_weights_are_stored_once_as_int8_and_each_layer_is_reported(int8):
     model, lm = int8
-    consts = {}  # the constants of every function, each object once (shared ones are the same object)
-    for name in lm.model.function_names:
-        relax.analysis.post_order_visit(lm.model.lowered[name], lambda e: consts.setdefault(e, None)
-                                        if isinstance(e, tvm.ir.Constant) else None)
+    consts = relax_constants(lm.model.lowered, lm.model.function_names)
     int8_elems = sum(int(np.prod([int(d) for d in c.ty.shape])) for c in consts if str(c.ty.dtype) == "int8")
     float_elems = sum(int(np.prod([int(d) for d in c.ty.shape])) for c in consts if str(c.ty.dtype) == "float32")
     linear = sum(m.weight.numel() for m in model.modules()
