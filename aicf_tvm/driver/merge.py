@@ -27,6 +27,15 @@ def _key(const: tvm.ir.expr.GenericConst) -> tuple:
     return str(data.dtype), data.shape, hashlib.sha1(np.ascontiguousarray(data).tobytes()).hexdigest()
 
 
+class _Keys(dict):
+    """``_key`` of each constant object, computed once (a weight appears in many calls,
+    and hashing copies its bytes out)."""
+
+    def __missing__(self, const: tvm.ir.expr.GenericConst) -> tuple:
+        key = self[const] = _key(const)
+        return key
+
+
 def _nbytes(key: tuple) -> int:
     dtype, shape, _ = key
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -51,16 +60,17 @@ def _constants(func: relax.Function) -> list[tvm.ir.expr.GenericConst]:
 class _Rewriter(PyExprMutator):
     """References renamed, constants replaced by their equals of the base module."""
 
-    def __init__(self, renamed: dict[str, tvm.ir.GlobalVar], shared: dict[tuple, tvm.ir.expr.GenericConst]) -> None:
+    def __init__(self, renamed: dict[str, tvm.ir.GlobalVar], shared: dict[tuple, tvm.ir.expr.GenericConst],
+                 keys: _Keys) -> None:
         super().__init__()
-        self.renamed, self.shared = renamed, shared
+        self.renamed, self.shared, self.keys = renamed, shared, keys
         self.seen: dict[tuple, bool] = {}  # each distinct constant: whether the base has it
 
     def visit_global_var_(self, op: tvm.ir.GlobalVar) -> relax.Expr:
         return self.renamed.get(op.name_hint, op)
 
     def visit_generic_const_(self, op: tvm.ir.expr.GenericConst) -> relax.Expr:
-        key = _key(op)
+        key = self.keys[op]
         self.seen[key] = key in self.shared
         return self.shared.get(key, op)
 
@@ -72,10 +82,11 @@ def merge_functions(base: tvm.IRModule, other: tvm.IRModule, name: str) -> Merge
     taken = {gv.name_hint for gv in base.get_global_vars()}
     if name in taken:
         raise ValueError(f"merge_functions: the base module already has a function {name!r}")
-    shared = {_key(c): c for f in base.functions.values() if isinstance(f, relax.Function) for c in _constants(f)}
+    keys = _Keys()
+    shared = {keys[c]: c for f in base.functions.values() if isinstance(f, relax.Function) for c in _constants(f)}
     bb = relax.BlockBuilder(base)
     renamed: dict[str, tvm.ir.GlobalVar] = {}
-    rewriter = _Rewriter(renamed, shared)
+    rewriter = _Rewriter(renamed, shared, keys)
     # kernels first, then the Relax functions that call them, ``main`` last
     items = sorted(other.functions_items(), key=lambda kv: (isinstance(kv[1], relax.Function),
                                                            kv[0].name_hint == "main"))
