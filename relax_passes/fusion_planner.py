@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.relax import dpl
 
@@ -110,6 +111,8 @@ class FusionPlanner:
         """Per root and candidate, the first legal variant (most specific first), or the
         first refused one when none is legal."""
         var2val, call_node = op_view(self.graph)
+        # one FFI map for every match below: a Python dict is converted at each call
+        var2val_map = tvm_ffi.Map(var2val) if var2val else None
         found = []
         for node in reversed(self.graph.nodes):
             root = var2val.get(node.var)
@@ -118,11 +121,10 @@ class FusionPlanner:
             for cand in self.candidates:
                 first_refusal = None
                 seen: set = set()
-                for pattern, roles in _variants(cand):
-                    ops = _root_ops(pattern)
+                for pattern, roles, ops in _variants(cand):
                     if ops is not None and root.op.name not in ops:
                         continue
-                    got = pattern.extract_matched_expr(root, var2val)
+                    got = pattern.extract_matched_expr(root, var2val_map)
                     m = None if got is None else self._make_match(cand, node.index, roles, got, call_node)
                     if m is not None and not self.graph.is_convex(m.members):
                         m = self._without_shared_input_views(m) or m
@@ -330,10 +332,11 @@ class FusionPlanner:
 
 
 def _variants(cand: Candidate) -> list:
-    """The candidate's patterns, built once per variants function (held, so never reused)."""
+    """The candidate's patterns with their roles and root ops, built once per variants
+    function (held, so never reused)."""
     cache = _VARIANTS.get(cand.variants)
     if cache is None:
-        cache = _VARIANTS[cand.variants] = cand.variants()
+        cache = _VARIANTS[cand.variants] = [(p, roles, _root_ops(p)) for p, roles in cand.variants()]
     return cache
 
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 import tvm
 from tvm import relax
 
+from .fast_fold import fold_constant_part, fold_moves
+
 _ASTYPE = tvm.ir.Op.get("relax.astype")
 _HIDDEN = "aicf_narrow_"
 
@@ -73,7 +75,10 @@ class _Hide(relax.PyExprMutator):
 
 
 def keep_narrow(fold: Callable[[tvm.IRModule], tvm.IRModule], mod: tvm.IRModule) -> tvm.IRModule:
-    """``fold(mod)`` with every widened weight (``_weight_casts``) left unfolded."""
+    """``fold(mod)`` with every widened weight (``_weight_casts``) left unfolded, run on
+    the compile-time part of each function only, the transposes and reshapes of
+    constants folded first in numpy (``fast_fold``)."""
+    mod = fold_moves(mod)
     hidden: dict[str, dict[relax.Var, tvm.ir.Constant]] = {}
     staged = tvm.IRModule(mod.functions, attrs=mod.attrs)
     for gv, func in mod.functions_items():
@@ -89,8 +94,8 @@ def keep_narrow(fold: Callable[[tvm.IRModule], tvm.IRModule], mod: tvm.IRModule)
             staged[gv] = relax.Function([*func.params, *hider.hidden], body, func.ret_ty,
                                         func.is_pure, func.attrs, func.span)
     if not hidden:
-        return fold(mod)
-    out = fold(staged)
+        return fold_constant_part(fold, mod)
+    out = fold_constant_part(fold, staged)
     for name, consts in hidden.items():
         func = out[name]
         params = func.params[len(func.params) - len(consts):]

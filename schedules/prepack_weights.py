@@ -27,6 +27,7 @@ are still prepacked.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import tvm
@@ -157,8 +158,10 @@ def _unmark(func: tirx.PrimFunc, keep=lambda block: False) -> tirx.PrimFunc:
 PREPACKED_SUFFIX = "_prepacked"  # TVM's name for a kernel whose weight packing was split out
 
 
-def _split(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> tuple[tvm.IRModule, list[Prepacked]]:
-    """``mod`` (not changed) with ``gv``'s marked blocks split out and folded on the constants.
+def _split(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, fold: Callable[[tvm.IRModule], tvm.IRModule]
+           ) -> tuple[tvm.IRModule, list[Prepacked]]:
+    """``mod`` (not changed) with ``gv``'s marked blocks split out and folded on the
+    constants by ``fold``.
 
     TVM's split visits every PrimFunc of its module and refuses the whole module for one
     it cannot read, so it sees the Relax functions and ``gv`` only.
@@ -177,7 +180,7 @@ def _split(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> tuple[tvm.IRModule, list[
     for g, f in split.functions_items():
         if isinstance(f, relax.Function) or g.name_hint in added:
             out[g] = f
-    out = relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(out))
+    out = relax.transform.DeadCodeElimination()(fold(out))
     prepack = f"{gv.name_hint}_weight_prepack"
     if any(n == prepack for _, f in out.functions_items() if isinstance(f, relax.Function)
            for n, _ in _call_tir_sites(f)):
@@ -197,9 +200,12 @@ def _split(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> tuple[tvm.IRModule, list[
     return out, packed
 
 
-def prepack_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[Prepacked], list[PrepackRefused]]:
-    """Split the marked layout rewrites out of their kernels and fold them on the constants,
-    one kernel at a time; a kernel that cannot be prepacked keeps packing per call."""
+def prepack_weights(mod: tvm.IRModule, fold: Callable[[tvm.IRModule], tvm.IRModule] | None = None
+                    ) -> tuple[tvm.IRModule, list[Prepacked], list[PrepackRefused]]:
+    """Split the marked layout rewrites out of their kernels and fold them on the constants
+    (``fold``: Relax's ``FoldConstant`` by default), one kernel at a time; a kernel that
+    cannot be prepacked keeps packing per call."""
+    fold = fold if fold is not None else relax.transform.FoldConstant()
     packed: list[Prepacked] = []
     refused: list[PrepackRefused] = []
     names = sorted(gv.name_hint for gv, f in mod.functions_items()
@@ -218,7 +224,7 @@ def prepack_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[Prepacked], l
                 refused.append(PrepackRefused(name, "the kernel also reads the unpacked weight"))
                 if not preproc_blocks(mod[gv]):
                     continue
-            mod, done = _split(mod, gv)
+            mod, done = _split(mod, gv, fold)
             packed.extend(done)
         except Exception as err:  # noqa: BLE001 - TVM's checks on the block structure: keep per-call packing
             reason = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)

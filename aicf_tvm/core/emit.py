@@ -187,8 +187,23 @@ class Emit:
 
 
 def emit_of(func: tvm.ir.BaseFunc) -> Emit | None:
-    """The Emit a Relax function is annotated with, or None."""
+    """The Emit a Relax function is annotated with, or None.
+
+    Decoded once per annotation object (the passes ask again for every function at every
+    sweep): the cache holds the annotation it decoded, so its address is not reused while
+    the entry lives, and an Emit is immutable."""
     attrs = getattr(func, "attrs", None)
     if attrs is None or EMIT_ATTR not in attrs:
         return None
-    return Emit.from_attr(attrs[EMIT_ATTR])
+    value = attrs[EMIT_ATTR]
+    key = value.__chandle__()
+    hit = _DECODED.get(key)
+    if hit is None:
+        if len(_DECODED) >= _DECODED_MAX:
+            _DECODED.clear()
+        hit = _DECODED[key] = (value, Emit.from_attr(value))
+    return hit[1]
+
+
+_DECODED: dict[int, tuple[Any, Emit]] = {}  # annotation address -> (the annotation, its Emit)
+_DECODED_MAX = 1 << 14

@@ -178,7 +178,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     mod = load_model(args.model, **_model_args(args))
     imported = time.perf_counter() - start
     _status(f"aicf: compiling {args.model} for {describe(target)} ...")
-    model = aicf_compile(mod, target, database=args.database)
+    model = aicf_compile(mod, target, database=args.database, warm_up=False)  # exported, not run
     start = time.perf_counter()
     path = model.export(args.output)
     if args.timings:

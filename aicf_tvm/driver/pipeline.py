@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import tvm
@@ -45,6 +46,7 @@ from relax_passes.clip_pool_windows import ClipPoolWindows
 from relax_passes.combine_projections import CombineProjections
 from relax_passes.conv1d_as_conv2d import Conv1dAsConv2d
 from relax_passes.creation_ops import NormalizeCreationOps
+from relax_passes.fast_fold import fold_constant_part
 from relax_passes.fold_batch_norm import FoldBatchNorm
 from relax_passes.fold_pad import FoldPadIntoConv
 from relax_passes.group_query_heads import GroupQueryHeads
@@ -193,7 +195,8 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
         mod = apply_default_schedules(target, options)(mod)
         packed, refused = [], []
         if options.prepack_weights:
-            mod, packed, refused = prepack_weights(mod)
+            # folded on the constant part only (relax_passes.fast_fold): each kernel folds once
+            mod, packed, refused = prepack_weights(mod, partial(fold_constant_part, relax.transform.FoldConstant()))
         mod = NaNExactComparisons(target)(mod)  # what the schedules inlined keeps IEEE NaN results
         if options.ieee_arithmetic:  # float + - * / kept from the simplifier and contraction
             mod = IEEEArithmetic(target)(mod)
@@ -332,14 +335,17 @@ GRAPH_PHASES = ("import", "normalize", "fuse")  # phases on the model's graph, b
 
 def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: Sequence[Any] | None = None,
             threads: int | None = None, options: CompileOptions | None = None,
-            timings: bool = False) -> CompiledModel:
+            timings: bool = False, warm_up: bool = True) -> CompiledModel:
     """Compile a Relax IRModule (or anything ``load_model`` accepts) to a ``CompiledModel``
     that runs with ``threads`` CPU threads (default: ``aicf_tvm.runtime.threads.thread_count``).
 
     ``options`` carries every setting (``CompileOptions``); ``target`` (default ``"llvm"``),
     ``database``, ``candidates`` and ``threads`` given replace its own. The model's
     ``timings`` holds the seconds of each phase (import, normalize, fuse, lower, schedule,
-    codegen); ``timings=True`` also prints them (``format_timings``) to stderr."""
+    codegen, jit); ``timings=True`` also prints them (``format_timings``) to stderr.
+    ``warm_up`` (phase "jit", ``CompiledModel.warm_up``) makes the machine code of the
+    kernels for this process now, so that the first call runs as fast as later ones;
+    ``False`` where the model is only exported (which writes its own object code)."""
     options = options_or_default(options).updated(target=target, database=database, candidates=candidates,
                                                   threads=threads)
     tgt = resolve_target("llvm" if options.target is None else options.target)
@@ -356,6 +362,8 @@ def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: S
     model = compiled_model(stages.executable, tgt, mod["main"], report=stages.report, lowered=stages.lowered,
                            optimized=stages.optimized, threads=threads)
     model.timings = {**clock.timings, **stages.timings}
+    if warm_up:
+        _Clock(model.timings)("jit", model.warm_up)
     if timings:
         print(format_timings(model.timings), file=sys.stderr)
     return model

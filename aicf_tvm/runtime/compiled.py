@@ -294,6 +294,15 @@ class CompiledModel:
             vm = self._vms.vm = VirtualMachine(self.executable, self.device)
         return vm
 
+    def warm_up(self) -> None:
+        """Make the kernels' machine code and the calling thread's VM now, not at the first
+        call: an executable fresh from ``compile`` holds its kernels as LLVM IR, which TVM
+        turns into machine code when the first VM looks them up (a BERT's first call took
+        ten steady calls' time); a loaded library has it already. Does nothing where the
+        model cannot run here (a CPU without the target's instructions, an absent GPU)."""
+        if not self.lacking_features and self.device.exist:
+            _ = self.vm
+
     def signature(self, function: str = "main") -> Signature:
         """The inputs, outputs, dim bounds and requirements of ``function``."""
         if function == "main":

@@ -113,13 +113,9 @@ def _given_dim(dim: int | str, own: Dim | None, var: Callable[[str], tirx.Var], 
     return int(dim)
 
 
-def _with_shapes(model: onnx.ModelProto, shape_dict: Mapping[str, Sequence[Dim]]) -> onnx.ModelProto:
-    """A copy of ``model`` whose inputs carry the given shapes (vars as dim_params)."""
-    import onnx
-
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for inp in out.graph.input:
+def _set_shapes(model: onnx.ModelProto, shape_dict: Mapping[str, Sequence[Dim]]) -> None:
+    """Write the given shapes into ``model``'s inputs (vars as dim_params)."""
+    for inp in model.graph.input:
         if inp.name not in shape_dict:
             continue
         shape = inp.type.tensor_type.shape
@@ -129,7 +125,6 @@ def _with_shapes(model: onnx.ModelProto, shape_dict: Mapping[str, Sequence[Dim]]
                 shape.dim.add().dim_value = dim
             else:
                 shape.dim.add().dim_param = dim.name
-    return out
 
 
 def from_onnx(path_or_model: OnnxModel, shapes: Mapping[str, Sequence[int | str]] | None = None,
@@ -139,7 +134,7 @@ def from_onnx(path_or_model: OnnxModel, shapes: Mapping[str, Sequence[int | str]
     the module docstring)."""
     model, name = _load_onnx(path_or_model)
     shape_dict = input_shapes(model, shapes, name)
-    prepared = fold_shapes(_with_shapes(model, shape_dict))
+    prepared = fold_shapes(model, lambda light: _set_shapes(light, shape_dict))
     _check_ops(prepared, name)
     try:
         with _own_converters():

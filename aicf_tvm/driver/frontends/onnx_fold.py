@@ -14,6 +14,12 @@ pinned with ``shapes=``) those values are constants, so:
 3. repeat until nothing folds (a folded reshape target gives its output a static shape,
    whose ``Shape`` then folds), then drop what no one reads.
 
+Weights (initializers above ``MAX_FOLDED_ELEMENTS`` elements) are left out of the copy
+that inference and folding work on (their name, dims and type stay: all that shape
+inference reads of them), since ``infer_shapes`` serializes and parses the whole model at
+each round; a fold that reads one (a row gathered from a table) converts it from the
+given model, and the folded model gets them back at the end.
+
 Sound because every folded value is what the node computes for every run with these
 input shapes: shapes of static tensors, and ops that are deterministic and exact on their
 constant inputs (no float transcendental functions: ONNX Runtime and the reference
@@ -23,6 +29,8 @@ tensor with a symbolic dim does not fold.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,19 +57,58 @@ MAX_FOLDED_ELEMENTS = 1 << 16
 MAX_ROUNDS = 8
 
 
-def fold_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` with its shape subgraphs folded (see the module docstring)."""
-    import onnx
-
-    folded = onnx.ModelProto()
-    folded.CopyFrom(model)
+def fold_shapes(model: onnx.ModelProto, prepare: Callable[[onnx.ModelProto], None] | None = None) -> onnx.ModelProto:
+    """A copy of ``model`` with its shape subgraphs folded (see the module docstring);
+    ``prepare`` edits the copy first (the input shapes ``from_onnx`` pins)."""
+    folded, weights = _without_weights(model)
+    if prepare is not None:
+        prepare(folded)
     opsets = {o.domain or "": o.version for o in folded.opset_import}
     for _ in range(MAX_ROUNDS):
         folded = _infer(folded)
-        if not _fold_once(folded.graph, opsets):
+        if not _fold_once(folded.graph, opsets, weights):
             break
     _drop_dead(folded.graph)
+    for init in folded.graph.initializer:
+        if init.name in weights:
+            init.CopyFrom(weights[init.name])
     return folded
+
+
+_DATA_FIELDS = frozenset({"raw_data", "float_data", "double_data", "int32_data", "int64_data", "uint64_data",
+                          "string_data"})
+
+
+def _copy_fields(src, dst, skip: frozenset | set = frozenset()) -> None:
+    """Copy the set fields of protobuf message ``src`` into ``dst``, but those in ``skip``."""
+    for field, value in src.ListFields():
+        if field.name in skip:
+            continue
+        if (field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED):
+            getattr(dst, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
+def _without_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
+    """A copy of ``model`` whose weights (initializers above ``MAX_FOLDED_ELEMENTS``
+    elements) keep their name, dims and type but not their data (never copied), and those
+    weights of ``model`` by name."""
+    import onnx
+
+    light = onnx.ModelProto()
+    _copy_fields(model, light, {"graph"})
+    _copy_fields(model.graph, light.graph, {"initializer"})
+    weights = {}
+    for init in model.graph.initializer:
+        if init.data_location != onnx.TensorProto.EXTERNAL and math.prod(init.dims) > MAX_FOLDED_ELEMENTS:
+            weights[init.name] = init
+            _copy_fields(init, light.graph.initializer.add(), _DATA_FIELDS)
+        else:
+            light.graph.initializer.add().CopyFrom(init)
+    return light, weights
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -84,10 +131,30 @@ def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
     return shapes
 
 
-def _constants(graph: onnx.GraphProto, opsets: dict[str, int]) -> dict[str, np.ndarray]:
+class _Values(dict):
+    """Known values by name; a weight (not in the folded copy) converted when first read."""
+
+    def __init__(self, weights: dict[str, onnx.TensorProto]) -> None:
+        super().__init__()
+        self.weights = weights
+
+    def __contains__(self, name: object) -> bool:
+        return dict.__contains__(self, name) or name in self.weights
+
+    def __missing__(self, name: str) -> np.ndarray:
+        from onnx import numpy_helper
+
+        if name not in self.weights:
+            raise KeyError(name)
+        value = self[name] = numpy_helper.to_array(self.weights[name])
+        return value
+
+
+def _constants(graph: onnx.GraphProto, opsets: dict[str, int], weights: dict[str, onnx.TensorProto]) -> _Values:
     from onnx import numpy_helper
 
-    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    values = _Values(weights)
+    values.update((init.name, numpy_helper.to_array(init)) for init in graph.initializer if init.name not in weights)
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             try:
@@ -124,11 +191,12 @@ def _is_foldable(node: onnx.NodeProto, known: dict[str, np.ndarray], outputs: se
     return node.op_type not in INTEGER_ONLY or known[node.input[0]].dtype.kind in "biu"
 
 
-def _fold_once(graph: onnx.GraphProto, opsets: dict[str, int]) -> bool:
-    """One pass in graph order; True when a node was replaced by initializers."""
+def _fold_once(graph: onnx.GraphProto, opsets: dict[str, int], weights: dict[str, onnx.TensorProto]) -> bool:
+    """One pass in graph order (``weights``: the data of the initializers left without
+    it); True when a node was replaced by initializers."""
     from onnx import numpy_helper
 
-    known, shapes = _constants(graph, opsets), _static_shapes(graph)
+    known, shapes = _constants(graph, opsets, weights), _static_shapes(graph)
     outputs = {o.name for o in graph.output}
     keep, changed = [], False
     for node in graph.node:

@@ -156,7 +156,20 @@ def test_ops_bound_outside_a_dataflow_block_are_lifted_and_fused():
 
 def test_compile_records_its_phase_times_and_prints_them_on_request(capsys):
     model = compile(BUILTIN_MODELS["encoder_layer_small"](), timings=True)
-    assert list(model.timings) == ["normalize", "fuse", "lower", "schedule", "codegen"]
+    assert list(model.timings) == ["normalize", "fuse", "lower", "schedule", "codegen", "jit"]
     assert all(secs >= 0 for secs in model.timings.values())
     printed = capsys.readouterr().err
     assert printed.startswith("compile phases:") and all(name in printed for name in model.timings)
+
+
+def test_compile_makes_the_machine_code_and_vm_before_the_first_call():
+    """``warm_up`` (the default): the calling thread's VM exists when ``compile`` returns,
+    its kernels' machine code made (phase "jit"); ``warm_up=False`` leaves both to the
+    first call, which then gives the same output."""
+    mod = BUILTIN_MODELS["encoder_layer_small"]()
+    warm, cold = compile(mod), compile(mod, warm_up=False)
+    assert getattr(warm._vms, "vm", None) is not None and "jit" in warm.timings
+    assert getattr(cold._vms, "vm", None) is None and "jit" not in cold.timings
+    args = [np.random.default_rng(i).standard_normal([int(d) for d in spec.shape]).astype(spec.dtype)
+            for i, spec in enumerate(warm.inputs)]
+    np.testing.assert_array_equal(np.asarray(warm(*args)), np.asarray(cold(*args)))

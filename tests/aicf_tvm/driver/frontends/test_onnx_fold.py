@@ -39,3 +39,36 @@ def test_a_folded_value_loses_its_stale_type_and_the_model_imports():
     compiled = aicf_tvm.compile(aicf_tvm.from_onnx(model))
     for x in (np.array([[1, 2, 3, 4]], np.float32), np.array([[-1, 0, 0.5, 8]], np.float32)):
         np.testing.assert_array_equal(np.asarray(compiled(x)), (x + np.float32([-5, -4, -3, -2])).reshape(-1, 2))
+
+
+def _model_with_weights() -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """``x @ W + table[[3]]`` whose ``W`` and ``table`` are weights (above
+    ``MAX_FOLDED_ELEMENTS`` elements: folded without their data) and whose gathered row
+    folds by reading the table."""
+    from aicf_tvm.driver.frontends.onnx_fold import MAX_FOLDED_ELEMENTS
+
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((8, MAX_FOLDED_ELEMENTS // 8 + 16)).astype(np.float32)
+    table = rng.standard_normal((MAX_FOLDED_ELEMENTS // weight.shape[1] + 64, weight.shape[1])).astype(np.float32)
+    nodes = [helper.make_node("Constant", [], ["row"], value=helper.make_tensor("r", onnx.TensorProto.INT64, [1], [3])),
+             helper.make_node("Gather", ["table", "row"], ["picked"], axis=0),
+             helper.make_node("MatMul", ["x", "W"], ["xw"]),
+             helper.make_node("Add", ["xw", "picked"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "weights", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        initializer=[onnx.numpy_helper.from_array(weight, "W"), onnx.numpy_helper.from_array(table, "table")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), weight, table
+
+
+def test_weights_are_folded_without_their_data_and_come_back_whole():
+    model, weight, table = _model_with_weights()
+    before = model.SerializeToString()
+    folded = fold_shapes(model)
+    assert model.SerializeToString() == before  # the given model is not changed
+    inits = {init.name: onnx.numpy_helper.to_array(init) for init in folded.graph.initializer}
+    np.testing.assert_array_equal(inits["W"], weight)
+    np.testing.assert_array_equal(inits["picked"], table[[3]])  # read from the weight to fold
+    x = np.random.default_rng(4).standard_normal((2, 8)).astype(np.float32)
+    y = np.asarray(aicf_tvm.compile(aicf_tvm.from_onnx(model))(x))
+    np.testing.assert_allclose(y, x.astype(np.float64) @ weight + table[[3]], rtol=1e-5, atol=1e-5)

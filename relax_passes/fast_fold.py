@@ -1,0 +1,171 @@
+"""``FoldConstant``'s result, for less: the data movement of constants in numpy, and
+the fold run on the part of each function that is computable at compile time.
+
+``FoldConstant`` legalizes every call of a module on its way (a BERT-base: over 1000
+reshapes of activations), then folds a call of constants by building its kernel with
+LLVM and running it. The pipeline folds several times, some of them on a module whose
+only foldable calls are a few weight packings, and importers transpose every linear
+weight (72 ``permute_dims`` of constants in a BERT-base).
+
+* ``fold_moves``: a transpose or a reshape of a constant is a copy of its elements in
+  another order, which numpy does exactly: the constants it makes are the ones
+  ``FoldConstant`` would make, element for element. Only dtypes numpy holds natively,
+  only static target shapes.
+* ``fold_constant_part(fold, mod)``: the bindings of dataflow blocks computable at
+  compile time (reading constants only, through earlier such bindings), with static
+  types, go into a function of their own that ``fold`` folds; each that became a constant
+  replaces its binding in the original, its uses reading the constant as ``FoldConstant``
+  leaves them. A ``full_like``/``zeros_like``/``ones_like``/``shape_of`` reads only
+  its input's type (a static shape) and ``FoldConstant`` folds it: it goes in with
+  its input as a parameter of the part. A binding's fold depends only on the bindings it reads, all of which are
+  in that function, so what folds, and to what, is what ``fold`` on the whole module gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import tvm
+from tvm import relax
+
+_PERMUTE = tvm.ir.Op.get("relax.permute_dims")
+_RESHAPE = tvm.ir.Op.get("relax.reshape")
+_NUMPY_DTYPES = frozenset({"bool", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+                           "uint16", "uint32", "uint64"})
+
+
+def _moved(call: relax.Call) -> np.ndarray | None:
+    """The value of ``call`` when it transposes or reshapes a constant, else None."""
+    if not call.args or not isinstance(call.args[0], tvm.ir.Constant):
+        return None
+    const = call.args[0]
+    if str(const.ty.dtype) not in _NUMPY_DTYPES:
+        return None
+    if call.op.same_as(_PERMUTE):
+        axes = call.attrs.axes
+        return const.value.numpy().transpose(None if axes is None else [int(a) for a in axes])
+    if call.op.same_as(_RESHAPE) and isinstance(call.args[1], relax.ShapeExpr):
+        dims = call.args[1].values
+        if all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+            return const.value.numpy().reshape([int(d) for d in dims])
+    return None
+
+
+@relax.expr_functor.mutator
+class _FoldMoves(relax.PyExprMutator):
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        value = _moved(call)
+        if value is not None:
+            return relax.const(np.ascontiguousarray(value), str(call.args[0].ty.dtype))
+        return super().visit_call_(call)
+
+
+def _static(binding: relax.VarBinding) -> bool:
+    return not relax.analysis.tir_vars_in_type(binding.var.ty) and not relax.analysis.free_symbolic_vars(binding.value)
+
+
+# ops whose legalization reads only their input's type (a static shape): folded whatever
+# the input holds
+_SHAPE_ONLY = tuple(tvm.ir.Op.get(f"relax.{name}") for name in ("full_like", "zeros_like", "ones_like", "shape_of"))
+
+
+def _static_type(ty: relax.Type) -> bool:
+    return isinstance(ty, relax.TensorType) and ty.shape is not None and not relax.analysis.tir_vars_in_type(ty)
+
+
+def _constant_bindings(func: relax.Function) -> tuple[list[relax.VarBinding], list[relax.Var]]:
+    """The dataflow bindings of ``func`` with static types that read only constants and
+    earlier ones of the list (those computable at compile time, every parameter a
+    run-time input), or that apply a ``_SHAPE_ONLY`` op to a value of static type; and
+    those values, not computable themselves (inputs of the part)."""
+    kept: list[relax.VarBinding] = []
+    inputs: list[relax.Var] = []
+    defined: set = set()
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            continue
+        for b in block.bindings:
+            if not isinstance(b, relax.VarBinding) or not _static(b):
+                continue
+            free = relax.analysis.free_vars(b.value)
+            if not all(v in defined for v in free):
+                value = b.value
+                if not (isinstance(value, relax.Call) and any(value.op.same_as(op) for op in _SHAPE_ONLY)
+                        and len(free) == 1 and free[0].same_as(value.args[0]) and _static_type(free[0].ty)):
+                    continue
+                inputs.append(free[0])
+                defined.add(free[0])
+            kept.append(b)
+            defined.add(b.var)
+    return kept, inputs
+
+
+def _folded(fold: Callable[[tvm.IRModule], tvm.IRModule], bindings: list[relax.VarBinding],
+            inputs: list[relax.Var], mod: tvm.IRModule) -> dict:
+    """``fold`` of ``bindings`` as a function of their own (of ``inputs``): each binding's
+    var that folded to a constant, to that constant."""
+    outs = [relax.Var(f"aicf_folded_{i}", b.var.ty) for i, b in enumerate(bindings)]
+    block = relax.DataflowBlock([*bindings, *(relax.VarBinding(o, b.var) for o, b in zip(outs, bindings))])
+    func = relax.Function(inputs, relax.SeqExpr([block], relax.Tuple(outs)), relax.TupleType([o.ty for o in outs]), True)
+    part = tvm.IRModule({g: f for g, f in mod.functions_items() if not isinstance(f, relax.Function)}, attrs=mod.attrs)
+    part["aicf_fold_part"] = func
+    result = fold(part)["aicf_fold_part"]
+    bound = {b.var: b.value for blk in result.body.blocks for b in blk.bindings if isinstance(b, relax.VarBinding)}
+    values = {}
+    for b, field in zip(bindings, result.body.body.fields):
+        while isinstance(field, relax.Var) and field in bound:
+            field = bound[field]
+        if isinstance(field, tvm.ir.Constant):
+            values[b.var] = field
+    return values
+
+
+@relax.expr_functor.mutator
+class _Substitute(relax.PyExprMutator):
+    """Drops the bindings of ``values``' vars; their uses read the constants."""
+
+    def __init__(self, mod: tvm.IRModule, values: dict) -> None:
+        super().__init__(mod)
+        self.values = values
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        if binding.var not in self.values:
+            super().visit_var_binding_(binding)
+
+    def visit_var_(self, var: relax.Var) -> relax.Expr:
+        return self.values.get(var) or super().visit_var_(var)
+
+    def visit_dataflow_var_(self, var: relax.DataflowVar) -> relax.Expr:
+        return self.values.get(var) or super().visit_dataflow_var_(var)
+
+
+def fold_constant_part(fold: Callable[[tvm.IRModule], tvm.IRModule], mod: tvm.IRModule) -> tvm.IRModule:
+    """``fold(mod)``'s folding (``fold``: ``FoldConstant`` or a variant), run on each
+    function's compile-time part only (module docstring)."""
+    out = None
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        bindings, inputs = _constant_bindings(func)
+        values = _folded(fold, bindings, inputs, mod) if bindings else {}
+        if values:
+            out = out if out is not None else tvm.IRModule(mod.functions, attrs=mod.attrs)
+            out[gv] = _Substitute(mod, values).visit_expr(func)
+    return mod if out is None else out
+
+
+def fold_moves(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each transpose or reshape of a constant replaced by its value."""
+    out = tvm.IRModule(mod.functions, attrs=mod.attrs)
+    changed = False
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            new = _FoldMoves(mod).visit_expr(func)
+            if not new.same_as(func):
+                out[gv] = new
+                changed = True
+    return out if changed else mod
+
+
+__all__ = ["fold_constant_part", "fold_moves"]
