@@ -107,7 +107,8 @@ def _folded(fold: Callable[[tvm.IRModule], tvm.IRModule], bindings: list[relax.V
     var that folded to a constant, to that constant."""
     outs = [relax.Var(f"aicf_folded_{i}", b.var.ty) for i, b in enumerate(bindings)]
     block = relax.DataflowBlock([*bindings, *(relax.VarBinding(o, b.var) for o, b in zip(outs, bindings))])
-    func = relax.Function(inputs, relax.SeqExpr([block], relax.Tuple(outs)), relax.TupleType([o.ty for o in outs]), True)
+    body = relax.SeqExpr([block], relax.Tuple(outs))
+    func = relax.Function(inputs, body, relax.TupleType([o.ty for o in outs]), True)
     part = tvm.IRModule({g: f for g, f in mod.functions_items() if not isinstance(f, relax.Function)}, attrs=mod.attrs)
     part["aicf_fold_part"] = func
     result = fold(part)["aicf_fold_part"]

@@ -19,6 +19,9 @@ LIGHT_DIR = Path(__import__("onnx").__file__).parent / "backend" / "test" / "dat
 LIGHT_MODELS = sorted(p.stem.removeprefix("light_") for p in LIGHT_DIR.glob("light_*.onnx"))
 
 os.environ.setdefault("AICF_DEBUG", "1")  # verify_contracts after every pass
+# no compile cache unless a test asks for one (cache_dir=): tests inspect what compile
+# built, and must not write into the user's cache folder
+os.environ["AICF_CACHE_DIR"] = "off"
 
 
 def light_model_path(name: str) -> Path:

@@ -166,7 +166,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from .frontends import load_model
     from .pipeline import compile as aicf_compile
 
     target = resolve_target(args.target)  # fail fast, before the import
@@ -174,17 +173,16 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         raise TuningError(f"--database {args.database}: no such directory")
     if not Path(args.output).resolve().parent.is_dir():
         raise AicfError(f"-o {args.output}: directory {Path(args.output).parent} does not exist")
+    # exported, not run here: no machine code for this process (warm_up)
+    model = aicf_compile(args.model, target, database=args.database, warm_up=False, cache=not args.no_cache,
+                         import_args=_model_args(args),
+                         progress=lambda: _status(f"aicf: compiling {args.model} for {describe(target)} ..."))
     start = time.perf_counter()
-    mod = load_model(args.model, **_model_args(args))
-    imported = time.perf_counter() - start
-    _status(f"aicf: compiling {args.model} for {describe(target)} ...")
-    model = aicf_compile(mod, target, database=args.database, warm_up=False)  # exported, not run
-    start = time.perf_counter()
-    path = model.export(args.output)
+    path = model.export(args.output)  # a copy of the cache's library when there is one
     if args.timings:
         from .pipeline import format_timings
 
-        print(format_timings({"import": imported, **model.timings, "export": time.perf_counter() - start}))
+        print(format_timings({**model.timings, "export": time.perf_counter() - start}))
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
     print(f"target   {describe(target)}")
     print(f"inputs   {_sig(model.inputs)}")
@@ -373,7 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
     p.add_argument("--database", default=None, help="a MetaSchedule work dir from `aicf tune`")
     p.add_argument("--timings", action="store_true",
-                   help="print the seconds of each phase: import, normalize, fuse, lower, schedule, codegen, export")
+                   help="print the seconds of each phase: import, normalize, fuse, lower, schedule, codegen, "
+                        "cache, export")
+    p.add_argument("--no-cache", action="store_true",
+                   help="compile even when the compile cache holds this model, and do not store it there "
+                        "(the cache: $AICF_CACHE_DIR, else ~/.cache/aicf/compiled)")
 
     p = sub.add_parser("bundle", parents=[common],
                        help="write a folder that runs a library with TVM's runtime alone (no install on the host)")

@@ -16,6 +16,7 @@ for tests and measurements of one stage.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -69,7 +70,8 @@ from schedules.cuda import host_bound_kernels
 from schedules.prepack_weights import mark_layout_free, prepack_weights
 from schedules.select import apply_database
 
-from .frontends import load_model
+from .compile_cache import cache_for, cacheable, file_key, module_key
+from .frontends import is_onnx_file, load_model
 from .frontends.common import first_line
 
 MAX_ROUNDS = 4
@@ -335,17 +337,27 @@ GRAPH_PHASES = ("import", "normalize", "fuse")  # phases on the model's graph, b
 
 def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: Sequence[Any] | None = None,
             threads: int | None = None, options: CompileOptions | None = None,
-            timings: bool = False, warm_up: bool = True) -> CompiledModel:
-    """Compile a Relax IRModule (or anything ``load_model`` accepts) to a ``CompiledModel``
-    that runs with ``threads`` CPU threads (default: ``aicf_tvm.runtime.threads.thread_count``).
+            timings: bool = False, warm_up: bool = True, cache: bool = True,
+            cache_dir: str | os.PathLike | None = None, import_args: Mapping[str, Any] | None = None,
+            progress: Callable[[], None] | None = None) -> CompiledModel:
+    """Compile a Relax IRModule (or anything ``load_model`` accepts, imported with
+    ``import_args``: its ``shapes=`` and ``bounds=``) to a ``CompiledModel`` that runs with
+    ``threads`` CPU threads (default: ``aicf_tvm.runtime.threads.thread_count``).
 
     ``options`` carries every setting (``CompileOptions``); ``target`` (default ``"llvm"``),
     ``database``, ``candidates`` and ``threads`` given replace its own. The model's
     ``timings`` holds the seconds of each phase (import, normalize, fuse, lower, schedule,
-    codegen, jit); ``timings=True`` also prints them (``format_timings``) to stderr.
+    codegen, jit, cache); ``timings=True`` also prints them (``format_timings``) to stderr.
     ``warm_up`` (phase "jit", ``CompiledModel.warm_up``) makes the machine code of the
     kernels for this process now, so that the first call runs as fast as later ones;
-    ``False`` where the model is only exported (which writes its own object code)."""
+    ``False`` where the model is only exported (which writes its own object code).
+
+    ``cache`` (on by default; ``cache_dir`` moves it): a model compiled before with the
+    same options, target and versions is loaded from the compile cache instead, and a
+    model compiled here is exported into it (``aicf_tvm.driver.compile_cache``). A model
+    from the cache is a loaded library: it has no ``optimized`` or ``lowered`` module
+    (``cache=False`` keeps them). ``progress`` is called once the model is imported and
+    not found in the cache, as the compile proper starts (``aicf compile``'s status line)."""
     options = options_or_default(options).updated(target=target, database=database, candidates=candidates,
                                                   threads=threads)
     tgt = resolve_target("llvm" if options.target is None else options.target)
@@ -353,17 +365,39 @@ def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: S
     threads = options.threads
     thread_count(threads)  # a bad count fails now, not after the build
     clock = _Clock()
+    store = cache_for(cache, cache_dir) if cacheable(options, tgt) else None
+    entry = None
+    if store is not None and isinstance(mod, (str, os.PathLike)) and is_onnx_file(mod):
+        entry = clock("cache", file_key, mod, dict(import_args or {}), options, tgt)
+        if (hit := clock("cache", store.get, entry, threads)) is not None:
+            return _cached(hit, clock, timings)
     if not isinstance(mod, tvm.IRModule):
-        mod = clock("import", load_model, mod)
+        mod = clock("import", load_model, mod, **(import_args or {}))
     # main's outputs and dim requirements as typed right: Relax types a descending arange
     # longer than it is, and its length would be required non-negative (creation_ops)
     mod = NormalizeCreationOps()(mod)
+    if store is not None and entry is None:
+        entry = clock("cache", module_key, mod, options, tgt)
+        if (hit := clock("cache", store.get, entry, threads)) is not None:
+            return _cached(hit, clock, timings)
+    if progress is not None:
+        progress()
     stages = run_pipeline(mod, options=options)
     model = compiled_model(stages.executable, tgt, mod["main"], report=stages.report, lowered=stages.lowered,
                            optimized=stages.optimized, threads=threads)
     model.timings = {**clock.timings, **stages.timings}
+    if store is not None:
+        # the library written once: an export of this model copies it (CompiledModel.exported)
+        model.exported = _Clock(model.timings)("cache", store.put, entry, model)
     if warm_up:
         _Clock(model.timings)("jit", model.warm_up)
+    if timings:
+        print(format_timings(model.timings), file=sys.stderr)
+    return model
+
+
+def _cached(model: CompiledModel, clock: _Clock, timings: bool) -> CompiledModel:
+    model.timings = dict(clock.timings)
     if timings:
         print(format_timings(model.timings), file=sys.stderr)
     return model

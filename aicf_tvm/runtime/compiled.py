@@ -35,7 +35,7 @@ from aicf_tvm.runtime.call_checks import BoundDim, Requirement, check_requiremen
 
 from .cpu_features import unrunnable_here
 from .cuda_binary import install_hook
-from .deploy import DeviceLike, check_target, device_for, export, read_metadata, verify_digest
+from .deploy import DeviceLike, check_target, copy_library, device_for, export, read_metadata, verify_digest
 from .targets import describe
 from .threads import thread_count, use_threads
 
@@ -246,6 +246,7 @@ class CompiledModel:
         self.device = device if device is not None else (tvm.cuda() if is_gpu(self.target_spec) else tvm.cpu())
         self.metadata = dict(metadata) if metadata is not None else None
         self.path = path  # the library it was loaded from, if any
+        self.exported: str | os.PathLike | None = None  # a library export wrote of it (the compile cache's)
         self.threads = thread_count(threads, self.target_spec)
         self._vms = threading.local()  # one VM per calling thread (``vm``)
         # instructions of the target this CPU lacks (a library that needs one is refused at load)
@@ -270,7 +271,14 @@ class CompiledModel:
         return f"<CompiledModel ({sig}) on {describe(self.target_spec)}, {len(self.kernels)} kernels{where}>"
 
     def export(self, path: str | Path) -> Path:
-        """Write a shared library that carries this model's metadata (see ``aicf_tvm.load``)."""
+        """Write a shared library that carries this model's metadata (see ``aicf_tvm.load``).
+
+        A model loaded from a library, or exported before (the compile cache), is written
+        as a copy of that library while it is whole (its digest checked): the same bytes,
+        without generating the code again."""
+        for source in (self.exported, self.path):
+            if source is not None and (copied := copy_library(source, path)) is not None:
+                return copied
         return export(self, path)
 
     @property

@@ -29,6 +29,7 @@ import json
 import mmap
 import os
 import platform
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -162,6 +163,19 @@ def export(model: CompiledModel, path: str | os.PathLike) -> Path:
         digest = hashlib.sha256(data).hexdigest().encode()  # the hash field still zeros
         hash_at = at + len(header)
         data[hash_at:hash_at + _HASH_LEN] = digest
+    return out
+
+
+def copy_library(source: str | os.PathLike, path: str | os.PathLike) -> Path | None:
+    """``source`` (a library ``export`` wrote) copied to ``path`` when it is still whole
+    (its digest checked); None when it is gone or was changed."""
+    out = Path(path)
+    try:
+        verify_digest(source)
+        if not (out.exists() and os.path.samefile(source, out)):
+            shutil.copyfile(source, out)
+    except (OSError, DeployError):
+        return None
     return out
 
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     # a model as ``load_model`` takes it: see its docstring
     ModelLike = tvm.IRModule | OnnxModel
 
-__all__ = ["from_onnx", "from_torch", "load_model"]
+__all__ = ["from_onnx", "from_torch", "is_onnx_file", "load_model"]
 
 
 def load_model(spec: ModelLike, shapes: Mapping[str, Sequence[int | str]] | None = None,
@@ -56,6 +56,12 @@ def load_model(spec: ModelLike, shapes: Mapping[str, Sequence[int | str]] | None
 
 def _is_onnx(text: str) -> bool:
     return text not in models.BUILTIN_MODELS and (text.endswith(".onnx") or os.path.exists(text))
+
+
+def is_onnx_file(spec: str | os.PathLike) -> bool:
+    """Whether ``load_model`` reads ``spec`` as an ONNX file, and the file is there."""
+    text = os.fspath(spec)
+    return _is_onnx(text) and os.path.isfile(text)
 
 
 def _load_other(spec: tvm.IRModule | str) -> tvm.IRModule:

@@ -1,0 +1,200 @@
+"""The compile cache: a model compiled once is loaded, not compiled, the next time.
+
+``compile`` looks a module up by a key made of everything that decides the library it
+builds: the module (TVM's structural hash, which covers every constant's bytes), the
+target as resolved (its CPU and features), the options that change code, and the
+versions of TVM, tvm-ffi and ours (the digest of our source files too, so a changed
+rule never reuses a stale build). A hit is the library an earlier compile exported,
+loaded with ``aicf_tvm.load`` (its digest checked); a miss compiles and exports into the
+cache. An ONNX file given by path is also keyed by its bytes and import arguments, so a
+hit skips the import too.
+
+Where: ``$AICF_CACHE_DIR``, else ``$XDG_CACHE_HOME/aicf/compiled``, else
+``~/.cache/aicf/compiled``; ``compile(cache_dir=...)`` moves it, ``compile(cache=False)``
+or ``aicf compile --no-cache`` skips it, ``AICF_CACHE_DIR=off`` switches it off. Size:
+``$AICF_CACHE_MAX_GB`` (default 8); past it, the least recently used entries go.
+
+Safe with concurrent writers: an entry is written to a temporary name in the cache
+folder and renamed into place (atomic on POSIX): a reader sees a whole library or none,
+and two writers of one key write the same library. A corrupt or unreadable entry (cut
+short, modified, from another CPU) is removed with a warning and the model compiled
+again: an entry is never used unless it loads and its digest matches.
+
+Not cached: targets this machine cannot run (CUDA, another CPU: an entry is checked by
+loading it), builds with a tuning database or custom candidates (their records and rules
+are the caller's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import tvm
+import tvm_ffi
+
+from aicf_tvm.core.emit import plain
+from aicf_tvm.core.errors import AicfError
+from aicf_tvm.core.options import CompileOptions
+from aicf_tvm.core.version import __version__
+from aicf_tvm.runtime.compiled import CompiledModel, load
+from aicf_tvm.runtime.cpu_features import is_x86, unrunnable_here
+
+FORMAT = 1
+SUFFIX = ".so"
+_PACKAGES = ("aicf_tvm", "relax_passes", "schedules")
+_code: str | None = None
+
+
+def default_dir() -> Path | None:
+    """The cache folder the environment names (module docstring); None when it is off."""
+    env = os.environ.get("AICF_CACHE_DIR")
+    if env is not None:
+        return None if env.strip().lower() in ("", "0", "off", "none") else Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "aicf" / "compiled"
+
+
+def max_bytes() -> int:
+    try:
+        return int(float(os.environ.get("AICF_CACHE_MAX_GB", "8")) * 2**30)
+    except ValueError as err:
+        raise AicfError(f"AICF_CACHE_MAX_GB={os.environ['AICF_CACHE_MAX_GB']!r}: not a number") from err
+
+
+def code_digest() -> str:
+    """SHA-256 of our compiler's source files (names and bytes), once per process."""
+    global _code
+    if _code is None:
+        root = Path(__file__).resolve().parents[2]
+        digest = hashlib.sha256()
+        for package in _PACKAGES:
+            for path in sorted((root / package).rglob("*.py")):
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+        _code = digest.hexdigest()
+    return _code
+
+
+def cacheable(options: CompileOptions, target: tvm.target.Target) -> bool:
+    """Whether ``compile`` uses the cache: a CPU target that runs here (an entry is checked
+    by loading it), without a tuning database or custom candidates."""
+    if options.database is not None or options.candidates is not None or target.kind.name != "llvm":
+        return False
+    spec = plain(target.export())
+    return is_x86(spec) == is_x86({}) and not unrunnable_here(spec)
+
+
+def _options_json(options: CompileOptions) -> dict:
+    skip = {"target", "database", "candidates", "threads", "verify_each_pass"}  # no effect on the library's code
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name not in skip}
+
+
+def key(what: Mapping[str, Any], options: CompileOptions, target: tvm.target.Target) -> str:
+    """The entry name for a module or file described by ``what`` built with ``options`` for
+    ``target``."""
+    material = {"format": FORMAT, "aicf": __version__, "code": code_digest(), "tvm": tvm.__version__,
+                "tvm_ffi": tvm_ffi.__version__, "target": json.dumps(target.export(), sort_keys=True, default=str),
+                "options": _options_json(options), **what}
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def module_key(mod: tvm.IRModule, options: CompileOptions, target: tvm.target.Target) -> str:
+    return key({"module": str(tvm_ffi.structural_hash(mod))}, options, target)
+
+
+def file_key(path: str | os.PathLike, import_args: Mapping[str, Any], options: CompileOptions,
+             target: tvm.target.Target) -> str:
+    """The key of an ONNX file by its bytes and the arguments it is imported with."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return key({"file": digest.hexdigest(), "import": json.dumps(import_args, sort_keys=True, default=str)},
+               options, target)
+
+
+class CompileCache:
+    """A folder of exported libraries, one per key (module docstring)."""
+
+    def __init__(self, root: str | os.PathLike, limit: int | None = None) -> None:
+        self.root = Path(root)
+        self.limit = max_bytes() if limit is None else limit
+
+    def path(self, name: str) -> Path:
+        return self.root / f"{name}{SUFFIX}"
+
+    def get(self, name: str, threads: int | None = None) -> CompiledModel | None:
+        """The entry ``name`` loaded, or None; a corrupt entry is removed with a warning."""
+        path = self.path(name)
+        if not path.is_file():
+            return None
+        try:
+            model = load(path, threads=threads)
+        except FileNotFoundError:  # removed by another process meanwhile
+            return None
+        except AicfError as err:
+            warnings.warn(f"aicf compile cache: {path} is unusable ({err}); compiling again", stacklevel=3)
+            path.unlink(missing_ok=True)
+            return None
+        try:
+            os.utime(path)  # recently used: evicted last
+        except OSError:
+            pass
+        return model
+
+    def put(self, name: str, model: CompiledModel) -> Path | None:
+        """Export ``model`` as entry ``name`` (atomically), then trim the folder to the
+        size limit; None (with a warning) when the folder cannot be written."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{name[:16]}-", suffix=SUFFIX, dir=self.root)
+            os.close(fd)
+        except OSError as err:
+            warnings.warn(f"aicf compile cache: cannot write in {self.root} ({err}); not cached", stacklevel=3)
+            return None
+        try:
+            model.export(tmp)
+            os.replace(tmp, self.path(name))
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        self.trim(keep=name)
+        return self.path(name)
+
+    def entries(self) -> list[Path]:
+        return [p for p in self.root.glob(f"*{SUFFIX}") if not p.name.startswith(".")] if self.root.is_dir() else []
+
+    def trim(self, keep: str | None = None) -> None:
+        """Remove the least recently used entries until the folder fits the limit."""
+        sized = []
+        for p in self.entries():
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            sized.append((st.st_mtime, st.st_size, p))
+        total = sum(size for _, size, _ in sized)
+        for _, size, p in sorted(sized, key=lambda e: e[0]):
+            if total <= self.limit:
+                break
+            if p.stem == keep:
+                continue
+            p.unlink(missing_ok=True)
+            total -= size
+
+
+def cache_for(cache: bool, cache_dir: str | os.PathLike | None) -> CompileCache | None:
+    """The cache ``compile(cache=..., cache_dir=...)`` uses, or None."""
+    if not cache:
+        return None
+    root = Path(cache_dir) if cache_dir is not None else default_dir()
+    return None if root is None else CompileCache(root)
+
+
+__all__ = ["CompileCache", "cache_for", "cacheable", "code_digest", "default_dir", "file_key", "module_key"]

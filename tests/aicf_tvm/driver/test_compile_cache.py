@@ -1,0 +1,157 @@
+"""The compile cache (``aicf_tvm/driver/compile_cache.py``): a second compile of a model
+loads the library the first exported; other options, another model or a changed file
+miss; a corrupt entry is rebuilt with a warning; the folder keeps to its size limit;
+concurrent writers leave a whole library; ``aicf compile`` uses it unless ``--no-cache``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import aicf_tvm
+from aicf_tvm.core.options import CompileOptions
+from aicf_tvm.driver.cli import main
+from aicf_tvm.driver.compile_cache import CompileCache
+
+RNG = np.random.default_rng(21)
+W = RNG.standard_normal((8, 6)).astype(np.float32)
+
+
+def _linear_onnx(w: np.ndarray = W) -> onnx.ModelProto:
+    """y = relu(x @ w), x [4, 8]."""
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _x(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((4, 8)).astype(np.float32)
+
+
+def _expected(x: np.ndarray, w: np.ndarray = W) -> np.ndarray:
+    return np.maximum(x.astype(np.float64) @ w, 0)
+
+
+def _entries(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("*.so") if not p.name.startswith("."))
+
+
+def test_a_second_compile_of_a_module_loads_the_first_ones_library(tmp_path):
+    mod = aicf_tvm.from_onnx(_linear_onnx())
+    first = aicf_tvm.compile(mod, cache_dir=tmp_path)
+    [entry] = _entries(tmp_path)
+    assert first.optimized is not None and first.exported == entry
+    second = aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx()), cache_dir=tmp_path)
+    assert second.path == str(entry) and list(second.timings) == ["cache"]  # nothing compiled
+    for seed in (1, 2):
+        x = _x(seed)
+        np.testing.assert_array_equal(np.asarray(second(x)), np.asarray(first(x)))
+        np.testing.assert_allclose(np.asarray(second(x)), _expected(x), rtol=1e-5, atol=1e-5)
+    assert second.report.summary() == first.report.summary()
+
+
+def test_other_options_another_model_or_no_cache_miss(tmp_path):
+    mod = aicf_tvm.from_onnx(_linear_onnx())
+    aicf_tvm.compile(mod, cache_dir=tmp_path)
+    aicf_tvm.compile(mod, cache_dir=tmp_path, options=CompileOptions(prepack_weights=False))
+    other = aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx(W + 1)), cache_dir=tmp_path)
+    np.testing.assert_allclose(np.asarray(other(_x(3))), _expected(_x(3), W + 1), rtol=1e-5, atol=1e-5)
+    assert len(_entries(tmp_path)) == 3
+    fresh = aicf_tvm.compile(mod, cache_dir=tmp_path, cache=False)
+    assert fresh.path is None and "normalize" in fresh.timings and len(_entries(tmp_path)) == 3
+
+
+def test_an_onnx_file_hits_without_its_import_and_a_changed_file_misses(tmp_path):
+    path, cache = tmp_path / "linear.onnx", tmp_path / "cache"
+    onnx.save(_linear_onnx(), path)
+    aicf_tvm.compile(path, cache_dir=cache)
+    hit = aicf_tvm.compile(str(path), cache_dir=cache)
+    assert "import" not in hit.timings and hit.path is not None
+    onnx.save(_linear_onnx(W * 2), path)
+    changed = aicf_tvm.compile(path, cache_dir=cache)
+    assert "import" in changed.timings
+    np.testing.assert_allclose(np.asarray(changed(_x(4))), _expected(_x(4), W * 2), rtol=1e-5, atol=1e-5)
+
+
+def test_a_corrupt_entry_is_rebuilt_with_a_warning(tmp_path):
+    mod = aicf_tvm.from_onnx(_linear_onnx())
+    aicf_tvm.compile(mod, cache_dir=tmp_path)
+    [entry] = _entries(tmp_path)
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte
+    entry.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="unusable"):
+        rebuilt = aicf_tvm.compile(mod, cache_dir=tmp_path)
+    assert rebuilt.path is None and "normalize" in rebuilt.timings
+    np.testing.assert_allclose(np.asarray(rebuilt(_x(5))), _expected(_x(5)), rtol=1e-5, atol=1e-5)
+    assert aicf_tvm.compile(mod, cache_dir=tmp_path).path == str(entry)  # whole again
+
+
+def test_the_folder_keeps_to_its_size_limit_least_recently_used_first(tmp_path):
+    models = [aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx(W + i))) for i in range(3)]
+    cache = CompileCache(tmp_path)
+    for i, model in enumerate(models):
+        cache.put(f"entry{i}", model)
+        os.utime(cache.path(f"entry{i}"), (1000 + i, 1000 + i))
+    size = cache.path("entry0").stat().st_size
+    assert cache.get("entry0") is not None  # used: now the most recent
+    CompileCache(tmp_path, limit=2 * size + size // 2).trim()
+    assert [p.stem for p in _entries(tmp_path)] == ["entry0", "entry2"]
+
+
+def test_an_export_of_a_cached_model_is_a_copy_of_its_library(tmp_path):
+    mod = aicf_tvm.from_onnx(_linear_onnx())
+    aicf_tvm.compile(mod, cache_dir=tmp_path / "cache")
+    hit = aicf_tvm.compile(mod, cache_dir=tmp_path / "cache")
+    out = hit.export(tmp_path / "out.so")
+    assert out.read_bytes() == Path(hit.path).read_bytes()
+    np.testing.assert_allclose(np.asarray(aicf_tvm.load(out)(_x(6))), _expected(_x(6)), rtol=1e-5, atol=1e-5)
+
+
+def test_concurrent_compiles_of_one_model_leave_a_whole_entry(tmp_path):
+    path, cache = tmp_path / "linear.onnx", tmp_path / "cache"
+    onnx.save(_linear_onnx(), path)
+    code = f"import aicf_tvm; aicf_tvm.compile({str(path)!r}, cache_dir={str(cache)!r}, warm_up=False)"
+    env = {k: v for k, v in os.environ.items() if k != "AICF_CACHE_DIR"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(2)]
+    assert [p.wait(timeout=600) for p in procs] == [0, 0]
+    [entry] = _entries(cache)
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # no temporary left
+    np.testing.assert_allclose(np.asarray(aicf_tvm.load(entry)(_x(7))), _expected(_x(7)), rtol=1e-5, atol=1e-5)
+
+
+def test_the_cli_uses_the_cache_unless_told_not_to(tmp_path, monkeypatch, capsys):
+    path, cache = tmp_path / "linear.onnx", tmp_path / "cache"
+    onnx.save(_linear_onnx(), path)
+    monkeypatch.setenv("AICF_CACHE_DIR", str(cache))
+    assert main(["compile", str(path), "-o", str(tmp_path / "a.so"), "--no-cache"]) == 0
+    assert not cache.exists()
+    assert main(["compile", str(path), "-o", str(tmp_path / "b.so")]) == 0
+    [entry] = _entries(cache)
+    assert (tmp_path / "b.so").read_bytes() == entry.read_bytes()
+    capsys.readouterr()
+    assert main(["compile", str(path), "-o", str(tmp_path / "c.so"), "--timings"]) == 0
+    table = capsys.readouterr().out
+    assert "cache" in table and "normalize" not in table  # loaded, not compiled
+    np.testing.assert_allclose(np.asarray(aicf_tvm.load(tmp_path / "c.so")(_x(8))), _expected(_x(8)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_targets_this_machine_cannot_run_are_not_cached(tmp_path):
+    from aicf_tvm.driver.compile_cache import cacheable
+    from aicf_tvm.runtime.targets import resolve_target
+
+    options = CompileOptions()
+    assert cacheable(options, resolve_target("llvm"))
+    assert not cacheable(options, resolve_target({"kind": "cuda", "arch": "sm_90"}))
+    assert not cacheable(options, resolve_target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"}))
+    assert not cacheable(CompileOptions(database=str(tmp_path)), resolve_target("llvm"))
