@@ -158,6 +158,27 @@ def evaluate_at_bounds(bindings: list[relax.VarBinding], bounds: dict[str, int])
     return result if isinstance(result, tvm.ir.Constant) else None
 
 
+def evaluate_static(bindings: list[relax.VarBinding], wanted: list[relax.Var]) -> dict:
+    """Each var of ``wanted`` (bound in ``bindings``, which read constants only and have
+    static shapes, in program order) to its value folded to a constant, or None; all in
+    one ``LegalizeOps`` + ``FoldConstant``, so a kernel that several of them need is built
+    once (FoldConstant keeps its builds by structure for one run). The same values as
+    ``evaluate_at_bounds`` of each one's chain: a binding's fold reads only its inputs."""
+    outs = [relax.Var(f"aicf_wanted_{i}", v.ty) for i, v in enumerate(wanted)]
+    block = relax.DataflowBlock([*bindings, *(relax.VarBinding(o, v) for o, v in zip(outs, wanted))])
+    func = relax.Function([], relax.SeqExpr([block], relax.Tuple(outs)), relax.TupleType([o.ty for o in outs]))
+    with scalars_as_buffers():  # IEEE float arithmetic, not TVM's folds of immediates
+        legal = relax.transform.LegalizeOps()(tvm.IRModule({"main": func}))
+        folded = relax.transform.FoldConstant()(legal)["main"]
+    bound = {b.var: b.value for blk in folded.body.blocks for b in blk.bindings if isinstance(b, relax.VarBinding)}
+    values = {}
+    for var, field in zip(wanted, folded.body.body.fields):
+        while isinstance(field, relax.Var) and field in bound:
+            field = bound[field]
+        values[var] = field if isinstance(field, tvm.ir.Constant) else None
+    return values
+
+
 def _symbolic_vars(bindings: list[relax.VarBinding]) -> list[tirx.Var]:
     found = []
     for b in bindings:

@@ -51,7 +51,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from aicf_tvm.core.kinds.describe import is_pointwise
 from aicf_tvm.core.options import CompileOptions, options_or_default
 
-from .bounded_tables import evaluate_at_bounds
+from .bounded_tables import evaluate_at_bounds, evaluate_static
 
 # Elements of the largest constant-only chain evaluated to learn whether it is uniform.
 MAX_EVALUATED = 1 << 22
@@ -156,6 +156,49 @@ class _Dropper(PyExprMutator):
         self.evaluated: dict = {}  # var -> its rank-0 value, or None
         self.constant: set = set()  # the visited function's constant_vars
 
+    def _asks(self, call: relax.Call, lookup: Callable[[relax.Var], relax.Expr | None]) -> list[relax.Var]:
+        """The operands of ``call`` that ``visit_call_`` would ask ``uniform_chain`` about."""
+        if not self.uniform_scalars or not (
+                is_pointwise(call) or (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul")):
+            return []
+        out = []
+        for arg in call.args:
+            bound = lookup(arg) if isinstance(arg, relax.Var) else None
+            if (bound is not None and not isinstance(bound, tvm.ir.Constant) and broadcast_source(bound) is None
+                    and _spans_axes(arg) and uniform_constant(bound) is None):
+                out.append(arg)
+        return out
+
+    def prepare(self, func: relax.Function) -> None:
+        """``uniform_chain`` of every operand the visit will ask about, evaluated at once
+        (``evaluate_static``: a kernel that many chains share is built once: Swin's
+        windowed attention masks, one chain per block); left to ``uniform_chain`` one by
+        one when a chain has symbolic dims or the batch does not build."""
+        bindings = {b.var: b.value for blk in func.body.blocks for b in blk.bindings
+                    if isinstance(b, relax.VarBinding)}
+        order = {v: i for i, v in enumerate(bindings)}
+        wanted, chains = [], {}
+        for var, value in bindings.items():
+            if not isinstance(value, relax.Call):
+                continue
+            for arg in self._asks(value, bindings.get):
+                size = _static_size(arg.ty)
+                if arg in chains or arg in self.evaluated or not size or size > MAX_EVALUATED:
+                    continue
+                chain = constant_chain(arg, bindings.get, self.constant)
+                if chain and not any(relax.analysis.tir_vars_in_type(b.var.ty) for b in chain):
+                    chains[arg] = chain
+                    wanted.append(arg)
+        if not wanted:
+            return
+        needed = {b.var: b for chain in chains.values() for b in chain}
+        try:
+            values = evaluate_static(sorted(needed.values(), key=lambda b: order[b.var]), wanted)
+        except Exception:  # noqa: BLE001 - an op LegalizeOps cannot build: each chain on its own
+            return
+        for var, value in values.items():
+            self.evaluated[var] = uniform_constant(value)
+
     def uniform_chain(self, var: relax.Var) -> tvm.ir.Constant | None:
         """The rank-0 value of ``var`` when a chain of ops on constants computes it and
         every element it computes has the same bits (``constant_chain``); else None."""
@@ -208,6 +251,7 @@ class ImplicitBroadcasts:
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
                 dropper.constant = constant_vars(func)
+                dropper.prepare(func)
                 dropper.builder_.update_func(gv, dropper.visit_expr(func))
         return relax.transform.DeadCodeElimination()(dropper.builder_.get())
 
