@@ -126,3 +126,22 @@ def test_a_deep_model_is_walked_once():
         bb.emit_func_output(out)
     after = ImplicitBroadcasts()(bb.get())
     assert len(_tensor_constants(after)) == 600
+
+
+def test_the_chains_evaluated_at_once_give_what_each_alone_gives(monkeypatch):
+    """``prepare`` evaluates every chain in one fold (``evaluate_static``); with that batch
+    made to fail, each chain is evaluated on its own as before: the same module."""
+    import relax_passes.implicit_broadcasts as ib
+
+    asked = []
+    evaluate = ib.evaluate_static
+    monkeypatch.setattr(ib, "evaluate_static", lambda b, wanted: asked.append(wanted) or evaluate(b, wanted))
+    batched = ImplicitBroadcasts()(Uniform)
+    assert len(asked) == 1 and len(asked[0]) >= 1  # the mask chain went through the batch
+
+    def refuse(*args):
+        raise RuntimeError("no batch")
+
+    monkeypatch.setattr(ib, "evaluate_static", refuse)
+    assert tvm_ffi.structural_equal(ImplicitBroadcasts()(Uniform), batched)
+    assert "relax.arange" not in op_names(batched)
