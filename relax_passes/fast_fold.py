@@ -7,10 +7,10 @@ LLVM and running it. The pipeline folds several times, some of them on a module 
 only foldable calls are a few weight packings, and importers transpose every linear
 weight (72 ``permute_dims`` of constants in a BERT-base).
 
-* ``fold_moves``: a transpose or a reshape of a constant is a copy of its elements in
+* ``fold_in_numpy``: a transpose or a reshape of a constant is a copy of its elements in
   another order, which numpy does exactly: the constants it makes are the ones
   ``FoldConstant`` would make, element for element. Only dtypes numpy holds natively,
-  only static target shapes.
+  only results of the call's static type.
 * ``fold_constant_part(fold, mod)``: the bindings of dataflow blocks computable at
   compile time (reading constants only, through earlier such bindings), with static
   types, go into a function of their own that ``fold`` folds; each that became a constant
@@ -35,30 +35,54 @@ _NUMPY_DTYPES = frozenset({"bool", "float16", "float32", "float64", "int8", "int
                            "uint16", "uint32", "uint64"})
 
 
-def _moved(call: relax.Call) -> np.ndarray | None:
-    """The value of ``call`` when it transposes or reshapes a constant, else None."""
-    if not call.args or not isinstance(call.args[0], tvm.ir.Constant):
+def _static_dims(expr: relax.Expr) -> list[int] | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
-    const = call.args[0]
-    if str(const.ty.dtype) not in _NUMPY_DTYPES:
+    dims = ty.shape.values
+    return [int(d) for d in dims] if all(isinstance(d, tvm.tirx.IntImm) for d in dims) else None
+
+
+def _numpy_value(call: relax.Call, args: list[tvm.ir.Constant | None]) -> np.ndarray | None:
+    """The value of ``call`` on constant ``args`` when it moves data (a transpose, a
+    reshape), computed by numpy; None otherwise or when numpy's result is not of the
+    call's static type."""
+    if not args or any(a is None or str(a.ty.dtype) not in _NUMPY_DTYPES for a in args
+                       if isinstance(a, tvm.ir.Constant) or a is None):
+        return None
+    if not isinstance(args[0], tvm.ir.Constant):
         return None
     if call.op.same_as(_PERMUTE):
         axes = call.attrs.axes
-        return const.value.numpy().transpose(None if axes is None else [int(a) for a in axes])
-    if call.op.same_as(_RESHAPE) and isinstance(call.args[1], relax.ShapeExpr):
-        dims = call.args[1].values
-        if all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-            return const.value.numpy().reshape([int(d) for d in dims])
-    return None
+        value = args[0].value.numpy().transpose(None if axes is None else [int(a) for a in axes])
+    elif call.op.same_as(_RESHAPE) and isinstance(args[1], relax.ShapeExpr):
+        dims = args[1].values
+        if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+            return None
+        value = args[0].value.numpy().reshape([int(d) for d in dims])
+    else:
+        return None
+    if _static_dims(call) != list(value.shape) or str(value.dtype) != str(call.ty.dtype):
+        return None
+    return value
 
 
 @relax.expr_functor.mutator
 class _FoldMoves(relax.PyExprMutator):
+    def _constant(self, arg: relax.Expr) -> relax.Expr | None:
+        """``arg`` as a constant (directly, or a var bound to one here), a shape as it is."""
+        if isinstance(arg, (tvm.ir.Constant, relax.ShapeExpr)):
+            return arg
+        bound = self.lookup_binding(arg) if isinstance(arg, relax.Var) else None
+        return bound if isinstance(bound, tvm.ir.Constant) else None
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
-        value = _moved(call)
-        if value is not None:
-            return relax.const(np.ascontiguousarray(value), str(call.args[0].ty.dtype))
-        return super().visit_call_(call)
+        call = self.visit_expr_post_order(call)
+        if isinstance(call.op, tvm.ir.Op) and (call.op.same_as(_PERMUTE) or call.op.same_as(_RESHAPE)):
+            value = _numpy_value(call, [self._constant(a) for a in call.args])
+            if value is not None:
+                return relax.const(np.ascontiguousarray(value), str(call.ty.dtype))
+        return call
 
 
 def _static(binding: relax.VarBinding) -> bool:
@@ -156,8 +180,9 @@ def fold_constant_part(fold: Callable[[tvm.IRModule], tvm.IRModule], mod: tvm.IR
     return mod if out is None else out
 
 
-def fold_moves(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with each transpose or reshape of a constant replaced by its value."""
+def fold_in_numpy(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each transpose or reshape of a constant (or of one such a fold made)
+    replaced by its value computed by numpy."""
     out = tvm.IRModule(mod.functions, attrs=mod.attrs)
     changed = False
     for gv, func in mod.functions_items():
@@ -169,4 +194,4 @@ def fold_moves(mod: tvm.IRModule) -> tvm.IRModule:
     return out if changed else mod
 
 
-__all__ = ["fold_constant_part", "fold_moves"]
+__all__ = ["fold_constant_part", "fold_in_numpy"]

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import tvm
 from tvm import relax
 
-from .fast_fold import fold_constant_part, fold_moves
+from .fast_fold import fold_constant_part, fold_in_numpy
 
 _ASTYPE = tvm.ir.Op.get("relax.astype")
 _HIDDEN = "aicf_narrow_"
@@ -78,7 +78,7 @@ def keep_narrow(fold: Callable[[tvm.IRModule], tvm.IRModule], mod: tvm.IRModule)
     """``fold(mod)`` with every widened weight (``_weight_casts``) left unfolded, run on
     the compile-time part of each function only, the transposes and reshapes of
     constants folded first in numpy (``fast_fold``)."""
-    mod = fold_moves(mod)
+    mod = fold_in_numpy(mod)
     hidden: dict[str, dict[relax.Var, tvm.ir.Constant]] = {}
     staged = tvm.IRModule(mod.functions, attrs=mod.attrs)
     for gv, func in mod.functions_items():

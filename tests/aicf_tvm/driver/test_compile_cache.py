@@ -155,3 +155,20 @@ def test_targets_this_machine_cannot_run_are_not_cached(tmp_path):
     assert not cacheable(options, resolve_target({"kind": "cuda", "arch": "sm_90"}))
     assert not cacheable(options, resolve_target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"}))
     assert not cacheable(CompileOptions(database=str(tmp_path)), resolve_target("llvm"))
+
+
+def test_a_folder_that_cannot_be_written_compiles_without_caching(tmp_path):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("not a folder")
+    with pytest.warns(UserWarning, match="cannot write"):
+        model = aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx()), cache_dir=blocked / "cache")
+    np.testing.assert_allclose(np.asarray(model(_x(9))), _expected(_x(9)), rtol=1e-5, atol=1e-5)
+    assert model.exported is None and blocked.read_text() == "not a folder"
+
+
+def test_a_size_limit_that_is_not_a_number_is_our_error(tmp_path, monkeypatch):
+    from aicf_tvm.core.errors import AicfError
+
+    monkeypatch.setenv("AICF_CACHE_MAX_GB", "lots")
+    with pytest.raises(AicfError, match="AICF_CACHE_MAX_GB='lots': not a number"):
+        aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx()), cache_dir=tmp_path)
