@@ -33,6 +33,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from aicf_tvm.core.kinds.registry import BROADCAST, ELEMENTWISE, rule_for
 
 from .bound_shapes import bounds_of
+from .fast_fold import fold_bindings
 from .ieee_fold import scalars_as_buffers
 
 # Elements a precomputed table may hold (a 512 x 128 float32 table is 256 KiB).
@@ -164,19 +165,12 @@ def evaluate_static(bindings: list[relax.VarBinding], wanted: list[relax.Var]) -
     one ``LegalizeOps`` + ``FoldConstant``, so a kernel that several of them need is built
     once (FoldConstant keeps its builds by structure for one run). The same values as
     ``evaluate_at_bounds`` of each one's chain: a binding's fold reads only its inputs."""
-    outs = [relax.Var(f"aicf_wanted_{i}", v.ty) for i, v in enumerate(wanted)]
-    block = relax.DataflowBlock([*bindings, *(relax.VarBinding(o, v) for o, v in zip(outs, wanted))])
-    func = relax.Function([], relax.SeqExpr([block], relax.Tuple(outs)), relax.TupleType([o.ty for o in outs]))
-    with scalars_as_buffers():  # IEEE float arithmetic, not TVM's folds of immediates
-        legal = relax.transform.LegalizeOps()(tvm.IRModule({"main": func}))
-        folded = relax.transform.FoldConstant()(legal)["main"]
-    bound = {b.var: b.value for blk in folded.body.blocks for b in blk.bindings if isinstance(b, relax.VarBinding)}
-    values = {}
-    for var, field in zip(wanted, folded.body.body.fields):
-        while isinstance(field, relax.Var) and field in bound:
-            field = bound[field]
-        values[var] = field if isinstance(field, tvm.ir.Constant) else None
-    return values
+    def fold(mod: tvm.IRModule) -> tvm.IRModule:
+        with scalars_as_buffers():  # IEEE float arithmetic, not TVM's folds of immediates
+            return relax.transform.FoldConstant()(relax.transform.LegalizeOps()(mod))
+
+    values = fold_bindings(fold, bindings, [], tvm.IRModule())
+    return {v: values.get(v) for v in wanted}
 
 
 def _symbolic_vars(bindings: list[relax.VarBinding]) -> list[tirx.Var]:

@@ -125,10 +125,11 @@ def _constant_bindings(func: relax.Function) -> tuple[list[relax.VarBinding], li
     return kept, inputs
 
 
-def _folded(fold: Callable[[tvm.IRModule], tvm.IRModule], bindings: list[relax.VarBinding],
-            inputs: list[relax.Var], mod: tvm.IRModule) -> dict:
-    """``fold`` of ``bindings`` as a function of their own (of ``inputs``): each binding's
-    var that folded to a constant, to that constant."""
+def fold_bindings(fold: Callable[[tvm.IRModule], tvm.IRModule], bindings: list[relax.VarBinding],
+                  inputs: list[relax.Var], mod: tvm.IRModule) -> dict:
+    """``fold`` of ``bindings`` as a function of their own (of ``inputs``; ``mod``'s
+    PrimFuncs with it, for the ``call_tir`` sites): each binding's var that folded to a
+    constant, to that constant."""
     outs = [relax.Var(f"aicf_folded_{i}", b.var.ty) for i, b in enumerate(bindings)]
     block = relax.DataflowBlock([*bindings, *(relax.VarBinding(o, b.var) for o, b in zip(outs, bindings))])
     body = relax.SeqExpr([block], relax.Tuple(outs))
@@ -173,7 +174,7 @@ def fold_constant_part(fold: Callable[[tvm.IRModule], tvm.IRModule], mod: tvm.IR
         if not isinstance(func, relax.Function):
             continue
         bindings, inputs = _constant_bindings(func)
-        values = _folded(fold, bindings, inputs, mod) if bindings else {}
+        values = fold_bindings(fold, bindings, inputs, mod) if bindings else {}
         if values:
             out = out if out is not None else tvm.IRModule(mod.functions, attrs=mod.attrs)
             out[gv] = _Substitute(mod, values).visit_expr(func)
@@ -194,4 +195,4 @@ def fold_in_numpy(mod: tvm.IRModule) -> tvm.IRModule:
     return out if changed else mod
 
 
-__all__ = ["fold_constant_part", "fold_in_numpy"]
+__all__ = ["fold_bindings", "fold_constant_part", "fold_in_numpy"]
