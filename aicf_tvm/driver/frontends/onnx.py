@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import tvm
 from tvm import relax, tirx
 
@@ -154,7 +155,7 @@ def _own_converters() -> Iterator[None]:
     table = onnx_frontend._get_convert_map
 
     def ours() -> dict:
-        return {**table(), "Expand": _expand_class(onnx_frontend.Expand)}
+        return {**table(), "Expand": _expand_class(onnx_frontend.Expand), "Clip": _clip_class(onnx_frontend.Clip)}
 
     onnx_frontend._get_convert_map = ours
     try:
@@ -186,6 +187,41 @@ def _expand_class(base: type) -> type:
             return relax.op.broadcast_to(data, [d if t == 1 else t for d, t in zip(dims, target)])
 
     return Expand
+
+
+def _clip_class(base: type) -> type:
+    """``Clip`` with constant, non-NaN ``min``/``max`` inputs (opset 11+: an exported
+    ReLU6) as Relax ``maximum``/``minimum`` of those constants, where TVM's converter
+    emits TE kernels (``emit_te``): a ``call_tir`` is opaque to our passes, so every ReLU6
+    of an exported MobileNet stayed two kernels of its own. The same ops on the same
+    values, legalized as TVM's are. Other bounds (given at run time, or NaN, on which
+    ONNX's reference evaluator, ONNX Runtime and TVM's converter disagree) go to TVM's
+    converter."""
+
+    def constant(bound: relax.Expr | None) -> bool:
+        if bound is None:
+            return True
+        if not isinstance(bound, tvm.ir.GenericConst) or str(bound.ty.dtype) not in ("float16", "float32", "float64"):
+            return False
+        return not np.isnan(bound.value.numpy()).any()
+
+    class Clip(base):
+        @classmethod
+        def _impl_v13(cls, bb, inputs, attr, params):
+            if not (constant(inputs[1]) and constant(inputs[2])):
+                return super()._impl_v13(bb, inputs, attr, params)
+            out = inputs[0]
+            if inputs[1] is not None:
+                out = bb.emit(relax.op.maximum(out, inputs[1]))
+            if inputs[2] is not None:
+                out = bb.emit(relax.op.minimum(out, inputs[2]))
+            return out
+
+        @classmethod
+        def _impl_v11(cls, bb, inputs, attr, params):
+            return cls._impl_v13(bb, inputs, attr, params)
+
+    return Clip
 
 
 def _check_ops(model: onnx.ModelProto, name: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tvm import relax
 
 import aicf_tvm
 
@@ -25,3 +26,68 @@ def test_expand_of_symbolic_dims_to_a_constant_shape_matches_numpy():
     for n in (3, 5):
         x = np.arange(n, dtype=np.float32).reshape(n, 1) - 1.5
         np.testing.assert_array_equal(np.asarray(compiled(x)), np.broadcast_to(x, (2, n, 4)))
+
+
+def _clip_model(lo: float | None, hi: float | None, hi_input: bool = False) -> onnx.ModelProto:
+    """relu(x) then Clip(., lo, hi) (constant bounds, a NaN one, a missing one, or ``hi``
+    a graph input)."""
+    inits, names = [], []
+    for name, value in (("lo", lo), ("hi", hi)):
+        if value is None:
+            names.append("")
+        elif name == "hi" and hi_input:
+            names.append("hi")
+        else:
+            inits.append(onnx.numpy_helper.from_array(np.array(value, np.float32), name))
+            names.append(name)
+    inputs = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8])]
+    if hi_input:
+        inputs.append(helper.make_tensor_value_info("hi", onnx.TensorProto.FLOAT, []))
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Clip", ["r", *names], ["y"])],
+                              "clip", inputs, [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("lo, hi", [(0.0, 6.0), (-1.0, None), (None, 2.5), (2.0, -1.0)])
+def test_clip_to_constant_bounds_fuses_with_the_relu_and_matches_onnx(lo, hi):
+    """Constant bounds: our Clip (Relax maximum/minimum, no TE kernel) joins the relu in
+    one kernel and gives ONNX's reference evaluator's and ONNX Runtime's values on finite
+    inputs, and on NaN, inf and -0.0 inputs the bits of TVM's converter compiled by us
+    (NaN through max/min as TVM's kernels give it)."""
+    import onnxruntime as ort
+    from onnx.reference import ReferenceEvaluator
+
+    model = _clip_model(lo, hi)
+    compiled = aicf_tvm.compile(aicf_tvm.from_onnx(model), warm_up=False)
+    before = aicf_tvm.compile(relax.frontend.onnx.from_onnx(model, keep_params_in_input=False), warm_up=False)
+    assert len(compiled.kernels) == 1 < len(before.kernels)
+    x = np.random.default_rng(5).standard_normal((2, 8)).astype(np.float32) * 8
+    ours = np.asarray(compiled(x))
+    np.testing.assert_array_equal(ours, ReferenceEvaluator(model).run(None, {"x": x})[0])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(ours, session.run(None, {"x": x})[0])
+    x[0, :5] = [np.nan, np.inf, -np.inf, -0.0, 0.0]
+    np.testing.assert_array_equal(np.asarray(compiled(x)).view(np.uint32), np.asarray(before(x)).view(np.uint32))
+
+
+def test_clip_to_a_nan_bound_is_tvms_converter():
+    """A NaN bound (ONNX's reference evaluator: every output NaN; ONNX Runtime and TVM's
+    converter: the negative inputs pass a relu before it) stays with TVM's converter."""
+    model = _clip_model(np.nan, 6.0)
+    ours = aicf_tvm.compile(aicf_tvm.from_onnx(model), warm_up=False)
+    before = aicf_tvm.compile(relax.frontend.onnx.from_onnx(model, keep_params_in_input=False), warm_up=False)
+    x = np.random.default_rng(7).standard_normal((2, 8)).astype(np.float32) * 8
+    np.testing.assert_array_equal(np.asarray(ours(x)).view(np.uint32), np.asarray(before(x)).view(np.uint32))
+
+
+def test_clip_to_a_bound_given_at_run_time():
+    import onnxruntime as ort
+
+    model = _clip_model(0.0, None, hi_input=True)
+    compiled = aicf_tvm.compile(aicf_tvm.from_onnx(model), warm_up=False)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(6).standard_normal((2, 8)).astype(np.float32) * 8
+    for hi in (np.float32(3.0), np.float32(np.nan), np.float32(-2.0)):
+        want = session.run(None, {"x": x, "hi": np.array(hi)})[0]
+        np.testing.assert_array_equal(np.asarray(compiled(x, np.array(hi))), want)
