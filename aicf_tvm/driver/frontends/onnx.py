@@ -155,7 +155,8 @@ def _own_converters() -> Iterator[None]:
     table = onnx_frontend._get_convert_map
 
     def ours() -> dict:
-        return {**table(), "Expand": _expand_class(onnx_frontend.Expand), "Clip": _clip_class(onnx_frontend.Clip)}
+        return {**table(), "Expand": _expand_class(onnx_frontend.Expand), "Clip": _clip_class(onnx_frontend.Clip),
+                "Pad": _pad_class(onnx_frontend.Pad)}
 
     onnx_frontend._get_convert_map = ours
     try:
@@ -222,6 +223,29 @@ def _clip_class(base: type) -> type:
             return cls._impl_v13(bb, inputs, attr, params)
 
     return Clip
+
+
+def _pad_class(base: type) -> type:
+    """``Pad`` (opset 11+) of a float tensor in constant mode by constant, non-negative
+    pads as Relax ``nn.pad``, where TVM's converter emits a TE kernel (``emit_te`` of
+    ``topi.nn.pad``): opaque to our passes, so the zero pad an exporter writes before
+    each convolution (MobileNetV2's "same" padding) stayed a kernel and a copy of the
+    activation instead of the convolution's own padding (``FoldPadIntoConv``). Relax's
+    ``nn.pad`` legalizes to the same ``topi.nn.pad``. Other pads go to TVM's converter."""
+
+    class Pad(base):
+        @classmethod
+        def _lower_pad(cls, bb, inputs, attr, params, allowed_modes):
+            data = inputs[0]
+            dtype = str(getattr(data.ty, "dtype", ""))
+            if attr.get("mode", b"constant").decode("utf-8") == "constant" and dtype.startswith("float"):
+                before, after, value = cls._parse_pads_and_axes(inputs, params)
+                if all(int(w) >= 0 for w in [*before, *after]):
+                    widths = [int(w) for pair in zip(before, after) for w in pair]
+                    return bb.emit(relax.op.nn.pad(data, widths, "constant", float(value)))
+            return super()._lower_pad(bb, inputs, attr, params, allowed_modes)
+
+    return Pad
 
 
 def _check_ops(model: onnx.ModelProto, name: str) -> None:

@@ -91,3 +91,36 @@ def test_clip_to_a_bound_given_at_run_time():
     for hi in (np.float32(3.0), np.float32(np.nan), np.float32(-2.0)):
         want = session.run(None, {"x": x, "hi": np.array(hi)})[0]
         np.testing.assert_array_equal(np.asarray(compiled(x, np.array(hi))), want)
+
+
+def _pad_conv_model(pads: list[int], value: float, mode: str = "constant") -> onnx.ModelProto:
+    """Pad (pads and value as inputs, opset 17) then a 3x3 convolution without padding."""
+    rng = np.random.default_rng(8)
+    inits = [onnx.numpy_helper.from_array(np.array(pads, np.int64), "pads"),
+             onnx.numpy_helper.from_array(np.array(value, np.float32), "value"),
+             onnx.numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Pad", ["x", "pads", "value"], ["p"], mode=mode),
+             helper.make_node("Conv", ["p", "w"], ["y"], kernel_shape=[3, 3])]
+    graph = helper.make_graph(nodes, "padconv", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                              [1, 3, 10, 10])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("pads, value, mode, kernels", [
+    ([0, 0, 1, 1, 0, 0, 1, 1], 0.0, "constant", 1),   # "same" padding: the conv's own
+    ([0, 0, 0, 1, 0, 0, 2, 1], 0.0, "constant", 1),   # uneven, as TF-style exports write it
+    ([0, 0, 1, 1, 0, 0, 1, 1], 1.5, "constant", 2),   # another value: a pad kernel of its own
+    ([0, 0, 1, 1, 0, 0, -1, 1], 0.0, "constant", 2),  # a crop: TVM's converter
+    ([0, 0, 1, 1, 0, 0, 1, 1], 0.0, "reflect", 2),    # TVM's converter
+])
+def test_pad_before_a_conv_matches_onnx_runtime(pads, value, mode, kernels):
+    import onnxruntime as ort
+
+    model = _pad_conv_model(pads, value, mode)
+    compiled = aicf_tvm.compile(aicf_tvm.from_onnx(model), warm_up=False)
+    assert len(compiled.kernels) == kernels
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seed in (9, 10):
+        x = np.random.default_rng(seed).standard_normal((1, 3, 10, 10)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(compiled(x)), session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
