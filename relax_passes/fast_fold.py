@@ -17,8 +17,9 @@ weight (72 ``permute_dims`` of constants in a BERT-base).
   replaces its binding in the original, its uses reading the constant as ``FoldConstant``
   leaves them. A ``full_like``/``zeros_like``/``ones_like``/``shape_of`` reads only
   its input's type (a static shape) and ``FoldConstant`` folds it: it goes in with
-  its input as a parameter of the part. A binding's fold depends only on the bindings it reads, all of which are
-  in that function, so what folds, and to what, is what ``fold`` on the whole module gives.
+  its input as a parameter of the part. A binding's fold depends only on the bindings it
+  reads, all of which are in that function, so what folds, and to what, is what ``fold``
+  on the whole module gives.
 """
 
 from __future__ import annotations
@@ -29,28 +30,19 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from aicf_tvm.core.tvm_values import static_shape
+
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
 _NUMPY_DTYPES = frozenset({"bool", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
                            "uint16", "uint32", "uint64"})
 
 
-def _static_dims(expr: relax.Expr) -> list[int] | None:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    dims = ty.shape.values
-    return [int(d) for d in dims] if all(isinstance(d, tvm.tirx.IntImm) for d in dims) else None
-
-
 def _numpy_value(call: relax.Call, args: list[tvm.ir.Constant | None]) -> np.ndarray | None:
     """The value of ``call`` on constant ``args`` when it moves data (a transpose, a
     reshape), computed by numpy; None otherwise or when numpy's result is not of the
     call's static type."""
-    if not args or any(a is None or str(a.ty.dtype) not in _NUMPY_DTYPES for a in args
-                       if isinstance(a, tvm.ir.Constant) or a is None):
-        return None
-    if not isinstance(args[0], tvm.ir.Constant):
+    if not args or not isinstance(args[0], tvm.ir.Constant) or str(args[0].ty.dtype) not in _NUMPY_DTYPES:
         return None
     if call.op.same_as(_PERMUTE):
         axes = call.attrs.axes
@@ -62,7 +54,7 @@ def _numpy_value(call: relax.Call, args: list[tvm.ir.Constant | None]) -> np.nda
         value = args[0].value.numpy().reshape([int(d) for d in dims])
     else:
         return None
-    if _static_dims(call) != list(value.shape) or str(value.dtype) != str(call.ty.dtype):
+    if static_shape(call.ty) != value.shape or str(value.dtype) != str(call.ty.dtype):
         return None
     return value
 
@@ -94,10 +86,6 @@ def _static(binding: relax.VarBinding) -> bool:
 _SHAPE_ONLY = tuple(tvm.ir.Op.get(f"relax.{name}") for name in ("full_like", "zeros_like", "ones_like", "shape_of"))
 
 
-def _static_type(ty: relax.Type) -> bool:
-    return isinstance(ty, relax.TensorType) and ty.shape is not None and not relax.analysis.tir_vars_in_type(ty)
-
-
 def _constant_bindings(func: relax.Function) -> tuple[list[relax.VarBinding], list[relax.Var]]:
     """The dataflow bindings of ``func`` with static types that read only constants and
     earlier ones of the list (those computable at compile time, every parameter a
@@ -116,7 +104,7 @@ def _constant_bindings(func: relax.Function) -> tuple[list[relax.VarBinding], li
             if not all(v in defined for v in free):
                 value = b.value
                 if not (isinstance(value, relax.Call) and any(value.op.same_as(op) for op in _SHAPE_ONLY)
-                        and len(free) == 1 and free[0].same_as(value.args[0]) and _static_type(free[0].ty)):
+                        and len(free) == 1 and free[0].same_as(value.args[0]) and static_shape(free[0].ty) is not None):
                     continue
                 inputs.append(free[0])
                 defined.add(free[0])
@@ -182,8 +170,8 @@ def fold_constant_part(fold: Callable[[tvm.IRModule], tvm.IRModule], mod: tvm.IR
 
 
 def fold_in_numpy(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with each transpose or reshape of a constant (or of one such a fold made)
-    replaced by its value computed by numpy."""
+    """``mod`` with each transpose or reshape of a constant (including a constant an
+    earlier such fold made) replaced by its value computed by numpy."""
     out = tvm.IRModule(mod.functions, attrs=mod.attrs)
     changed = False
     for gv, func in mod.functions_items():

@@ -148,6 +148,12 @@ def _spans_axes(expr: object) -> bool:
     return sum(1 for d in ty.shape.values if not (isinstance(d, tvm.tirx.IntImm) and int(d) == 1)) >= 2
 
 
+def _broadcasts(value: relax.Expr) -> bool:
+    """A pointwise op or a matmul: an op that broadcasts its operands itself."""
+    return isinstance(value, relax.Call) and (
+        is_pointwise(value) or (isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.matmul"))
+
+
 @mutator
 class _Dropper(PyExprMutator):
     def __init__(self, mod: tvm.IRModule, uniform_scalars: bool = True) -> None:
@@ -156,18 +162,22 @@ class _Dropper(PyExprMutator):
         self.evaluated: dict = {}  # var -> its rank-0 value, or None
         self.constant: set = set()  # the visited function's constant_vars
 
-    def _asks(self, call: relax.Call, lookup: Callable[[relax.Var], relax.Expr | None]) -> list[relax.Var]:
-        """The operands of ``call`` that ``visit_call_`` would ask ``uniform_chain`` about."""
-        if not self.uniform_scalars or not (
-                is_pointwise(call) or (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul")):
-            return []
-        out = []
-        for arg in call.args:
-            bound = lookup(arg) if isinstance(arg, relax.Var) else None
-            if (bound is not None and not isinstance(bound, tvm.ir.Constant) and broadcast_source(bound) is None
-                    and _spans_axes(arg) and uniform_constant(bound) is None):
-                out.append(arg)
-        return out
+    def _source(self, arg: relax.Expr, bound: relax.Expr | None,
+                chain: Callable[[relax.Var], tvm.ir.Constant | None]) -> relax.Expr | None:
+        """What operand ``arg`` (bound to ``bound``) of a broadcasting op can be replaced
+        by: its broadcast's source, or its one element when uniform, a chain of ops on
+        constants asked of ``chain``."""
+        source = broadcast_source(bound)
+        if source is None and self.uniform_scalars and _spans_axes(arg):
+            source = uniform_constant(arg if bound is None else bound)  # a constant, or a binding of one
+            if source is None and bound is not None and not isinstance(bound, tvm.ir.Constant):
+                source = chain(arg)
+        return source
+
+    def _chain(self, var: relax.Var, lookup: Callable[[relax.Var], relax.Expr | None]) -> list | None:
+        """``constant_chain`` of ``var`` when its value is small enough to evaluate."""
+        size = _static_size(var.ty)
+        return constant_chain(var, lookup, self.constant) if size and size <= MAX_EVALUATED else None
 
     def prepare(self, func: relax.Function) -> None:
         """``uniform_chain`` of every operand the visit will ask about, evaluated at once
@@ -176,24 +186,24 @@ class _Dropper(PyExprMutator):
         one when a chain has symbolic dims or the batch does not build."""
         bindings = {b.var: b.value for blk in func.body.blocks for b in blk.bindings
                     if isinstance(b, relax.VarBinding)}
-        order = {v: i for i, v in enumerate(bindings)}
-        wanted, chains = [], {}
-        for var, value in bindings.items():
-            if not isinstance(value, relax.Call):
-                continue
-            for arg in self._asks(value, bindings.get):
-                size = _static_size(arg.ty)
-                if arg in chains or arg in self.evaluated or not size or size > MAX_EVALUATED:
-                    continue
-                chain = constant_chain(arg, bindings.get, self.constant)
+        asked: list[relax.Var] = []
+        for value in bindings.values():
+            if _broadcasts(value):
+                for arg in value.args:
+                    self._source(arg, bindings.get(arg) if isinstance(arg, relax.Var) else None,
+                                 lambda var: asked.append(var))
+        chains = {}
+        for var in asked:
+            if var not in chains and var not in self.evaluated:
+                chain = self._chain(var, bindings.get)
                 if chain and not any(relax.analysis.tir_vars_in_type(b.var.ty) for b in chain):
-                    chains[arg] = chain
-                    wanted.append(arg)
-        if not wanted:
+                    chains[var] = chain
+        if not chains:
             return
-        needed = {b.var: b for chain in chains.values() for b in chain}
+        needed = {b.var for chain in chains.values() for b in chain}
         try:
-            values = evaluate_static(sorted(needed.values(), key=lambda b: order[b.var]), wanted)
+            values = evaluate_static([relax.VarBinding(v, value) for v, value in bindings.items() if v in needed],
+                                     list(chains))
         except Exception:  # noqa: BLE001 - an op LegalizeOps cannot build: each chain on its own
             return
         for var, value in values.items():
@@ -203,8 +213,7 @@ class _Dropper(PyExprMutator):
         """The rank-0 value of ``var`` when a chain of ops on constants computes it and
         every element it computes has the same bits (``constant_chain``); else None."""
         if var not in self.evaluated:
-            size = _static_size(var.ty)
-            chain = constant_chain(var, self.lookup_binding, self.constant) if size and size <= MAX_EVALUATED else None
+            chain = self._chain(var, self.lookup_binding)
             try:
                 value = evaluate_at_bounds(chain, {}) if chain else None
             except Exception:  # noqa: BLE001 - an op LegalizeOps cannot build: the chain stays
@@ -214,16 +223,12 @@ class _Dropper(PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
-        if not (is_pointwise(call) or (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul")):
+        if not _broadcasts(call):
             return call
         args = list(call.args)
         for i, arg in enumerate(args):
-            bound = self.lookup_binding(arg) if isinstance(arg, relax.Var) else None
-            source = broadcast_source(bound)
-            if source is None and self.uniform_scalars and _spans_axes(arg):
-                source = uniform_constant(arg if bound is None else bound)  # a constant, or a binding of one
-                if source is None and bound is not None and not isinstance(bound, tvm.ir.Constant):
-                    source = self.uniform_chain(arg)
+            source = self._source(arg, self.lookup_binding(arg) if isinstance(arg, relax.Var) else None,
+                                  self.uniform_chain)
             if source is None:
                 continue
             trial = args[:i] + [source] + args[i + 1:]

@@ -197,7 +197,8 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
         mod = apply_default_schedules(target, options)(mod)
         packed, refused = [], []
         if options.prepack_weights:
-            # folded on the constant part only (relax_passes.fast_fold): each kernel folds once
+            # each kernel's packing folded by FoldConstant on the compile-time part of the
+            # module only (relax_passes.fast_fold), not on every call of it
             mod, packed, refused = prepack_weights(mod, partial(fold_constant_part, relax.transform.FoldConstant()))
         mod = NaNExactComparisons(target)(mod)  # what the schedules inlined keeps IEEE NaN results
         if options.ieee_arithmetic:  # float + - * / kept from the simplifier and contraction
@@ -370,7 +371,7 @@ def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: S
     if store is not None and isinstance(mod, (str, os.PathLike)) and is_onnx_file(mod):
         entry = clock("cache", file_key, mod, dict(import_args or {}), options, tgt)
         if (hit := clock("cache", store.get, entry, threads)) is not None:
-            return _cached(hit, clock, timings)
+            return _done(hit, dict(clock.timings), timings)
     if not isinstance(mod, tvm.IRModule):
         mod = clock("import", load_model, mod, **(import_args or {}))
     # main's outputs and dim requirements as typed right: Relax types a descending arange
@@ -379,27 +380,26 @@ def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: S
     if store is not None and entry is None:
         entry = clock("cache", module_key, mod, options, tgt)
         if (hit := clock("cache", store.get, entry, threads)) is not None:
-            return _cached(hit, clock, timings)
+            return _done(hit, dict(clock.timings), timings)
     if progress is not None:
         progress()
     stages = run_pipeline(mod, options=options)
     model = compiled_model(stages.executable, tgt, mod["main"], report=stages.report, lowered=stages.lowered,
                            optimized=stages.optimized, threads=threads)
-    model.timings = {**clock.timings, **stages.timings}
+    clock = _Clock({**clock.timings, **stages.timings})
     if store is not None:
         # the library written once: an export of this model copies it (CompiledModel.exported)
-        model.exported = _Clock(model.timings)("cache", store.put, entry, model)
+        model.exported = clock("cache", store.put, entry, model)
     if warm_up:
-        _Clock(model.timings)("jit", model.warm_up)
-    if timings:
-        print(format_timings(model.timings), file=sys.stderr)
-    return model
+        clock("jit", model.warm_up)
+    return _done(model, clock.timings, timings)
 
 
-def _cached(model: CompiledModel, clock: _Clock, timings: bool) -> CompiledModel:
-    model.timings = dict(clock.timings)
-    if timings:
-        print(format_timings(model.timings), file=sys.stderr)
+def _done(model: CompiledModel, phases: dict[str, float], show: bool) -> CompiledModel:
+    """``model`` with its phase timings, printed (``format_timings``) when ``show``."""
+    model.timings = phases
+    if show:
+        print(format_timings(phases), file=sys.stderr)
     return model
 
 

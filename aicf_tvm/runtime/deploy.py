@@ -36,6 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import tvm
 
 from aicf_tvm.core.errors import DeployError
@@ -119,7 +120,7 @@ def _blob_addon(symbol: str, data: bytes | tvm.runtime.Tensor, workspace: Path) 
     if isinstance(data, bytes):
         blob.write_bytes(data)
     else:
-        data.numpy().tofile(blob)
+        np.from_dlpack(data).tofile(blob)  # the tensor's own memory: no copy of every weight
     asm.write_text(_incbin(symbol, blob.resolve()))
     return str(asm)
 
