@@ -26,6 +26,17 @@ Three forms, the ones ``MaterializeEmits`` writes (``relax_passes.materialize_la
 
       out[n, o, y, x, j] = sum(r, q) pad[n, o, y*s + r*d, x*s + q*d, j] * w[o, 0, r, q, 0, j]
 
+* dense over unsigned 8-bit data and signed 8-bit weights into int32 (``is_vnni_form``:
+  the input block a multiple of 4, the output block 16): the kernel is first copied to
+  ``[O/ob, C/ib, kh, kw, ib/4, ob, 4]`` (four consecutive input channels of one output
+  channel side by side, the operand order of AVX-512 VNNI's ``vpdpbusd``), and the sum
+  runs over ``i = 4*io + i4``::
+
+      out[n, o, y, x, j] = sum(c, r, q, io, i4) pad[n, c, y*s + r*d, x*s + q*d, 4*io + i4] * wv[o, c, r, q, io, j, i4]
+
+  the same products as the dense form, summed in int32 (exact in any order: the caller
+  checks the sums cannot overflow).
+
 ``pad`` is the input padded with +0.0 (asymmetric ``(top, left, bottom, right)`` as the op
 states it), omitted when the padding is zero. Channel ``c*b + i`` of the logical tensor is
 element ``[.., c, .., i]`` of the blocked one, so each form is the plain convolution read
@@ -73,7 +84,7 @@ def _padded(data: te.Tensor, padding: tuple[int, ...], h_axis: int) -> te.Tensor
         inside = tirx.all(y >= top, y < height + top, x >= left, x < width + left)
         src = list(idx)
         src[h_axis], src[h_axis + 1] = y - top, x - left
-        return tirx.if_then_else(inside, data(*src), tirx.const(0.0, data.dtype))
+        return tirx.if_then_else(inside, data(*src), tirx.const(0, data.dtype))
 
     return te.compute(shape, value, name="pad_temp")
 
@@ -104,6 +115,8 @@ def conv2d_blocked(data: te.Tensor, kernel: te.Tensor, strides, padding, dilatio
         return te.compute(shape, lambda n, o, y, x, j: te.sum(
             cast(pad[n, c, y * sh + r * dh, x * sw + q * dw]) * cast(kernel[o, c, r, q, 0, j]),
             axis=[c, r, q]), name="conv2d_nchwc", tag="conv2d_nchwc")
+    if is_vnni_form(data.dtype, kernel.dtype, out_dtype, groups, ib, ob):
+        return _conv2d_vnni(pad, kernel, (sh, sw), (dh, dw), shape)
     i = te.reduce_axis((0, ib), "ri")
     per_group = blocks // groups  # output blocks per group
 
@@ -113,6 +126,34 @@ def conv2d_blocked(data: te.Tensor, kernel: te.Tensor, strides, padding, dilatio
     return te.compute(shape, lambda n, o, y, x, j: te.sum(
         cast(pad[n, block(o), y * sh + r * dh, x * sw + q * dw, i]) * cast(kernel[o, c, r, q, i, j]),
         axis=[c, r, q, i]), name="conv2d_nchwc", tag="conv2d_nchwc")
+
+
+VNNI_LANES = 16  # int32 accumulators of one vpdpbusd
+VNNI_DEPTH = 4  # bytes each accumulator sums per vpdpbusd
+
+
+def is_vnni_form(data_dtype: str, kernel_dtype: str, out_dtype: str, groups: int, ib: int, ob: int) -> bool:
+    """uint8 data, int8 weights, int32 sums, dense, blocks that fit ``vpdpbusd``."""
+    return (str(data_dtype), str(kernel_dtype), str(out_dtype)) == ("uint8", "int8", "int32") and groups == 1 \
+        and ib > 0 and ib % VNNI_DEPTH == 0 and ob == VNNI_LANES
+
+
+def _conv2d_vnni(pad: te.Tensor, kernel: te.Tensor, strides: tuple[int, int], dilation: tuple[int, int],
+                 shape: tuple) -> te.Tensor:
+    blocks, kin, kh, kw, ib, ob = (int(d) for d in kernel.shape)
+    (sh, sw), (dh, dw) = strides, dilation
+    depth = VNNI_DEPTH
+    wv = te.compute((blocks, kin, kh, kw, ib // depth, ob, depth),
+                    lambda o, c, r, q, io, j, i4: kernel[o, c, r, q, io * depth + i4, j], name="kernel_vnni")
+    c = te.reduce_axis((0, kin), "rc")
+    r = te.reduce_axis((0, kh), "ry")
+    q = te.reduce_axis((0, kw), "rx")
+    io = te.reduce_axis((0, ib // depth), "rio")
+    i4 = te.reduce_axis((0, depth), "ri4")
+    return te.compute(shape, lambda n, o, y, x, j: te.sum(
+        pad[n, c, y * sh + r * dh, x * sw + q * dw, io * depth + i4].astype("int32")
+        * wv[o, c, r, q, io, j, i4].astype("int32"), axis=[c, r, q, io, i4]), name="conv2d_nchwc_vnni",
+        tag="conv2d_nchwc")
 
 
 def is_blocked_form(data_shape, kernel_shape, groups: int, data_layout: str, kernel_layout: str,
@@ -152,4 +193,5 @@ def legalize_conv2d(bb: tvm.relax.BlockBuilder, call: tvm.relax.Call) -> tvm.rel
 
 LEGALIZE_MAP = {"relax.nn.conv2d": legalize_conv2d}
 
-__all__ = ["LEGALIZE_MAP", "conv2d_blocked", "data_block", "is_blocked_form", "kernel_blocks", "legalize_conv2d"]
+__all__ = ["LEGALIZE_MAP", "VNNI_DEPTH", "VNNI_LANES", "conv2d_blocked", "data_block", "is_blocked_form", "is_vnni_form",
+           "kernel_blocks", "legalize_conv2d"]

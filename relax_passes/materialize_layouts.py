@@ -48,6 +48,7 @@ from aicf_tvm.core.tvm_values import static_shape
 
 from .channels_first import names_an_axis
 from .fusion_planner import op_view
+from .legalize_blocked_conv import is_vnni_form
 from .lift_emits import build_emit_function
 
 # GFLOP/s of one core for the default CPU rules, float32: medians over ResNet-50 and
@@ -60,6 +61,10 @@ RATES = {
     ("NCHW", "grouped"): 46.0,
     ("blocked", "dense"): 94.0, ("blocked", "1x1"): 100.0, ("blocked", "depthwise"): 39.0,
     ("blocked", "plain_input"): 86.0, ("blocked", "grouped"): 128.0,
+    # uint8 x int8 -> int32 (relax_passes.integer_qdq): TVM's NCHW conv of integers has no
+    # fast schedule; blocked, AVX-512 VNNI's 4-byte dot products (schedules.cpu.conv2d_int8),
+    # 270-400 GMAC/s on ResNet-50 layers on the Emerald Rapids host
+    ("NCHW", "int8"): 10.0, ("blocked", "int8"): 600.0,
 }
 # A layout_transform reads and writes each byte once, and costs a kernel launch (the
 # thread pool's fork and join) besides.
@@ -82,9 +87,13 @@ def _dims(expr: relax.Expr) -> tuple[int, ...] | None:
     return static_shape(ty) if isinstance(ty, relax.TensorType) else None
 
 
+# dtypes of the activations a chain passes: float32, and a QDQ model's integers
+_ACTIVATION_DTYPES = ("float32", "uint8", "int8", "int32")
+
+
 def _static_4d(expr: relax.Expr) -> tuple[int, ...] | None:
     ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.ndim != 4 or ty.shape is None or str(ty.dtype) != "float32":
+    if not isinstance(ty, relax.TensorType) or ty.ndim != 4 or ty.shape is None or str(ty.dtype) not in _ACTIVATION_DTYPES:
         return None
     dims = ty.shape.values
     return tuple(int(d) for d in dims) if all(isinstance(d, tvm.tirx.IntImm) for d in dims) else None
@@ -161,12 +170,20 @@ def _conv_form(call: relax.Call, out: tuple, lanes: int) -> Form | None:
     a = call.attrs
     data, weight = call.args
     x = _static_4d(data)
-    if x is None or not isinstance(weight, tvm.ir.Constant) or str(weight.ty.dtype) != "float32":
+    if x is None or not isinstance(weight, tvm.ir.Constant):
         return None
     if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "OIHW", "NCHW"):
         return None
     o, i, kh, kw = (int(d) for d in weight.ty.shape.values)
     gflop = 2.0 * out[0] * o * i * kh * kw * out[2] * out[3] / 1e9
+    out_dtype = str(a.out_dtype)
+    dtypes = (str(data.ty.dtype), str(weight.ty.dtype), out_dtype if out_dtype not in ("", "void", "None") else str(data.ty.dtype))
+    if dtypes == ("uint8", "int8", "int32"):  # the VNNI form of relax_passes.legalize_blocked_conv
+        ib, ob = channel_block(x[1], lanes), channel_block(o, lanes)
+        ok = int(a.groups) == 1 and ib is not None and is_vnni_form(*dtypes, 1, ib, ob or 0)
+        return Form("int8", gflop) if ok else None
+    if dtypes != ("float32",) * 3:
+        return None
     groups = int(a.groups)
     if groups > 1 and groups == x[1] == o and i == 1:
         return Form("depthwise", gflop) if channel_block(x[1], lanes) == channel_block(o, lanes) else None
@@ -243,7 +260,7 @@ def _operands(call: relax.Call) -> list[tuple[int, relax.Expr]]:
 
 
 def _nbytes(expr: relax.Expr) -> int:
-    return int(np.prod([int(d) for d in expr.ty.shape.values])) * 4
+    return int(np.prod([int(d) for d in expr.ty.shape.values])) * tvm.runtime.DataType(str(expr.ty.dtype)).bits // 8
 
 
 def judge(chain: Chain, graph: EmitGraph, lanes: int) -> Decision:

@@ -8,6 +8,10 @@ or through ``permute_dims``) as a parameter of its function while a fold runs, a
 it back after, so the cast stays in the graph and joins the GEMM that reads the weight.
 Not folding a cast changes no value: the kernel computes the same exact conversion. Other
 casts of constants (a uint8 mask table made float) fold as before.
+
+At import (``dequantized=True``) every ``dequantize`` of an integer constant (a QDQ
+model's weights and biases) is kept the same way, so ``relax_passes.integer_qdq`` still
+sees the integers; the pipeline's later folds fold what that pass leaves.
 """
 
 from __future__ import annotations
@@ -33,6 +37,15 @@ def widens(call: relax.Expr) -> bool:
         return False
     src = str(call.args[0].ty.dtype)
     return _bits(call.attrs.dtype) > _bits(src) and src.startswith(("int", "uint"))
+
+
+_DEQUANTIZE = tvm.ir.Op.get("relax.dequantize")
+
+
+def dequantizes_constant(call: relax.Expr) -> bool:
+    """``call`` dequantizes an integer constant."""
+    return (isinstance(call, relax.Call) and call.op.same_as(_DEQUANTIZE) and isinstance(call.args[0], tvm.ir.Constant)
+            and str(call.args[0].ty.dtype).startswith(("int", "uint")))
 
 
 _MATMUL = tvm.ir.Op.get("relax.matmul")
@@ -70,21 +83,27 @@ class _Hide(relax.PyExprMutator):
             const = call.args[0]
             var = relax.Var(f"{_HIDDEN}{len(self.hidden)}", relax.TensorType(const.ty.shape, const.ty.dtype))
             self.hidden[var] = const
-            return relax.Call(call.op, [var], call.attrs, call.ty_args)
+            return relax.Call(call.op, [var, *call.args[1:]], call.attrs, call.ty_args)
         return super().visit_call_(call)
 
 
-def keep_narrow(fold: Callable[[tvm.IRModule], tvm.IRModule], mod: tvm.IRModule) -> tvm.IRModule:
-    """``fold(mod)`` with every widened weight (``_weight_casts``) left unfolded, run on
-    the compile-time part of each function only, the transposes and reshapes of
-    constants folded first in numpy (``fast_fold``)."""
+def _dequantized(func: relax.Function) -> list[relax.Call]:
+    return [b.value for blk in getattr(func.body, "blocks", []) for b in blk.bindings if dequantizes_constant(b.value)]
+
+
+def keep_narrow(fold: Callable[[tvm.IRModule], tvm.IRModule], mod: tvm.IRModule,
+                dequantized: bool = False) -> tvm.IRModule:
+    """``fold(mod)`` with every widened weight (``_weight_casts``; with ``dequantized``
+    also every dequantized integer constant) left unfolded, run on the compile-time part
+    of each function only, the transposes and reshapes of constants folded first in
+    numpy (``fast_fold``)."""
     mod = fold_in_numpy(mod)
     hidden: dict[str, dict[relax.Var, tvm.ir.Constant]] = {}
     staged = tvm.IRModule(mod.functions, attrs=mod.attrs)
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function):
             continue
-        casts = _weight_casts(func)
+        casts = _weight_casts(func) + (_dequantized(func) if dequantized else [])
         if not casts:
             continue
         hider = _Hide(mod, casts)
@@ -103,4 +122,4 @@ def keep_narrow(fold: Callable[[tvm.IRModule], tvm.IRModule], mod: tvm.IRModule)
     return out
 
 
-__all__ = ["keep_narrow", "widens"]
+__all__ = ["dequantizes_constant", "keep_narrow", "widens"]

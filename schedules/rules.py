@@ -14,6 +14,7 @@ def default_rules(target: Target, options: CompileOptions | None = None) -> list
     if target.kind.name == "llvm":
         return [
             cpu.Gemm(options),
+            cpu.VNNIConv2d(options),
             cpu.BlockedConv2d(options),
             cpu.Depthwise(),
             cpu.Conv2d(options=options),

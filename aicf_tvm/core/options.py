@@ -48,6 +48,9 @@ class CompileOptions:
     combine_projections: bool = True
     # a grouped-query attention's one-row matmuls per key/value head (relax_passes.GroupQueryHeads)
     group_query_heads: bool = True
+    # a QDQ model's quantized convolutions in int32 as QLinearConv defines them, where the target
+    # has an integer convolution (relax_passes.integer_qdq; False: the float graph as written)
+    qdq_integer: bool = True
     # a constant operand whose elements share their bits passed as its one element (ImplicitBroadcasts)
     uniform_constants_as_scalars: bool = True
     # float + - * / kept from TIR's simplifier and FMA contraction (schedules.cpu.ieee_arith)

@@ -57,8 +57,9 @@ class FusionReport:
     @property
     def approximations(self) -> list[Decision]:
         """What the user opted into that changes results (``approximate:*``: weights rounded
-        to int8, ``aicf_tvm.driver.quantize_weights``), one decision per value changed."""
-        return [d for d in self.decisions if d.candidate.startswith(APPROXIMATE)]
+        to int8, ``aicf_tvm.driver.quantize_weights``; a QDQ model's convolutions in
+        integers, ``relax_passes.integer_qdq``), one decision per value changed."""
+        return [d for d in self.decisions if d.accepted and d.candidate.startswith(APPROXIMATE)]
 
     def summary(self) -> str:
         def counts(decisions: list[Decision]) -> str:

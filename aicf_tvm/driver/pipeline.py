@@ -54,6 +54,7 @@ from relax_passes.group_query_heads import GroupQueryHeads
 from relax_passes.ieee_fold import FoldConstantIEEE
 from relax_passes.implicit_broadcasts import ImplicitBroadcasts
 from relax_passes.index_checks import HostIndexChecks
+from relax_passes.integer_qdq import integer_qdq
 from relax_passes.normalize_indices import NormalizeIndices
 from relax_passes.rewrites import rewrite_passes
 from relax_passes.single_pointer_noalias import SinglePointerNoAlias
@@ -62,6 +63,7 @@ from schedules import apply_default_schedules
 from schedules.cpu.codegen import codegen_target
 from schedules.cpu.common import float32_lanes
 from schedules.cpu.comparisons import NaNExactComparisons
+from schedules.cpu.conv2d_int8 import has_vnni
 from schedules.cpu.ieee_arith import IEEEArithmetic
 from schedules.cpu.int_arith import WrappingIntegers
 from schedules.cpu.parallel_guard import tir_pipeline
@@ -77,10 +79,13 @@ from .frontends.common import first_line
 MAX_ROUNDS = 4
 
 
-def normalize(mod: tvm.IRModule, options: CompileOptions | None = None) -> tvm.IRModule:
+def normalize(mod: tvm.IRModule, options: CompileOptions | None = None,
+              report: FusionReport | None = None) -> tvm.IRModule:
     """Put pure bindings into dataflow blocks (``relax.transform.ConvertToDataflow``: a
     module built with ``BlockBuilder`` outside ``bb.dataflow()`` would otherwise keep every
-    op out of the Emit passes, which lift only dataflow blocks), put the creation ops that
+    op out of the Emit passes, which lift only dataflow blocks), compute a QDQ model's
+    quantized convolutions in integers where the target can (``relax_passes.integer_qdq``,
+    each in ``report``) and its other quantize / dequantize ops as pointwise arithmetic, put the creation ops that
     TVM types or legalizes wrongly in forms it gets right (descending ``arange``, a
     non-finite ``full``: ``relax_passes.NormalizeCreationOps``), simplify symbolic shapes
     under their bounds (``relax_passes.BoundShapes``), make every
@@ -100,8 +105,11 @@ def normalize(mod: tvm.IRModule, options: CompileOptions | None = None) -> tvm.I
     (``relax_passes.ImplicitBroadcasts``) and move reshapes below the pointwise ops they
     feed (``relax_passes.SinkReshapes``); ``options`` may leave out CombineProjections."""
     options = options_or_default(options)
+    target = resolve_target(options.target) if options.target is not None else None
+    integer = options.qdq_integer and target is not None and target.kind.name == "llvm" and has_vnni(target)
     seq = [
         relax.transform.ConvertToDataflow(min_size=1),
+        tvm.transform.module_pass(lambda m, _ctx: integer_qdq(m, integer, report), opt_level=0, name="IntegerQDQ"),
         NormalizeCreationOps(),
         BoundShapes(),
         FoldConstantIEEE(),
@@ -293,7 +301,7 @@ def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target | None = None, *, 
         raise UnsupportedModelError("the module has no 'main' function")
     report = FusionReport() if report is None else report
     clock = _Clock()
-    mod = clock("normalize", normalize, mod, options)
+    mod = clock("normalize", normalize, mod, options, report)
     for step in before_optimize:
         mod = step(mod)
     mod = clock("fuse", optimize, mod, report, options=options)  # lift, propagate, the fixpoint

@@ -82,7 +82,11 @@ def _register() -> None:
     # leaves the loop to LLVM's loop vectorizer, which does not vectorize the fence.  isnan
     # and copysign (VectorizeMath's expansions, NaNExactComparisons) are one instruction
     # per lane: an unordered compare, LLVM's copysign (not libm's, TVM's default lowering).
+    # nearbyint (what TVM lowers ``round`` to: round half to even) is one instruction per
+    # vector; without the flag its sealed operand (a QDQ requantization's scale product)
+    # was computed lane by lane.
     ir_op.register_op_attr("tirx.isnan", "TVectorizable", True)
+    ir_op.register_op_attr("tirx.nearbyint", "TVectorizable", True)
     ir_op.register_op_attr("tirx.copysign", "TVectorizable", True)
     tirx.register_intrin_lowering("tirx.copysign", "llvm", f=_llvm_copysign, level=99)
     for name, op_name in _OPS.items():

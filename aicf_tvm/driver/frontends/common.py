@@ -23,9 +23,10 @@ def normalize_import(mod: tvm.IRModule) -> tvm.IRModule:
     """
     # bounds first: a shape left unknown by inference cannot be folded or legalized
     # creation ops first: TVM types a descending arange and legalizes a -inf full wrongly
-    # a widening cast of a narrow constant (a quantized weight) stays a cast: relax_passes.narrow_constants
+    # a widening cast of a narrow constant (a quantized weight) stays a cast, and a dequantized
+    # one a dequantize (for relax_passes.integer_qdq): relax_passes.narrow_constants
     mod = tvm.transform.Sequential([NormalizeCreationOps(), BoundShapes(), NormalizeIndices()])(mod)
-    return relax.transform.DeadCodeElimination()(keep_narrow(relax.transform.FoldConstant(), mod))
+    return relax.transform.DeadCodeElimination()(keep_narrow(relax.transform.FoldConstant(), mod, dequantized=True))
 
 
 def whole_message(err: BaseException) -> str:

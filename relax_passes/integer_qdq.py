@@ -1,0 +1,325 @@
+"""IntegerQDQ: a QDQ model's quantized convolutions in integer arithmetic, as ONNX's
+``QLinearConv`` defines them; every other quantize and dequantize as the arithmetic it is.
+
+A QDQ model (``onnxruntime.quantization.quantize_static``) writes a quantized convolution
+as float ops between ``QuantizeLinear`` / ``DequantizeLinear``::
+
+    y = quantize(conv(dequantize(xq, sx, zx), dequantize(wq, sw, 0)) + dequantize(bq, sx*sw, 0), sy, zy)
+
+which the ONNX QDQ convention means as ``QLinearConv(xq, wq, bq)``: the products summed
+exactly in int32, one rescale, one rounding::
+
+    acc = conv(xq, wq) + (bq - zx * sum(wq))            # int32, exact
+    y   = clip(round_half_even(float(acc) * M) + zy)   # M = sx*sw/sy, rounded once from float64
+
+Taken as written, the float graph rounds every product and partial sum: the two differ
+by one unit of ``y`` where a sum falls near a rounding boundary, and the integer form is
+the exact sum of the float graph's real-number values, rounded once. Every engine that
+runs QDQ models fast computes the integer form; this pass does it where the target has
+an integer convolution (AVX-512 VNNI: ``schedules.cpu.conv2d_int8``), records each
+rewrite as an ``approximate:qdq_integer`` decision (listed with the library's
+approximations), and ``CompileOptions.qdq_integer=False`` keeps the float graph.
+
+Rewritten only when the integer form is the QLinearConv of the graph's values:
+
+* ``xq`` uint8 with scalar ``sx``, ``zx``; ``wq`` an int8 constant with scale per tensor
+  or per output channel and zero point 0; ``sy``, ``zy`` scalars; bias (optional) an
+  int32 constant dequantized with zero point 0 by exactly ``float32(sx * sw)`` (else
+  the bias would not be an integer of the sum's scale);
+* NCHW / OIHW, one group, channels that block for the VNNI kernel (input a multiple of 8,
+  output of 16);
+* padding only when ``zx == 0`` (the kernel pads with integer 0, which is real 0 only
+  then);
+* no sum can overflow int32: ``max(zx, 255 - zx) * sum|wq| + |bq - zx * sum(wq)|`` below
+  2^31 for every output channel;
+* the conv and its bias add feed nothing else; a ``relu`` between bias and quantize
+  clamps at ``zy`` (``quantize(relu(v)) == max(quantize(v), zy)``: rounding is monotone).
+
+Every other ``quantize`` / ``dequantize`` with constant parameters becomes the ops TVM's
+legalization computes, ``float(int32(x) - zp) * scale`` and ``clip(round(v / scale) + zp)``
+cast to the narrow type: the same values, as pointwise ops that fuse and take blocked
+layouts. Runs first in ``normalize``, before the folds (the importer keeps dequantized
+constants: ``relax_passes.narrow_constants``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from aicf_tvm.core.report import APPROXIMATE, Decision, FusionReport
+
+from .dataflow_rewrite import use_counts
+
+QDQ_INTEGER = APPROXIMATE + "qdq_integer"
+
+_INT32_LIMIT = 2**31 - 1
+_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
+
+
+def _op(name: str) -> tvm.ir.Op:
+    return tvm.ir.Op.get(name)
+
+
+_QUANTIZE, _DEQUANTIZE = _op("relax.quantize"), _op("relax.dequantize")
+_CONV, _ADD, _RESHAPE, _RELU = _op("relax.nn.conv2d"), _op("relax.add"), _op("relax.reshape"), _op("relax.nn.relu")
+
+
+def _value(expr: relax.Expr, var2val: dict) -> np.ndarray | None:
+    """The numpy value of a constant, a dequantize of constants or a reshape of one; else None."""
+    while isinstance(expr, relax.Var) and expr in var2val:
+        expr = var2val[expr]
+    if isinstance(expr, tvm.ir.Constant):
+        return expr.value.numpy()
+    if not isinstance(expr, relax.Call):
+        return None
+    if expr.op.same_as(_RESHAPE):
+        value = _value(expr.args[0], var2val)
+        shape = expr.ty.shape
+        if value is None or shape is None:
+            return None
+        return value.reshape([int(d) for d in shape.values])
+    if expr.op.same_as(_DEQUANTIZE):
+        parts = [_value(a, var2val) for a in expr.args]
+        if any(p is None for p in parts) or str(expr.attrs.out_dtype) != "float32":
+            return None
+        data, scale, zero = parts
+        axis = int(expr.attrs.axis) % max(data.ndim, 1)
+        shape = [1] * data.ndim
+        if scale.size > 1:
+            shape[axis] = scale.size
+        sub = (data.astype(np.int64) - zero.astype(np.int64).reshape(shape if zero.size > 1 else ())).astype(np.float32)
+        return (sub * scale.astype(np.float32).reshape(shape if scale.size > 1 else ())).astype(np.float32)
+    return None
+
+
+def _scalar(expr: relax.Expr, var2val: dict) -> float | None:
+    value = _value(expr, var2val)
+    return None if value is None or value.size != 1 else value.reshape(()).item()
+
+
+def _producer(expr: relax.Expr, var2val: dict, op: tvm.ir.Op) -> relax.Call | None:
+    value = var2val.get(expr) if isinstance(expr, relax.Var) else None
+    return value if isinstance(value, relax.Call) and value.op.same_as(op) else None
+
+
+@dataclass
+class QConv:
+    """A quantized convolution the pass rewrites: the matched calls and their numbers."""
+
+    conv: relax.Call
+    xq: relax.Expr
+    zx: int
+    sx: float
+    wq: np.ndarray  # int8 OIHW
+    sw: np.ndarray  # [O] float32
+    bias: np.ndarray  # [O] int64, zero when absent
+    sy: float
+    zy: int
+    out_dtype: str
+    relu: bool
+    members: tuple[str, ...]
+
+
+def match_qconv(quant: relax.Call, var2val: dict, uses: dict) -> tuple[QConv | None, str]:
+    """The QConv that ``quant`` ends, or None with the reason it is not one."""
+    sy, zy = _scalar(quant.args[1], var2val), _scalar(quant.args[2], var2val)
+    out_dtype = str(quant.attrs.out_dtype)
+    if sy is None or zy is None or out_dtype not in _RANGES:
+        return None, "output scale or zero point not a scalar constant"
+    members = []
+    v = quant.args[0]
+    relu = _producer(v, var2val, _RELU)
+    if relu is not None:
+        members.append(v)
+        v = relu.args[0]
+    bias_expr = None
+    add = _producer(v, var2val, _ADD)
+    if add is not None:
+        members.append(v)
+        if _producer(add.args[0], var2val, _CONV) is not None:
+            v, bias_expr = add.args
+        else:
+            bias_expr, v = add.args
+    conv = _producer(v, var2val, _CONV)
+    if conv is None:
+        return None, "not a convolution"
+    members.append(v)
+    if any(uses.get(m, 0) != 1 for m in members):
+        return None, "an intermediate value has other uses"
+    a = conv.attrs
+    if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "OIHW", "NCHW") or int(a.groups) != 1:
+        return None, "not a dense NCHW convolution"
+    dq_x, dq_w = _producer(conv.args[0], var2val, _DEQUANTIZE), _producer(conv.args[1], var2val, _DEQUANTIZE)
+    if dq_x is None or dq_w is None:
+        return None, "an operand is not dequantized"
+    xq = dq_x.args[0]
+    sx, zx = _scalar(dq_x.args[1], var2val), _scalar(dq_x.args[2], var2val)
+    if str(xq.ty.dtype) != "uint8" or sx is None or zx is None:
+        return None, "input not uint8 with scalar scale and zero point"
+    wq = _value(dq_w.args[0], var2val)
+    sw, zw = _value(dq_w.args[1], var2val), _value(dq_w.args[2], var2val)
+    if wq is None or wq.dtype != np.int8 or sw is None or zw is None or np.any(zw != 0):
+        return None, "weight not a constant int8 with zero point 0"
+    channels = wq.shape[0]
+    if sw.size not in (1, channels) or (sw.size > 1 and int(dq_w.attrs.axis) % 4 != 0):
+        return None, "weight scale neither per tensor nor per output channel"
+    sw = np.broadcast_to(sw.astype(np.float32).reshape(-1), (channels,))
+    if wq.shape[1] % 8 or channels % 16:
+        return None, "channels do not block for the integer kernel"
+    if any(int(p) for p in a.padding) and zx != 0:
+        return None, "padded input with a nonzero zero point"
+    bias = np.zeros(channels, np.int64)
+    if bias_expr is not None:
+        dq_b = _producer(bias_expr, var2val, _RESHAPE)
+        dq_b = _producer(dq_b.args[0], var2val, _DEQUANTIZE) if dq_b is not None else _producer(
+            bias_expr, var2val, _DEQUANTIZE)
+        bq = _value(dq_b.args[0], var2val) if dq_b is not None else None
+        sb = _value(dq_b.args[1], var2val) if dq_b is not None else None
+        zb = _value(dq_b.args[2], var2val) if dq_b is not None else None
+        if bq is None or bq.dtype != np.int32 or bq.size != channels or sb is None or np.any(zb != 0):
+            return None, "bias not a dequantized int32 constant per output channel"
+        if not np.array_equal(np.broadcast_to(sb.astype(np.float32).reshape(-1), (channels,)),
+                              np.float32(sx) * sw):
+            return None, "bias scale is not input scale x weight scale"
+        bias = bq.astype(np.int64).reshape(-1)
+    names = tuple(m.name for m in reversed(members))
+    return QConv(conv, xq, int(zx), float(sx), wq, sw, bias, float(sy), int(zy), out_dtype, relu is not None,
+                 names), ""
+
+
+def _fits_int32(q: QConv) -> bool:
+    w = q.wq.astype(np.int64).reshape(q.wq.shape[0], -1)
+    largest = max(q.zx, 255 - q.zx) * np.abs(w).sum(axis=1) + np.abs(q.bias - q.zx * w.sum(axis=1))
+    return bool(np.all(largest <= _INT32_LIMIT))
+
+
+def integer_qconv(bb: relax.BlockBuilder, q: QConv) -> relax.Expr:
+    """The integer form of the module docstring, as Relax ops."""
+    a = q.conv.attrs
+    channels = q.wq.shape[0]
+    acc = bb.emit(relax.op.nn.conv2d(q.xq, relax.const(q.wq), a.strides, a.padding, a.dilation, 1,
+                                     out_dtype="int32"))
+    offset = q.bias - q.zx * q.wq.astype(np.int64).reshape(channels, -1).sum(axis=1)
+    if np.any(offset):
+        acc = bb.emit(relax.op.add(acc, relax.const(offset.astype(np.int32).reshape(1, channels, 1, 1))))
+    scale = (np.float64(q.sx) * q.sw.astype(np.float64) / np.float64(q.sy)).astype(np.float32)
+    scaled = bb.emit(relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(scale.reshape(1, channels, 1, 1))))
+    lo, hi = _RANGES[q.out_dtype]
+    lo = max(lo, q.zy) if q.relu else lo
+    clipped = bb.emit(relax.op.clip(relax.op.round(scaled), lo - q.zy, hi - q.zy))
+    shifted = relax.op.add(clipped, relax.const(float(q.zy), "float32")) if q.zy else clipped
+    return relax.op.astype(shifted, q.out_dtype)
+
+
+def dequantize_ops(call: relax.Call, var2val: dict) -> relax.Expr | None:
+    """``float(int32(x) - zp) * scale`` (TVM's legalization), scale and zp constants; of a
+    constant ``x``, that value computed now (the pipeline never folds a widening cast of a
+    narrow constant: ``relax_passes.narrow_constants``)."""
+    value = _value(call, var2val)
+    if value is not None:
+        return relax.const(value)
+    return _qdq_ops(call, var2val, "int32", lambda x, scale, zero: relax.op.multiply(
+        relax.op.astype(relax.op.subtract(relax.op.astype(x, "int32"), zero), "float32"), scale))
+
+
+def quantize_ops(call: relax.Call, var2val: dict) -> relax.Expr | None:
+    """``clip(round(v / scale) + zp)`` cast to the narrow type (TVM's legalization)."""
+    out = str(call.attrs.out_dtype)
+    if out not in _RANGES:
+        return None
+    lo, hi = _RANGES[out]
+    return _qdq_ops(call, var2val, "float32", lambda v, scale, zero: relax.op.astype(relax.op.clip(relax.op.add(
+        relax.op.round(relax.op.divide(v, scale)), zero), lo, hi), out))
+
+
+def _qdq_ops(call: relax.Call, var2val: dict, zero_dtype: str, make) -> relax.Expr | None:
+    data = call.args[0]
+    if str(data.ty.dtype) not in ("float32", "uint8", "int8", "int32") or data.ty.ndim < 0:
+        return None
+    scale, zero = (_value(a, var2val) for a in call.args[1:])
+    if scale is None or zero is None or scale.dtype != np.float32:
+        return None
+    shape = [1] * data.ty.ndim
+    if max(scale.size, zero.size) > 1:
+        if data.ty.ndim == 0:
+            return None
+        shape[int(call.attrs.axis) % data.ty.ndim] = max(scale.size, zero.size)
+    scale = scale.reshape(shape if scale.size > 1 else ())
+    zero = zero.reshape(shape if zero.size > 1 else ())
+    return make(data, relax.const(scale), relax.const(zero.astype(zero_dtype)))
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, integer: bool, report: FusionReport | None) -> None:
+        super().__init__(mod)
+        self.integer, self.report = integer, report
+        self.var2val: dict = {}
+        self.uses: dict = {}
+
+    def visit_function(self, func: relax.Function) -> relax.Expr:
+        self.var2val = {b.var: b.value for b in _bindings(func)}
+        self.uses = use_counts(func)
+        return self.visit_expr(func)
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = binding.value
+        if isinstance(value, relax.Call) and value.op.same_as(_QUANTIZE) and self.integer:
+            q, reason = match_qconv(value, self.var2val, self.uses)
+            if q is not None and not _fits_int32(q):
+                q, reason = None, "an int32 sum could overflow"
+            if q is not None:
+                self._record(q.members + (binding.var.name,), True,
+                             "integer conv as QLinearConv: int32 sums, one rescale, round half to even")
+                xq = self.visit_expr(q.xq)
+                new = integer_qconv(self.builder_, QConv(**{**q.__dict__, "xq": xq}))
+                self._bind(binding, new)
+                return
+            if reason not in ("not a convolution",):
+                self._record((binding.var.name,), False, reason)
+        if isinstance(value, relax.Call) and value.op.same_as(_QUANTIZE):
+            new = quantize_ops(value, self.var2val)
+        elif isinstance(value, relax.Call) and value.op.same_as(_DEQUANTIZE):
+            new = dequantize_ops(value, self.var2val)
+        else:
+            new = None
+        if new is None:
+            super().visit_var_binding_(binding)
+            return
+        self._bind(binding, self.visit_expr(new))
+
+    def _bind(self, binding: relax.VarBinding, new: relax.Expr) -> None:
+        emit = self.builder_.emit if isinstance(binding.var, relax.DataflowVar) else self.builder_.emit_output
+        self.set_var_remap(binding.var, emit(new, binding.var.name))
+
+    def _record(self, members: tuple[str, ...], accepted: bool, note: str) -> None:
+        if self.report is not None:
+            self.report.add(Decision(QDQ_INTEGER, members, accepted, note=note))
+
+
+def integer_qdq(mod: tvm.IRModule, integer: bool = True, report: FusionReport | None = None) -> tvm.IRModule:
+    """The pass of the module docstring on every Relax function of ``mod``; ``integer``
+    False only decomposes quantize and dequantize."""
+    if not any(isinstance(f, relax.Function) and _has_qdq(f) for _, f in mod.functions_items()):
+        return mod
+    rewriter = _Rewriter(mod, integer, report)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function) and _has_qdq(func):
+            rewriter.builder_.update_func(gv, rewriter.visit_function(func))
+    return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+
+
+def _bindings(func: relax.Function) -> list[relax.VarBinding]:
+    return [b for blk in getattr(func.body, "blocks", []) for b in blk.bindings if isinstance(b, relax.VarBinding)]
+
+
+def _has_qdq(func: relax.Function) -> bool:
+    return any(isinstance(b.value, relax.Call) and (b.value.op.same_as(_QUANTIZE) or b.value.op.same_as(_DEQUANTIZE))
+               for b in _bindings(func))
+
+
+__all__ = ["QDQ_INTEGER", "QConv", "dequantize_ops", "integer_qconv", "integer_qdq", "match_qconv", "quantize_ops"]

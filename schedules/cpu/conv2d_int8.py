@@ -1,0 +1,146 @@
+"""CPU schedule rule for the int8 blocked conv2d on AVX-512 VNNI: uint8 data, int8 weights,
+int32 sums (``relax_passes.legalize_blocked_conv``'s VNNI form).
+
+The nest is the float dense one (``conv2d_blocked.schedule_dense``: tasks over output
+channel tiles and rows, a register tile of ``vb`` channel blocks by ``wb`` output
+columns, the reduction outside the tile), with the innermost multiply-add over four
+input channels at once::
+
+    for c, r, q, io:                            # input blocks, taps, groups of 4 channels
+      for x in wb (unrolled), v in vb (unrolled):
+        acc[x, v, 0:16] = vpdpbusd(acc[x, v, 0:16],
+                                   broadcast(in[n, c, y*s + r, x*s + q, 4*io : 4*io + 4]),
+                                   wv[o*vb + v, c, r, q, io, 0:16, 0:4])
+
+``vpdpbusd`` adds to each int32 lane the four products of unsigned bytes by signed bytes,
+widened first: the sums are exact (the caller proves they fit int32), so the order
+changes no value. The kernel's VNNI copy (``kernel_vnni``) is a layout rewrite of a
+constant: with weights prepacked it runs once at compile time
+(``schedules.prepack_weights``). The epilogue (requantization) runs on the tile, as in
+the float rule.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir import TensorIntrin
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.s_tir.schedule import SBlockRV
+from tvm.script import tirx as T
+from tvm.target import Target
+
+from aicf_tvm.core.options import CompileOptions, options_or_default
+
+from .common import _has_feature, loop_extent, num_cores, vector_registers
+from .conv2d_blocked import (
+    ConvPlan,
+    _place_epilogue,
+    _split_columns,
+    register_tile,
+    rows_outermost,
+)
+from .gemm_blocks import find_reduction_block, mark_prepack, schedule_injective
+
+VNNI_INTRIN = "aicf_dot_16x4_u8i8i32_vnni_local"
+
+
+# TVM's ``dot_16x4_vnni`` with the accumulators in ``local`` scope (the register tile) and
+# byte-vector operands (the intrinsic's signature in the LLVM TVM 0.27 links): 16 int32
+# lanes, each adding the products of 4 unsigned by 4 signed bytes.
+@T.prim_func(s_tir=True)
+def _dot_desc(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
+              c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
+    with T.sblock("root"):
+        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+        T.writes(c[0:16])
+        for i in T.serial(0, 16):
+            for k in T.serial(0, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
+
+
+@T.prim_func(s_tir=True)
+def _dot_vnni(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
+              c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
+    with T.sblock("root"):
+        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+        T.writes(c[0:16])
+        a_i32 = T.reinterpret(a.vload([0], "uint8x4"), dtype="int32")
+        c[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), c.vload([0], dtype="int32x16"),
+            T.reinterpret(T.broadcast(a_i32, 16), dtype="int8x64"), b.vload([0, 0], dtype="int8x64"),
+            dtype="int32x16")
+
+
+TensorIntrin.register(VNNI_INTRIN, _dot_desc, _dot_vnni, override=True)
+
+
+def has_vnni(target: Target) -> bool:
+    """AVX-512 VNNI (``vpdpbusd`` on 512-bit registers)."""
+    return _has_feature(target, "avx512vnni") and _has_feature(target, "avx512bw")
+
+
+def vnni_conv_block(sch: s_tir.Schedule) -> SBlockRV | None:
+    """The conv block of a VNNI-form blocked conv2d PrimFunc, else None."""
+    main = find_reduction_block(sch)
+    if main is None:
+        return None
+    stmt = sch.get(main)
+    kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in stmt.iter_vars)
+    if kinds != "SSSSSRRRRR" or not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
+        return None
+    if len(stmt.reads) != 2 or len(stmt.writes) != 1 or str(stmt.writes[0].source.dtype) != "int32":
+        return None
+    dtypes = sorted(str(r.source.dtype) for r in stmt.reads)
+    if dtypes != ["int8", "uint8"] or int(stmt.iter_vars[4].dom.extent) != 16 or int(stmt.iter_vars[9].dom.extent) != 4:
+        return None
+    return main
+
+
+def vnni_plan(sch: s_tir.Schedule, main: SBlockRV, target: Target, options: CompileOptions | None = None) -> ConvPlan:
+    """The float rule's register tile (one int32 vector per channel block) and task order."""
+    stmt = sch.get(main)
+    vb, wb = register_tile(int(stmt.iter_vars[1].dom.extent), int(stmt.iter_vars[3].dom.extent), 1,
+                           vector_registers(target), options_or_default(options).conv_register_tile)
+    return ConvPlan(vb, wb, rows_outermost(sch, main, target))
+
+
+def schedule_vnni(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: ConvPlan) -> None:
+    for producer in sch.get_producers(main):
+        if not mark_prepack(sch, producer):  # the kernel's VNNI copy: prepacked when a constant
+            schedule_injective(sch, producer, 16)
+    n, o, y, x, j, c, r, q, io, i4 = sch.get_loops(main)
+    oo, oi = sch.split(o, [None, plan.channel_blocks])
+    xo, xi = _split_columns(sch, x, loop_extent(sch, x), plan.columns)
+    sch.reorder(n, *((y, oo) if plan.by_rows else (oo, y)), xo, c, r, q, io, xi, oi, j, i4)
+    _place_epilogue(sch, main, xo)
+    sch.parallel(sch.fuse(n, y) if plan.by_rows else sch.fuse(n, oo, y))
+    init = sch.decompose_reduction(main, c)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.unroll(xi)
+    sch.unroll(oi)
+    sch.tensorize(j, VNNI_INTRIN)
+
+
+class VNNIConv2d(CPUScheduleRule):
+    """The int8 blocked conv2d on a target with AVX-512 VNNI; None for anything else."""
+
+    def __init__(self, options: CompileOptions | None = None) -> None:
+        self.options = options
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target) or not has_vnni(target):
+            return None
+        try:
+            sch = s_tir.Schedule(func)
+            main = vnni_conv_block(sch)
+            if main is None:
+                return None
+            schedule_vnni(sch, main, target, vnni_plan(sch, main, target, self.options))
+        except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
+            return None
+        return [sch] if tunable else sch
+
+
+__all__ = ["VNNIConv2d", "has_vnni", "schedule_vnni", "vnni_conv_block", "vnni_plan"]
