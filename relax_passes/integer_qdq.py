@@ -9,8 +9,11 @@ as float ops between ``QuantizeLinear`` / ``DequantizeLinear``::
 which the ONNX QDQ convention means as ``QLinearConv(xq, wq, bq)``: the products summed
 exactly in int32, one rescale, one rounding::
 
-    acc = conv(xq, wq) + (bq - zx * sum(wq))            # int32, exact
-    y   = clip(round_half_even(float(acc) * M) + zy)   # M = sx*sw/sy, rounded once from float64
+    acc = conv(xq, wq) + (bq - zx * sum(wq))              # int32, exact
+    y   = clip(round_half_even(double(acc) * M) + zy)    # M = float32(float32(sx*sw) / sy)
+
+(``M`` and the float64 product as ONNX's reference ``QLinearConv`` computes them, so a
+single convolution gives its bits.)
 
 Taken as written, the float graph rounds every product and partial sum: the two differ
 by one unit of ``y`` where a sum falls near a rounding boundary, and the integer form is
@@ -206,12 +209,12 @@ def integer_qconv(bb: relax.BlockBuilder, q: QConv) -> relax.Expr:
     offset = q.bias - q.zx * q.wq.astype(np.int64).reshape(channels, -1).sum(axis=1)
     if np.any(offset):
         acc = bb.emit(relax.op.add(acc, relax.const(offset.astype(np.int32).reshape(1, channels, 1, 1))))
-    scale = (np.float64(q.sx) * q.sw.astype(np.float64) / np.float64(q.sy)).astype(np.float32)
-    scaled = bb.emit(relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(scale.reshape(1, channels, 1, 1))))
+    scale = (np.float32(q.sx) * q.sw / np.float32(q.sy)).astype(np.float64)  # float32 steps, as ONNX's reference
+    scaled = bb.emit(relax.op.multiply(relax.op.astype(acc, "float64"), relax.const(scale.reshape(1, channels, 1, 1), "float64")))
     lo, hi = _RANGES[q.out_dtype]
     lo = max(lo, q.zy) if q.relu else lo
     clipped = bb.emit(relax.op.clip(relax.op.round(scaled), lo - q.zy, hi - q.zy))
-    shifted = relax.op.add(clipped, relax.const(float(q.zy), "float32")) if q.zy else clipped
+    shifted = relax.op.add(clipped, relax.const(float(q.zy), "float64")) if q.zy else clipped
     return relax.op.astype(shifted, q.out_dtype)
 
 

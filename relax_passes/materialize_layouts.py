@@ -87,8 +87,8 @@ def _dims(expr: relax.Expr) -> tuple[int, ...] | None:
     return static_shape(ty) if isinstance(ty, relax.TensorType) else None
 
 
-# dtypes of the activations a chain passes: float32, and a QDQ model's integers
-_ACTIVATION_DTYPES = ("float32", "uint8", "int8", "int32")
+# dtypes of the activations a chain passes: float32, and a QDQ model's integers and requantization
+_ACTIVATION_DTYPES = ("float32", "float64", "uint8", "int8", "int32")
 
 
 def _static_4d(expr: relax.Expr) -> tuple[int, ...] | None:
@@ -350,14 +350,15 @@ class ChainRewriter:
         if not isinstance(arg, tvm.ir.Constant) or not isinstance(arg.ty, relax.TensorType):
             return arg
         value = arg.value.numpy()
+        dtype = str(arg.ty.dtype)  # relax.const would make a float64 array float32
         out_block = self._block(result)
         if call.op.name == "relax.nn.conv2d" and k == 1:
             ib = 1 if form.kind in ("depthwise", "plain_input") else self._block(call.args[0])
-            return relax.const(blocked_weight(value, ib, out_block))
+            return relax.const(blocked_weight(value, ib, out_block), dtype)
         if call.op.name == "relax.nn.layer_norm":  # gamma, beta [C] -> [C/b, b]
-            return relax.const(np.ascontiguousarray(value.reshape(-1, out_block)))
+            return relax.const(np.ascontiguousarray(value.reshape(-1, out_block)), dtype)
         if _per_channel(arg, _static_4d(result)[1]):
-            return relax.const(blocked_per_channel(value, out_block))
+            return relax.const(blocked_per_channel(value, out_block), dtype)
         return arg  # all ones: broadcasts against the blocked operand as it did
 
     def _blocked_call(self, call: relax.Call, result: relax.Var, args: list, form: Form) -> relax.Call:

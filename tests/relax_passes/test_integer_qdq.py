@@ -1,0 +1,201 @@
+"""``relax_passes.integer_qdq``: a QDQ convolution runs in integers and gives what ONNX's
+reference ``QLinearConv`` gives, bit for bit; what the pass cannot prove stays the float
+graph; every other quantize / dequantize computes what ONNX's reference computes; a QDQ
+network compiled so is at least as close to its float32 original as ONNX Runtime is."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import aicf_tvm
+from aicf_tvm.core.options import CompileOptions
+from aicf_tvm.runtime.targets import resolve_target
+from relax_passes.integer_qdq import QDQ_INTEGER
+from schedules.cpu.conv2d_int8 import has_vnni
+
+needs_vnni = pytest.mark.skipif(not has_vnni(resolve_target("llvm")), reason="the CPU has no AVX-512 VNNI")
+
+C, O, HW = 32, 48, 9
+
+
+def _const(name: str, value: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def _params(rng: np.random.Generator, per_channel: bool, zx: int, zy: int) -> dict:
+    wq = rng.integers(-127, 128, (O, C, 3, 3)).astype(np.int8)
+    sw = (rng.uniform(0.002, 0.01, O) if per_channel else np.array(0.004)).astype(np.float32)
+    sx, sy = np.float32(0.021), np.float32(0.37)
+    bq = rng.integers(-20000, 20000, O).astype(np.int32)
+    return {"wq": wq, "sw": sw, "sx": sx, "zx": np.uint8(zx), "sy": sy, "zy": np.uint8(zy),
+            "bq": bq, "sb": (sx * np.broadcast_to(sw, (O,))).astype(np.float32)}
+
+
+def _qdq_conv(p: dict, pads: int, stride: int, relu: bool) -> onnx.ModelProto:
+    """uint8 input -> DequantizeLinear -> Conv(DQ(int8 weight), DQ(int32 bias)) [-> Relu] -> QuantizeLinear."""
+    inits = [_const("wq", p["wq"]), _const("sw", p["sw"]), _const("sx", p["sx"]), _const("zx", p["zx"]),
+             _const("sy", p["sy"]), _const("zy", p["zy"]), _const("bq", p["bq"]), _const("sb", p["sb"]),
+             _const("zw", np.zeros(p["sw"].shape, np.int8)), _const("zb", np.zeros(O, np.int32))]
+    nodes = [helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["x"]),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["w"], axis=0),
+             helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["b"], axis=0),
+             helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[pads] * 4, strides=[stride] * 2)]
+    last = "c"
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["r"]))
+        last = "r"
+    nodes.append(helper.make_node("QuantizeLinear", [last, "sy", "zy"], ["yq"]))
+    graph = helper.make_graph(nodes, "qdq_conv", [helper.make_tensor_value_info("xq", TensorProto.UINT8, [1, C, HW, HW])],
+                              [helper.make_tensor_value_info("yq", TensorProto.UINT8, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def _qlinear_conv(p: dict, pads: int, stride: int, relu: bool) -> onnx.ModelProto:
+    """The same convolution as ONNX's QLinearConv (Relu as its output clamp at ``zy``)."""
+    inits = [_const(k, p[k]) for k in ("wq", "sw", "sx", "zx", "sy", "zy", "bq")] + [
+        _const("zw", np.zeros(p["sw"].shape, np.int8))]
+    nodes = [helper.make_node("QLinearConv", ["xq", "sx", "zx", "wq", "sw", "zw", "sy", "zy", "bq"], ["yq"],
+                              pads=[pads] * 4, strides=[stride] * 2)]
+    graph = helper.make_graph(nodes, "qlinear_conv", [helper.make_tensor_value_info("xq", TensorProto.UINT8, [1, C, HW, HW])],
+                              [helper.make_tensor_value_info("yq", TensorProto.UINT8, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+@needs_vnni
+@pytest.mark.parametrize("per_channel, zx, zy, pads, stride, relu", [
+    (True, 0, 3, 1, 1, True),      # a ReLU block: padded input (zero point 0), clamped at zy
+    (True, 0, 131, 1, 2, False),   # strided, output zero point
+    (False, 77, 9, 0, 1, False),   # input zero point (no padding), weight scale per tensor
+])
+def test_a_qdq_conv_runs_in_integers_and_equals_qlinear_conv(per_channel, zx, zy, pads, stride, relu):
+    rng = np.random.default_rng(7)
+    p = _params(rng, per_channel, zx, zy)
+    model = aicf_tvm.compile(_qdq_conv(p, pads, stride, relu), cache=False)
+    taken = [d for d in model.report.decisions if d.candidate == QDQ_INTEGER]
+    assert [d.accepted for d in taken] == [True], [str(d) for d in taken]
+    assert any(k.schedule == "VNNIConv2d" for k in model.kernels), [k.schedule for k in model.kernels]
+    reference = ReferenceEvaluator(_qlinear_conv(p, pads, stride, relu))
+    outputs = []
+    for _ in range(2):
+        xq = rng.integers(0, 256, (1, C, HW, HW)).astype(np.uint8)
+        want = reference.run(None, {"xq": xq})[0]
+        if relu:  # Relu before QuantizeLinear: the output clamps at zy (QLinearConv has no activation)
+            want = np.maximum(want, p["zy"])
+        got = np.asarray(model(xq))
+        assert got.dtype == np.uint8 and got.shape == want.shape
+        assert 0 < np.count_nonzero((want != want.min()) & (want != want.max()))  # not all saturated
+        np.testing.assert_array_equal(got, want)
+        outputs.append(got)
+    assert not np.array_equal(*outputs)
+
+
+def test_a_padded_input_with_a_nonzero_zero_point_keeps_the_float_graph():
+    rng = np.random.default_rng(3)
+    p = _params(rng, True, 100, 128)
+    onnx_model = _qdq_conv(p, 1, 1, False)
+    model = aicf_tvm.compile(onnx_model, cache=False)
+    taken = [d for d in model.report.decisions if d.candidate == QDQ_INTEGER]
+    assert len(taken) == 1 and not taken[0].accepted and "zero point" in taken[0].note
+    assert QDQ_INTEGER not in [d.candidate for d in model.report.approximations]
+    xq = rng.integers(0, 256, (1, C, HW, HW)).astype(np.uint8)
+    want = ReferenceEvaluator(onnx_model).run(None, {"xq": xq})[0]  # the float graph, in float32
+    got = np.asarray(model(xq))
+    # float sums in another order: a sum that lands within rounding of a half step may differ by one
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    assert np.mean(got == want) > 0.99
+
+
+def test_qdq_integer_off_keeps_every_convolution_float():
+    rng = np.random.default_rng(5)
+    p = _params(rng, True, 0, 0)
+    model = aicf_tvm.compile(_qdq_conv(p, 1, 1, True), cache=False, options=CompileOptions(qdq_integer=False))
+    assert not model.report.approximations
+    assert not any(k.schedule == "VNNIConv2d" for k in model.kernels)
+
+
+def _qdq_add() -> onnx.ModelProto:
+    """float -> Q -> DQ, twice, added, Q: the residual add of a QDQ network (int8 and uint8, per-channel scale)."""
+    inits = [_const("sa", np.float32(0.013)), _const("za", np.uint8(121)),
+             _const("sb", np.linspace(0.01, 0.03, 8).astype(np.float32)), _const("zb", np.full(8, -3, np.int8)),
+             _const("sy", np.float32(0.029)), _const("zy", np.int8(5))]
+    nodes = [helper.make_node("QuantizeLinear", ["a", "sa", "za"], ["aq"]),
+             helper.make_node("DequantizeLinear", ["aq", "sa", "za"], ["ad"]),
+             helper.make_node("QuantizeLinear", ["b", "sb", "zb"], ["bq"], axis=1),
+             helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["bd"], axis=1),
+             helper.make_node("Add", ["ad", "bd"], ["s"]),
+             helper.make_node("QuantizeLinear", ["s", "sy", "zy"], ["yq"])]
+    shape = [2, 8, 5, 7]
+    graph = helper.make_graph(nodes, "qdq_add", [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "ab"],
+                              [helper.make_tensor_value_info("yq", TensorProto.INT8, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def test_quantize_and_dequantize_compute_what_onnx_defines():
+    onnx_model = _qdq_add()
+    model = aicf_tvm.compile(onnx_model, cache=False)
+    reference = ReferenceEvaluator(onnx_model)
+    rng = np.random.default_rng(11)
+    for scale in (1.0, 4.0):  # in range, and saturating at both ends
+        a = (rng.standard_normal((2, 8, 5, 7)) * scale).astype(np.float32)
+        b = (rng.standard_normal((2, 8, 5, 7)) * scale).astype(np.float32)
+        a.flat[:4] = [0.5 * 0.013, 1.5 * 0.013, -2.5 * 0.013, 0.0]  # ties: round half to even
+        want = reference.run(None, {"a": a, "b": b})[0]
+        got = np.asarray(model(a, b))
+        assert got.dtype == np.int8
+        np.testing.assert_array_equal(got, want)
+
+
+@needs_vnni
+def test_a_quantized_network_is_as_close_to_float32_as_onnx_runtime(tmp_path):
+    """A small residual convnet, quantized by ONNX Runtime's ``quantize_static``: ours
+    (integer convolutions) and ONNX Runtime each against the float32 model."""
+    torch = pytest.importorskip("torch")
+    ort = pytest.importorskip("onnxruntime")
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = torch.nn.Conv2d(16, 32, 3, padding=1)
+            self.a = torch.nn.Conv2d(32, 32, 3, padding=1)
+            self.b = torch.nn.Conv2d(32, 32, 1)
+            self.head = torch.nn.Conv2d(32, 16, 3, stride=2, padding=1)
+
+        def forward(self, x):
+            y = torch.relu(self.stem(x))
+            y = torch.relu(self.b(torch.relu(self.a(y))) + y)
+            return self.head(y)
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    fp32, int8 = tmp_path / "net.onnx", tmp_path / "net-qdq.onnx"
+    torch.onnx.export(net, (torch.randn(1, 16, 20, 20),), str(fp32), input_names=["x"], dynamo=False)
+    rng = np.random.default_rng(0)
+
+    class Batches(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"x": rng.standard_normal((1, 16, 20, 20)).astype(np.float32)} for _ in range(8)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(str(fp32), str(int8), Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    model = aicf_tvm.compile(str(int8), cache=False)
+    assert len(model.report.approximations) >= 3  # the convolutions after the stem's ReLU
+    float_session = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"])
+    int8_session = ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"])
+    ours_err, ort_err, first = [], [], None
+    for _ in range(6):
+        x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
+        ref = float_session.run(None, {"x": x})[0]
+        first = ref if first is None else first
+        ours_err.append(np.linalg.norm(np.asarray(model(x)) - ref) / np.linalg.norm(ref))
+        ort_err.append(np.linalg.norm(int8_session.run(None, {"x": x})[0] - ref) / np.linalg.norm(ref))
+    assert not np.allclose(first, ref)
+    assert np.mean(ours_err) < 0.1  # an int8 model, near its float32 original
+    assert np.mean(ours_err) <= 1.05 * np.mean(ort_err), (ours_err, ort_err)
