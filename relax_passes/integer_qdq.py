@@ -71,10 +71,16 @@ _QUANTIZE, _DEQUANTIZE = _op("relax.quantize"), _op("relax.dequantize")
 _CONV, _ADD, _RESHAPE, _RELU = _op("relax.nn.conv2d"), _op("relax.add"), _op("relax.reshape"), _op("relax.nn.relu")
 
 
-def _value(expr: relax.Expr, var2val: dict) -> np.ndarray | None:
-    """The numpy value of a constant, a dequantize of constants or a reshape of one; else None."""
-    while isinstance(expr, relax.Var) and expr in var2val:
-        expr = var2val[expr]
+def _value(expr: relax.Expr, var2val) -> np.ndarray | None:
+    """The numpy value of a constant, a dequantize or quantize of constants or a reshape
+    of one (as TVM's legalization computes them); else None. ``var2val``: a dict, or a
+    function from a var to its bound value."""
+    lookup = var2val if callable(var2val) else var2val.get
+    while isinstance(expr, relax.Var):
+        bound = lookup(expr)
+        if bound is None:
+            return None
+        expr = bound
     if isinstance(expr, tvm.ir.Constant):
         return expr.value.numpy()
     if not isinstance(expr, relax.Call):
@@ -85,18 +91,34 @@ def _value(expr: relax.Expr, var2val: dict) -> np.ndarray | None:
         if value is None or shape is None:
             return None
         return value.reshape([int(d) for d in shape.values])
+    if not (expr.op.same_as(_DEQUANTIZE) or expr.op.same_as(_QUANTIZE)):
+        return None
+    parts = [_value(a, var2val) for a in expr.args]
+    if any(p is None for p in parts) or parts[1].dtype != np.float32:
+        return None
+    data, scale, zero = parts
+    axis = int(expr.attrs.axis) % max(data.ndim, 1)
+    shape = [1] * data.ndim
+    if max(scale.size, zero.size) > 1:
+        shape[axis] = max(scale.size, zero.size)
+    scale = scale.reshape(shape if scale.size > 1 else ())
+    zero = zero.reshape(shape if zero.size > 1 else ())
+    out = str(expr.attrs.out_dtype)
     if expr.op.same_as(_DEQUANTIZE):
-        parts = [_value(a, var2val) for a in expr.args]
-        if any(p is None for p in parts) or str(expr.attrs.out_dtype) != "float32":
+        if out != "float32":
             return None
-        data, scale, zero = parts
-        axis = int(expr.attrs.axis) % max(data.ndim, 1)
-        shape = [1] * data.ndim
-        if scale.size > 1:
-            shape[axis] = scale.size
-        sub = (data.astype(np.int64) - zero.astype(np.int64).reshape(shape if zero.size > 1 else ())).astype(np.float32)
-        return (sub * scale.astype(np.float32).reshape(shape if scale.size > 1 else ())).astype(np.float32)
-    return None
+        return ((data.astype(np.int64) - zero.astype(np.int64)).astype(np.float32) * scale).astype(np.float32)
+    if out not in _RANGES or data.dtype != np.float32:
+        return None
+    lo, hi = _RANGES[out]
+    return np.clip(np.round(data / scale) + zero.astype(np.float32), lo, hi).astype(out)
+
+
+def constant_value(expr: relax.Expr, lookup=None) -> np.ndarray | None:
+    """The value of a constant expression of the forms ``_value`` reads (a dequantized
+    constant), None for anything else; ``lookup`` gives a var's bound value
+    (``BlockBuilder.lookup_binding``)."""
+    return _value(expr, lookup or {})
 
 
 def _scalar(expr: relax.Expr, var2val: dict) -> float | None:
@@ -325,4 +347,4 @@ def _has_qdq(func: relax.Function) -> bool:
                for b in _bindings(func))
 
 
-__all__ = ["QDQ_INTEGER", "QConv", "dequantize_ops", "integer_qconv", "integer_qdq", "match_qconv", "quantize_ops"]
+__all__ = ["QDQ_INTEGER", "QConv", "constant_value", "dequantize_ops", "integer_qconv", "integer_qdq", "match_qconv", "quantize_ops"]

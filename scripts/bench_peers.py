@@ -28,6 +28,16 @@ use) and the same inputs, in ONE process:
   both are compiled N times and the rounds call the builds in turn: one build's speed is
   one draw of where its weights lie.
 
+``--int8`` runs the quantized models users deploy instead (default models: BERT,
+ResNet-50, MobileNetV2, and BERT dynamic-quantized, ``bert:dynamic``): each model's ONNX
+file quantized by ONNX Runtime's ``quantize_static`` (QDQ, per-channel int8 weights,
+uint8 activations, calibrated on 8 random input batches) or ``quantize_dynamic``
+(``NAME:dynamic``); the peers are ONNX Runtime, OpenVINO and ours (``aicf_tvm.compile`` of
+that file), all on the same file. Each output is compared with the float32 model's
+(PyTorch eager): the note gives its relative L2 error, and ours is marked ``MISMATCH``
+when its error exceeds 1.5x ONNX Runtime's + 0.01 (two int8 engines round differently at
+every requantization, so each is judged against float32, not against each other).
+
 Models have random weights (seeded); decoders get the all-ones attention mask a tokenizer
 returns; batch-norm statistics are calibrated on random batches so the output depends on
 the input (checked: two inputs must give two outputs). Every peer's output is checked
@@ -48,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import itertools
 import json
 import math
@@ -69,14 +80,29 @@ from scripts.harness import CLASS, CONVNETS, SEQ, SIZED, TRANSFORMERS, Model, bu
 
 PEERS = ("eager", "inductor", "ort", "openvino", "tvm", "ours")
 DEFAULT_PEERS = ("eager", "inductor", "ort", "openvino", "ours")
+INT8_MODELS = ("bert", "resnet50", "mobilenetv2", "bert:dynamic")
+INT8_PEERS = ("ort", "openvino", "ours")
+CALIBRATION_BATCHES = 8
+
+
+def int8_name(text: str) -> str:
+    """``NAME`` or ``NAME:dynamic`` (``--int8``: quantize_dynamic instead of quantize_static)."""
+    name, _, how = text.partition(":")
+    if how not in ("", "dynamic"):
+        raise argparse.ArgumentTypeError(f"{text}: NAME or NAME:dynamic")
+    return model_name(name) + (":dynamic" if how else "")
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(TRANSFORMERS), type=model_name,
+    parser.add_argument("--models", nargs="+", default=None, type=int8_name,
                         help="names of " + ", ".join([*TRANSFORMERS, *CONVNETS, *CLASS]) + ", or class (all of "
                         "CLASS); a convnet at another image size: NAME@SIZE (" + ", ".join(SIZED) + ")")
-    parser.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS), choices=PEERS)
+    parser.add_argument("--peers", nargs="+", default=None, choices=PEERS,
+                        help=f"default: {' '.join(DEFAULT_PEERS)} ({' '.join(INT8_PEERS)} with --int8)")
+    parser.add_argument("--int8", action="store_true",
+                        help="the models quantized by ONNX Runtime (QDQ; NAME:dynamic for quantize_dynamic), "
+                        f"default models {' '.join(INT8_MODELS)}")
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds (median)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="threads for every peer except ours (default: the CPUs this process may use)")
@@ -88,7 +114,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--json", default="bench_peers.json", metavar="PATH",
                         help="write the results and where they were taken (default: bench_peers.json)")
     parser.add_argument("--work-dir", default=None, help="where ONNX files and tuning records go")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.models is None:
+        args.models = list(INT8_MODELS if args.int8 else TRANSFORMERS)
+    if args.peers is None:
+        args.peers = list(INT8_PEERS if args.int8 else DEFAULT_PEERS)
+    if not args.int8 and any(":" in m for m in args.models):
+        parser.error("NAME:dynamic needs --int8")
+    if args.int8 and (set(args.peers) - set(INT8_PEERS) or args.budget):
+        parser.error(f"--int8 runs {', '.join(INT8_PEERS)} on the quantized file, without tuning")
+    return args
 
 
 # ----------------------------------------------------------------------------- peers
@@ -148,6 +183,49 @@ def onnx_file(model: Model, work: Path) -> Path:
     return path
 
 
+def quantized_file(model: Model, work: Path, dynamic: bool) -> Path:
+    """The model's ONNX file quantized as a user does it with ONNX Runtime (module docstring)."""
+    import torch
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    source = onnx_file(model, work)
+    path = work / f"{model.name}-{'dynamic' if dynamic else 'qdq'}.onnx"
+    if path.exists():
+        return path
+    if dynamic:
+        quantize_dynamic(str(source), str(path), weight_type=QuantType.QInt8)
+        return path
+    gen = torch.Generator().manual_seed(2)
+
+    def batch(k: int) -> dict[str, np.ndarray]:
+        if k < 2:
+            return dict(zip(model.names, _numpy(model) if k == 0 else [t.numpy() for t in model.other_inputs]))
+        out = {}
+        for name, t in zip(model.names, model.inputs):
+            if t.is_floating_point():
+                out[name] = torch.randn(t.shape, generator=gen).numpy()
+            elif bool((t == 1).all()):  # an attention mask
+                out[name] = t.numpy()
+            else:  # token ids
+                out[name] = torch.randint(0, int(t.max()) + 1, t.shape, generator=gen).numpy()
+        return out
+
+    class Batches(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([batch(k) for k in range(CALIBRATION_BATCHES)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    quantize_static(str(source), str(path), Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return path
+
+
+# the ONNX file ort, openvino and (with --int8) ours run: main sets it per model
+model_file: Callable[[Model, Path], Path] = onnx_file
+
+
 def ort(model: Model, threads: int, work: Path) -> Runner:
     import onnxruntime as ort
 
@@ -156,7 +234,7 @@ def ort(model: Model, threads: int, work: Path) -> Runner:
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    sess = ort.InferenceSession(str(onnx_file(model, work)), opts, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(model_file(model, work)), opts, providers=["CPUExecutionProvider"])
     names = {i.name for i in sess.get_inputs()}
     feeds = {n: a for n, a in zip(model.names, _numpy(model)) if n in names}
     return lambda: sess.run(None, feeds)[0]
@@ -167,7 +245,7 @@ def openvino(model: Model, threads: int, work: Path) -> Runner:
 
     config = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY",
               "INFERENCE_NUM_THREADS": threads}
-    compiled = ov.Core().compile_model(str(onnx_file(model, work)), "CPU", config)
+    compiled = ov.Core().compile_model(str(model_file(model, work)), "CPU", config)
     request = compiled.create_infer_request()
     names = {n for port in compiled.inputs for n in port.get_names()}
     feeds = {n: a for n, a in zip(model.names, _numpy(model)) if n in names}
@@ -208,7 +286,8 @@ def ours(model: Model, threads: int, work: Path, database: str | None = None, bu
     four ResNet-50 builds in one process ran 22.9-24.7 ms), so one build is one draw."""
     import aicf_tvm
 
-    mod = aicf_tvm.from_torch(model.module, model.inputs)
+    # with --int8, the quantized ONNX file (model_file); else the module from_torch imports
+    mod = str(model_file(model, work)) if model_file is not onnx_file else aicf_tvm.from_torch(model.module, model.inputs)
     # cache=False: each build compiled (its compile seconds reported), none loaded from the cache
     compiled = [aicf_tvm.compile(mod, target="llvm", database=database, cache=False) for _ in range(builds)]
     args = _numpy(model)
@@ -255,6 +334,22 @@ def check(name: str, out: np.ndarray, ref: np.ndarray, tol: float) -> str:
     return "" if err <= tol else f"MISMATCH rel err {err:.2e}"
 
 
+def int8_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """Relative L2 error of an int8 engine's output against the float32 model's."""
+    out = np.asarray(out, dtype=np.float64)
+    return float(np.linalg.norm(out - ref) / max(float(np.linalg.norm(ref)), 1e-30)) if out.shape == ref.shape \
+        else float("inf")
+
+
+def judge_int8(peers: dict[str, Peer], errors: dict[str, float]) -> None:
+    """Each int8 peer's note: its error against float32; ours a MISMATCH beyond ORT's (module docstring)."""
+    for name, peer in peers.items():
+        verdict = f"rel L2 err vs float32 {errors[name]:.4f}"
+        if name == "ours" and "ort" in errors and errors[name] > 1.5 * errors["ort"] + 0.01:
+            verdict = "MISMATCH " + verdict
+        peer.note = "; ".join(n for n in (peer.note, verdict) if n)
+
+
 def build_peers(model: Model, args: argparse.Namespace, work: Path) -> dict[str, Peer]:
     import torch
 
@@ -265,6 +360,7 @@ def build_peers(model: Model, args: argparse.Namespace, work: Path) -> dict[str,
         raise SystemExit(f"{model.name}: two different inputs give the same output; the check "
                          "would prove nothing")
     peers: dict[str, Peer] = {}
+    errors: dict[str, float] = {}
     names = list(args.peers) + (["ours_tuned"] if args.budget else [])
     for name in names:
         print(f"  building {name} ...", file=sys.stderr, flush=True)
@@ -284,8 +380,14 @@ def build_peers(model: Model, args: argparse.Namespace, work: Path) -> dict[str,
                   file=sys.stderr)
             continue
         compile_s = time.perf_counter() - start
+        if args.int8:
+            errors[name] = int8_error(out, ref)
+            peers[name] = Peer(run, compile_s, note)
+            continue
         verdict = check(name, out, ref, args.tol)
         peers[name] = Peer(run, compile_s, "; ".join(n for n in (note, verdict) if n))
+    if args.int8:
+        judge_int8(peers, errors)
     return peers
 
 
@@ -376,13 +478,17 @@ def main() -> None:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_peers_"))
     work.mkdir(parents=True, exist_ok=True)
     target = describe(resolve_target("llvm"))
-    print(f"target {target}; peers with {args.threads} thread(s); "
+    print(("int8 (ONNX Runtime's quantization); " if args.int8 else "") + f"target {target}; peers with {args.threads} thread(s); "
           f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}; aicf_tvm {aicf_tvm.__file__}")
     results: dict[str, dict] = {}
     ratios: dict[str, list[float]] = {}
+    global model_file
     for name in args.models:
         print(f"{name}:", file=sys.stderr, flush=True)
-        model = build(name, args.seq)
+        base, _, how = name.partition(":")
+        model = build(base, args.seq)
+        if args.int8:
+            model_file = functools.partial(quantized_file, dynamic=how == "dynamic")
         peers = build_peers(model, args, work)
         time_rounds(peers, args.rounds)
         medians = {p: statistics.median(peer.times) * 1e3 for p, peer in peers.items()}
@@ -405,7 +511,8 @@ def main() -> None:
     for p, g in summary.items():
         print(f"  ours/{p:<10} {g:.2f}  ({len(ratios[p])} model(s))")
     Path(args.json).write_text(json.dumps({"run": run_info(target), "models": results, "geomean_ours_over": summary,
-                                           "threads": args.threads, "rounds": args.rounds, "seq": args.seq},
+                                           "threads": args.threads, "rounds": args.rounds, "seq": args.seq,
+                                           "int8": args.int8},
                                           indent=1))
     print(f"wrote {args.json}")
 

@@ -23,6 +23,7 @@ import tvm
 from tvm import relax, tirx
 
 from aicf_tvm.core.errors import UnsupportedModelError
+from relax_passes.integer_qdq import constant_value
 
 from ..symbolic import with_dim_bounds
 from .common import first_line, normalize_import
@@ -231,11 +232,18 @@ def _pad_class(base: type) -> type:
     ``topi.nn.pad``): opaque to our passes, so the zero pad an exporter writes before
     each convolution (MobileNetV2's "same" padding) stayed a kernel and a copy of the
     activation instead of the convolution's own padding (``FoldPadIntoConv``). Relax's
-    ``nn.pad`` legalizes to the same ``topi.nn.pad``. Other pads go to TVM's converter."""
+    ``nn.pad`` legalizes to the same ``topi.nn.pad``. Other pads go to TVM's converter.
+    A pad value given as a dequantized constant (a QDQ model's, which the importer keeps
+    unfolded for ``relax_passes.integer_qdq``) is that constant's value, as TVM's converter
+    needs it."""
 
     class Pad(base):
         @classmethod
         def _lower_pad(cls, bb, inputs, attr, params, allowed_modes):
+            if len(inputs) > 2 and isinstance(inputs[2], relax.Call):
+                value = constant_value(inputs[2], bb.lookup_binding)
+                if value is not None:
+                    inputs = [*inputs[:2], relax.const(value, str(value.dtype)), *inputs[3:]]
             data = inputs[0]
             dtype = str(getattr(data.ty, "dtype", ""))
             if attr.get("mode", b"constant").decode("utf-8") == "constant" and dtype.startswith("float"):
