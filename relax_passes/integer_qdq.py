@@ -1,5 +1,6 @@
-"""IntegerQDQ: a QDQ model's quantized convolutions in integer arithmetic, as ONNX's
-``QLinearConv`` defines them; every other quantize and dequantize as the arithmetic it is.
+"""IntegerQDQ: a QDQ model's quantized convolutions and matmuls in integer arithmetic, as
+ONNX's ``QLinearConv`` / ``QLinearMatMul`` define them; every other quantize and
+dequantize as the arithmetic it is.
 
 A QDQ model (``onnxruntime.quantization.quantize_static``) writes a quantized convolution
 as float ops between ``QuantizeLinear`` / ``DequantizeLinear``::
@@ -23,6 +24,10 @@ an integer convolution (AVX-512 VNNI: ``schedules.cpu.conv2d_int8``), records ea
 rewrite as an ``approximate:qdq_integer`` decision (listed with the library's
 approximations), and ``CompileOptions.qdq_integer=False`` keeps the float graph.
 
+A ``MatMul`` by a constant ``[K, N]`` weight (scale per tensor or per column) is taken the
+same way, into ``relax.matmul(xq, wq, out_dtype="int32")`` (``schedules.cpu.conv2d_int8.
+VNNIMatmul``); an attention's product of two activations stays float.
+
 Rewritten only when the integer form is the QLinearConv of the graph's values:
 
 * ``xq`` uint8 with scalar ``sx``, ``zx``; ``wq`` an int8 constant with scale per tensor
@@ -30,7 +35,7 @@ Rewritten only when the integer form is the QLinearConv of the graph's values:
   int32 constant dequantized with zero point 0 by exactly ``float32(sx * sw)`` (else
   the bias would not be an integer of the sum's scale);
 * NCHW / OIHW, one group, channels that block for the VNNI kernel (input a multiple of 8,
-  output of 16);
+  output of 16); a matmul's ``K`` a multiple of 4 and ``N`` of 16;
 * padding only when ``zx == 0`` (the kernel pads with integer 0, which is real 0 only
   then);
 * no sum can overflow int32: ``max(zx, 255 - zx) * sum|wq| + |bq - zx * sum(wq)|`` below
@@ -69,6 +74,12 @@ def _op(name: str) -> tvm.ir.Op:
 
 _QUANTIZE, _DEQUANTIZE = _op("relax.quantize"), _op("relax.dequantize")
 _CONV, _ADD, _RESHAPE, _RELU = _op("relax.nn.conv2d"), _op("relax.add"), _op("relax.reshape"), _op("relax.nn.relu")
+_MATMUL = _op("relax.matmul")
+
+
+def _linear(expr: relax.Expr, var2val: dict) -> relax.Call | None:
+    conv = _producer(expr, var2val, _CONV)
+    return conv if conv is not None else _producer(expr, var2val, _MATMUL)
 
 
 def _value(expr: relax.Expr, var2val) -> np.ndarray | None:
@@ -133,13 +144,13 @@ def _producer(expr: relax.Expr, var2val: dict, op: tvm.ir.Op) -> relax.Call | No
 
 @dataclass
 class QConv:
-    """A quantized convolution the pass rewrites: the matched calls and their numbers."""
+    """A quantized convolution (or matmul) the pass rewrites: the matched calls and their numbers."""
 
-    conv: relax.Call
+    conv: relax.Call  # relax.nn.conv2d or relax.matmul
     xq: relax.Expr
     zx: int
     sx: float
-    wq: np.ndarray  # int8 OIHW
+    wq: np.ndarray  # int8 OIHW (conv2d) or [K, N] (matmul)
     sw: np.ndarray  # [O] float32
     bias: np.ndarray  # [O] int64, zero when absent
     sy: float
@@ -147,6 +158,20 @@ class QConv:
     out_dtype: str
     relu: bool
     members: tuple[str, ...]
+
+    @property
+    def is_matmul(self) -> bool:
+        return self.conv.op.same_as(_MATMUL)
+
+    def per_output(self) -> np.ndarray:
+        """The weight as int64 rows, one per output channel."""
+        w = self.wq.astype(np.int64)
+        return w.T if self.is_matmul else w.reshape(w.shape[0], -1)
+
+    def channel_shape(self) -> tuple[int, ...]:
+        """The shape of a per-output-channel operand of the output: [1, O, 1, 1] or [N]."""
+        channels = self.sw.size
+        return (channels,) if self.is_matmul else (1, channels, 1, 1)
 
 
 def match_qconv(quant: relax.Call, var2val: dict, uses: dict) -> tuple[QConv | None, str]:
@@ -165,18 +190,20 @@ def match_qconv(quant: relax.Call, var2val: dict, uses: dict) -> tuple[QConv | N
     add = _producer(v, var2val, _ADD)
     if add is not None:
         members.append(v)
-        if _producer(add.args[0], var2val, _CONV) is not None:
+        if _linear(add.args[0], var2val) is not None:
             v, bias_expr = add.args
         else:
             bias_expr, v = add.args
-    conv = _producer(v, var2val, _CONV)
+    conv = _linear(v, var2val)
     if conv is None:
         return None, "not a convolution"
     members.append(v)
     if any(uses.get(m, 0) != 1 for m in members):
         return None, "an intermediate value has other uses"
+    matmul = conv.op.same_as(_MATMUL)
     a = conv.attrs
-    if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "OIHW", "NCHW") or int(a.groups) != 1:
+    if not matmul and ((str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "OIHW", "NCHW")
+                       or int(a.groups) != 1):
         return None, "not a dense NCHW convolution"
     dq_x, dq_w = _producer(conv.args[0], var2val, _DEQUANTIZE), _producer(conv.args[1], var2val, _DEQUANTIZE)
     if dq_x is None or dq_w is None:
@@ -189,13 +216,15 @@ def match_qconv(quant: relax.Call, var2val: dict, uses: dict) -> tuple[QConv | N
     sw, zw = _value(dq_w.args[1], var2val), _value(dq_w.args[2], var2val)
     if wq is None or wq.dtype != np.int8 or sw is None or zw is None or np.any(zw != 0):
         return None, "weight not a constant int8 with zero point 0"
-    channels = wq.shape[0]
-    if sw.size not in (1, channels) or (sw.size > 1 and int(dq_w.attrs.axis) % 4 != 0):
+    if matmul and (wq.ndim != 2 or xq.ty.ndim < 2):
+        return None, "not a matmul by a 2-D weight"
+    channels, out_axis = (wq.shape[1], 1) if matmul else (wq.shape[0], 0)
+    if sw.size not in (1, channels) or (sw.size > 1 and int(dq_w.attrs.axis) % wq.ndim != out_axis):
         return None, "weight scale neither per tensor nor per output channel"
     sw = np.broadcast_to(sw.astype(np.float32).reshape(-1), (channels,))
-    if wq.shape[1] % 8 or channels % 16:
+    if (wq.shape[0] % 4 if matmul else wq.shape[1] % 8) or channels % 16:
         return None, "channels do not block for the integer kernel"
-    if any(int(p) for p in a.padding) and zx != 0:
+    if not matmul and any(int(p) for p in a.padding) and zx != 0:
         return None, "padded input with a nonzero zero point"
     bias = np.zeros(channels, np.int64)
     if bias_expr is not None:
@@ -217,7 +246,7 @@ def match_qconv(quant: relax.Call, var2val: dict, uses: dict) -> tuple[QConv | N
 
 
 def _fits_int32(q: QConv) -> bool:
-    w = q.wq.astype(np.int64).reshape(q.wq.shape[0], -1)
+    w = q.per_output()
     largest = max(q.zx, 255 - q.zx) * np.abs(w).sum(axis=1) + np.abs(q.bias - q.zx * w.sum(axis=1))
     return bool(np.all(largest <= _INT32_LIMIT))
 
@@ -225,14 +254,17 @@ def _fits_int32(q: QConv) -> bool:
 def integer_qconv(bb: relax.BlockBuilder, q: QConv) -> relax.Expr:
     """The integer form of the module docstring, as Relax ops."""
     a = q.conv.attrs
-    channels = q.wq.shape[0]
-    acc = bb.emit(relax.op.nn.conv2d(q.xq, relax.const(q.wq), a.strides, a.padding, a.dilation, 1,
-                                     out_dtype="int32"))
-    offset = q.bias - q.zx * q.wq.astype(np.int64).reshape(channels, -1).sum(axis=1)
+    if q.is_matmul:
+        acc = bb.emit(relax.op.matmul(q.xq, relax.const(q.wq), out_dtype="int32"))
+    else:
+        acc = bb.emit(relax.op.nn.conv2d(q.xq, relax.const(q.wq), a.strides, a.padding, a.dilation, 1,
+                                         out_dtype="int32"))
+    offset = q.bias - q.zx * q.per_output().sum(axis=1)
     if np.any(offset):
-        acc = bb.emit(relax.op.add(acc, relax.const(offset.astype(np.int32).reshape(1, channels, 1, 1))))
+        acc = bb.emit(relax.op.add(acc, relax.const(offset.astype(np.int32).reshape(q.channel_shape()))))
     scale = (np.float32(q.sx) * q.sw / np.float32(q.sy)).astype(np.float64)  # float32 steps, as ONNX's reference
-    scaled = bb.emit(relax.op.multiply(relax.op.astype(acc, "float64"), relax.const(scale.reshape(1, channels, 1, 1), "float64")))
+    scaled = bb.emit(relax.op.multiply(relax.op.astype(acc, "float64"),
+                                       relax.const(scale.reshape(q.channel_shape()), "float64")))
     lo, hi = _RANGES[q.out_dtype]
     lo = max(lo, q.zy) if q.relu else lo
     clipped = bb.emit(relax.op.clip(relax.op.round(scaled), lo - q.zy, hi - q.zy))

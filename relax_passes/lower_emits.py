@@ -39,13 +39,14 @@ from aicf_tvm.core.emit import EMIT_ATTR, Emit, emit_of
 from aicf_tvm.core.lattice import Flag
 from aicf_tvm.core.options import CompileOptions, options_or_default
 from relax_passes.legalize_blocked_conv import LEGALIZE_MAP
+from relax_passes.legalize_int8_matmul import LEGALIZE_MAP as MATMUL_LEGALIZE_MAP
 
 from .group_rewrite import drop_unused_emits, with_blocks
 from .legalize_norms import LEGALIZE_MAP as NORMS_LEGALIZE_MAP
 from .legalize_reshape import legalize_reshape, legalize_reshape_flat_when_static
 
 # TVM's legalization but for these ops (see each module)
-_LEGALIZE = {**LEGALIZE_MAP, **NORMS_LEGALIZE_MAP, "relax.reshape": legalize_reshape}
+_LEGALIZE = {**LEGALIZE_MAP, **MATMUL_LEGALIZE_MAP, **NORMS_LEGALIZE_MAP, "relax.reshape": legalize_reshape}
 _SCALAR_OK = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
               "relax.maximum", "relax.minimum"}
 # TVM folds an immediate operand when it builds and simplifies TIR (arith's TryConstFold),

@@ -13,6 +13,7 @@ def default_rules(target: Target, options: CompileOptions | None = None) -> list
     the CPU rules with knobs read them from ``options``."""
     if target.kind.name == "llvm":
         return [
+            cpu.VNNIMatmul(options),
             cpu.Gemm(options),
             cpu.VNNIConv2d(options),
             cpu.BlockedConv2d(options),

@@ -1,6 +1,6 @@
 """Default TensorIR schedule rules for LLVM CPU targets (dlight style).
 
-Order of use: Gemm, VNNIConv2d, BlockedConv2d, Depthwise, Conv2d, Attention, BlockedNorm, Reduction,
+Order of use: VNNIMatmul, Gemm, VNNIConv2d, BlockedConv2d, Depthwise, Conv2d, Attention, BlockedNorm, Reduction,
 Elementwise, Fallback (each returns None for a PrimFunc it does not handle).  ``VectorizeMath``
 runs after them: it turns the
 float32 transcendental calls of vectorized loops into SIMD arithmetic (``vector_math``).
@@ -9,7 +9,7 @@ float32 transcendental calls of vectorized loops into SIMD arithmetic (``vector_
 from .attention import Attention
 from .conv2d import Conv2d
 from .conv2d_blocked import BlockedConv2d
-from .conv2d_int8 import VNNIConv2d
+from .conv2d_int8 import VNNIConv2d, VNNIMatmul
 from .depthwise import Depthwise
 from .elementwise import Elementwise
 from .fallback import Fallback
@@ -19,4 +19,4 @@ from .reduction import Reduction
 from .vector_math import VectorizeMath
 
 __all__ = ["Attention", "BlockedConv2d", "BlockedNorm", "Conv2d", "Depthwise", "Elementwise", "Fallback",
-           "Gemm", "Reduction", "VNNIConv2d", "VectorizeMath"]
+           "Gemm", "Reduction", "VNNIConv2d", "VNNIMatmul", "VectorizeMath"]

@@ -1,5 +1,6 @@
-"""CPU schedule rule for the int8 blocked conv2d on AVX-512 VNNI: uint8 data, int8 weights,
-int32 sums (``relax_passes.legalize_blocked_conv``'s VNNI form).
+"""CPU schedule rules for int8 kernels on AVX-512 VNNI: uint8 data, int8 weights, int32
+sums: the blocked conv2d (``relax_passes.legalize_blocked_conv``'s VNNI form) and the
+matmul (``relax_passes.legalize_int8_matmul``).
 
 The nest is the float dense one (``conv2d_blocked.schedule_dense``: tasks over output
 channel tiles and rows, a register tile of ``vb`` channel blocks by ``wb`` output
@@ -123,6 +124,73 @@ def schedule_vnni(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: Con
     sch.tensorize(j, VNNI_INTRIN)
 
 
+def vnni_matmul_block(sch: s_tir.Schedule) -> SBlockRV | None:
+    """The matmul block of a ``legalize_int8_matmul`` PrimFunc (``[..., M, N]`` over
+    ``(ko, k4)``), else None."""
+    main = find_reduction_block(sch)
+    if main is None:
+        return None
+    stmt = sch.get(main)
+    kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in stmt.iter_vars)
+    if not kinds.endswith("SSRR") or "R" in kinds[:-2] or not all(
+            isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
+        return None
+    if len(stmt.reads) != 2 or len(stmt.writes) != 1 or str(stmt.writes[0].source.dtype) != "int32":
+        return None
+    dtypes = sorted(str(r.source.dtype) for r in stmt.reads)
+    if dtypes != ["int8", "uint8"] or int(stmt.iter_vars[-1].dom.extent) != 4 or int(stmt.iter_vars[-3].dom.extent) % 16:
+        return None
+    return main
+
+
+def schedule_vnni_matmul(sch: s_tir.Schedule, main: SBlockRV, target: Target,
+                         options: CompileOptions | None = None) -> None:
+    """Tasks over (column tile, row tile), a register tile of ``vb`` 16-column blocks by
+    ``wb`` rows (``register_tile``, as the conv's channel blocks by columns), the whole
+    reduction inside it, one ``vpdpbusd`` per (row, block, 4 k)."""
+    for producer in sch.get_producers(main):
+        if not mark_prepack(sch, producer):  # the weight's VNNI copy: prepacked when a constant
+            schedule_injective(sch, producer, 16)
+    *lead, m, n, ko, k4 = sch.get_loops(main)
+    rows = sch.fuse(*lead, m) if lead else m
+    stmt = sch.get(main)
+    row_count = loop_extent(sch, rows)
+    blocks = int(stmt.iter_vars[-3].dom.extent) // 16
+    vb, wb = register_tile(blocks, row_count, 1, vector_registers(target),
+                           options_or_default(options).conv_register_tile)
+    no, ni = sch.split(n, [None, 16])
+    noo, noi = sch.split(no, [None, vb])
+    mo, mi = _split_columns(sch, rows, row_count, wb)
+    sch.reorder(noo, mo, ko, mi, noi, ni, k4)
+    _place_epilogue(sch, main, mo)
+    sch.parallel(sch.fuse(noo, mo))
+    init = sch.decompose_reduction(main, ko)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.unroll(mi)
+    sch.unroll(noi)
+    sch.tensorize(ni, VNNI_INTRIN)
+
+
+class VNNIMatmul(CPUScheduleRule):
+    """The int8 matmul on a target with AVX-512 VNNI; None for anything else."""
+
+    def __init__(self, options: CompileOptions | None = None) -> None:
+        self.options = options
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target) or not has_vnni(target):
+            return None
+        try:
+            sch = s_tir.Schedule(func)
+            main = vnni_matmul_block(sch)
+            if main is None:
+                return None
+            schedule_vnni_matmul(sch, main, target, self.options)
+        except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
+            return None
+        return [sch] if tunable else sch
+
+
 class VNNIConv2d(CPUScheduleRule):
     """The int8 blocked conv2d on a target with AVX-512 VNNI; None for anything else."""
 
@@ -143,4 +211,4 @@ class VNNIConv2d(CPUScheduleRule):
         return [sch] if tunable else sch
 
 
-__all__ = ["VNNIConv2d", "has_vnni", "schedule_vnni", "vnni_conv_block", "vnni_plan"]
+__all__ = ["VNNIConv2d", "VNNIMatmul", "has_vnni", "schedule_vnni_matmul", "vnni_matmul_block", "schedule_vnni", "vnni_conv_block", "vnni_plan"]

@@ -199,3 +199,37 @@ def test_a_quantized_network_is_as_close_to_float32_as_onnx_runtime(tmp_path):
     assert not np.allclose(first, ref)
     assert np.mean(ours_err) < 0.1  # an int8 model, near its float32 original
     assert np.mean(ours_err) <= 1.05 * np.mean(ort_err), (ours_err, ort_err)
+
+
+@needs_vnni
+def test_a_qdq_matmul_runs_in_integers_and_equals_qlinear_matmul():
+    rng = np.random.default_rng(13)
+    k, n = 64, 48
+    wq = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    consts = {"wq": wq, "sw": rng.uniform(0.002, 0.01, n).astype(np.float32), "zw": np.zeros(n, np.int8),
+              "sx": np.float32(0.02), "zx": np.uint8(119), "sy": np.float32(0.05), "zy": np.uint8(128)}
+    inits = [_const(name, value) for name, value in consts.items()]
+    x_info = helper.make_tensor_value_info("xq", TensorProto.UINT8, [1, 24, k])
+    y_info = helper.make_tensor_value_info("yq", TensorProto.UINT8, None)
+    qdq = helper.make_model(helper.make_graph([
+        helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["x"]),
+        helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["w"], axis=1),
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+        helper.make_node("QuantizeLinear", ["y", "sy", "zy"], ["yq"])], "qdq_matmul", [x_info], [y_info], inits),
+        opset_imports=[helper.make_opsetid("", 19)])
+    qlinear = helper.make_model(helper.make_graph([
+        helper.make_node("QLinearMatMul", ["xq", "sx", "zx", "wq", "sw", "zw", "sy", "zy"], ["yq"])],
+        "qlinear_matmul", [x_info], [y_info], inits), opset_imports=[helper.make_opsetid("", 19)])
+    model = aicf_tvm.compile(qdq, cache=False)
+    assert [d.accepted for d in model.report.decisions if d.candidate == QDQ_INTEGER] == [True]
+    assert any(k.schedule == "VNNIMatmul" for k in model.kernels), [k.schedule for k in model.kernels]
+    reference = ReferenceEvaluator(qlinear)
+    outputs = []
+    for _ in range(2):
+        xq = rng.integers(0, 256, (1, 24, k)).astype(np.uint8)
+        want = reference.run(None, {"xq": xq})[0]
+        got = np.asarray(model(xq))
+        assert 0 < np.count_nonzero((want != 0) & (want != 255))
+        np.testing.assert_array_equal(got, want)
+        outputs.append(got)
+    assert not np.array_equal(*outputs)

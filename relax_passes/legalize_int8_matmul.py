@@ -1,0 +1,59 @@
+"""Legalization of ``relax.matmul`` of uint8 data by a constant int8 weight into int32
+(``relax_passes.integer_qdq``'s integer form of a QDQ MatMul / Gemm), in the operand
+order of AVX-512 VNNI's ``vpdpbusd`` (``schedules.cpu.conv2d_int8.VNNIMatmul``).
+
+The weight ``B [K, N]`` is first copied to ``Bv [N/16, K/4, 16, 4]`` (four consecutive
+``k`` of one output column side by side; a layout rewrite of a constant, done at compile
+time by ``schedules.prepack_weights``), and::
+
+    out[..., m, n] = sum(ko, k4) A[..., m, 4*ko + k4] * Bv[n // 16, ko, n % 16, k4]
+
+the same products as ``A @ B``, summed in int32 (exact in any order: ``integer_qdq``
+checks the sums cannot overflow). Any other matmul takes TVM's legalization.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import te
+
+from aicf_tvm.core.tvm_values import static_shape
+
+from .legalize_blocked_conv import VNNI_DEPTH, VNNI_LANES
+
+
+def is_vnni_matmul(a_dtype: str, b_dtype: str, out_dtype: str, a_shape, b_shape) -> bool:
+    """uint8 data of static shape ``[..., M, K]``, an int8 ``[K, N]``, int32 sums, ``K``
+    a multiple of 4 and ``N`` of 16."""
+    if (str(a_dtype), str(b_dtype), str(out_dtype)) != ("uint8", "int8", "int32"):
+        return False
+    if a_shape is None or b_shape is None or len(a_shape) < 2 or len(b_shape) != 2:
+        return False
+    k, n = b_shape
+    return a_shape[-1] == k and k % VNNI_DEPTH == 0 and n % VNNI_LANES == 0
+
+
+def matmul_vnni(a: te.Tensor, b: te.Tensor) -> te.Tensor:
+    """The TE compute of the module docstring."""
+    k, n = (int(d) for d in b.shape)
+    depth, lanes = VNNI_DEPTH, VNNI_LANES
+    bv = te.compute((n // lanes, k // depth, lanes, depth),
+                    lambda no, ko, ni, k4: b[ko * depth + k4, no * lanes + ni], name="weight_vnni")
+    ko = te.reduce_axis((0, k // depth), "rko")
+    k4 = te.reduce_axis((0, depth), "rk4")
+    return te.compute((*a.shape[:-1], n), lambda *idx: te.sum(
+        a[(*idx[:-1], ko * depth + k4)].astype("int32")
+        * bv[idx[-1] // lanes, ko, idx[-1] % lanes, k4].astype("int32"), axis=[ko, k4]),
+        name="matmul_vnni", tag="matmul_vnni")
+
+
+def legalize_matmul(bb: tvm.relax.BlockBuilder, call: tvm.relax.Call) -> tvm.relax.Expr:
+    a, b = call.args
+    if not is_vnni_matmul(a.ty.dtype, b.ty.dtype, call.ty.dtype, static_shape(a.ty), static_shape(b.ty)):
+        return tvm.ir.Op.get("relax.matmul").get_attr("FLegalize")(bb, call)  # TVM's own
+    return bb.call_te(matmul_vnni, a, b, primfunc_name_hint="matmul_vnni")
+
+
+LEGALIZE_MAP = {"relax.matmul": legalize_matmul}
+
+__all__ = ["LEGALIZE_MAP", "is_vnni_matmul", "legalize_matmul", "matmul_vnni"]
