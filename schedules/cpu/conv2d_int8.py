@@ -23,6 +23,8 @@ the float rule.
 
 from __future__ import annotations
 
+import math
+
 from tvm import s_tir, tirx
 from tvm.s_tir import TensorIntrin
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
@@ -32,6 +34,7 @@ from tvm.target import Target
 
 from aicf_tvm.core.options import CompileOptions, options_or_default
 
+from .amx_int8 import amx_fits, has_amx_int8, schedule_amx_matmul
 from .common import _has_feature, loop_extent, num_cores, vector_registers
 from .conv2d_blocked import (
     ConvPlan,
@@ -172,7 +175,8 @@ def schedule_vnni_matmul(sch: s_tir.Schedule, main: SBlockRV, target: Target,
 
 
 class VNNIMatmul(CPUScheduleRule):
-    """The int8 matmul on a target with AVX-512 VNNI; None for anything else."""
+    """The int8 matmul on a target with AVX-512 VNNI, on AMX tiles where the target has them
+    and the shape takes whole 32 x 32 x 64 blocks (``amx_int8``); None for anything else."""
 
     def __init__(self, options: CompileOptions | None = None) -> None:
         self.options = options
@@ -185,7 +189,12 @@ class VNNIMatmul(CPUScheduleRule):
             main = vnni_matmul_block(sch)
             if main is None:
                 return None
-            schedule_vnni_matmul(sch, main, target, self.options)
+            *_, m, n, ko, _ = (int(iv.dom.extent) for iv in sch.get(main).iter_vars)
+            rows = m * math.prod(int(iv.dom.extent) for iv in sch.get(main).iter_vars[:-4])
+            if has_amx_int8(target) and amx_fits(rows, n, 4 * ko):
+                schedule_amx_matmul(sch, main)
+            else:
+                schedule_vnni_matmul(sch, main, target, self.options)
         except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
             return None
         return [sch] if tunable else sch

@@ -35,6 +35,7 @@ from tvm.ir import Expr
 from tvm.target import Target
 
 from .common import MIN_PARALLEL_WORK
+from .amx_int8 import AMXPermission
 from .gemm_prefetch import PrefetchNextPanel
 from .index_forms import FoldNestedMods, after_opaque_blocks, opaque_blocks
 from .llvm_pass import llvm_prim_func_pass
@@ -178,10 +179,11 @@ PIPELINE = "aicf_cpu"
 def _pipeline() -> tuple:
     """The S-TIR pipeline, with one form for nested head indices before its buffer
     compaction (``index_forms``) and vector tails split off by us (``tail_partition``),
-    then ``GuardSmallParallel``; its finalization passes."""
+    then ``GuardSmallParallel``, and the OS's permission asked first by each kernel that uses
+    AMX tiles (``amx_int8.AMXPermission``); its finalization passes."""
     lower, host, device = tirx.get_tir_pipeline("s_tir")
     passes = [*opaque_blocks(), FoldNestedMods(), PartitionVectorTails(), after_opaque_blocks(lower),
-              GuardSmallParallel(), PrefetchNextPanel(), StackLocalTiles()]
+              GuardSmallParallel(), PrefetchNextPanel(), StackLocalTiles(), AMXPermission()]
     return tvm.transform.Sequential(passes), host, device
 
 

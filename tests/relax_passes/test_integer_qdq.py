@@ -5,6 +5,9 @@ network compiled so is at least as close to its float32 original as ONNX Runtime
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import pytest
@@ -15,6 +18,7 @@ import aicf_tvm
 from aicf_tvm.core.options import CompileOptions
 from aicf_tvm.runtime.targets import resolve_target
 from relax_passes.integer_qdq import QDQ_INTEGER
+from schedules.cpu.amx_int8 import has_amx_int8
 from schedules.cpu.conv2d_int8 import has_vnni
 
 needs_vnni = pytest.mark.skipif(not has_vnni(resolve_target("llvm")), reason="the CPU has no AVX-512 VNNI")
@@ -201,15 +205,14 @@ def test_a_quantized_network_is_as_close_to_float32_as_onnx_runtime(tmp_path):
     assert np.mean(ours_err) <= 1.05 * np.mean(ort_err), (ours_err, ort_err)
 
 
-@needs_vnni
-def test_a_qdq_matmul_runs_in_integers_and_equals_qlinear_matmul():
-    rng = np.random.default_rng(13)
-    k, n = 64, 48
+def _qdq_matmul(rng: np.random.Generator, rows: int, k: int, n: int) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """(uint8 rows -> DQ -> MatMul(DQ(int8 weight, per column)) -> Q, the same QLinearMatMul)."""
     wq = rng.integers(-127, 128, (k, n)).astype(np.int8)
     consts = {"wq": wq, "sw": rng.uniform(0.002, 0.01, n).astype(np.float32), "zw": np.zeros(n, np.int8),
-              "sx": np.float32(0.02), "zx": np.uint8(119), "sy": np.float32(0.05), "zy": np.uint8(128)}
+              "sx": np.float32(0.02), "zx": np.uint8(119), "sy": np.float32(0.05 * (k / 64) ** 0.5),
+              "zy": np.uint8(128)}
     inits = [_const(name, value) for name, value in consts.items()]
-    x_info = helper.make_tensor_value_info("xq", TensorProto.UINT8, [1, 24, k])
+    x_info = helper.make_tensor_value_info("xq", TensorProto.UINT8, [1, rows, k])
     y_info = helper.make_tensor_value_info("yq", TensorProto.UINT8, None)
     qdq = helper.make_model(helper.make_graph([
         helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["x"]),
@@ -220,16 +223,47 @@ def test_a_qdq_matmul_runs_in_integers_and_equals_qlinear_matmul():
     qlinear = helper.make_model(helper.make_graph([
         helper.make_node("QLinearMatMul", ["xq", "sx", "zx", "wq", "sw", "zw", "sy", "zy"], ["yq"])],
         "qlinear_matmul", [x_info], [y_info], inits), opset_imports=[helper.make_opsetid("", 19)])
+    return qdq, qlinear
+
+
+@needs_vnni
+@pytest.mark.parametrize("rows, k, n", [(24, 64, 48), (64, 192, 96)])  # VNNI; whole AMX blocks where the CPU has AMX
+def test_a_qdq_matmul_runs_in_integers_and_equals_qlinear_matmul(rows, k, n):
+    rng = np.random.default_rng(13)
+    qdq, qlinear = _qdq_matmul(rng, rows, k, n)
     model = aicf_tvm.compile(qdq, cache=False)
     assert [d.accepted for d in model.report.decisions if d.candidate == QDQ_INTEGER] == [True]
     assert any(k.schedule == "VNNIMatmul" for k in model.kernels), [k.schedule for k in model.kernels]
+    tiles = "tdpbusd" in str(model.lowered)
+    assert tiles == (rows % 32 == 0 and has_amx_int8(resolve_target("llvm"))), tiles
     reference = ReferenceEvaluator(qlinear)
     outputs = []
     for _ in range(2):
-        xq = rng.integers(0, 256, (1, 24, k)).astype(np.uint8)
+        xq = rng.integers(0, 256, (1, rows, k)).astype(np.uint8)
         want = reference.run(None, {"xq": xq})[0]
         got = np.asarray(model(xq))
         assert 0 < np.count_nonzero((want != 0) & (want != 255))
         np.testing.assert_array_equal(got, want)
         outputs.append(got)
     assert not np.array_equal(*outputs)
+
+
+@pytest.mark.skipif(not has_amx_int8(resolve_target("llvm")), reason="the CPU has no AMX int8")
+def test_an_amx_library_runs_in_a_fresh_process(tmp_path):
+    """A process that never compiled has no AMX permission: each AMX kernel asks for it."""
+    rng = np.random.default_rng(17)
+    qdq, _ = _qdq_matmul(rng, 64, 128, 64)
+    model = aicf_tvm.compile(qdq, cache=False)
+    assert "tdpbusd" in str(model.lowered)
+    xq = rng.integers(0, 256, (1, 64, 128)).astype(np.uint8)
+    np.save(tmp_path / "x.npy", xq)
+    np.save(tmp_path / "want.npy", np.asarray(model(xq)))
+    model.export(str(tmp_path / "m.so"))
+    code = ("import sys, numpy as np, aicf_tvm\n"
+            f"m = aicf_tvm.load({str(tmp_path / 'm.so')!r})\n"
+            f"got = np.asarray(m(np.load({str(tmp_path / 'x.npy')!r})))\n"
+            "assert 'schedules.cpu.amx_int8' not in sys.modules\n"
+            f"print(np.array_equal(got, np.load({str(tmp_path / 'want.npy')!r})))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    assert run.stdout.strip().endswith("True")
