@@ -43,6 +43,14 @@ Rewritten only when the integer form is the QLinearConv of the graph's values:
 * the conv and its bias add feed nothing else; a ``relu`` between bias and quantize
   clamps at ``zy`` (``quantize(relu(v)) == max(quantize(v), zy)``: rounding is monotone).
 
+A value quantized and dequantized again by the parameters it was dequantized with, after
+only a zero ``pad`` or a ``max_pool2d`` (the QDQ pair a quantizer writes after the
+explicit pad before a strided convolution), is that value: ``dequantize(quantize(v, s,
+z), s, z) == v`` element by element, since every element is ``(xq - z) * s`` for an
+integer ``xq`` in range (``round`` undoes the division's rounding error, which is far
+below a half) or the pad's 0.0 (``z`` quantized back to 0.0). The pair is dropped, so the
+pad folds into the convolution (``relax_passes.FoldPadIntoConv``).
+
 Every other ``quantize`` / ``dequantize`` with constant parameters becomes the ops TVM's
 legalization computes, ``float(int32(x) - zp) * scale`` and ``clip(round(v / scale) + zp)``
 cast to the narrow type: the same values, as pointwise ops that fuse and take blocked
@@ -272,6 +280,37 @@ def integer_qconv(bb: relax.BlockBuilder, q: QConv) -> relax.Expr:
     return relax.op.astype(shifted, q.out_dtype)
 
 
+_PAD, _MAX_POOL = _op("relax.nn.pad"), _op("relax.nn.max_pool2d")
+
+
+def _same_params(a: relax.Call, b: relax.Call, var2val: dict) -> bool:
+    """Two quantize/dequantize calls with equal scalar scale and zero point."""
+    pairs = [(_scalar(a.args[i], var2val), _scalar(b.args[i], var2val)) for i in (1, 2)]
+    return all(x is not None and x == y for x, y in pairs)
+
+
+def requantized_value(call: relax.Call, var2val: dict) -> relax.Expr | None:
+    """``v`` when ``call`` is ``dequantize(quantize(v, s, z), s, z)`` and ``v`` is a zero pad
+    or a max pool of ``dequantize(xq, s, z)`` (module docstring); else None."""
+    if not call.op.same_as(_DEQUANTIZE):
+        return None
+    quant = _producer(call.args[0], var2val, _QUANTIZE)
+    if quant is None or not _same_params(call, quant, var2val):
+        return None
+    v = quant.args[0]
+    moved = _producer(v, var2val, _PAD)
+    if moved is not None and not (str(moved.attrs.pad_mode) == "constant" and float(moved.attrs.pad_value) == 0.0):
+        return None
+    moved = moved if moved is not None else _producer(v, var2val, _MAX_POOL)
+    if moved is None:
+        return None
+    source = _producer(moved.args[0], var2val, _DEQUANTIZE)
+    if source is None or not _same_params(source, call, var2val) or str(quant.attrs.out_dtype) != str(
+            source.args[0].ty.dtype):
+        return None
+    return v
+
+
 def dequantize_ops(call: relax.Call, var2val: dict) -> relax.Expr | None:
     """``float(int32(x) - zp) * scale`` (TVM's legalization), scale and zp constants; of a
     constant ``x``, that value computed now (the pipeline never folds a widening cast of a
@@ -325,6 +364,10 @@ class _Rewriter(relax.PyExprMutator):
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = binding.value
+        kept = requantized_value(value, self.var2val) if isinstance(value, relax.Call) else None
+        if kept is not None:
+            self.set_var_remap(binding.var, self.visit_expr(kept))
+            return
         if isinstance(value, relax.Call) and value.op.same_as(_QUANTIZE) and self.integer:
             q, reason = match_qconv(value, self.var2val, self.uses)
             if q is not None and not _fits_int32(q):

@@ -267,3 +267,32 @@ def test_an_amx_library_runs_in_a_fresh_process(tmp_path):
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
     assert run.stdout.strip().endswith("True")
+
+
+def test_a_requantized_pad_is_the_pad_and_folds_into_the_convolution():
+    """DQ -> Pad(0) -> Q -> DQ (same scale and zero point) -> depthwise Conv: the pair after
+    the pad is dropped (the values it passes are unchanged), so the pad joins the conv;
+    the output is the QDQ graph's, as ONNX's reference evaluates it."""
+    rng = np.random.default_rng(19)
+    channels = 16
+    consts = {"s": np.float32(0.043), "z": np.uint8(7), "pads": np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64),
+              "w": rng.standard_normal((channels, 1, 3, 3)).astype(np.float32)}
+    nodes = [helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["x"]),
+             helper.make_node("Pad", ["x", "pads"], ["p"], mode="constant"),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["pq"]),
+             helper.make_node("DequantizeLinear", ["pq", "s", "z"], ["pd"]),
+             helper.make_node("Conv", ["pd", "w"], ["y"], group=channels, strides=[2, 2])]
+    graph = helper.make_graph(nodes, "qdq_pad", [helper.make_tensor_value_info("xq", TensorProto.UINT8, [1, channels, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [_const(k, v) for k, v in consts.items()])
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model = aicf_tvm.compile(onnx_model, cache=False)
+    convs = [k for k in model.kernels if "conv2d" in k.kind]
+    assert len(convs) == 1 and not any("pad" in k.kind for k in model.kernels), model.kernels
+    data = model.lowered[convs[0].name].params[0]  # the conv reads the unpadded 12 x 12 input
+    assert [int(d) for d in model.lowered[convs[0].name].buffer_map[data].shape] == [1, channels, 12, 12]
+    reference = ReferenceEvaluator(onnx_model)
+    for _ in range(2):
+        xq = rng.integers(0, 256, (1, channels, 12, 12)).astype(np.uint8)
+        want = reference.run(None, {"xq": xq})[0]
+        np.testing.assert_allclose(np.asarray(model(xq)), want, rtol=1e-5, atol=1e-5)
