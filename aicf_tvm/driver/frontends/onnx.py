@@ -157,7 +157,7 @@ def _own_converters() -> Iterator[None]:
 
     def ours() -> dict:
         return {**table(), "Expand": _expand_class(onnx_frontend.Expand), "Clip": _clip_class(onnx_frontend.Clip),
-                "Pad": _pad_class(onnx_frontend.Pad)}
+                "Pad": _pad_class(onnx_frontend.Pad), "MatMulInteger": _matmul_integer_class(onnx_frontend.MatMulInteger)}
 
     onnx_frontend._get_convert_map = ours
     try:
@@ -254,6 +254,41 @@ def _pad_class(base: type) -> type:
             return super()._lower_pad(bb, inputs, attr, params, allowed_modes)
 
     return Pad
+
+
+# MatMulInteger's sums of uint8 x int8 products fit int32 for K below 2^31 / (255 * 128)
+_MAX_INTEGER_K = (2**31 - 1) // (255 * 128)
+
+
+def _matmul_integer_class(base: type) -> type:
+    """``MatMulInteger`` (``quantize_dynamic``'s matmul) of uint8 data by a constant int8
+    ``[K, N]`` weight with zero point 0 as ``relax.matmul(a, b, out_dtype="int32")`` minus
+    ``a_zero_point * sum_k b[k, n]``: ONNX's ``(A - a_zp) @ B`` exactly (int32 sums of at
+    most 65793 products, no overflow; the integer kernels of
+    ``relax_passes.legalize_int8_matmul`` take it), where TVM's converter widens both
+    operands to int32 first, which no integer kernel takes. Other forms go to TVM's."""
+
+    class MatMulInteger(base):
+        @classmethod
+        def _impl_v10(cls, bb, inputs, attr, params):
+            a, b = inputs[0], inputs[1]
+            a_zp = inputs[2] if len(inputs) > 2 else None
+            b_zp = inputs[3] if len(inputs) > 3 else None
+            b_value = b.value.numpy() if isinstance(b, tvm.ir.Constant) else None
+            zero_b = b_zp is None or (isinstance(b_zp, tvm.ir.Constant) and not b_zp.value.numpy().any())
+            scalar_a_zp = a_zp is None or (getattr(a_zp.ty, "ndim", -1) in (0, 1) and
+                                          [int(d) for d in getattr(a_zp.ty.shape, "values", [0])] in ([], [1]))
+            if (b_value is None or b_value.dtype != np.int8 or b_value.ndim != 2 or str(a.ty.dtype) != "uint8"
+                    or not zero_b or not scalar_a_zp or b_value.shape[0] > _MAX_INTEGER_K):
+                return super()._impl_v10(bb, inputs, attr, params)
+            product = relax.op.matmul(a, b, out_dtype="int32")
+            if a_zp is None:
+                return product
+            sums = relax.const(b_value.astype(np.int32).sum(axis=0).astype(np.int32))
+            shift = relax.op.multiply(relax.op.astype(relax.op.reshape(a_zp, []), "int32"), sums)
+            return relax.op.subtract(product, shift)
+
+    return MatMulInteger
 
 
 def _check_ops(model: onnx.ModelProto, name: str) -> None:

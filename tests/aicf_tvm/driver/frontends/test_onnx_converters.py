@@ -124,3 +124,42 @@ def test_pad_before_a_conv_matches_onnx_runtime(pads, value, mode, kernels):
     for seed in (9, 10):
         x = np.random.default_rng(seed).standard_normal((1, 3, 10, 10)).astype(np.float32)
         np.testing.assert_allclose(np.asarray(compiled(x)), session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("a_zero_point, b_zero_point", [(131, None), (None, 0), (7, 3)])
+def test_matmul_integer_equals_onnx_reference(a_zero_point, b_zero_point):
+    """quantize_dynamic's MatMulInteger (uint8 data, constant int8 weight): the int32 sums
+    ONNX's reference computes, exactly; a weight zero point other than 0 takes TVM's converter."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(23)
+    k, n = 96, 32
+    inits = [numpy_helper.from_array(rng.integers(-128, 128, (k, n)).astype(np.int8), "b")]
+    names = ["a", "b", "", ""]
+    if a_zero_point is not None:
+        inits.append(numpy_helper.from_array(np.array(a_zero_point, np.uint8), "azp"))
+        names[2] = "azp"
+    if b_zero_point is not None:
+        inits.append(numpy_helper.from_array(np.array(b_zero_point, np.int8), "bzp"))
+        names[3] = "bzp"
+    while names and not names[-1]:
+        names.pop()
+    graph = helper.make_graph([helper.make_node("MatMulInteger", names, ["y"])], "mmi",
+                              [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 20, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    compiled = aicf_tvm.compile(model, cache=False)
+    from aicf_tvm.runtime.targets import resolve_target
+    from schedules.cpu.conv2d_int8 import has_vnni
+
+    integer = any(kernel.schedule == "VNNIMatmul" for kernel in compiled.kernels)
+    assert integer == (not b_zero_point and has_vnni(resolve_target("llvm")))
+    reference = ReferenceEvaluator(model)
+    outputs = []
+    for _ in range(2):
+        a = rng.integers(0, 256, (1, 20, k)).astype(np.uint8)
+        got = np.asarray(compiled(a))
+        np.testing.assert_array_equal(got, reference.run(None, {"a": a})[0])
+        outputs.append(got)
+    assert not np.array_equal(*outputs)
