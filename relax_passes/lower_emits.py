@@ -5,7 +5,8 @@ Runs last among our passes, on a module whose Emits are final. Final-lowering AB
 
 * a rank-0 constant port that the Emit only uses as an operand of elementwise
   arithmetic is passed as a scalar immediate (bound into a specialized copy of the
-  Emit function, one per Emit and constants bit for bit), not as a buffer: the port's
+  Emit function, one per Emit and constants bit for bit, at most ``MAX_SPECIALIZATIONS``
+  per Emit), not as a buffer: the port's
   contract gets ``scalar_view``; never where TVM's constant folding of the immediate
   would change the result or raise (``scalar_picks``);
 * ``LegalizeOps`` turns each Emit function's ops into TensorIR (conv2d in blocked
@@ -118,24 +119,42 @@ def scalar_picks(func: relax.Function, args: list[relax.Expr]) -> list[tuple[int
     return [(i, p, imm, key) for i, (p, (imm, key), _) in found.items() if i not in together]
 
 
+# Specializations of one Emit function at most: beyond, its calls pass their rank-0
+# constants as buffers and share one kernel. A QDQ model's every layer has its own
+# quantization scales: BERT-base's 72 quantized matmuls made 12x the kernels to schedule
+# and compile (45 s), for an immediate that saves one scalar load per kernel call.
+MAX_SPECIALIZATIONS = 4
+
+
 def bind_scalar_ports(mod: tvm.IRModule) -> tvm.IRModule:
     """Specialize Emit functions so rank-0 constant ports become scalar immediates; calls
-    with the same constants, bit for bit, share one specialization."""
+    with the same constants, bit for bit, share one specialization; an Emit function
+    called with more than ``MAX_SPECIALIZATIONS`` sets of constants is not specialized."""
     bb = relax.BlockBuilder(mod)
     main = mod["main"]
     specialized: dict[tuple, relax.GlobalVar] = {}
-    blocks, changed = [], False
-    for block in main.body.blocks:
-        bindings = []
-        for b in block.bindings:
+    planned: dict[tuple[int, int], tuple] = {}  # (block, binding) -> (func, emit, picks, key)
+    keys: dict[str, set] = {}
+    for bi, block in enumerate(main.body.blocks):
+        for ji, b in enumerate(block.bindings):
             v = b.value
             func = mod[v.op] if isinstance(v, relax.Call) and isinstance(v.op, relax.GlobalVar) else None
             emit = emit_of(func) if isinstance(func, relax.Function) else None
             picks = scalar_picks(func, list(v.args)) if emit is not None else []
-            if not picks:
+            if picks:
+                key = (v.op.name_hint, tuple((i, k) for i, _, _, k in picks))
+                planned[bi, ji] = (func, emit, picks, key)
+                keys.setdefault(v.op.name_hint, set()).add(key)
+    blocks, changed = [], False
+    for bi, block in enumerate(main.body.blocks):
+        bindings = []
+        for ji, b in enumerate(block.bindings):
+            v = b.value
+            plan = planned.get((bi, ji))
+            if plan is None or len(keys[v.op.name_hint]) > MAX_SPECIALIZATIONS:
                 bindings.append(b)
                 continue
-            key = (v.op.name_hint, tuple((i, k) for i, _, _, k in picks))
+            func, emit, picks, key = plan
             if key not in specialized:
                 bound = func.bind_params({p: relax.prim_value(imm) for _, p, imm, _ in picks})
                 ports = [emit.interface.inputs[i].name for i, _, _, _ in picks]

@@ -125,6 +125,37 @@ def test_scalar_specializations_are_keyed_bit_for_bit():
 
 
 @I.ir_module
+class ManyScales:
+    """One Emit (x * s + 1) called with six scales, as a QDQ model's layers each have theirs."""
+
+    @R.function
+    def main(x: R.Tensor((16,), "float32")):
+        with R.dataflow():
+            one = R.const(1.0, "float32")
+            a = R.add(R.multiply(x, R.const(0.5, "float32")), one)
+            b = R.add(R.multiply(x, R.const(0.25, "float32")), one)
+            c = R.add(R.multiply(x, R.const(3.0, "float32")), one)
+            d = R.add(R.multiply(x, R.const(-2.0, "float32")), one)
+            e = R.add(R.multiply(x, R.const(0.125, "float32")), one)
+            f = R.add(R.multiply(x, R.const(7.0, "float32")), one)
+            R.output(a, b, c, d, e, f)
+        return (a, b, c, d, e, f)
+
+
+def test_an_emit_called_with_many_constants_shares_one_kernel():
+    """Past MAX_SPECIALIZATIONS sets of constants an Emit is not specialized: its calls pass
+    the constants as buffers to one kernel, with the same values."""
+    bound = bind_scalar_ports(PropagateContracts()(LiftEmits()(ManyScales)))
+    assert not any(isinstance(f, relax.Function) and f.attrs is not None and "aicf.scalar_ports" in f.attrs
+                   for _, f in bound.functions_items())
+    compiled = aicf_tvm.compile(ManyScales, target=TARGET, cache=False)
+    assert len({k.name for k in compiled.kernels}) < len(compiled.kernels)
+    x = special_floats(np.random.default_rng(3), 16)
+    for got, want in zip(compiled(x), run_vm(ManyScales, x)):
+        assert_same_values(got, want)
+
+
+@I.ir_module
 class SignedMaxReciprocals:
     @R.function
     def main(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")):
