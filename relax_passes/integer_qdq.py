@@ -422,4 +422,5 @@ def _has_qdq(func: relax.Function) -> bool:
                for b in _bindings(func))
 
 
-__all__ = ["QDQ_INTEGER", "QConv", "constant_value", "dequantize_ops", "integer_qconv", "integer_qdq", "match_qconv", "quantize_ops"]
+__all__ = ["QDQ_INTEGER", "QConv", "constant_value", "dequantize_ops", "integer_qconv", "integer_qdq", "match_qconv",
+           "quantize_ops", "requantized_value"]

@@ -193,5 +193,6 @@ def legalize_conv2d(bb: tvm.relax.BlockBuilder, call: tvm.relax.Call) -> tvm.rel
 
 LEGALIZE_MAP = {"relax.nn.conv2d": legalize_conv2d}
 
-__all__ = ["LEGALIZE_MAP", "VNNI_DEPTH", "VNNI_LANES", "conv2d_blocked", "data_block", "is_blocked_form", "is_vnni_form",
+__all__ = ["LEGALIZE_MAP", "VNNI_DEPTH", "VNNI_LANES", "conv2d_blocked", "data_block", "is_blocked_form",
+           "is_vnni_form",
            "kernel_blocks", "legalize_conv2d"]

@@ -9,7 +9,11 @@ time by ``schedules.prepack_weights``), and::
     out[..., m, n] = sum(ko, k4) A[..., m, 4*ko + k4] * Bv[n // 16, ko, n % 16, k4]
 
 the same products as ``A @ B``, summed in int32 (exact in any order: ``integer_qdq``
-checks the sums cannot overflow). Any other matmul takes TVM's legalization.
+checks the sums cannot overflow). A row count that is no whole number of register tiles
+(ViT's 197 tokens) is computed for the rows padded with zeros (``padded_rows``), and only
+the real rows are read after: a partial tile would put a predicate on the block, which
+the kernels' tensorized instructions cannot take. Any other matmul takes TVM's
+legalization.
 """
 
 from __future__ import annotations
@@ -33,18 +37,37 @@ def is_vnni_matmul(a_dtype: str, b_dtype: str, out_dtype: str, a_shape, b_shape)
     return a_shape[-1] == k and k % VNNI_DEPTH == 0 and n % VNNI_LANES == 0
 
 
+def padded_rows(m: int) -> int:
+    """Rows the product is computed for: ``m`` rounded up to whole register tiles (8 rows)
+    or AMX blocks (32 rows from 32 on), so no tile is partial (module docstring); ``m``
+    itself when it already is, or under 8."""
+    if m < 8 or m % 8 == 0 and (m < 32 or m % 32 == 0):
+        return m
+    step = 32 if m >= 32 else 8
+    return -(-m // step) * step
+
+
 def matmul_vnni(a: te.Tensor, b: te.Tensor) -> te.Tensor:
     """The TE compute of the module docstring."""
     k, n = (int(d) for d in b.shape)
+    m = int(a.shape[-2])
+    rows = padded_rows(m)
     depth, lanes = VNNI_DEPTH, VNNI_LANES
+    if rows != m:  # rows past m are zeros; their sums are computed and never read
+        source = a
+        a = te.compute((*a.shape[:-2], rows, k), lambda *i: tvm.tirx.if_then_else(
+            i[-2] < m, source[i], tvm.tirx.const(0, source.dtype)), name="rows_padded")
     bv = te.compute((n // lanes, k // depth, lanes, depth),
                     lambda no, ko, ni, k4: b[ko * depth + k4, no * lanes + ni], name="weight_vnni")
     ko = te.reduce_axis((0, k // depth), "rko")
     k4 = te.reduce_axis((0, depth), "rk4")
-    return te.compute((*a.shape[:-1], n), lambda *idx: te.sum(
+    out = te.compute((*a.shape[:-1], n), lambda *idx: te.sum(
         a[(*idx[:-1], ko * depth + k4)].astype("int32")
         * bv[idx[-1] // lanes, ko, idx[-1] % lanes, k4].astype("int32"), axis=[ko, k4]),
         name="matmul_vnni", tag="matmul_vnni")
+    if rows == m:
+        return out
+    return te.compute((*out.shape[:-2], m, n), lambda *i: out[i], name="matmul_rows")
 
 
 def legalize_matmul(bb: tvm.relax.BlockBuilder, call: tvm.relax.Call) -> tvm.relax.Expr:
@@ -56,4 +79,4 @@ def legalize_matmul(bb: tvm.relax.BlockBuilder, call: tvm.relax.Call) -> tvm.rel
 
 LEGALIZE_MAP = {"relax.matmul": legalize_matmul}
 
-__all__ = ["LEGALIZE_MAP", "is_vnni_matmul", "legalize_matmul", "matmul_vnni"]
+__all__ = ["LEGALIZE_MAP", "is_vnni_matmul", "legalize_matmul", "matmul_vnni", "padded_rows"]

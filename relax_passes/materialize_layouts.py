@@ -93,7 +93,8 @@ _ACTIVATION_DTYPES = ("float32", "float64", "uint8", "int8", "int32")
 
 def _static_4d(expr: relax.Expr) -> tuple[int, ...] | None:
     ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.ndim != 4 or ty.shape is None or str(ty.dtype) not in _ACTIVATION_DTYPES:
+    if not isinstance(ty, relax.TensorType) or ty.ndim != 4 or ty.shape is None \
+            or str(ty.dtype) not in _ACTIVATION_DTYPES:
         return None
     dims = ty.shape.values
     return tuple(int(d) for d in dims) if all(isinstance(d, tvm.tirx.IntImm) for d in dims) else None
@@ -177,7 +178,8 @@ def _conv_form(call: relax.Call, out: tuple, lanes: int) -> Form | None:
     o, i, kh, kw = (int(d) for d in weight.ty.shape.values)
     gflop = 2.0 * out[0] * o * i * kh * kw * out[2] * out[3] / 1e9
     out_dtype = str(a.out_dtype)
-    dtypes = (str(data.ty.dtype), str(weight.ty.dtype), out_dtype if out_dtype not in ("", "void", "None") else str(data.ty.dtype))
+    unset = out_dtype in ("", "void", "None")  # the data's dtype
+    dtypes = (str(data.ty.dtype), str(weight.ty.dtype), str(data.ty.dtype) if unset else out_dtype)
     if dtypes == ("uint8", "int8", "int32"):  # the VNNI form of relax_passes.legalize_blocked_conv
         ib, ob = channel_block(x[1], lanes), channel_block(o, lanes)
         ok = int(a.groups) == 1 and ib is not None and is_vnni_form(*dtypes, 1, ib, ob or 0)

@@ -186,7 +186,13 @@ def onnx_file(model: Model, work: Path) -> Path:
 def quantized_file(model: Model, work: Path, dynamic: bool) -> Path:
     """The model's ONNX file quantized as a user does it with ONNX Runtime (module docstring)."""
     import torch
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
 
     source = onnx_file(model, work)
     path = work / f"{model.name}-{'dynamic' if dynamic else 'qdq'}.onnx"
@@ -287,7 +293,8 @@ def ours(model: Model, threads: int, work: Path, database: str | None = None, bu
     import aicf_tvm
 
     # with --int8, the quantized ONNX file (model_file); else the module from_torch imports
-    mod = str(model_file(model, work)) if model_file is not onnx_file else aicf_tvm.from_torch(model.module, model.inputs)
+    quantized = model_file is not onnx_file
+    mod = str(model_file(model, work)) if quantized else aicf_tvm.from_torch(model.module, model.inputs)
     # cache=False: each build compiled (its compile seconds reported), none loaded from the cache
     compiled = [aicf_tvm.compile(mod, target="llvm", database=database, cache=False) for _ in range(builds)]
     args = _numpy(model)
@@ -478,7 +485,8 @@ def main() -> None:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_peers_"))
     work.mkdir(parents=True, exist_ok=True)
     target = describe(resolve_target("llvm"))
-    print(("int8 (ONNX Runtime's quantization); " if args.int8 else "") + f"target {target}; peers with {args.threads} thread(s); "
+    mode = "int8 (ONNX Runtime's quantization); " if args.int8 else ""
+    print(mode + f"target {target}; peers with {args.threads} thread(s); "
           f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}; aicf_tvm {aicf_tvm.__file__}")
     results: dict[str, dict] = {}
     ratios: dict[str, list[float]] = {}

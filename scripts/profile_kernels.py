@@ -66,7 +66,8 @@ def main() -> None:
                         help="also time each kernel's calls inside the model (module docstring)")
     parser.add_argument("--runs", type=int, default=15, help="model calls timed with --in-model")
     args = parser.parse_args()
-    compiled = aicf_tvm.compile(resolve(args.model, args.seq), target=args.target, cache=False)  # the stages, not a cached library
+    # cache=False: the compile's stages (a library from the cache has none)
+    compiled = aicf_tvm.compile(resolve(args.model, args.seq), target=args.target, cache=False)
     calls = collections.Counter(kernel_calls(compiled.lowered["main"]))
     kinds = {k.name: (k.kind, k.schedule) for k in compiled.kernels}
     device = tvm.cpu()

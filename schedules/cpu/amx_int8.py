@@ -98,13 +98,14 @@ def _intrinsic(k: int) -> str:
                 cfg[16 + 2 * t] = T.uint8(64)
                 cfg[48 + t] = T.uint8(TILE)
             T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(cfg[0])))
+            ldc = T.Cast("int64", sc * 4)  # bytes per row of the int32 accumulator
             # tile numbers are immediates: every call spelled out. C tiles 0-3 (rows t // 2,
             # columns t % 2), A tiles 4-5 (rows), B tiles 6-7 (columns)
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(0), T.address_of(c[0, 0]), T.Cast("int64", sc * 4)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(1), T.address_of(c[0, TILE]), T.Cast("int64", sc * 4)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(2), T.address_of(c[TILE, 0]), T.Cast("int64", sc * 4)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(0), T.address_of(c[0, 0]), ldc))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(1), T.address_of(c[0, TILE]), ldc))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(2), T.address_of(c[TILE, 0]), ldc))
             T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(3), T.address_of(c[TILE, TILE]),
-                                          T.Cast("int64", sc * 4)))
+                                          ldc))
             for ko in range(k // K_STEP):
                 T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(4),
                                               T.address_of(a[0, ko * K_STEP]), T.Cast("int64", sa)))
@@ -118,11 +119,11 @@ def _intrinsic(k: int) -> str:
                 T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbusd", T.int8(1), T.int8(4), T.int8(7)))
                 T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbusd", T.int8(2), T.int8(5), T.int8(6)))
                 T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbusd", T.int8(3), T.int8(5), T.int8(7)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(0), T.address_of(c[0, 0]), T.Cast("int64", sc * 4)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(1), T.address_of(c[0, TILE]), T.Cast("int64", sc * 4)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(2), T.address_of(c[TILE, 0]), T.Cast("int64", sc * 4)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(0), T.address_of(c[0, 0]), ldc))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(1), T.address_of(c[0, TILE]), ldc))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(2), T.address_of(c[TILE, 0]), ldc))
             T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(3), T.address_of(c[TILE, TILE]),
-                                          T.Cast("int64", sc * 4)))
+                                          ldc))
 
     TensorIntrin.register(name, desc, impl, override=True)
     _REGISTERED.add(name)
@@ -189,7 +190,7 @@ def with_permission(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return func.with_body(tirx.SeqStmt([check, func.body]))
 
 
-def AMXPermission(target: Target | None = None) -> tvm.transform.Pass:  # noqa: N802 - a TVM pass
+def AMXPermission(target: Target | None = None) -> tvm.transform.Pass:
     """PrimFunc pass applying ``with_permission`` (after lowering: the body is no block)."""
     return llvm_prim_func_pass(with_permission, target, "AMXPermission")
 

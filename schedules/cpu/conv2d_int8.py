@@ -35,7 +35,7 @@ from tvm.target import Target
 from aicf_tvm.core.options import CompileOptions, options_or_default
 
 from .amx_int8 import amx_fits, has_amx_int8, schedule_amx_matmul
-from .common import _has_feature, loop_extent, num_cores, vector_registers
+from .common import _has_feature, loop_extent, vector_registers
 from .conv2d_blocked import (
     ConvPlan,
     _place_epilogue,
@@ -141,7 +141,8 @@ def vnni_matmul_block(sch: s_tir.Schedule) -> SBlockRV | None:
     if len(stmt.reads) != 2 or len(stmt.writes) != 1 or str(stmt.writes[0].source.dtype) != "int32":
         return None
     dtypes = sorted(str(r.source.dtype) for r in stmt.reads)
-    if dtypes != ["int8", "uint8"] or int(stmt.iter_vars[-1].dom.extent) != 4 or int(stmt.iter_vars[-3].dom.extent) % 16:
+    if dtypes != ["int8", "uint8"] or int(stmt.iter_vars[-1].dom.extent) != 4 \
+            or int(stmt.iter_vars[-3].dom.extent) % 16:
         return None
     return main
 
@@ -161,9 +162,12 @@ def schedule_vnni_matmul(sch: s_tir.Schedule, main: SBlockRV, target: Target,
     blocks = int(stmt.iter_vars[-3].dom.extent) // 16
     vb, wb = register_tile(blocks, row_count, 1, vector_registers(target),
                            options_or_default(options).conv_register_tile)
+    # rows that divide the count: a partial last tile would put a predicate on the block,
+    # which tensorize cannot match (197 tokens, a prime, take one row per tile)
+    wb = max(d for d in range(1, wb + 1) if row_count % d == 0)
     no, ni = sch.split(n, [None, 16])
     noo, noi = sch.split(no, [None, vb])
-    mo, mi = _split_columns(sch, rows, row_count, wb)
+    mo, mi = sch.split(rows, [None, wb])
     sch.reorder(noo, mo, ko, mi, noi, ni, k4)
     _place_epilogue(sch, main, mo)
     sch.parallel(sch.fuse(noo, mo))
@@ -220,4 +224,5 @@ class VNNIConv2d(CPUScheduleRule):
         return [sch] if tunable else sch
 
 
-__all__ = ["VNNIConv2d", "VNNIMatmul", "has_vnni", "schedule_vnni_matmul", "vnni_matmul_block", "schedule_vnni", "vnni_conv_block", "vnni_plan"]
+__all__ = ["VNNIConv2d", "VNNIMatmul", "has_vnni", "schedule_vnni", "schedule_vnni_matmul", "vnni_conv_block",
+           "vnni_matmul_block", "vnni_plan"]

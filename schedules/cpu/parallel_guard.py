@@ -34,8 +34,8 @@ from tvm import s_tir, tirx
 from tvm.ir import Expr
 from tvm.target import Target
 
-from .common import MIN_PARALLEL_WORK
 from .amx_int8 import AMXPermission
+from .common import MIN_PARALLEL_WORK
 from .gemm_prefetch import PrefetchNextPanel
 from .index_forms import FoldNestedMods, after_opaque_blocks, opaque_blocks
 from .llvm_pass import llvm_prim_func_pass

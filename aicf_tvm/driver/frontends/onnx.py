@@ -157,7 +157,8 @@ def _own_converters() -> Iterator[None]:
 
     def ours() -> dict:
         return {**table(), "Expand": _expand_class(onnx_frontend.Expand), "Clip": _clip_class(onnx_frontend.Clip),
-                "Pad": _pad_class(onnx_frontend.Pad), "MatMulInteger": _matmul_integer_class(onnx_frontend.MatMulInteger)}
+                "Pad": _pad_class(onnx_frontend.Pad),
+                "MatMulInteger": _matmul_integer_class(onnx_frontend.MatMulInteger)}
 
     onnx_frontend._get_convert_map = ours
     try:
