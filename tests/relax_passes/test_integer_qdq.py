@@ -18,6 +18,7 @@ import aicf_tvm
 from aicf_tvm.core.options import CompileOptions
 from aicf_tvm.runtime.targets import resolve_target
 from relax_passes.integer_qdq import QDQ_INTEGER
+from relax_passes.legalize_int8_matmul import padded_rows
 from schedules.cpu.amx_int8 import has_amx_int8
 from schedules.cpu.conv2d_int8 import has_vnni
 
@@ -230,7 +231,8 @@ def _qdq_matmul(rng: np.random.Generator, rows: int, k: int, n: int) -> tuple[on
 
 
 @needs_vnni
-@pytest.mark.parametrize("rows, k, n", [(24, 64, 48), (64, 192, 96)])  # VNNI; whole AMX blocks where the CPU has AMX
+# VNNI; whole AMX blocks where the CPU has AMX; rows padded to whole tiles (13 -> 16, 37 -> 64: AMX)
+@pytest.mark.parametrize("rows, k, n", [(24, 64, 48), (64, 192, 96), (13, 64, 32), (37, 128, 32)])
 def test_a_qdq_matmul_runs_in_integers_and_equals_qlinear_matmul(rows, k, n):
     rng = np.random.default_rng(13)
     qdq, qlinear = _qdq_matmul(rng, rows, k, n)
@@ -238,7 +240,7 @@ def test_a_qdq_matmul_runs_in_integers_and_equals_qlinear_matmul(rows, k, n):
     assert [d.accepted for d in model.report.decisions if d.candidate == QDQ_INTEGER] == [True]
     assert any(k.schedule == "VNNIMatmul" for k in model.kernels), [k.schedule for k in model.kernels]
     tiles = "tdpbusd" in str(model.lowered)
-    assert tiles == (rows % 32 == 0 and has_amx_int8(resolve_target("llvm"))), tiles
+    assert tiles == (padded_rows(rows) % 32 == 0 and has_amx_int8(resolve_target("llvm"))), tiles
     reference = ReferenceEvaluator(qlinear)
     outputs = []
     for _ in range(2):
