@@ -32,8 +32,9 @@ Rewritten only when the integer form is the QLinearConv of the graph's values:
 
 * ``xq`` uint8 with scalar ``sx``, ``zx``; ``wq`` an int8 constant with scale per tensor
   or per output channel and zero point 0; ``sy``, ``zy`` scalars; bias (optional) an
-  int32 constant dequantized with zero point 0 by exactly ``float32(sx * sw)`` (else
-  the bias would not be an integer of the sum's scale);
+  int32 constant dequantized with zero point 0 by exactly ``float32(sx * sw)``, added to
+  the sums; a constant bias of another scale (GPT-2's Gemms) is added in the float64
+  rescale as ``bias / sy``, before the rounding;
 * NCHW / OIHW, one group, channels that block for the VNNI kernel (input a multiple of 8,
   output of 16); a matmul's ``K`` a multiple of 4 and ``N`` of 16;
 * padding only when ``zx == 0`` (the kernel pads with integer 0, which is real 0 only
@@ -166,6 +167,7 @@ class QConv:
     out_dtype: str
     relu: bool
     members: tuple[str, ...]
+    float_bias: np.ndarray | None = None  # [O] float64: a bias of another scale than the sums'
 
     @property
     def is_matmul(self) -> bool:
@@ -235,6 +237,7 @@ def match_qconv(quant: relax.Call, var2val: dict, uses: dict) -> tuple[QConv | N
     if not matmul and any(int(p) for p in a.padding) and zx != 0:
         return None, "padded input with a nonzero zero point"
     bias = np.zeros(channels, np.int64)
+    float_bias = None
     if bias_expr is not None:
         dq_b = _producer(bias_expr, var2val, _RESHAPE)
         dq_b = _producer(dq_b.args[0], var2val, _DEQUANTIZE) if dq_b is not None else _producer(
@@ -244,13 +247,16 @@ def match_qconv(quant: relax.Call, var2val: dict, uses: dict) -> tuple[QConv | N
         zb = _value(dq_b.args[2], var2val) if dq_b is not None else None
         if bq is None or bq.dtype != np.int32 or bq.size != channels or sb is None or np.any(zb != 0):
             return None, "bias not a dequantized int32 constant per output channel"
-        if not np.array_equal(np.broadcast_to(sb.astype(np.float32).reshape(-1), (channels,)),
-                              np.float32(sx) * sw):
-            return None, "bias scale is not input scale x weight scale"
-        bias = bq.astype(np.int64).reshape(-1)
+        if np.array_equal(np.broadcast_to(sb.astype(np.float32).reshape(-1), (channels,)), np.float32(sx) * sw):
+            bias = bq.astype(np.int64).reshape(-1)
+        else:  # not an integer of the sums' scale: added in the float64 rescale, as its float value
+            float_bias = _value(bias_expr, var2val)
+            if float_bias is None or float_bias.size != channels:
+                return None, "bias not a constant per output channel"
+            float_bias = float_bias.astype(np.float64).reshape(-1)
     names = tuple(m.name for m in reversed(members))
     return QConv(conv, xq, int(zx), float(sx), wq, sw, bias, float(sy), int(zy), out_dtype, relu is not None,
-                 names), ""
+                 names, float_bias), ""
 
 
 def _fits_int32(q: QConv) -> bool:
@@ -273,6 +279,9 @@ def integer_qconv(bb: relax.BlockBuilder, q: QConv) -> relax.Expr:
     scale = (np.float32(q.sx) * q.sw / np.float32(q.sy)).astype(np.float64)  # float32 steps, as ONNX's reference
     scaled = bb.emit(relax.op.multiply(relax.op.astype(acc, "float64"),
                                        relax.const(scale.reshape(q.channel_shape()), "float64")))
+    if q.float_bias is not None:  # the bias in units of the output scale, added before the rounding
+        shift = q.float_bias / np.float64(np.float32(q.sy))
+        scaled = bb.emit(relax.op.add(scaled, relax.const(shift.reshape(q.channel_shape()), "float64")))
     lo, hi = _RANGES[q.out_dtype]
     lo = max(lo, q.zy) if q.relu else lo
     clipped = bb.emit(relax.op.clip(relax.op.round(scaled), lo - q.zy, hi - q.zy))
@@ -374,7 +383,9 @@ class _Rewriter(relax.PyExprMutator):
                 q, reason = None, "an int32 sum could overflow"
             if q is not None:
                 self._record(q.members + (binding.var.name,), True,
-                             "integer conv as QLinearConv: int32 sums, one rescale, round half to even")
+                             "integer conv as QLinearConv: int32 sums, one rescale, round half to even"
+                             + ("; its bias (not of the sums' scale) added as float64 before the rounding"
+                                if q.float_bias is not None else ""))
                 xq = self.visit_expr(q.xq)
                 new = integer_qconv(self.builder_, QConv(**{**q.__dict__, "xq": xq}))
                 self._bind(binding, new)

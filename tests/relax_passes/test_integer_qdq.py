@@ -302,3 +302,34 @@ def test_a_requantized_pad_is_the_pad_and_folds_into_the_convolution():
         xq = rng.integers(0, 256, (1, channels, 12, 12)).astype(np.uint8)
         want = reference.run(None, {"xq": xq})[0]
         np.testing.assert_allclose(np.asarray(model(xq)), want, rtol=1e-5, atol=1e-5)
+
+
+@needs_vnni
+def test_a_bias_of_another_scale_is_added_before_the_rounding():
+    """MatMul + a bias dequantized by its own scale (not the sums'): integer sums, the bias
+    added in the float64 rescale; within one unit of the float graph, equal almost everywhere."""
+    rng = np.random.default_rng(29)
+    k, n = 64, 32
+    consts = {"wq": rng.integers(-127, 128, (k, n)).astype(np.int8), "sw": np.float32(0.004), "zw": np.int8(0),
+              "sx": np.float32(0.02), "zx": np.uint8(120), "sy": np.float32(0.06), "zy": np.uint8(128),
+              "bq": rng.integers(-3000, 3000, n).astype(np.int32), "sb": np.float32(0.0007), "zb": np.int32(0)}
+    nodes = [helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["x"]),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["w"]),
+             helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["b"]),
+             helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["y"]),
+             helper.make_node("QuantizeLinear", ["y", "sy", "zy"], ["yq"])]
+    graph = helper.make_graph(nodes, "qdq_bias", [helper.make_tensor_value_info("xq", TensorProto.UINT8, [1, 16, k])],
+                              [helper.make_tensor_value_info("yq", TensorProto.UINT8, None)],
+                              [_const(name, value) for name, value in consts.items()])
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model = aicf_tvm.compile(onnx_model, cache=False)
+    taken = [d for d in model.report.decisions if d.candidate == QDQ_INTEGER]
+    assert [d.accepted for d in taken] == [True] and "bias" in taken[0].note
+    reference = ReferenceEvaluator(onnx_model)
+    for _ in range(2):
+        xq = rng.integers(0, 256, (1, 16, k)).astype(np.uint8)
+        want = reference.run(None, {"xq": xq})[0].astype(int)
+        got = np.asarray(model(xq)).astype(int)
+        assert 0 < np.count_nonzero((want != 0) & (want != 255))
+        assert np.abs(got - want).max() <= 1 and np.mean(got == want) > 0.98
