@@ -63,7 +63,7 @@ from .common import (
     vector_registers,
 )
 from .depthwise import rows_per_task
-from .gemm_blocks import find_reduction_block, inline_consumers, schedule_injective
+from .gemm_blocks import inline_consumers, schedule_injective, static_reduction_block
 
 
 # Vector registers a register tile leaves free beside its accumulators and one weight
@@ -81,15 +81,11 @@ _CACHE_BYTES = 1 << 20
 
 def blocked_conv_block(sch: s_tir.Schedule) -> tuple[SBlockRV, bool] | None:
     """(conv block, is depthwise) when the PrimFunc is a blocked conv2d, else None."""
-    main = find_reduction_block(sch)
-    if main is None:
+    found = static_reduction_block(sch)
+    if found is None or found[1] not in ("SSSSSRR", "SSSSSRRR", "SSSSSRRRR"):
         return None
+    main, kinds = found
     stmt = sch.get(main)
-    kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in stmt.iter_vars)
-    if kinds not in ("SSSSSRR", "SSSSSRRR", "SSSSSRRRR"):
-        return None
-    if not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
-        return None
     if len(stmt.reads) != 2 or len(stmt.writes) != 1 or len(stmt.writes[0].region) != 5:
         return None
     out = stmt.writes[0].region

@@ -43,7 +43,7 @@ from .conv2d_blocked import (
     register_tile,
     rows_outermost,
 )
-from .gemm_blocks import find_reduction_block, mark_prepack, schedule_injective
+from .gemm_blocks import mark_prepack, schedule_injective, static_reduction_block
 
 VNNI_INTRIN = "aicf_dot_16x4_u8i8i32_vnni_local"
 
@@ -85,21 +85,21 @@ def has_vnni(target: Target) -> bool:
     return _has_feature(target, "avx512vnni") and _has_feature(target, "avx512bw")
 
 
+def _int8_reads(stmt: s_tir.SBlock) -> bool:
+    """Two reads, uint8 and int8, and one int32 write."""
+    return (len(stmt.reads) == 2 and len(stmt.writes) == 1 and str(stmt.writes[0].source.dtype) == "int32"
+            and sorted(str(r.source.dtype) for r in stmt.reads) == ["int8", "uint8"])
+
+
 def vnni_conv_block(sch: s_tir.Schedule) -> SBlockRV | None:
     """The conv block of a VNNI-form blocked conv2d PrimFunc, else None."""
-    main = find_reduction_block(sch)
-    if main is None:
+    found = static_reduction_block(sch)
+    if found is None or found[1] != "SSSSSRRRRR":
         return None
-    stmt = sch.get(main)
-    kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in stmt.iter_vars)
-    if kinds != "SSSSSRRRRR" or not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
+    stmt = sch.get(found[0])
+    if not _int8_reads(stmt) or int(stmt.iter_vars[4].dom.extent) != 16 or int(stmt.iter_vars[9].dom.extent) != 4:
         return None
-    if len(stmt.reads) != 2 or len(stmt.writes) != 1 or str(stmt.writes[0].source.dtype) != "int32":
-        return None
-    dtypes = sorted(str(r.source.dtype) for r in stmt.reads)
-    if dtypes != ["int8", "uint8"] or int(stmt.iter_vars[4].dom.extent) != 16 or int(stmt.iter_vars[9].dom.extent) != 4:
-        return None
-    return main
+    return found[0]
 
 
 def vnni_plan(sch: s_tir.Schedule, main: SBlockRV, target: Target, options: CompileOptions | None = None) -> ConvPlan:
@@ -130,21 +130,13 @@ def schedule_vnni(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: Con
 def vnni_matmul_block(sch: s_tir.Schedule) -> SBlockRV | None:
     """The matmul block of a ``legalize_int8_matmul`` PrimFunc (``[..., M, N]`` over
     ``(ko, k4)``), else None."""
-    main = find_reduction_block(sch)
-    if main is None:
+    found = static_reduction_block(sch)
+    if found is None or not found[1].endswith("SSRR") or "R" in found[1][:-2]:
         return None
-    stmt = sch.get(main)
-    kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in stmt.iter_vars)
-    if not kinds.endswith("SSRR") or "R" in kinds[:-2] or not all(
-            isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
+    stmt = sch.get(found[0])
+    if not _int8_reads(stmt) or int(stmt.iter_vars[-1].dom.extent) != 4 or int(stmt.iter_vars[-3].dom.extent) % 16:
         return None
-    if len(stmt.reads) != 2 or len(stmt.writes) != 1 or str(stmt.writes[0].source.dtype) != "int32":
-        return None
-    dtypes = sorted(str(r.source.dtype) for r in stmt.reads)
-    if dtypes != ["int8", "uint8"] or int(stmt.iter_vars[-1].dom.extent) != 4 \
-            or int(stmt.iter_vars[-3].dom.extent) % 16:
-        return None
-    return main
+    return found[0]
 
 
 def schedule_vnni_matmul(sch: s_tir.Schedule, main: SBlockRV, target: Target,
@@ -178,50 +170,57 @@ def schedule_vnni_matmul(sch: s_tir.Schedule, main: SBlockRV, target: Target,
     sch.tensorize(ni, VNNI_INTRIN)
 
 
-class VNNIMatmul(CPUScheduleRule):
+class _VNNIRule(CPUScheduleRule):
+    """A rule for an int8 kernel on a target with AVX-512 VNNI: ``find`` the block, then
+    ``schedule`` it; None for anything else."""
+
+    def __init__(self, options: CompileOptions | None = None) -> None:
+        self.options = options
+
+    def find(self, sch: s_tir.Schedule) -> SBlockRV | None:
+        raise NotImplementedError
+
+    def schedule(self, sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
+        raise NotImplementedError
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target) or not has_vnni(target):
+            return None
+        try:
+            sch = s_tir.Schedule(func)
+            main = self.find(sch)
+            if main is None:
+                return None
+            self.schedule(sch, main, target)
+        except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
+            return None
+        return [sch] if tunable else sch
+
+
+class VNNIMatmul(_VNNIRule):
     """The int8 matmul on a target with AVX-512 VNNI, on AMX tiles where the target has them
     and the shape takes whole 32 x 32 x 64 blocks (``amx_int8``); None for anything else."""
 
-    def __init__(self, options: CompileOptions | None = None) -> None:
-        self.options = options
+    def find(self, sch: s_tir.Schedule) -> SBlockRV | None:
+        return vnni_matmul_block(sch)
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target) or not has_vnni(target):
-            return None
-        try:
-            sch = s_tir.Schedule(func)
-            main = vnni_matmul_block(sch)
-            if main is None:
-                return None
-            *_, m, n, ko, _ = (int(iv.dom.extent) for iv in sch.get(main).iter_vars)
-            rows = m * math.prod(int(iv.dom.extent) for iv in sch.get(main).iter_vars[:-4])
-            if has_amx_int8(target) and amx_fits(rows, n, 4 * ko):
-                schedule_amx_matmul(sch, main)
-            else:
-                schedule_vnni_matmul(sch, main, target, self.options)
-        except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
-            return None
-        return [sch] if tunable else sch
+    def schedule(self, sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
+        *_, m, n, ko, _ = (int(iv.dom.extent) for iv in sch.get(main).iter_vars)
+        rows = m * math.prod(int(iv.dom.extent) for iv in sch.get(main).iter_vars[:-4])
+        if has_amx_int8(target) and amx_fits(rows, n, 4 * ko):
+            schedule_amx_matmul(sch, main)
+        else:
+            schedule_vnni_matmul(sch, main, target, self.options)
 
 
-class VNNIConv2d(CPUScheduleRule):
+class VNNIConv2d(_VNNIRule):
     """The int8 blocked conv2d on a target with AVX-512 VNNI; None for anything else."""
 
-    def __init__(self, options: CompileOptions | None = None) -> None:
-        self.options = options
+    def find(self, sch: s_tir.Schedule) -> SBlockRV | None:
+        return vnni_conv_block(sch)
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target) or not has_vnni(target):
-            return None
-        try:
-            sch = s_tir.Schedule(func)
-            main = vnni_conv_block(sch)
-            if main is None:
-                return None
-            schedule_vnni(sch, main, target, vnni_plan(sch, main, target, self.options))
-        except (RuntimeError, ValueError):  # ScheduleError / InternalError: not our shape
-            return None
-        return [sch] if tunable else sch
+    def schedule(self, sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
+        schedule_vnni(sch, main, target, vnni_plan(sch, main, target, self.options))
 
 
 __all__ = ["VNNIConv2d", "VNNIMatmul", "has_vnni", "schedule_vnni", "schedule_vnni_matmul", "vnni_conv_block",

@@ -34,7 +34,7 @@ from tvm.sym.pattern import detect_linear_equation
 from tvm.target import Target
 
 from .common import TASKS_PER_CORE, float32_lanes, loop_extent, num_cores, vector_registers
-from .gemm_blocks import find_reduction_block, inline_consumers
+from .gemm_blocks import inline_consumers, static_reduction_block
 
 # Widest output row kept as one vector expression (8 AVX-512 vectors); wider rows take the
 # im2col rule.  The row's vectors and a broadcast weight must also fit the registers: 14
@@ -44,13 +44,11 @@ _MAX_ROW_FLOATS = 128
 
 def depthwise_block(sch: s_tir.Schedule) -> SBlockRV | None:
     """The conv block when the PrimFunc is an NCHW depthwise convolution, else None."""
-    main = find_reduction_block(sch)
-    if main is None:
+    found = static_reduction_block(sch)
+    if found is None or found[1] != "SSSSRRR":
         return None
+    main = found[0]
     stmt = sch.get(main)
-    kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in stmt.iter_vars)
-    if kinds != "SSSSRRR" or not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
-        return None
     if int(stmt.iter_vars[4].dom.extent) != 1:  # more than one input channel per output
         return None
     if len(stmt.reads) != 2 or len(stmt.writes) != 1 or len(stmt.writes[0].region) != 4:

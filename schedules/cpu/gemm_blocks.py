@@ -36,6 +36,18 @@ def find_reduction_block(sch: s_tir.Schedule) -> SBlockRV | None:
     return found
 
 
+def static_reduction_block(sch: s_tir.Schedule) -> tuple[SBlockRV, str] | None:
+    """The single reduction block (``find_reduction_block``) and its iterators' kinds
+    (``"SSRR"``: spatial, reduction), when every extent is a constant; else None."""
+    main = find_reduction_block(sch)
+    if main is None:
+        return None
+    stmt = sch.get(main)
+    if not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
+        return None
+    return main, "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in stmt.iter_vars)
+
+
 def _transitive(sch: s_tir.Schedule, block: SBlockRV, step) -> list[SBlockRV]:
     out: list[SBlockRV] = []
     for nxt in step(block):
