@@ -165,8 +165,8 @@ def _nchw_call(value: relax.Call, args: list, channels: int) -> relax.Call | Non
     if name == "relax.matmul":
         weight = value.args[1].value.numpy()
         kernel = np.ascontiguousarray(weight.T.reshape(weight.shape[1], weight.shape[0], 1, 1))
-        return relax.op.nn.conv2d(args[0], relax.const(kernel))
-    fixed = [relax.const(a.value.numpy().reshape(1, channels, 1, 1)) if isinstance(a, tvm.ir.Constant)
+        return relax.op.nn.conv2d(args[0], relax.const(kernel, str(kernel.dtype)))  # float64 stays float64
+    fixed = [relax.const(a.value.numpy().reshape(1, channels, 1, 1), str(a.ty.dtype)) if isinstance(a, tvm.ir.Constant)
              and _dims(a) and _dims(a)[-1] == channels and channels > 1 else a for a in args]
     return relax.Call(value.op, fixed, value.attrs, value.ty_args)
 

@@ -185,15 +185,17 @@ def _combine(bb: relax.BlockBuilder, block: relax.DataflowBlock, uses: dict) -> 
     dropped: set = set()
     for branches in groups:
         lead = branches[0].matmul
-        weight = relax.const(np.concatenate([br.weight for br in branches], axis=-1))
+        weight = np.concatenate([br.weight for br in branches], axis=-1)
+        weight = relax.const(weight, str(weight.dtype))  # relax.const makes float64 float32
         y = bb.normalize(relax.op.matmul(lead.value.args[0], weight, out_dtype=lead.value.attrs.out_dtype))
         y_var = relax.DataflowVar(f"{lead.var.name}_combined", y.ty)
         new = [relax.VarBinding(y_var, y)]
         if any(br.bias is not None for br in branches):
             # -0.0 where a branch has no bias: x + (-0.0) is x for every float, -0.0 and NaN included
-            bias = relax.const(np.concatenate([
+            bias = np.concatenate([
                 br.bias_value if br.bias is not None else np.full(br.weight.shape[1], -0.0, br.weight.dtype)
-                for br in branches]))
+                for br in branches])
+            bias = relax.const(bias, str(bias.dtype))
             added = bb.normalize(relax.op.add(y_var, bias))
             y_var = relax.DataflowVar(f"{lead.var.name}_combined_bias", added.ty)
             new.append(relax.VarBinding(y_var, added))

@@ -36,7 +36,7 @@ def _plain(call: relax.Call) -> bool:
 def _with_height(weight: relax.Expr) -> relax.Expr:
     """``weight [O, I, K]`` as ``[O, I, 1, K]``."""
     if isinstance(weight, tvm.ir.Constant):
-        return relax.const(weight.value.numpy()[:, :, None, :])
+        return relax.const(weight.value.numpy()[:, :, None, :], str(weight.ty.dtype))  # float64 stays float64
     return relax.op.expand_dims(weight, [2])
 
 
@@ -93,7 +93,7 @@ def _bias_rewrite():
         if not _per_channel(value, channels):
             return expr
         value = value.reshape(1, channels, 1, 1) if value.size == channels else value.reshape(())
-        return relax.op.reshape(relax.op.add(four, relax.const(value)), list(out.ty.shape))
+        return relax.op.reshape(relax.op.add(four, relax.const(value, str(value.dtype))), list(out.ty.shape))
 
     return pattern, rewrite
 

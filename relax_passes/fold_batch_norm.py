@@ -93,8 +93,9 @@ def _fold_rewrite():
         if found is None:
             return expr
         w, t = found
-        folded = relax.Call(call.op, [matches[data], relax.const(w)], call.attrs)
-        return relax.op.add(folded, relax.const(t))
+        # dtypes given: relax.const makes a float64 array float32
+        folded = relax.Call(call.op, [matches[data], relax.const(w, str(w.dtype))], call.attrs)
+        return relax.op.add(folded, relax.const(t, str(t.dtype)))
 
     return TupleGetItemPattern(bn, 0), rewrite
 
