@@ -61,6 +61,7 @@ constants: ``relax_passes.narrow_constants``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,6 +92,18 @@ def _linear(expr: relax.Expr, var2val: dict) -> relax.Call | None:
     return conv if conv is not None else _producer(expr, var2val, _MATMUL)
 
 
+def _along_axis(ndim: int, axis: int, scale: np.ndarray, zero: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """A quantization's scale and zero point shaped to broadcast against data of ``ndim``
+    dims: a scalar as rank 0, a vector along ``axis``; None for a vector and rank-0 data."""
+    count = max(scale.size, zero.size)
+    if count > 1 and ndim == 0:
+        return None
+    shape = [1] * ndim
+    if count > 1:
+        shape[axis % ndim] = count
+    return scale.reshape(shape if scale.size > 1 else ()), zero.reshape(shape if zero.size > 1 else ())
+
+
 def _value(expr: relax.Expr, var2val) -> np.ndarray | None:
     """The numpy value of a constant, a dequantize or quantize of constants or a reshape
     of one (as TVM's legalization computes them); else None. ``var2val``: a dict, or a
@@ -117,12 +130,10 @@ def _value(expr: relax.Expr, var2val) -> np.ndarray | None:
     if any(p is None for p in parts) or parts[1].dtype != np.float32:
         return None
     data, scale, zero = parts
-    axis = int(expr.attrs.axis) % max(data.ndim, 1)
-    shape = [1] * data.ndim
-    if max(scale.size, zero.size) > 1:
-        shape[axis] = max(scale.size, zero.size)
-    scale = scale.reshape(shape if scale.size > 1 else ())
-    zero = zero.reshape(shape if zero.size > 1 else ())
+    params = _along_axis(data.ndim, int(expr.attrs.axis), scale, zero)
+    if params is None:
+        return None
+    scale, zero = params
     out = str(expr.attrs.out_dtype)
     if expr.op.same_as(_DEQUANTIZE):
         if out != "float32":
@@ -348,13 +359,10 @@ def _qdq_ops(call: relax.Call, var2val: dict, zero_dtype: str, make) -> relax.Ex
     scale, zero = (_value(a, var2val) for a in call.args[1:])
     if scale is None or zero is None or scale.dtype != np.float32:
         return None
-    shape = [1] * data.ty.ndim
-    if max(scale.size, zero.size) > 1:
-        if data.ty.ndim == 0:
-            return None
-        shape[int(call.attrs.axis) % data.ty.ndim] = max(scale.size, zero.size)
-    scale = scale.reshape(shape if scale.size > 1 else ())
-    zero = zero.reshape(shape if zero.size > 1 else ())
+    params = _along_axis(data.ty.ndim, int(call.attrs.axis), scale, zero)
+    if params is None:
+        return None
+    scale, zero = params
     return make(data, relax.const(scale), relax.const(zero.astype(zero_dtype)))
 
 
@@ -387,7 +395,7 @@ class _Rewriter(relax.PyExprMutator):
                              + ("; its bias (not of the sums' scale) added as float64 before the rounding"
                                 if q.float_bias is not None else ""))
                 xq = self.visit_expr(q.xq)
-                new = integer_qconv(self.builder_, QConv(**{**q.__dict__, "xq": xq}))
+                new = integer_qconv(self.builder_, dataclasses.replace(q, xq=xq))
                 self._bind(binding, new)
                 return
             if reason not in ("not a convolution",):
