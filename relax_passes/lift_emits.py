@@ -178,7 +178,7 @@ class _Lifter(PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
-        if not (self.in_dataflow and is_liftable(call)):
+        if not (self.in_dataflow and is_liftable(call)) or self._calls_scheduled_kernel(call):
             return call
         key = _signature_key(call)
         if key not in self.cache:
@@ -196,6 +196,18 @@ class _Lifter(PyExprMutator):
         args = flat_tensor_args(call)
         tir_vars = self.tir_vars[key]
         return relax.Call(gv, [*args, relax.ShapeExpr(tir_vars)] if tir_vars else args)
+
+
+    def _calls_scheduled_kernel(self, call: relax.Call) -> bool:
+        """A ``call_tir`` of a PrimFunc written and scheduled by hand (``tirx.is_scheduled``:
+        ``relax_passes.linear_int4``'s kernels) stays as it is: no Emit could fuse it (its
+        body is no block ``FuseTIR`` can merge)."""
+        if call.op.name != "relax.call_tir" or not isinstance(call.args[0], relax.GlobalVar):
+            return False
+        mod = self.builder_.get()
+        func = mod[call.args[0]] if call.args[0] in mod.get_global_vars() else None
+        return isinstance(func, tirx.PrimFunc) and bool(func.attrs is not None
+                                                       and func.attrs.get("tirx.is_scheduled", False))
 
 
 def lift_function(mod: tvm.IRModule, name: str = "main") -> tvm.IRModule:

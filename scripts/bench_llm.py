@@ -87,7 +87,8 @@ def _train_tokenizer(folder: Path) -> None:
 def bytes_per_token(past: float, weights: str = "fp32") -> float:
     """Bytes one decode step reads: every weight but the embedding table (one row of it),
     and the keys and values of ``past`` tokens (float32). ``int8``: the linear layers' weights
-    one byte each, with a float32 scale per output channel."""
+    one byte each, with a float32 scale per output channel; ``int4``: half a byte each, with a
+    float32 scale per group of 32."""
     c = CONFIG
     h, inter, layers, vocab = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
     head = h // c["num_attention_heads"]
@@ -97,6 +98,8 @@ def bytes_per_token(past: float, weights: str = "fp32") -> float:
     floats = layers * 2 * h + h + h + 2 * layers * kv * past  # norms, one embedding row, the cache
     if weights == "int8":
         return linear + 4.0 * (columns + floats)
+    if weights == "int4":
+        return linear / 2 + 4.0 * (linear / 32 + floats)
     return 4.0 * (linear + floats)
 
 
@@ -189,13 +192,25 @@ def llamacpp_runner(folder: Path, prompt: np.ndarray, new: int, threads: int, sr
                     weights: str = "fp32"):
     from llama_cpp import Llama
 
-    outtype = {"fp32": "f32", "int8": "q8_0"}[weights]
+    outtype = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0"}[weights]
     gguf = folder.parent / (folder.name + f"-{outtype}.gguf")
     if not gguf.exists():
-        script = _find_converter(src)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(script.parent / d) for d in ("", "gguf-py"))}
-        subprocess.run([sys.executable, str(script), str(folder), "--outtype", outtype, "--outfile", str(gguf)],
-                       check=True, env=env, capture_output=True)
+        # q4_0 is llama.cpp's quantizer's (llama_model_quantize) from the f32 file; the
+        # converter writes f32 and q8_0 itself
+        source = gguf if outtype != "q4_0" else folder.parent / (folder.name + "-f32.gguf")
+        if not source.exists():
+            script = _find_converter(src)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(script.parent / d) for d in ("", "gguf-py"))}
+            subprocess.run([sys.executable, str(script), str(folder), "--outtype", source.stem.rsplit("-", 1)[1],
+                            "--outfile", str(source)], check=True, env=env, capture_output=True)
+        if source != gguf:
+            import llama_cpp
+
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+            params.nthread = threads
+            if llama_cpp.llama_model_quantize(str(source).encode(), str(gguf).encode(), params) != 0:
+                raise OSError(f"llama_model_quantize failed on {source}")
     llm = Llama(model_path=str(gguf), n_ctx=prompt.shape[1] + new + 8, n_threads=threads,
                 n_threads_batch=threads, n_batch=prompt.shape[1], verbose=False)
     tokens = prompt[0].tolist()
@@ -266,8 +281,11 @@ def openvino_runner(folder: Path, prompt: np.ndarray, new: int, threads: int, op
 
     out_dir = folder.parent / (folder.name + f"-openvino-{weights}")
     if not (out_dir / "openvino_model.xml").exists():
+        # int4: every layer, symmetric, groups of 32 (our recipe; NNCF's default keeps some
+        # layers in int8 and groups of 128)
+        recipe = ["--sym", "--group-size", "32", "--ratio", "1.0"] if weights == "int4" else []
         subprocess.run([optimum_cli, "export", "openvino", "--model", str(folder), "--task",
-                        "text-generation-with-past", "--weight-format", weights, str(out_dir)],
+                        "text-generation-with-past", "--weight-format", weights, *recipe, str(out_dir)],
                        check=True, capture_output=True)
     sched = ov_genai.SchedulerConfig()
     sched.enable_prefix_caching = False
@@ -310,9 +328,11 @@ def main() -> None:
     parser.add_argument("--llamacpp-src", type=Path, default=None)
     parser.add_argument("--optimum-cli", default=shutil.which("optimum-cli") or "optimum-cli")
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--weights", choices=("fp32", "int8"), default="fp32",
+    parser.add_argument("--weights", choices=("fp32", "int8", "int4"), default="fp32",
                         help="the weights every engine but eager runs: int8 is llama.cpp q8_0, ORT GenAI "
                              "int8 (MatMulNBits), OpenVINO int8 weight compression, ours weights='int8'; "
+                             "int4 is llama.cpp q4_0, ORT GenAI int4, OpenVINO int4 (symmetric, groups of "
+                             "32), ours weights='int4'; "
                              "eager stays float32, the reference the tokens are compared with")
     args = parser.parse_args()
 

@@ -265,23 +265,42 @@ def _numpy_int8(weight: np.ndarray) -> np.ndarray:
     return (q * scale[:, None]).astype(np.float32)
 
 
-def int8_rounded_copy(model: Any) -> Any:
+def _numpy_int4(weight: np.ndarray) -> np.ndarray:
+    """``weight`` [out, in] rounded to symmetric int4 in groups of 32 inputs and back, by
+    numpy: ``scale = max|w| / 7`` (as float16 when every scale of the layer is a normal
+    float16), ``rint`` by that scale, clipped to [-7, 7]; a layer whose outputs are no
+    multiple of 64 or inputs of 32 is rounded to int8 (``_numpy_int8``)."""
+    out, inputs = weight.shape
+    if out % 64 or inputs % 32:
+        return _numpy_int8(weight)
+    groups = weight.reshape(out, inputs // 32, 32)
+    amax = np.abs(groups).max(axis=2)
+    scale = np.where(amax > 0, amax / 7, 1.0).astype(np.float32)
+    if scale.min() >= 2.0 ** -14 and scale.max() <= 65504:
+        scale = scale.astype(np.float16).astype(np.float32)
+    v = np.clip(np.rint(groups / scale[:, :, None]), -7, 7)
+    return (v * scale[:, :, None]).astype(np.float32).reshape(out, inputs)
+
+
+def int8_rounded_copy(model: Any, weights: str = "int8") -> Any:
     """A copy of a transformers causal LM whose linear weights (``nn.Linear`` and GPT-2's
-    ``Conv1D``, the LM head included; not the embedding) are rounded to int8 by numpy: the
-    reference of ``compile_causal_lm(weights="int8")``, independent of its quantizer."""
+    ``Conv1D``, the LM head included; not the embedding) are rounded to int8 (or, with
+    ``weights="int4"``, to int4 groups: ``_numpy_int4``) by numpy: the reference of
+    ``compile_causal_lm(weights=...)``, independent of its quantizer."""
     import copy
 
     import torch
 
+    rounded = {"int8": _numpy_int8, "int4": _numpy_int4}[weights]
     ref = copy.deepcopy(model)
     # a head tied to the embedding (GPT-2) is rounded alone: the embedding stays float32
     ref.lm_head.weight = torch.nn.Parameter(ref.lm_head.weight.detach().clone())
     with torch.no_grad():
         for mod in ref.modules():
             if isinstance(mod, torch.nn.Linear):
-                mod.weight.copy_(torch.from_numpy(_numpy_int8(mod.weight.numpy())))
+                mod.weight.copy_(torch.from_numpy(rounded(mod.weight.numpy())))
             elif type(mod).__name__ == "Conv1D":  # GPT-2: weight stored [in, out]
-                mod.weight.copy_(torch.from_numpy(_numpy_int8(mod.weight.numpy().T).T.copy()))
+                mod.weight.copy_(torch.from_numpy(rounded(mod.weight.numpy().T).T.copy()))
     return ref
 
 

@@ -66,6 +66,7 @@ from schedules.cpu.comparisons import NaNExactComparisons
 from schedules.cpu.conv2d_int8 import has_vnni
 from schedules.cpu.ieee_arith import IEEEArithmetic
 from schedules.cpu.int_arith import WrappingIntegers
+from schedules.cpu.linear_int4 import for_target as int4_for_target
 from schedules.cpu.parallel_guard import tir_pipeline
 from schedules.cpu.vector_math import VectorizeMath
 from schedules.cuda import host_bound_kernels
@@ -203,6 +204,7 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
         if database is not None:  # records are keyed by the PrimFuncs as tuning saw them
             mod = apply_database(mod, target, database, choices, options)  # records of these knobs
         mod = apply_default_schedules(target, options)(mod)
+        mod = int4_for_target(mod, target)  # the int4 GEMVs' form for this target's vectors
         packed, refused = [], []
         if options.prepack_weights:
             # each kernel's packing folded by FoldConstant on the compile-time part of the

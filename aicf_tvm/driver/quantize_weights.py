@@ -1,4 +1,4 @@
-"""Weight-only quantization of a causal LM's linear layers: ``compile_causal_lm(weights="int8")``.
+"""Weight-only quantization of a causal LM's linear layers: ``compile_causal_lm(weights="int8" | "int4")``.
 
 An explicit opt-in that changes results (the model computes with rounded weights), so it
 is never applied by default, and what it changed is recorded: each quantized layer and the
@@ -13,6 +13,17 @@ which reads the int8 weight (prepacked as int8) and converts in registers; the s
 the GEMM's epilogue. The weight is stored as int8 (``relax_passes.narrow_constants``):
 a quarter of the float32 bytes a decode step reads.
 
+``int4``: symmetric per group of 32 inputs of an output channel, ``scale = max|w| / 7``
+(stored as float16 when every scale of the layer is a normal float16, float32 otherwise),
+``v = round(w / scale)`` in ``[-7, 7]`` by the stored scale, as two's complement nibbles,
+eight per int32, in the order of ``schedules.cpu.linear_int4``'s kernels (packed at
+quantization), with the scales beside them. The layer is one op, ``aicf::linear_int4`` (a PyTorch
+custom op: ``linear(x, v * scale)`` in PyTorch), which the importer turns into a call of
+those kernels (``aicf_tvm.driver.frontends.torch``): the decode step's reads the packed
+bytes and widens them in registers. A layer whose shape the kernels do not take (outputs
+not a multiple of 64 or inputs of 32: GPT-2's 50257-token head) is stored as int8 instead,
+and its decision says so.
+
 The embedding table stays float32 (a step reads one row of it); the LM head is quantized
 like the other layers (tied weights get their own int8 copy).
 """
@@ -24,12 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 from aicf_tvm.core.errors import UnsupportedModelError
 from aicf_tvm.core.report import Decision
+from schedules.cpu.linear_int4 import BLOCK, GROUP, NIBBLES, fits_int4, pack_int4, scale_dtype
 
 if TYPE_CHECKING:
     import torch
 
-WEIGHT_FORMATS = ("float32", "int8")
+WEIGHT_FORMATS = ("float32", "int8", "int4")
 INT8_MAX = 127
+INT4_MAX = 7
 
 
 @dataclass(frozen=True)
@@ -37,14 +50,16 @@ class QuantizedLayer:
     """One linear layer whose weight was quantized, and what that cost on the calibration prompt."""
 
     name: str
-    weights: str  # "int8"
+    weights: str  # "int8" or "int4"
     shape: tuple[int, int]  # [out, in]
     relative_error: float  # ||y_q - y|| / ||y|| of the layer's output on the calibration prompt
+    note: str = ""  # why it is not in the format asked for
 
     def decision(self) -> Decision:
+        form = "per-channel symmetric int8" if self.weights == "int8" else f"symmetric int4 in groups of {GROUP}"
         return Decision(f"approximate:weights_{self.weights}", (self.name,), True,
-                        note=f"[{self.shape[0]}x{self.shape[1]}] weight per-channel symmetric {self.weights}: "
-                             f"relative error {self.relative_error:.2e} of its output on the calibration prompt")
+                        note=f"[{self.shape[0]}x{self.shape[1]}] weight {form}{self.note}: relative error "
+                             f"{self.relative_error:.2e} of its output on the calibration prompt")
 
 
 def check_weights(weights: str) -> str:
@@ -64,6 +79,56 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
     q = torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q, scale
+
+
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 ``v`` [out, in] in [-7, 7], ``scale`` [out, in / GROUP]) with ``weight ~ v *
+    scale`` repeated along each group; the scales float16 where every one is a normal
+    float16 (``scale_dtype``), float32 otherwise, and ``v`` rounded by the stored scales."""
+    import torch
+
+    w = weight.detach().float()
+    groups = w.reshape(w.shape[0], -1, GROUP)
+    amax = groups.abs().amax(dim=2)
+    scale = torch.where(amax > 0, amax / INT4_MAX, torch.ones_like(amax))
+    scale = scale.to(getattr(torch, scale_dtype(scale.numpy())))
+    v = torch.round(groups / scale.float()[:, :, None]).clamp(-INT4_MAX, INT4_MAX).to(torch.int8)
+    return v.reshape(w.shape), scale
+
+
+def unpack_int4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The float32 weight ``[N, K]`` of ``linear_int4``'s operands (``pack_int4``'s layout)."""
+    import torch
+
+    tasks, words, block = packed.shape
+    shifts = torch.tensor([28 - 4 * i for i in range(NIBBLES)], dtype=torch.int32)
+    v = (packed[:, :, None, :] << shifts[None, None, :, None]) >> 28  # [N/B, K/8, 8, B], sign-extended
+    v = v.reshape(tasks, words * NIBBLES, block)
+    scale = scales.float().repeat_interleave(GROUP, dim=1)  # [N/B, K, B]
+    return (v.to(torch.float32) * scale).permute(0, 2, 1).reshape(tasks * block, words * NIBBLES)
+
+
+_INT4_OP: Any = None
+
+
+def linear_int4_op() -> Any:
+    """``aicf::linear_int4(x, packed, scales)``: ``linear(x, unpack_int4(packed, scales))``,
+    registered with PyTorch once; ``torch.export`` keeps it as one node."""
+    global _INT4_OP
+    if _INT4_OP is None:
+        import torch
+
+        @torch.library.custom_op("aicf::linear_int4", mutates_args=(),
+                                 schema="(Tensor x, Tensor packed, Tensor scales) -> Tensor")
+        def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(x, unpack_int4(packed, scales))
+
+        @linear_int4.register_fake
+        def _(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+            return x.new_empty((*x.shape[:-1], packed.shape[0] * packed.shape[2]))
+
+        _INT4_OP = torch.ops.aicf.linear_int4.default
+    return _INT4_OP
 
 
 def _linear_class() -> type:
@@ -88,7 +153,29 @@ def _linear_class() -> type:
             y = torch.nn.functional.linear(x, self.qweight.to(x.dtype)) * self.scale
             return y if self.bias is None else y + self.bias
 
-    return Int8Linear
+    class Int4Linear(torch.nn.Module):
+        """``aicf::linear_int4(x, packed, scales) + bias``: the float layer with its weight
+        rounded to group-wise int4 (module docstring)."""
+
+        def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+            super().__init__()
+            v, scale = quantize_int4(weight)
+            packed, scales = pack_int4(v.numpy(), scale.numpy())
+            self.register_buffer("packed", torch.from_numpy(packed))
+            self.register_buffer("scales", torch.from_numpy(scales))
+            self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
+            self.out_features, self.in_features = v.shape
+            self.op = linear_int4_op()
+
+        @property
+        def weight(self) -> torch.Tensor:  # transformers asks the LM head for its shape
+            return unpack_int4(self.packed, self.scales)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.op(x, self.packed, self.scales)
+            return y if self.bias is None else y + self.bias
+
+    return {"int8": Int8Linear, "int4": Int4Linear}
 
 
 def _float_linears(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, str, torch.Tensor, Any]]:
@@ -125,10 +212,13 @@ def quantize_linears(model: torch.nn.Module, weights: str, calibration: torch.Te
     finally:
         for hook in hooks:
             hook.remove()
-    cls, out = _linear_class(), []
+    classes, out = _linear_class(), []
     for name, (parent, attr, weight, bias) in layers.items():
         float_layer = getattr(parent, attr)
-        quantized = cls(weight, bias)
+        form, note = weights, ""
+        if form == "int4" and not fits_int4(*weight.shape):
+            form, note = "int8", f" (int4 kernels need outputs a multiple of {BLOCK} and inputs of {GROUP})"
+        quantized = classes[form](weight, bias)
         x = inputs.get(name)
         error = float("nan")
         if x is not None:
@@ -136,8 +226,9 @@ def quantize_linears(model: torch.nn.Module, weights: str, calibration: torch.Te
                 want, got = float_layer(x), quantized(x)
             error = float(torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want).clamp(min=1e-30))
         setattr(parent, attr, quantized)
-        out.append(QuantizedLayer(name, weights, (int(weight.shape[0]), int(weight.shape[1])), error))
+        out.append(QuantizedLayer(name, form, (int(weight.shape[0]), int(weight.shape[1])), error, note))
     return out
 
 
-__all__ = ["WEIGHT_FORMATS", "QuantizedLayer", "check_weights", "quantize_int8", "quantize_linears"]
+__all__ = ["WEIGHT_FORMATS", "QuantizedLayer", "check_weights", "linear_int4_op", "quantize_int4", "quantize_int8",
+           "quantize_linears", "unpack_int4"]

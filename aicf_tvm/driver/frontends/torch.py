@@ -22,6 +22,7 @@ from tvm import relax, tirx
 
 from aicf_tvm.core.errors import UnsupportedModelError
 from relax_passes.creation_ops import arange_form
+from relax_passes.linear_int4 import linear_int4_call
 
 from ..symbolic import rename_dims, torch_dim_names
 from .common import first_line, normalize_import
@@ -167,7 +168,16 @@ def _arange(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax.Var
     return var if fixed is None else importer.block_builder.emit(fixed)
 
 
+def _linear_int4(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax.Var:
+    """``aicf::linear_int4(x, packed, scales)`` (``compile_causal_lm(weights="int4")``'s
+    layers, ``aicf_tvm.driver.quantize_weights``): a call of ``schedules.cpu.linear_int4``'s
+    kernel for its rows, the one-row GEMV when ``x`` has one row."""
+    x, packed, scales = (importer.env[a] for a in node.args[:3])
+    return importer.block_builder.emit(linear_int4_call(importer.block_builder, x, packed, scales))
+
+
 _CONVERTERS = {name: _arange for name in ("arange.default", "arange.start", "arange.start_step")}
+_CONVERTERS["linear_int4.default"] = _linear_int4
 
 
 def from_torch(module: torch.nn.Module, example_args: Sequence[Any],

@@ -1,0 +1,50 @@
+"""The Relax form of a group-wise int4 linear layer (``compile_causal_lm(weights="int4")``):
+``x [..., K]`` times the weight packed by ``schedules.cpu.linear_int4.pack_int4``, as a
+``call_tir`` of that module's hand-scheduled kernel over ``x``'s rows: ``gemv_int4`` for
+one row (the decode step), reading ``x`` in its own shape; ``linear_int4`` for any other
+count (the prompt), with ``x`` reshaped to ``[rows, K]`` and the result back to ``[..., N]``.
+The GEMV is built in its portable form here; ``schedules.cpu.linear_int4.for_target``
+gives it the target's when the pipeline schedules.
+
+The call is an opaque Emit to our passes (a ``call_tir``): nothing fuses into it or moves
+it, and the packed weight stays a constant of its own (constant folding leaves a call with
+a non-constant ``x``).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, tirx
+
+from schedules.cpu.linear_int4 import BLOCK, NIBBLES, gemv_int4, linear_int4
+
+
+def linear_int4_call(bb: relax.BlockBuilder, x: relax.Expr, packed: relax.Expr, scales: relax.Expr) -> relax.Expr:
+    """``x @ W.T`` for the int4 weight ``(packed, scales)`` (module docstring)."""
+    shape = list(x.ty.shape)
+    tasks, words, block = (int(d) for d in packed.ty.shape)
+    n, k = tasks * block, words * NIBBLES
+    if block != BLOCK or str(x.ty.dtype) != "float32" or not shape or not _is(shape[-1], k):
+        raise ValueError(f"linear_int4: x {shape} {x.ty.dtype} does not fit a packed int4 weight "
+                         f"{list(packed.ty.shape)}")
+    scale = str(scales.ty.dtype)
+    if all(_is(d, 1) for d in shape[:-1]):  # one row: the GEMV reads x as it is
+        name = f"gemv_int4_{n}x{k}"
+        gv = bb.add_func(gemv_int4(n, k, name, scale, lead=(1,) * (len(shape) - 1)), name)
+        return relax.call_tir(gv, [x, packed, scales], relax.TensorType([*shape[:-1], n], "float32"))
+    rows = tirx.IntImm("int64", 1)
+    for d in shape[:-1]:
+        rows = rows * d
+    rows = tvm.sym.Analyzer().simplify(rows)
+    name = f"linear_int4_{n}x{k}"
+    gv = bb.add_func(linear_int4(n, k, name, scale), name)
+    flat = bb.emit(relax.op.reshape(x, [rows, k]))
+    y = bb.emit(relax.call_tir(gv, [flat, packed, scales], relax.TensorType([rows, n], "float32")))
+    return relax.op.reshape(y, [*shape[:-1], n])
+
+
+def _is(dim: tirx.Expr, value: int) -> bool:
+    return isinstance(dim, tirx.IntImm) and dim.value == value
+
+
+__all__ = ["linear_int4_call"]

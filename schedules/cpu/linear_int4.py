@@ -1,0 +1,214 @@
+"""Kernels of a linear layer whose weight is stored as group-wise int4
+(``compile_causal_lm(weights="int4")``, ``aicf_tvm.driver.quantize_weights``).
+
+The weight ``W [N, K]`` is ``v * scale`` with ``v`` a signed 4-bit integer in ``[-8, 7]``
+and one scale per group of ``GROUP`` consecutive inputs of an output row. Stored, it is
+two arrays in the kernels' order (``pack_int4``)::
+
+    packed [N / BLOCK, K / 8, BLOCK] int32    word (t, c, j): v[t*BLOCK + j, 8c + i] in bits
+                                              4i .. 4i + 3 (two's complement), i = 0 .. 7
+    scales [N / BLOCK, K / GROUP, BLOCK] f16  scale of (t*BLOCK + j, group g)
+
+so one vector load brings 8 weights of each of 16 (AVX-512) consecutive outputs, one per
+32-bit lane. Half a byte per weight plus 1/16 of one for the scales: ~0.14 of the
+float32 bytes a decode step reads. The scales are float16 when every one of them is a
+normal float16 (``pack_int4`` keeps float32 otherwise; the kernels read either).
+
+``gemv_int4`` (one row: the decode step): each task owns ``BLOCK`` outputs, whose sums
+stay in registers over the whole ``K``; per group it sums ``x[k] * v`` in two chains
+(even and odd ``i``), then adds the group's sum times its scale::
+
+    y[n] = sum_g scale[n, g] * sum_{k in g} x[k] * v[n, k]
+
+Each lane's value is its 4 bits at the top of the int32, shifted back down with the sign
+(``(word << (28 - 4i)) >> 28``) and converted; on AVX-512 (``gemv_int4_lut``) the float
+is looked up instead: ``vpermps`` picks it from the 16 values ``[0 .. 7, -8 .. -1]`` by the
+low 4 bits of ``word >> 4i``, one shift and one lookup per 16 weights.
+
+``linear_int4`` (any number of rows: the prompt): per group, the ``[GROUP, BLOCK]`` tile of
+the weight is dequantized once into a stack buffer (``v * scale``, as the PyTorch layer
+computes it) and every row adds its products with it into its outputs: the rows share
+each dequantized tile.
+
+Each is the dot product of ``x`` with the dequantized row up to the order of the
+additions (and, in ``gemv_int4``, where the scale is applied), as in any GEMM. The
+multiply-adds are fused (``fma``): a matrix product states no rounding per product
+(docs/numerics.md). Written and scheduled by hand (``tirx.is_scheduled``): every index is
+in bounds by construction, since ``K`` is a whole number of groups and ``N`` of blocks
+(``fits_int4``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import IRModule, tirx
+from tvm.script import tirx as T
+from tvm.target import Target
+from tvm.tirx.op import fma
+
+from .common import _has_feature
+
+GROUP = 32  # inputs per scale
+BLOCK = 64  # outputs per task
+NIBBLES = 8  # weights per int32 word
+INT4_GEMV_ATTR = "aicf.int4_gemv"  # "N K rank-of-x scale-dtype lookup-form"
+LUT_LANES = 16  # AVX-512: vpermps picks from 16 floats by the low 4 bits of each index
+ROW_BLOCK = 64  # rows whose sums a task keeps in a buffer of its own (linear_int4)
+FLOAT16_MIN, FLOAT16_MAX = 2.0 ** -14, 65504.0  # normal float16
+
+
+def fits_int4(n: int, k: int) -> bool:
+    """Whether a ``[N, K]`` weight has the kernels' shape: whole groups and blocks."""
+    return n % BLOCK == 0 and k % GROUP == 0 and n > 0 and k > 0
+
+
+def scale_dtype(scale: np.ndarray) -> str:
+    """float16 when every scale is a normal float16 number, else float32."""
+    finite = np.abs(scale)
+    return "float16" if finite.size and finite.min() >= FLOAT16_MIN and finite.max() <= FLOAT16_MAX else "float32"
+
+
+def pack_int4(v: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``v [N, K]`` (integers in [-8, 7]) and ``scale [N, K / GROUP]`` (already of
+    ``scale_dtype``) in the kernels' layout (module docstring)."""
+    n, k = v.shape
+    if not fits_int4(n, k) or scale.shape != (n, k // GROUP):
+        raise ValueError(f"int4 weight [{n}, {k}] with scales {scale.shape}: need N % {BLOCK} == 0, "
+                         f"K % {GROUP} == 0 and [N, K / {GROUP}] scales")
+    nibbles = (v.astype(np.int64) & 15).reshape(n, k // NIBBLES, NIBBLES)
+    words = np.zeros((n, k // NIBBLES), np.uint32)
+    for i in range(NIBBLES):
+        words |= (nibbles[:, :, i] << (4 * i)).astype(np.uint32)
+    packed = np.ascontiguousarray(words.view(np.int32).reshape(n // BLOCK, BLOCK, k // NIBBLES).transpose(0, 2, 1))
+    scales = np.ascontiguousarray(scale.reshape(n // BLOCK, BLOCK, k // GROUP).transpose(0, 2, 1))
+    return packed, scales
+
+
+def _int32(value, lanes: int) -> tirx.Expr:
+    value = tirx.Cast("int32", value) if isinstance(value, tirx.Expr) else tirx.const(value, "int32")
+    return tirx.Broadcast(value, lanes) if lanes > 1 else value
+
+
+def _signed_nibble(word: tirx.Expr, i, lanes: int) -> tirx.Expr:
+    """``float(v)`` of bits 4i .. 4i + 3 of ``word`` (``lanes`` int32 lanes): the 4 bits
+    shifted to the top, then back down with the sign."""
+    top = tirx.shift_left(word, _int32(28 - 4 * i, lanes))
+    return tirx.Cast(f"float32x{lanes}" if lanes > 1 else "float32", tirx.shift_right(top, _int32(28, lanes)))
+
+
+def _lookup(word: tirx.Expr, i, lanes: int = LUT_LANES) -> tirx.Expr:
+    """``float(v)`` of bits 4i .. 4i + 3 of each of the 16 int32 lanes of ``word``: one
+    ``vpermps`` from the table ``[0 .. 7, -8 .. -1]`` by the low 4 bits of ``word >> 4i``."""
+    table = tirx.Cast(f"float32x{lanes}", tirx.bitwise_xor(tirx.Ramp(0, 1, lanes), tirx.Broadcast(8, lanes))
+                      - tirx.Broadcast(8, lanes))
+    index = tirx.shift_right(word, _int32(4 * i, lanes))
+    return tirx.call_llvm_pure_intrin(f"float32x{lanes}", "llvm.x86.avx512.permvar.sf.512", table, index)
+
+
+def gemv_int4(n: int, k: int, name: str = "gemv_int4", scale: str = "float16", lut: bool = False,
+              lead: tuple[int, ...] = (1,)) -> tirx.PrimFunc:
+    """``y [*lead, N] = x [*lead, K] @ W.T`` for one row (``lead`` all ones; module
+    docstring); ``lut``: the AVX-512 form (``_lookup``), else every lane's value shifted
+    and converted (any vector ISA). The kernel records what it is (``INT4_GEMV_ATTR``), so
+    ``for_target`` can rebuild it for the target."""
+    if any(d != 1 for d in lead):
+        raise ValueError(f"gemv_int4: one row, not {lead}")
+    tasks, groups, chunks = n // BLOCK, k // GROUP, GROUP // NIBBLES
+    lanes = LUT_LANES
+    vectors = BLOCK // lanes
+    value = _lookup if lut else _signed_nibble
+
+    @T.prim_func
+    def kernel(x_in: T.Buffer((*lead, k), "float32"), packed: T.Buffer((tasks, k // NIBBLES, BLOCK), "int32"),
+               scales: T.Buffer((tasks, groups, BLOCK), scale), y_out: T.Buffer((*lead, n), "float32")):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True, "aicf.kind": "linear_int4"})
+        x = T.decl_buffer((1, k), "float32", data=x_in.data)
+        y = T.decl_buffer((1, n), "float32", data=y_out.data)
+        for t in T.parallel(tasks):
+            acc = T.decl_buffer((BLOCK,), "float32", scope="local")
+            part = T.decl_buffer((2, BLOCK), "float32", scope="local")
+            for v in T.unroll(vectors):
+                acc[T.ramp(v * lanes, 1, lanes)] = T.Broadcast(T.float32(0), lanes)
+            for g in T.serial(groups):
+                for h in T.unroll(2):
+                    for v in T.unroll(vectors):
+                        part[h, T.ramp(v * lanes, 1, lanes)] = T.Broadcast(T.float32(0), lanes)
+                for c in T.unroll(chunks):
+                    for v in T.unroll(vectors):
+                        for i in T.unroll(NIBBLES):
+                            part[i % 2, T.ramp(v * lanes, 1, lanes)] = fma(
+                                T.Broadcast(x[0, g * GROUP + c * NIBBLES + i], lanes),
+                                value(packed[t, g * chunks + c, T.ramp(v * lanes, 1, lanes)], i, lanes),
+                                part[i % 2, T.ramp(v * lanes, 1, lanes)])
+                for v in T.unroll(vectors):
+                    acc[T.ramp(v * lanes, 1, lanes)] = fma(
+                        part[0, T.ramp(v * lanes, 1, lanes)] + part[1, T.ramp(v * lanes, 1, lanes)],
+                        T.Cast(f"float32x{lanes}", scales[t, g, T.ramp(v * lanes, 1, lanes)]),
+                        acc[T.ramp(v * lanes, 1, lanes)])
+            for v in T.unroll(vectors):
+                y[0, T.ramp(t * BLOCK + v * lanes, 1, lanes)] = acc[T.ramp(v * lanes, 1, lanes)]
+
+    return kernel.with_attr("global_symbol", name).with_attr(INT4_GEMV_ATTR, f"{n} {k} {len(lead)} {scale} {int(lut)}")
+
+
+def linear_int4(n: int, k: int, name: str = "linear_int4", scale: str = "float16") -> tirx.PrimFunc:
+    """``y [M, N] = x [M, K] @ W.T`` for any number of rows ``M`` (module docstring)."""
+    tasks, groups, chunks = n // BLOCK, k // GROUP, GROUP // NIBBLES
+
+    @T.prim_func
+    def kernel(var_x: T.handle, packed: T.Buffer((tasks, k // NIBBLES, BLOCK), "int32"),
+               scales: T.Buffer((tasks, groups, BLOCK), scale), var_y: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True, "aicf.kind": "linear_int4"})
+        rows = T.int64()
+        x = T.match_buffer(var_x, (rows, k), "float32")
+        y = T.match_buffer(var_y, (rows, n), "float32")
+        for tm in T.parallel(tasks * ((rows + ROW_BLOCK - 1) // ROW_BLOCK)):
+            t = T.meta_var(tm % tasks)
+            mb = T.meta_var(tm // tasks)
+            tile = T.decl_buffer((GROUP, BLOCK), "float32", scope="local")
+            acc = T.decl_buffer((ROW_BLOCK, BLOCK), "float32", scope="local")
+            for m in T.serial(T.min(ROW_BLOCK, rows - mb * ROW_BLOCK)):
+                for j in T.vectorized(BLOCK):
+                    acc[m, j] = T.float32(0)
+            for g in T.serial(groups):
+                for c in T.serial(chunks):
+                    for i in T.unroll(NIBBLES):
+                        for j in T.vectorized(BLOCK):
+                            tile[c * NIBBLES + i, j] = _signed_nibble(packed[t, g * chunks + c, j], i, 1) \
+                                * T.Cast("float32", scales[t, g, j])
+                for m in T.serial(T.min(ROW_BLOCK, rows - mb * ROW_BLOCK)):
+                    for i in T.unroll(GROUP):
+                        for j in T.vectorized(BLOCK):
+                            acc[m, j] = fma(x[mb * ROW_BLOCK + m, g * GROUP + i], tile[i, j], acc[m, j])
+            for m in T.serial(T.min(ROW_BLOCK, rows - mb * ROW_BLOCK)):
+                for j in T.vectorized(BLOCK):
+                    y[mb * ROW_BLOCK + m, t * BLOCK + j] = acc[m, j]
+
+    return kernel.with_attr("global_symbol", name)
+
+
+def has_lut(target: Target) -> bool:
+    """Whether ``gemv_int4``'s lookup form runs on ``target`` (AVX-512)."""
+    return target.kind.name == "llvm" and _has_feature(target, "avx512f")
+
+
+def for_target(mod: IRModule, target: Target) -> IRModule:
+    """``mod`` with each ``gemv_int4`` kernel in the form for ``target``: the importer
+    builds the portable one, not knowing the target (``relax_passes.linear_int4``)."""
+    lut = has_lut(target)
+    out = mod
+    for gv, func in mod.functions_items():
+        attrs = func.attrs if isinstance(func, tirx.PrimFunc) else None
+        form = str(attrs.get(INT4_GEMV_ATTR, "")) if attrs is not None else ""
+        if not form or bool(int(form.split()[4])) == lut:
+            continue
+        n, k, rank, scale, _ = form.split()
+        n, k, rank = int(n), int(k), int(rank)
+        rebuilt = gemv_int4(n, k, str(attrs["global_symbol"]), scale, lut, (1,) * rank)
+        out = out.clone() if out is mod else out
+        out[gv] = rebuilt
+    return out
+
+
+__all__ = ["BLOCK", "GROUP", "NIBBLES", "fits_int4", "for_target", "gemv_int4", "has_lut", "linear_int4",
+           "pack_int4", "scale_dtype"]

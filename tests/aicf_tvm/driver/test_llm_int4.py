@@ -1,0 +1,144 @@
+"""``compile_causal_lm(weights="int4")``: an explicit opt-in that rounds every linear
+layer's weight to symmetric int4 in groups of 32 (int8 where the int4 kernels do not take
+the shape). Checked against a reference built in PyTorch from numpy's rounding
+(``tests.helpers.int8_rounded_copy(..., "int4")``, not our quantizer): the compiled prefill
+and decode logits and greedy tokens equal it; the weights are stored once, packed at half
+a byte each; the report lists every layer with its form and error; the library says so
+after export and load. LLaMA's key/value projections (32 outputs) take the int8 form;
+GPT-2 covers transformers' ``Conv1D`` layers and a tied head."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import aicf_tvm
+from aicf_tvm.driver.quantize_weights import quantize_int4, unpack_int4
+from aicf_tvm.runtime.deploy import manifest, read_metadata
+from schedules.cpu.linear_int4 import pack_int4
+from tests.aicf_tvm.driver.test_llm import MAX_LENGTH, PROMPT, build, prompts, reference
+from tests.helpers import int8_rounded_copy, relax_constants
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+
+def _forms(model) -> dict[str, int]:
+    """Linear layers by the form they take: int4 where [out, in] fits the kernels."""
+    forms = {"int4": 0, "int8": 0}
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            out, inputs = m.weight.shape
+        elif type(m).__name__ == "Conv1D":
+            inputs, out = m.weight.shape
+        else:
+            continue
+        forms["int8" if out % 64 or inputs % 32 else "int4"] += 1
+    return forms
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def int4(request):
+    model = build(request.param)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    lm = aicf_tvm.compile_causal_lm(model, max_length=MAX_LENGTH, weights="int4")
+    for k, v in model.state_dict().items():  # the user's model is not quantized
+        assert torch.equal(v, before[k]), k
+    return model, lm
+
+
+def test_quantize_int4_rounds_each_group_by_its_own_scale():
+    w = torch.zeros(64, 64)
+    w[0, :32] = torch.linspace(-3.5, 3.5, 32)  # max 3.5: scale 0.5
+    w[0, 32:] = 0.001 * torch.arange(32)  # a group of its own: scale 0.031 / 7
+    w[1, 5] = -7.0
+    v, scale = quantize_int4(w)
+    assert v.dtype == torch.int8 and scale.dtype == torch.float16 and scale.shape == (64, 2)
+    assert float(scale[0, 0]) == 0.5 and float(scale[1, 0]) == 1.0 and float(scale[2, 0]) == 1.0  # zeros: 1
+    assert float(scale[0, 1]) == pytest.approx(0.031 / 7, rel=1e-3)
+    want = np.clip(np.rint(np.linspace(-3.5, 3.5, 32, dtype=np.float32) / 0.5), -7, 7)
+    assert v[0, :32].tolist() == want.tolist()  # 0.25 / 0.5 -> 0: half to even
+    assert v[1].tolist() == [0] * 5 + [-7] + [0] * 58
+
+
+def test_the_scales_stay_float32_when_one_is_no_normal_float16():
+    w = torch.zeros(64, 32)
+    w[0, 0], w[1, 0] = 1e-6, 1e6  # below float16's normal range, and above its largest value
+    _, scale = quantize_int4(w)
+    assert scale.dtype == torch.float32 and float(scale[0, 0]) == pytest.approx(1e-6 / 7)
+
+
+def test_packing_and_unpacking_give_back_every_weight():
+    rng = np.random.default_rng(3)
+    v = rng.integers(-8, 8, (128, 96))
+    scale = rng.uniform(0.5, 2.0, (128, 3)).astype(np.float16)
+    packed, scales = pack_int4(v, scale)
+    assert packed.dtype == np.int32 and packed.shape == (2, 12, 64) and scales.shape == (2, 3, 64)
+    want = v * np.repeat(scale.astype(np.float32), 32, axis=1)
+    got = unpack_int4(torch.from_numpy(packed), torch.from_numpy(scales)).numpy()
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+def test_logits_and_tokens_equal_the_int4_rounded_model(int4):
+    model, lm = int4
+    ref = int8_rounded_copy(model, "int4")
+    ids = prompts(7, batch=1)
+    with torch.no_grad():
+        want = ref(input_ids=torch.from_numpy(ids)).logits[0].numpy()
+        int8 = int8_rounded_copy(model)(input_ids=torch.from_numpy(ids)).logits[0].numpy()
+    assert not np.allclose(want, int8, rtol=1e-3, atol=1e-4)  # int4's rounding shows in the logits
+    np.testing.assert_allclose(lm.prefill(ids[:, :3])[0], want[2], rtol=1e-4, atol=1e-4)
+    for k in range(3, PROMPT):
+        np.testing.assert_allclose(lm.decode(ids[:, k])[0], want[k], rtol=1e-4, atol=1e-4)
+    ids = prompts(11)
+    np.testing.assert_array_equal(lm.generate(ids, max_new_tokens=8, stop_tokens=[]), reference(ref, ids, 8))
+
+
+def test_weights_are_stored_once_packed_and_each_layer_is_reported(int4):
+    model, lm = int4
+    forms = _forms(model)
+    consts = relax_constants(lm.model.lowered, lm.model.function_names)
+    packed = sum(int(np.prod([int(d) for d in c.ty.shape])) for c in consts if str(c.ty.dtype) == "int32")
+    int8_elems = sum(int(np.prod([int(d) for d in c.ty.shape])) for c in consts if str(c.ty.dtype) == "int8")
+    float_elems = sum(int(np.prod([int(d) for d in c.ty.shape])) for c in consts if str(c.ty.dtype) == "float32")
+    weights = {form: 0 for form in forms}
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D":
+            out, inputs = m.weight.shape if isinstance(m, torch.nn.Linear) else m.weight.shape[::-1]
+            weights["int8" if out % 64 or inputs % 32 else "int4"] += m.weight.numel()
+    assert packed * 8 == weights["int4"]  # eight weights a word, each weight once
+    assert weights["int8"] <= int8_elems <= 1.1 * weights["int8"] + 1
+    assert float_elems < 0.2 * sum(weights.values()) + model.get_input_embeddings().weight.numel() + 4 * 256
+    for form, count in forms.items():
+        approx = [d for d in lm.model.report.decisions if d.candidate == f"approximate:weights_{form}"]
+        assert len(approx) == count and len({d.members for d in approx}) == count
+        errors = [float(d.note.split("relative error ")[1].split()[0]) for d in approx]
+        assert all(0 < e < (0.3 if form == "int4" else 0.05) for e in errors)
+    if forms["int8"]:
+        assert any("int4 kernels need outputs a multiple of 64" in d.note for d in lm.model.report.decisions)
+    assert lm.config.weights == "int4"
+
+
+def test_int4_survives_export_and_load(int4, tmp_path):
+    _, lm = int4
+    path = tmp_path / "lm.so"
+    lm.export_library(path)
+    shown = manifest(read_metadata(path), path.name)
+    assert "weights_int4 lm_head: [256x64] weight symmetric int4 in groups of 32: relative error" in shown
+    loaded = aicf_tvm.load(path)
+    assert loaded.config.weights == "int4"
+    ids = prompts(13)
+    np.testing.assert_array_equal(loaded.generate(ids, max_new_tokens=4, stop_tokens=[]),
+                                  lm.generate(ids, max_new_tokens=4, stop_tokens=[]))
+
+
+def test_aicf_generate_with_int4_weights(tmp_path, capsys):
+    from aicf_tvm.driver.cli import main
+
+    model = build("llama")
+    folder = tmp_path / "tiny-llama"
+    model.save_pretrained(folder)
+    want = reference(int8_rounded_copy(model, "int4"), np.array([[5, 7, 9, 11]]), 6)[0].tolist()
+    assert main(["generate", str(folder), "--prompt-ids", "5,7,9,11", "--max-new-tokens", "6",
+                 "--max-length", "16", "--weights", "int4"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "ids: " + ",".join(map(str, want))
