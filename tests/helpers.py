@@ -268,15 +268,20 @@ def _numpy_int8(weight: np.ndarray) -> np.ndarray:
 def _numpy_int4(weight: np.ndarray) -> np.ndarray:
     """``weight`` [out, in] rounded to symmetric int4 in groups of 32 inputs and back, by
     numpy: ``scale = max|w| / 7`` (as float16 when every scale of the layer is a normal
-    float16), ``rint`` by that scale, clipped to [-7, 7]; a layer whose outputs are no
-    multiple of 64 or inputs of 32 is rounded to int8 (``_numpy_int8``)."""
+    float16; a layer's outputs padded with zero rows to a multiple of 64 count there),
+    ``rint`` by that scale, clipped to [-7, 7]; a layer whose inputs are no multiple of 32
+    is rounded to int8 (``_numpy_int8``)."""
     out, inputs = weight.shape
-    if out % 64 or inputs % 32:
+    if inputs % 32:
         return _numpy_int8(weight)
     groups = weight.reshape(out, inputs // 32, 32)
     amax = np.abs(groups).max(axis=2)
     scale = np.where(amax > 0, amax / 7, 1.0).astype(np.float32)
-    if scale.min() >= 2.0 ** -14 and scale.max() <= 65504:
+    if -out % 64:  # the padding rows' scales are 1
+        scale_all = np.concatenate([scale, np.ones((1, scale.shape[1]), np.float32)])
+    else:
+        scale_all = scale
+    if scale_all.min() >= 2.0 ** -14 and scale_all.max() <= 65504:
         scale = scale.astype(np.float16).astype(np.float32)
     v = np.clip(np.rint(groups / scale[:, :, None]), -7, 7)
     return (v * scale[:, :, None]).astype(np.float32).reshape(out, inputs)

@@ -228,11 +228,16 @@ def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: 
     ``weights="int8"`` (an opt-in approximation, ``quantize_weights``): every linear layer
     computes with its weight rounded to per-channel int8, stored and read as int8; the
     report lists each layer and its error on a calibration prompt, and ``check`` compares
-    with the PyTorch model so quantized (the user's model is not changed).
+    with the PyTorch model so quantized (the user's model is not changed). ``weights="int4"``
+    likewise with symmetric int4 in groups of 32, read packed by the int4 kernels
+    (``schedules.cpu.linear_int4``; CPU targets only), int8 where a layer's shape does not fit them.
     ``timings`` prints the compile phases (load, export, ... codegen)."""
     if max_length < 2:
         raise ValueError(f"max_length={max_length}: need max_length >= 2")
     weights = check_weights(weights)
+    if weights == "int4" and resolve_target(target if target is not None else "llvm").kind.name != "llvm":
+        raise ValueError(f"weights='int4' runs on CPU targets (llvm) only, not {target!r}: its kernels are "
+                         f"written for CPU vectors; use weights='int8' or 'float32'")
     clock = _Clock()
     model = clock("load", load_causal_lm, model)
     config = model.config

@@ -19,10 +19,11 @@ a quarter of the float32 bytes a decode step reads.
 eight per int32, in the order of ``schedules.cpu.linear_int4``'s kernels (packed at
 quantization), with the scales beside them. The layer is one op, ``aicf::linear_int4`` (a PyTorch
 custom op: ``linear(x, v * scale)`` in PyTorch), which the importer turns into a call of
-those kernels (``aicf_tvm.driver.frontends.torch``): the decode step's reads the packed
-bytes and widens them in registers. A layer whose shape the kernels do not take (outputs
-not a multiple of 64 or inputs of 32: GPT-2's 50257-token head) is stored as int8 instead,
-and its decision says so.
+those kernels (``aicf_tvm.driver.frontends.torch``): the decode step reads the packed
+words and widens them in registers. A layer whose outputs are no multiple of the kernels'
+block of 64 (GPT-2's 50257-token head) gets zero rows up to one, whose outputs are
+dropped after the kernel; one whose inputs are no multiple of 32 is stored as int8
+instead, and its decision says so.
 
 The embedding table stays float32 (a step reads one row of it); the LM head is quantized
 like the other layers (tied weights get their own int8 copy).
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from aicf_tvm.core.errors import UnsupportedModelError
 from aicf_tvm.core.report import Decision
-from schedules.cpu.linear_int4 import BLOCK, GROUP, NIBBLES, fits_int4, pack_int4, scale_dtype
+from schedules.cpu.linear_int4 import BLOCK, GROUP, NIBBLES, pack_int4, scale_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -159,20 +160,25 @@ def _linear_class() -> type:
 
         def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
             super().__init__()
+            out = weight.shape[0]
+            padded = -(-out // BLOCK) * BLOCK  # outputs of the kernels: zero rows up to whole blocks
+            weight = torch.nn.functional.pad(weight.detach().float(), (0, 0, 0, padded - out))
             v, scale = quantize_int4(weight)
             packed, scales = pack_int4(v.numpy(), scale.numpy())
             self.register_buffer("packed", torch.from_numpy(packed))
             self.register_buffer("scales", torch.from_numpy(scales))
             self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
-            self.out_features, self.in_features = v.shape
+            self.out_features, self.in_features = out, v.shape[1]
             self.op = linear_int4_op()
 
         @property
         def weight(self) -> torch.Tensor:  # transformers asks the LM head for its shape
-            return unpack_int4(self.packed, self.scales)
+            return unpack_int4(self.packed, self.scales)[:self.out_features]
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             y = self.op(x, self.packed, self.scales)
+            if y.shape[-1] != self.out_features:
+                y = y[..., :self.out_features]
             return y if self.bias is None else y + self.bias
 
     return {"int8": Int8Linear, "int4": Int4Linear}
@@ -216,8 +222,8 @@ def quantize_linears(model: torch.nn.Module, weights: str, calibration: torch.Te
     for name, (parent, attr, weight, bias) in layers.items():
         float_layer = getattr(parent, attr)
         form, note = weights, ""
-        if form == "int4" and not fits_int4(*weight.shape):
-            form, note = "int8", f" (int4 kernels need outputs a multiple of {BLOCK} and inputs of {GROUP})"
+        if form == "int4" and weight.shape[1] % GROUP:
+            form, note = "int8", f" (int4 groups need inputs a multiple of {GROUP})"
         quantized = classes[form](weight, bias)
         x = inputs.get(name)
         error = float("nan")
