@@ -54,6 +54,7 @@ NIBBLES = 8  # weights per int32 word
 INT4_GEMV_ATTR = "aicf.int4_gemv"  # "N K rank-of-x scale-dtype lookup-form"
 LUT_LANES = 16  # AVX-512: vpermps picks from 16 floats by the low 4 bits of each index
 ROW_BLOCK = 64  # rows whose sums a task keeps in a buffer of its own (linear_int4)
+QUAD = 4  # rows whose sums stay in registers over a group (linear_int4)
 FLOAT16_MIN, FLOAT16_MAX = 2.0 ** -14, 65504.0  # normal float16
 
 
@@ -176,10 +177,27 @@ def linear_int4(n: int, k: int, name: str = "linear_int4", scale: str = "float16
                         for j in T.vectorized(BLOCK):
                             tile[c * NIBBLES + i, j] = _signed_nibble(packed[t, g * chunks + c, j], i, 1) \
                                 * T.Cast("float32", scales[t, g, j])
-                for m in T.serial(T.min(ROW_BLOCK, rows - mb * ROW_BLOCK)):
+                # QUAD rows at a time in registers: QUAD x BLOCK / lanes independent sums
+                for q in T.serial(T.min(ROW_BLOCK, rows - mb * ROW_BLOCK) // QUAD):
+                    regs = T.decl_buffer((QUAD, BLOCK), "float32", scope="local")
+                    for r in T.unroll(QUAD):
+                        for j in T.vectorized(BLOCK):
+                            regs[r, j] = acc[q * QUAD + r, j]
+                    for i in T.unroll(GROUP):
+                        for r in T.unroll(QUAD):
+                            for j in T.vectorized(BLOCK):
+                                regs[r, j] = fma(x[mb * ROW_BLOCK + q * QUAD + r, g * GROUP + i], tile[i, j],
+                                                 regs[r, j])
+                    for r in T.unroll(QUAD):
+                        for j in T.vectorized(BLOCK):
+                            acc[q * QUAD + r, j] = regs[r, j]
+                for m in T.serial(T.min(ROW_BLOCK, rows - mb * ROW_BLOCK) % QUAD):
                     for i in T.unroll(GROUP):
                         for j in T.vectorized(BLOCK):
-                            acc[m, j] = fma(x[mb * ROW_BLOCK + m, g * GROUP + i], tile[i, j], acc[m, j])
+                            acc[T.min(ROW_BLOCK, rows - mb * ROW_BLOCK) // QUAD * QUAD + m, j] = fma(
+                                x[mb * ROW_BLOCK + T.min(ROW_BLOCK, rows - mb * ROW_BLOCK) // QUAD * QUAD + m,
+                                  g * GROUP + i], tile[i, j],
+                                acc[T.min(ROW_BLOCK, rows - mb * ROW_BLOCK) // QUAD * QUAD + m, j])
             for m in T.serial(T.min(ROW_BLOCK, rows - mb * ROW_BLOCK)):
                 for j in T.vectorized(BLOCK):
                     y[mb * ROW_BLOCK + m, t * BLOCK + j] = acc[m, j]
