@@ -21,6 +21,7 @@ def default_rules(target: Target, options: CompileOptions | None = None) -> list
             cpu.Conv2d(options=options),
             cpu.Attention(options),
             cpu.BlockedNorm(),
+            cpu.FullMinMax(),
             cpu.Reduction(),
             cpu.Elementwise(),
             cpu.Fallback(),

@@ -1,7 +1,7 @@
 """Default TensorIR schedule rules for LLVM CPU targets (dlight style).
 
-Order of use: VNNIMatmul, Gemm, VNNIConv2d, BlockedConv2d, Depthwise, Conv2d, Attention, BlockedNorm, Reduction,
-Elementwise, Fallback (each returns None for a PrimFunc it does not handle).  ``VectorizeMath``
+Order of use: VNNIMatmul, Gemm, VNNIConv2d, BlockedConv2d, Depthwise, Conv2d, Attention, BlockedNorm,
+FullMinMax, Reduction, Elementwise, Fallback (each returns None for a PrimFunc it does not handle).  ``VectorizeMath``
 runs after them: it turns the
 float32 transcendental calls of vectorized loops into SIMD arithmetic (``vector_math``).
 """
@@ -13,10 +13,11 @@ from .conv2d_int8 import VNNIConv2d, VNNIMatmul
 from .depthwise import Depthwise
 from .elementwise import Elementwise
 from .fallback import Fallback
+from .full_minmax import FullMinMax
 from .gemm import Gemm
 from .norm_blocked import BlockedNorm
 from .reduction import Reduction
 from .vector_math import VectorizeMath
 
 __all__ = ["Attention", "BlockedConv2d", "BlockedNorm", "Conv2d", "Depthwise", "Elementwise", "Fallback",
-           "Gemm", "Reduction", "VNNIConv2d", "VNNIMatmul", "VectorizeMath"]
+           "FullMinMax", "Gemm", "Reduction", "VNNIConv2d", "VNNIMatmul", "VectorizeMath"]
