@@ -3,7 +3,7 @@ random decoders of many families (2 layers, hidden 64): the families E17 names a
 decoders a user is likely to try next. Prints one row per family: equal / differs /
 refused (with our error), and the compile seconds.
 
-    python -m scripts.sweep_llm [--families llama gpt2 ...] [--steps 20] [--json out.json] [--weights int8]
+    python -m scripts.sweep_llm [--families llama gpt2 ...] [--steps 20] [--json out.json] [--weights int8|int4]
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ def main() -> None:
     parser.add_argument("--families", nargs="*", default=list(table))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json")
-    parser.add_argument("--weights", choices=("float32", "int8"), default="float32",
-                        help="int8: compile with weights='int8' and compare with the model whose linear "
-                             "weights numpy rounded to int8 (tests.helpers.int8_rounded_copy)")
+    parser.add_argument("--weights", choices=("float32", "int8", "int4"), default="float32",
+                        help="int8 / int4: compile with those weights and compare with the model whose linear "
+                             "weights numpy rounded so (tests.helpers.int8_rounded_copy)")
     args = parser.parse_args()
     rows = []
     for family in args.families:
@@ -79,8 +79,8 @@ def main() -> None:
             print(f"{family:10} refused: {str(err)[:300]}", flush=True)
             continue
         secs = time.perf_counter() - start
-        if args.weights == "int8":
-            model = int8_rounded_copy(model)
+        if args.weights != "float32":
+            model = int8_rounded_copy(model, args.weights)
         with torch.no_grad():
             want = model.generate(torch.from_numpy(prompt), max_new_tokens=args.steps, do_sample=False,
                                   eos_token_id=None, pad_token_id=0).numpy()
