@@ -18,6 +18,10 @@ from tvm.target import Target
 from .common import MIN_PARALLEL_WORK, loop_kinds, nest_work, try_parallel
 
 
+def _is_zero(extent: tirx.Expr) -> bool:
+    return isinstance(extent, tirx.IntImm) and extent.value == 0
+
+
 def leading_spatial_nest(sch: s_tir.Schedule, block: SBlockRV) -> list[LoopRV]:
     """The outer loops of ``block`` that bind only spatial iterators and nest perfectly."""
     nest: list[LoopRV] = []
@@ -50,8 +54,8 @@ class Fallback(CPUScheduleRule):
             return sch  # the body is not a block
         for block in sch.get_child_blocks(root):
             loops = sch.get_loops(block)
-            if not loops:
-                continue
+            if not loops or any(_is_zero(sch.get(loop).extent) for loop in loops):
+                continue  # no loop, or an empty one (a slice of zero width): nothing to run in parallel
             work = nest_work(sch, loops[0])
             if work is not None and work < MIN_PARALLEL_WORK:
                 continue

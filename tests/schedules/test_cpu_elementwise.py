@@ -197,3 +197,26 @@ def test_fallback_result_matches_numpy_on_opaque_block(rand):
     b = tvm.runtime.tensor(np.zeros_like(a))
     lib["main"](tvm.runtime.tensor(a), b)
     np.testing.assert_allclose(b.numpy(), np.cumsum(a, axis=1), rtol=1e-4, atol=1e-4)
+
+
+def test_fallback_leaves_a_block_of_zero_extent_alone():
+    """A slice of zero width (Phi-3's pass-through part of a full rotary) is a loop of
+    extent 0: the rule must not try to fuse or split it (TVM divides by the extent)."""
+
+    @T.prim_func(s_tir=True)
+    def with_empty(a: T.Buffer((4, 16), "float32"), b: T.Buffer((4, 0), "float32"), c: T.Buffer((4, 16), "float32")):
+        for i, j in T.grid(4, 0):
+            with T.sblock("empty"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = T.float32(0)
+        for i, j in T.grid(4, 16):
+            with T.sblock("copy"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                c[vi, vj] = a[vi, vj]
+
+    sch = Fallback().apply(with_empty, TARGET, False)
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=TARGET)
+    a = np.arange(64, dtype=np.float32).reshape(4, 16)
+    c = tvm.runtime.empty((4, 16), "float32")
+    lib["main"](tvm.runtime.tensor(a), tvm.runtime.empty((4, 0), "float32"), c)
+    np.testing.assert_array_equal(c.numpy(), a)
