@@ -20,7 +20,8 @@ Taken as written, the float graph rounds every product and partial sum: the two 
 by one unit of ``y`` where a sum falls near a rounding boundary, and the integer form is
 the exact sum of the float graph's real-number values, rounded once. Every engine that
 runs QDQ models fast computes the integer form; this pass does it where the target has
-an integer convolution (AVX-512 VNNI: ``schedules.cpu.conv2d_int8``), records each
+integer kernels (AVX-512 VNNI: ``schedules.cpu.conv2d_int8``; with AVX2 alone, matmuls
+only, whose kernel is the exact ``vpmaddubsw`` form of ``int8_dot``), records each
 rewrite as an ``approximate:qdq_integer`` decision (listed with the library's
 approximations), and ``CompileOptions.qdq_integer=False`` keeps the float graph.
 
@@ -368,9 +369,9 @@ def _qdq_ops(call: relax.Call, var2val: dict, zero_dtype: str, make) -> relax.Ex
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, integer: bool, report: FusionReport | None) -> None:
+    def __init__(self, mod: tvm.IRModule, integer: bool, report: FusionReport | None, convs: bool = True) -> None:
         super().__init__(mod)
-        self.integer, self.report = integer, report
+        self.integer, self.report, self.convs = integer, report, convs
         self.var2val: dict = {}
         self.uses: dict = {}
 
@@ -389,6 +390,8 @@ class _Rewriter(relax.PyExprMutator):
             q, reason = match_qconv(value, self.var2val, self.uses)
             if q is not None and not _fits_int32(q):
                 q, reason = None, "an int32 sum could overflow"
+            if q is not None and not q.is_matmul and not self.convs:
+                q, reason = None, "integer convolutions need AVX-512 VNNI on this target (their blocked layout)"
             if q is not None:
                 self._record(q.members + (binding.var.name,), True,
                              "integer conv as QLinearConv: int32 sums, one rescale, round half to even"
@@ -420,12 +423,14 @@ class _Rewriter(relax.PyExprMutator):
             self.report.add(Decision(QDQ_INTEGER, members, accepted, note=note))
 
 
-def integer_qdq(mod: tvm.IRModule, integer: bool = True, report: FusionReport | None = None) -> tvm.IRModule:
+def integer_qdq(mod: tvm.IRModule, integer: bool = True, report: FusionReport | None = None,
+                convs: bool = True) -> tvm.IRModule:
     """The pass of the module docstring on every Relax function of ``mod``; ``integer``
-    False only decomposes quantize and dequantize."""
+    False only decomposes quantize and dequantize; ``convs`` False keeps convolutions
+    float (a target whose int8 kernels are matmuls only: AVX2)."""
     if not any(isinstance(f, relax.Function) and _has_qdq(f) for _, f in mod.functions_items()):
         return mod
-    rewriter = _Rewriter(mod, integer, report)
+    rewriter = _Rewriter(mod, integer, report, convs)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function) and _has_qdq(func):
             rewriter.builder_.update_func(gv, rewriter.visit_function(func))

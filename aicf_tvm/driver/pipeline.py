@@ -63,7 +63,7 @@ from schedules import apply_default_schedules
 from schedules.cpu.codegen import codegen_target
 from schedules.cpu.common import float32_lanes
 from schedules.cpu.comparisons import NaNExactComparisons
-from schedules.cpu.conv2d_int8 import has_vnni
+from schedules.cpu.conv2d_int8 import has_vnni, int8_dot
 from schedules.cpu.ieee_arith import IEEEArithmetic
 from schedules.cpu.int_arith import WrappingIntegers
 from schedules.cpu.linear_int4 import for_target as int4_for_target
@@ -107,10 +107,13 @@ def normalize(mod: tvm.IRModule, options: CompileOptions | None = None,
     feed (``relax_passes.SinkReshapes``); ``options`` may leave out CombineProjections."""
     options = options_or_default(options)
     target = resolve_target(options.target) if options.target is not None else None
-    integer = options.qdq_integer and target is not None and target.kind.name == "llvm" and has_vnni(target)
+    llvm = target is not None and target.kind.name == "llvm"
+    integer = options.qdq_integer and llvm and int8_dot(target) is not None
+    convs = llvm and has_vnni(target)  # AVX2: integer matmuls, float convolutions
     seq = [
         relax.transform.ConvertToDataflow(min_size=1),
-        tvm.transform.module_pass(lambda m, _ctx: integer_qdq(m, integer, report), opt_level=0, name="IntegerQDQ"),
+        tvm.transform.module_pass(lambda m, _ctx: integer_qdq(m, integer, report, convs), opt_level=0,
+                                  name="IntegerQDQ"),
         NormalizeCreationOps(),
         BoundShapes(),
         FoldConstantIEEE(),

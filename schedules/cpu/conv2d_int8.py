@@ -79,10 +79,52 @@ def _dot_vnni(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), 
 
 TensorIntrin.register(VNNI_INTRIN, _dot_desc, _dot_vnni, override=True)
 
+AVX2_INTRIN = "aicf_dot_16x4_u8i8i32_avx2_local"
+_LOW7, _HIGH1 = 0x7F7F7F7F, -0x7F7F7F80  # each byte's low 7 bits; each byte's top bit (0x80808080)
+
+
+def _pmaddubsw(a: tirx.Expr, b: tirx.Expr) -> tirx.Expr:
+    return T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", a, b)
+
+
+def _pmaddwd_ones(x: tirx.Expr) -> tirx.Expr:
+    return T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", x, T.broadcast(T.int16(1), 16))
+
+
+# The same 16 x 4 dot product on AVX2, exact: ``vpmaddubsw`` adds two u8 x s8 products
+# into an int16 with saturation, which |a0 b0 + a1 b1| <= 255 * 256 can exceed. With the
+# data split into its low 7 bits and its top bit, each ``vpmaddubsw`` stays in range
+# (127 * 256 = 32512; 128 * (b0 + b1) in [-32768, 32512]), and ``vpmaddwd`` by ones adds
+# the pairs into int32: the same sums as vpdpbusd, in two halves of 8 lanes.
+@T.prim_func(s_tir=True)
+def _dot_avx2(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
+              c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
+    with T.sblock("root"):
+        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+        T.writes(c[0:16])
+        a_i32 = T.reinterpret(a.vload([0], "uint8x4"), dtype="int32")
+        low = T.reinterpret(T.broadcast(T.bitwise_and(a_i32, T.int32(_LOW7)), 8), dtype="int8x32")
+        high = T.reinterpret(T.broadcast(T.bitwise_and(a_i32, T.int32(_HIGH1)), 8), dtype="int8x32")
+        for h in T.unroll(2):
+            c[T.ramp(8 * h, 1, 8)] = c[T.ramp(8 * h, 1, 8)] \
+                + _pmaddwd_ones(_pmaddubsw(low, b.vload([8 * h, 0], dtype="int8x32"))) \
+                + _pmaddwd_ones(_pmaddubsw(high, b.vload([8 * h, 0], dtype="int8x32")))
+
+
+TensorIntrin.register(AVX2_INTRIN, _dot_desc, _dot_avx2, override=True)
+
 
 def has_vnni(target: Target) -> bool:
     """AVX-512 VNNI (``vpdpbusd`` on 512-bit registers)."""
     return _has_feature(target, "avx512vnni") and _has_feature(target, "avx512bw")
+
+
+def int8_dot(target: Target) -> str | None:
+    """The tensor intrinsic of the int8 kernels on ``target``: ``vpdpbusd`` with AVX-512
+    VNNI, the exact ``vpmaddubsw`` form with AVX2, None without either."""
+    if has_vnni(target):
+        return VNNI_INTRIN
+    return AVX2_INTRIN if _has_feature(target, "avx2") else None
 
 
 def _int8_reads(stmt: s_tir.SBlock) -> bool:
@@ -124,7 +166,7 @@ def schedule_vnni(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: Con
     sch.vectorize(sch.get_loops(init)[-1])
     sch.unroll(xi)
     sch.unroll(oi)
-    sch.tensorize(j, VNNI_INTRIN)
+    sch.tensorize(j, int8_dot(target))
 
 
 def vnni_matmul_block(sch: s_tir.Schedule) -> SBlockRV | None:
@@ -167,12 +209,14 @@ def schedule_vnni_matmul(sch: s_tir.Schedule, main: SBlockRV, target: Target,
     sch.vectorize(sch.get_loops(init)[-1])
     sch.unroll(mi)
     sch.unroll(noi)
-    sch.tensorize(ni, VNNI_INTRIN)
+    sch.tensorize(ni, int8_dot(target))
 
 
 class _VNNIRule(CPUScheduleRule):
-    """A rule for an int8 kernel on a target with AVX-512 VNNI: ``find`` the block, then
-    ``schedule`` it; None for anything else."""
+    """A rule for an int8 kernel on a target with an int8 dot product (``int8_dot``:
+    AVX-512 VNNI, or AVX2): ``find`` the block, then ``schedule`` it; None for anything else."""
+
+    needs_vnni = False  # the convolutions' blocked layouts exist with VNNI only
 
     def __init__(self, options: CompileOptions | None = None) -> None:
         self.options = options
@@ -184,7 +228,8 @@ class _VNNIRule(CPUScheduleRule):
         raise NotImplementedError
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target) or not has_vnni(target):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target) or int8_dot(target) is None \
+                or (self.needs_vnni and not has_vnni(target)):
             return None
         try:
             sch = s_tir.Schedule(func)
@@ -198,8 +243,9 @@ class _VNNIRule(CPUScheduleRule):
 
 
 class VNNIMatmul(_VNNIRule):
-    """The int8 matmul on a target with AVX-512 VNNI, on AMX tiles where the target has them
-    and the shape takes whole 32 x 32 x 64 blocks (``amx_int8``); None for anything else."""
+    """The int8 matmul on a target with AVX-512 VNNI or AVX2 (``int8_dot``), on AMX tiles
+    where the target has them and the shape takes whole 32 x 32 x 64 blocks
+    (``amx_int8``); None for anything else."""
 
     def find(self, sch: s_tir.Schedule) -> SBlockRV | None:
         return vnni_matmul_block(sch)
@@ -216,6 +262,8 @@ class VNNIMatmul(_VNNIRule):
 class VNNIConv2d(_VNNIRule):
     """The int8 blocked conv2d on a target with AVX-512 VNNI; None for anything else."""
 
+    needs_vnni = True
+
     def find(self, sch: s_tir.Schedule) -> SBlockRV | None:
         return vnni_conv_block(sch)
 
@@ -223,5 +271,5 @@ class VNNIConv2d(_VNNIRule):
         schedule_vnni(sch, main, target, vnni_plan(sch, main, target, self.options))
 
 
-__all__ = ["VNNIConv2d", "VNNIMatmul", "has_vnni", "schedule_vnni", "schedule_vnni_matmul", "vnni_conv_block",
-           "vnni_matmul_block", "vnni_plan"]
+__all__ = ["AVX2_INTRIN", "VNNIConv2d", "VNNIMatmul", "has_vnni", "int8_dot", "schedule_vnni", "schedule_vnni_matmul",
+           "vnni_conv_block", "vnni_matmul_block", "vnni_plan"]

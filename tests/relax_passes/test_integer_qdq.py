@@ -16,6 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 import aicf_tvm
 from aicf_tvm.core.options import CompileOptions
+from aicf_tvm.runtime import cpu_features
 from aicf_tvm.runtime.targets import resolve_target
 from relax_passes.integer_qdq import QDQ_INTEGER
 from relax_passes.legalize_int8_matmul import padded_rows
@@ -333,3 +334,50 @@ def test_a_bias_of_another_scale_is_added_before_the_rounding():
         got = np.asarray(model(xq)).astype(int)
         assert 0 < np.count_nonzero((want != 0) & (want != 255))
         assert np.abs(got - want).max() <= 1 and np.mean(got == want) > 0.98
+
+
+AVX2 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"}  # AVX2, no AVX-512
+needs_avx2 = pytest.mark.skipif("avx2" not in cpu_features.isa_flags(), reason="the CPU has no AVX2")
+
+
+@needs_avx2
+@pytest.mark.parametrize("rows, k, n", [(24, 64, 48), (13, 128, 32)])
+def test_an_avx2_qdq_matmul_runs_in_integers_without_saturating(rows, k, n):
+    """On an AVX2 target the int8 matmul is ``vpmaddubsw`` on the data's low 7 bits and its
+    top bit (each in range) and ``vpmaddwd``: extreme weights and data, where the plain
+    ``vpmaddubsw`` saturates its int16 pair sums, give QLinearMatMul's bits."""
+    rng = np.random.default_rng(21)
+    qdq, qlinear = _qdq_matmul(rng, rows, k, n)
+    for init in qdq.graph.initializer:  # pairs of weights at +-127 and -128: 255 * 255 > 32767
+        if init.name == "wq":
+            wq = rng.choice(np.array([-128, -127, 127, 126, 3], np.int8), (k, n))
+            init.CopyFrom(_const("wq", wq))
+    for init in qlinear.graph.initializer:
+        if init.name == "wq":
+            init.CopyFrom(_const("wq", wq))
+    model = aicf_tvm.compile(qdq, target=AVX2, cache=False)
+    assert [d.accepted for d in model.report.decisions if d.candidate == QDQ_INTEGER] == [True]
+    assert any(k.schedule == "VNNIMatmul" for k in model.kernels), [k.schedule for k in model.kernels]
+    text = str(model.lowered)
+    assert "llvm.x86.avx2.pmadd.ub.sw" in text and "vpdpbusd" not in text and "tdpbusd" not in text
+    reference = ReferenceEvaluator(qlinear)
+    for high in (True, False):
+        xq = rng.integers(200 if high else 0, 256, (1, rows, k)).astype(np.uint8)
+        want = reference.run(None, {"xq": xq})[0]
+        got = np.asarray(model(xq))
+        assert 0 < np.count_nonzero((want != 0) & (want != 255))
+        np.testing.assert_array_equal(got, want)
+
+
+@needs_avx2
+def test_an_avx2_target_keeps_qdq_convolutions_float_and_says_why():
+    rng = np.random.default_rng(22)
+    p = _params(rng, True, 0, 3)
+    model = aicf_tvm.compile(_qdq_conv(p, 1, 1, True), target=AVX2, cache=False)
+    refused = [d for d in model.report.decisions if d.candidate == QDQ_INTEGER]
+    assert refused and not any(d.accepted for d in refused)
+    assert "integer convolutions need AVX-512 VNNI" in refused[0].note
+    xq = rng.integers(0, 256, (1, C, HW, HW)).astype(np.uint8)
+    want = ReferenceEvaluator(_qdq_conv(p, 1, 1, True)).run(None, {"xq": xq})[0]  # the float graph's values
+    got = np.asarray(model(xq))
+    assert np.max(np.abs(got.astype(np.int32) - want.astype(np.int32))) <= 1
