@@ -309,6 +309,20 @@ def int8_rounded_copy(model: Any, weights: str = "int8") -> Any:
     return ref
 
 
+def compile_quantized(model: Any, weights: str, max_length: int) -> Any:
+    """``compile_causal_lm(model, max_length, weights=weights)``, checking that the user's
+    model is not changed by the quantization (its state dict equal before and after)."""
+    import torch
+
+    import aicf_tvm
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    lm = aicf_tvm.compile_causal_lm(model, max_length=max_length, weights=weights)
+    for k, v in model.state_dict().items():  # the user's model is not quantized
+        assert torch.equal(v, before[k]), k
+    return lm
+
+
 def relax_constants(mod: Any, names: Sequence[str] = ("main",)) -> list:
     """The constants the Relax functions ``names`` of ``mod`` hold, each object once (the
     functions of one library share theirs)."""

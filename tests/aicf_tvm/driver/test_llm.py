@@ -56,6 +56,16 @@ def prompts(seed: int, batch: int = 2) -> np.ndarray:
     return np.random.default_rng(seed).integers(3, 256, (batch, PROMPT))
 
 
+def assert_like_model(lm, ref, want: np.ndarray, ids: np.ndarray) -> None:
+    """``lm``'s prefill of ``ids``' first 3 tokens and its decode of the rest give ``want``
+    (``ref``'s logits of ``ids``), and its greedy tokens are ``ref``'s."""
+    np.testing.assert_allclose(lm.prefill(ids[:, :3])[0], want[2], rtol=1e-4, atol=1e-4)
+    for k in range(3, PROMPT):
+        np.testing.assert_allclose(lm.decode(ids[:, k])[0], want[k], rtol=1e-4, atol=1e-4)
+    ids = prompts(11)
+    np.testing.assert_array_equal(lm.generate(ids, max_new_tokens=8, stop_tokens=[]), reference(ref, ids, 8))
+
+
 def test_greedy_tokens_equal_transformers_up_to_the_bound(compiled):
     model, lm = compiled
     ids = prompts(5)

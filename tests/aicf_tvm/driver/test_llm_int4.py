@@ -17,8 +17,8 @@ import aicf_tvm
 from aicf_tvm.driver.quantize_weights import quantize_int4, unpack_int4
 from aicf_tvm.runtime.deploy import manifest, read_metadata
 from schedules.cpu.linear_int4 import pack_int4
-from tests.aicf_tvm.driver.test_llm import MAX_LENGTH, PROMPT, SMALL, build, prompts, reference
-from tests.helpers import int8_rounded_copy, relax_constants
+from tests.aicf_tvm.driver.test_llm import MAX_LENGTH, SMALL, assert_like_model, build, prompts, reference
+from tests.helpers import compile_quantized, int8_rounded_copy, relax_constants
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -49,11 +49,7 @@ def _build(family: str):
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
 def int4(request):
     model = _build(request.param)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    lm = aicf_tvm.compile_causal_lm(model, max_length=MAX_LENGTH, weights="int4")
-    for k, v in model.state_dict().items():  # the user's model is not quantized
-        assert torch.equal(v, before[k]), k
-    return model, lm
+    return model, compile_quantized(model, "int4", MAX_LENGTH)
 
 
 def test_quantize_int4_rounds_each_group_by_its_own_scale():
@@ -96,11 +92,7 @@ def test_logits_and_tokens_equal_the_int4_rounded_model(int4):
         want = ref(input_ids=torch.from_numpy(ids)).logits[0].numpy()
         int8 = int8_rounded_copy(model)(input_ids=torch.from_numpy(ids)).logits[0].numpy()
     assert not np.allclose(want, int8, rtol=1e-3, atol=1e-4)  # int4's rounding shows in the logits
-    np.testing.assert_allclose(lm.prefill(ids[:, :3])[0], want[2], rtol=1e-4, atol=1e-4)
-    for k in range(3, PROMPT):
-        np.testing.assert_allclose(lm.decode(ids[:, k])[0], want[k], rtol=1e-4, atol=1e-4)
-    ids = prompts(11)
-    np.testing.assert_array_equal(lm.generate(ids, max_new_tokens=8, stop_tokens=[]), reference(ref, ids, 8))
+    assert_like_model(lm, ref, want, ids)
 
 
 def test_weights_are_stored_once_packed_and_each_layer_is_reported(int4):

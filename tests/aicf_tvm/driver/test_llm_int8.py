@@ -16,8 +16,8 @@ import pytest
 import aicf_tvm
 from aicf_tvm.driver.quantize_weights import quantize_int8
 from aicf_tvm.runtime.deploy import manifest, read_metadata
-from tests.aicf_tvm.driver.test_llm import MAX_LENGTH, PROMPT, build, prompts, reference
-from tests.helpers import int8_rounded_copy, relax_constants
+from tests.aicf_tvm.driver.test_llm import MAX_LENGTH, assert_like_model, build, prompts, reference
+from tests.helpers import compile_quantized, int8_rounded_copy, relax_constants
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -30,11 +30,7 @@ def _linears(model) -> int:
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
 def int8(request):
     model = build(request.param)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    lm = aicf_tvm.compile_causal_lm(model, max_length=MAX_LENGTH, weights="int8")
-    for k, v in model.state_dict().items():  # the user's model is not quantized
-        assert torch.equal(v, before[k]), k
-    return model, lm
+    return model, compile_quantized(model, "int8", MAX_LENGTH)
 
 
 def test_quantize_int8_rounds_half_to_even_per_channel():
@@ -53,11 +49,7 @@ def test_logits_and_tokens_equal_the_int8_rounded_model(int8):
         want = ref(input_ids=torch.from_numpy(ids)).logits[0].numpy()
         fp32 = model(input_ids=torch.from_numpy(ids)).logits[0].numpy()
     assert not np.allclose(want, fp32, rtol=1e-4, atol=1e-5)  # the rounding shows in the logits
-    np.testing.assert_allclose(lm.prefill(ids[:, :3])[0], want[2], rtol=1e-4, atol=1e-4)
-    for k in range(3, PROMPT):
-        np.testing.assert_allclose(lm.decode(ids[:, k])[0], want[k], rtol=1e-4, atol=1e-4)
-    ids = prompts(11)
-    np.testing.assert_array_equal(lm.generate(ids, max_new_tokens=8, stop_tokens=[]), reference(ref, ids, 8))
+    assert_like_model(lm, ref, want, ids)
 
 
 def test_weights_are_stored_once_as_int8_and_each_layer_is_reported(int8):
