@@ -200,7 +200,7 @@ class _Lifter(PyExprMutator):
 
     def _calls_scheduled_kernel(self, call: relax.Call) -> bool:
         """A ``call_tir`` of a PrimFunc written and scheduled by hand (``tirx.is_scheduled``:
-        ``relax_passes.linear_int4``'s kernels) stays as it is: no Emit could fuse it (its
+        ``aicf_tvm.driver.frontends.int4``'s kernels) stays as it is: no Emit could fuse it (its
         body is no block ``FuseTIR`` can merge)."""
         if call.op.name != "relax.call_tir" or not isinstance(call.args[0], relax.GlobalVar):
             return False

@@ -212,7 +212,7 @@ def has_lut(target: Target) -> bool:
 
 def for_target(mod: IRModule, target: Target) -> IRModule:
     """``mod`` with each ``gemv_int4`` kernel in the form for ``target``: the importer
-    builds the portable one, not knowing the target (``relax_passes.linear_int4``)."""
+    builds the portable one, not knowing the target (``aicf_tvm.driver.frontends.int4``)."""
     lut = has_lut(target)
     out = mod
     for gv, func in mod.functions_items():

@@ -22,10 +22,10 @@ from tvm import relax, tirx
 
 from aicf_tvm.core.errors import UnsupportedModelError
 from relax_passes.creation_ops import arange_form
-from relax_passes.linear_int4 import linear_int4_call
 
 from ..symbolic import rename_dims, torch_dim_names
 from .common import first_line, normalize_import
+from .int4 import linear_int4_call
 from .torch_export import capture
 from .torch_indices import index_converters
 

@@ -1,4 +1,5 @@
-"""The Relax form of a group-wise int4 linear layer (``compile_causal_lm(weights="int4")``):
+"""The Relax form of a group-wise int4 linear layer (``compile_causal_lm(weights="int4")``,
+imported by ``from_torch``'s converter of ``aicf::linear_int4``):
 ``x [..., K]`` times the weight packed by ``schedules.cpu.linear_int4.pack_int4``, as a
 ``call_tir`` of that module's hand-scheduled kernel over ``x``'s rows: ``gemv_int4`` for
 one row (the decode step), reading ``x`` in its own shape; ``linear_int4`` for any other
