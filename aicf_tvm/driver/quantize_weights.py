@@ -3,7 +3,8 @@
 An explicit opt-in that changes results (the model computes with rounded weights), so it
 is never applied by default, and what it changed is recorded: each quantized layer and the
 relative error of its output against the float32 layer on the calibration prompt
-(``QuantizedLayer``), listed in the report as ``approximate:weights_int8`` decisions.
+(``QuantizedLayer``), listed in the report as ``approximate:weights_int8`` /
+``approximate:weights_int4`` decisions.
 
 ``int8``: symmetric per output channel, ``scale = max|w| / 127``, ``q = round(w / scale)``
 (round half to even) in ``[-127, 127]``. The layer computes
@@ -17,9 +18,9 @@ a quarter of the float32 bytes a decode step reads.
 (stored as float16 when every scale of the layer is a normal float16, float32 otherwise),
 ``v = round(w / scale)`` in ``[-7, 7]`` by the stored scale, as two's complement nibbles,
 eight per int32, in the order of ``schedules.cpu.linear_int4``'s kernels (packed at
-quantization), with the scales beside them. The layer is one op, ``aicf::linear_int4`` (a PyTorch
-custom op: ``linear(x, v * scale)`` in PyTorch), which the importer turns into a call of
-those kernels (``aicf_tvm.driver.frontends.torch``): the decode step reads the packed
+quantization), with the scales beside them. The layer is one op, ``aicf::linear_int4``
+(a PyTorch custom op: ``linear(x, v * scale)`` in PyTorch), which the importer turns into
+a call of those kernels (``aicf_tvm.driver.frontends.int4``): the decode step reads the packed
 words and widens them in registers. A layer whose outputs are no multiple of the kernels'
 block of 64 (GPT-2's 50257-token head) gets zero rows up to one, whose outputs are
 dropped after the kernel; one whose inputs are no multiple of 32 is stored as int8
