@@ -72,6 +72,8 @@ def _match(func: tirx.PrimFunc, lanes: int):
     if not (isinstance(acc, ir.TensorLoad) and acc.source.same_as(store.buffer) and isinstance(x, ir.TensorLoad)):
         return None
     buf = x.source
+    if list(getattr(buf, "strides", None) or []):  # read as one dense row below
+        return None
     shape = [d.value if isinstance(d, tirx.IntImm) else None for d in buf.shape]
     if None in shape or not shape or shape[-1] % lanes or len(x.indices) != len(red.iter_vars):
         return None
