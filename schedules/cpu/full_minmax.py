@@ -32,7 +32,7 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from .common import float32_lanes
+from .common import float32_lanes, is_one
 
 UNROLL = 8  # vectors of x per step of the main pass
 ABS_BITS = 0x7FFFFFFF  # a float32's bits without its sign
@@ -55,7 +55,7 @@ def _match(func: tirx.PrimFunc, lanes: int):
     if not red.iter_vars or any(iv.iter_type != tirx.IterVar.CommReduce for iv in red.iter_vars):
         return None
     for block in epilogues:  # scalar steps after the reduction (DynamicQuantizeLinear's scale)
-        if any(iv.iter_type == tirx.IterVar.CommReduce or not _is_one(iv.dom.extent) for iv in block.iter_vars):
+        if any(iv.iter_type == tirx.IterVar.CommReduce or not is_one(iv.dom.extent) for iv in block.iter_vars):
             return None
     store, init = red.body, red.init
     if not (isinstance(store, tirx.BufferStore) and isinstance(init, tirx.BufferStore)
@@ -89,10 +89,6 @@ def _match(func: tirx.PrimFunc, lanes: int):
     if sum(_contains(outer, b) for b in blocks) != 1:  # the nest holds the reduction alone
         return None
     return buf, store.buffer, shape, kind, acc_first, float(init.value.value), outer
-
-
-def _is_one(extent: tirx.Expr) -> bool:
-    return isinstance(extent, tirx.IntImm) and extent.value == 1
 
 
 def _depth(loop: tirx.For) -> int:

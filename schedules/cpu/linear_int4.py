@@ -21,8 +21,8 @@ stay in registers over the whole ``K``; per group it sums ``x[k] * v`` in two ch
     y[n] = sum_g scale[n, g] * sum_{k in g} x[k] * v[n, k]
 
 Each lane's value is its 4 bits at the top of the int32, shifted back down with the sign
-(``(word << (28 - 4i)) >> 28``) and converted; on AVX-512 (``gemv_int4_lut``) the float
-is looked up instead: ``vpermps`` picks it from the 16 values ``[0 .. 7, -8 .. -1]`` by the
+(``(word << (28 - 4i)) >> 28``) and converted; on AVX-512 (``gemv_int4(lut=True)``) the
+float is looked up instead: ``vpermps`` picks it from the 16 values ``[0 .. 7, -8 .. -1]`` by the
 low 4 bits of ``word >> 4i``, one shift and one lookup per 16 weights.
 
 ``linear_int4`` (any number of rows: the prompt): per group, the ``[GROUP, BLOCK]`` tile of
@@ -65,8 +65,9 @@ def fits_int4(n: int, k: int) -> bool:
 
 def scale_dtype(scale: np.ndarray) -> str:
     """float16 when every scale is a normal float16 number, else float32."""
-    finite = np.abs(scale)
-    return "float16" if finite.size and finite.min() >= FLOAT16_MIN and finite.max() <= FLOAT16_MAX else "float32"
+    magnitude = np.abs(scale)
+    normal = magnitude.size and magnitude.min() >= FLOAT16_MIN and magnitude.max() <= FLOAT16_MAX
+    return "float16" if normal else "float32"
 
 
 def pack_int4(v: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -166,9 +167,11 @@ def linear_int4(n: int, k: int, name: str = "linear_int4", scale: str = "float16
         for tm in T.parallel(tasks * ((rows + ROW_BLOCK - 1) // ROW_BLOCK)):
             t = T.meta_var(tm % tasks)
             mb = T.meta_var(tm // tasks)
+            count = T.meta_var(T.min(ROW_BLOCK, rows - mb * ROW_BLOCK))  # this task's rows
+            quads = T.meta_var(count // QUAD * QUAD)  # those in whole quads
             tile = T.decl_buffer((GROUP, BLOCK), "float32", scope="local")
             acc = T.decl_buffer((ROW_BLOCK, BLOCK), "float32", scope="local")
-            for m in T.serial(T.min(ROW_BLOCK, rows - mb * ROW_BLOCK)):
+            for m in T.serial(count):
                 for j in T.vectorized(BLOCK):
                     acc[m, j] = T.float32(0)
             for g in T.serial(groups):
@@ -178,7 +181,7 @@ def linear_int4(n: int, k: int, name: str = "linear_int4", scale: str = "float16
                             tile[c * NIBBLES + i, j] = _signed_nibble(packed[t, g * chunks + c, j], i, 1) \
                                 * T.Cast("float32", scales[t, g, j])
                 # QUAD rows at a time in registers: QUAD x BLOCK / lanes independent sums
-                for q in T.serial(T.min(ROW_BLOCK, rows - mb * ROW_BLOCK) // QUAD):
+                for q in T.serial(count // QUAD):
                     regs = T.decl_buffer((QUAD, BLOCK), "float32", scope="local")
                     for r in T.unroll(QUAD):
                         for j in T.vectorized(BLOCK):
@@ -191,14 +194,12 @@ def linear_int4(n: int, k: int, name: str = "linear_int4", scale: str = "float16
                     for r in T.unroll(QUAD):
                         for j in T.vectorized(BLOCK):
                             acc[q * QUAD + r, j] = regs[r, j]
-                for m in T.serial(T.min(ROW_BLOCK, rows - mb * ROW_BLOCK) % QUAD):
+                for m in T.serial(count % QUAD):
                     for i in T.unroll(GROUP):
                         for j in T.vectorized(BLOCK):
-                            acc[T.min(ROW_BLOCK, rows - mb * ROW_BLOCK) // QUAD * QUAD + m, j] = fma(
-                                x[mb * ROW_BLOCK + T.min(ROW_BLOCK, rows - mb * ROW_BLOCK) // QUAD * QUAD + m,
-                                  g * GROUP + i], tile[i, j],
-                                acc[T.min(ROW_BLOCK, rows - mb * ROW_BLOCK) // QUAD * QUAD + m, j])
-            for m in T.serial(T.min(ROW_BLOCK, rows - mb * ROW_BLOCK)):
+                            acc[quads + m, j] = fma(x[mb * ROW_BLOCK + quads + m, g * GROUP + i], tile[i, j],
+                                                    acc[quads + m, j])
+            for m in T.serial(count):
                 for j in T.vectorized(BLOCK):
                     y[mb * ROW_BLOCK + m, t * BLOCK + j] = acc[m, j]
 
@@ -217,11 +218,10 @@ def for_target(mod: IRModule, target: Target) -> IRModule:
     out = mod
     for gv, func in mod.functions_items():
         attrs = func.attrs if isinstance(func, tirx.PrimFunc) else None
-        form = str(attrs.get(INT4_GEMV_ATTR, "")) if attrs is not None else ""
-        if not form or bool(int(form.split()[4])) == lut:
+        form = str(attrs.get(INT4_GEMV_ATTR, "")).split() if attrs is not None else []
+        if not form or bool(int(form[4])) == lut:
             continue
-        n, k, rank, scale, _ = form.split()
-        n, k, rank = int(n), int(k), int(rank)
+        n, k, rank, scale = int(form[0]), int(form[1]), int(form[2]), form[3]
         rebuilt = gemv_int4(n, k, str(attrs["global_symbol"]), scale, lut, (1,) * rank)
         out = out.clone() if out is mod else out
         out[gv] = rebuilt
