@@ -23,7 +23,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from aicf_tvm.core.emit import EMIT_ATTR, emit_of
+from aicf_tvm.core.emit import EMIT_ATTR, emit_of, is_scheduled
 from aicf_tvm.core.kinds.describe import (
     describe_call,
     flat_tensor_args,
@@ -206,8 +206,7 @@ class _Lifter(PyExprMutator):
             return False
         mod = self.builder_.get()
         func = mod[call.args[0]] if call.args[0] in mod.get_global_vars() else None
-        return isinstance(func, tirx.PrimFunc) and bool(func.attrs is not None
-                                                       and func.attrs.get("tirx.is_scheduled", False))
+        return isinstance(func, tirx.PrimFunc) and is_scheduled(func)
 
 
 def lift_function(mod: tvm.IRModule, name: str = "main") -> tvm.IRModule:

@@ -21,6 +21,7 @@ from tvm.ir import IRModule
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
+from aicf_tvm.core.emit import is_scheduled
 from aicf_tvm.core.options import CompileOptions
 
 from .rules import default_rules
@@ -28,11 +29,6 @@ from .rules import default_rules
 __all__ = ["apply_default_schedules", "default_rules", "is_scheduled", "schedule_func"]
 
 _LOG = logging.getLogger(__name__)
-
-
-def is_scheduled(func: tirx.PrimFunc) -> bool:
-    """Whether ``func`` is marked as already scheduled."""
-    return bool(func.attrs is not None and func.attrs.get("tirx.is_scheduled", False))
 
 
 def schedule_func(

@@ -36,6 +36,7 @@ from tvm import relax, s_tir, tirx
 
 from aicf_tvm.core.emit import LAYOUT_FREE_ATTR as LAYOUT_FREE
 from aicf_tvm.core.emit import PREPACK_ANNOTATION as PREPROC
+from aicf_tvm.core.emit import is_scheduled
 
 _LOG = logging.getLogger(__name__)
 
@@ -55,8 +56,7 @@ def _call_tir_sites(func: relax.Function) -> list[tuple[str, list]]:
 def _is_ours_to_schedule(func: tirx.PrimFunc) -> bool:
     """An Emit kernel not yet scheduled: our default rules will schedule it (a tuned record
     already did, and is not rewritten)."""
-    attrs = func.attrs
-    return attrs is not None and "aicf.emit" in attrs and not attrs.get("tirx.is_scheduled", False)
+    return func.attrs is not None and "aicf.emit" in func.attrs and not is_scheduled(func)
 
 
 def mark_layout_free(mod: tvm.IRModule, func_name: str = "main") -> tvm.IRModule:

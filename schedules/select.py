@@ -47,6 +47,7 @@ from typing import Any
 import tvm
 from tvm import tirx
 
+from aicf_tvm.core.emit import is_scheduled
 from aicf_tvm.core.errors import TuningError
 from aicf_tvm.core.options import CompileOptions
 from aicf_tvm.core.tvm_values import to_python
@@ -355,7 +356,7 @@ def apply_database(mod: tvm.IRModule, target: tvm.target.Target, database: Any,
         choices = load_choices(database) if from_dir else {}
     updates = {}
     for gv, func in mod.functions_items():
-        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get("tirx.is_scheduled")):
+        if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
             continue
         workload = workload_of(func, target, options)
         if workload is None:

@@ -24,6 +24,8 @@ EMIT_ATTR = "aicf.emit"
 # rewrites such a param's layout (split out and run at compile time: pre-packed weights)
 LAYOUT_FREE_ATTR = "layout_free_buffers"
 PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
+# TVM's mark of a PrimFunc whose loops are final: no rule schedules it again
+SCHEDULED_ATTR = "tirx.is_scheduled"
 FORMAT_VERSION = 1
 
 # a frozen mapping is the sorted tuple of its (key, value) pairs
@@ -184,6 +186,13 @@ class Emit:
             )
         except (KeyError, TypeError, ValueError) as err:
             raise EncodingError(f"malformed {EMIT_ATTR} annotation: {err}") from err
+
+
+def is_scheduled(func: tvm.ir.BaseFunc) -> bool:
+    """Whether ``func`` (a PrimFunc) carries ``SCHEDULED_ATTR``: scheduled by a rule, a
+    tuned record, or by hand."""
+    attrs = getattr(func, "attrs", None)
+    return bool(attrs is not None and attrs.get(SCHEDULED_ATTR, False))
 
 
 def emit_of(func: tvm.ir.BaseFunc) -> Emit | None:
