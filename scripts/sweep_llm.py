@@ -50,7 +50,7 @@ def main() -> None:
     import torch
 
     import aicf_tvm
-    from tests.helpers import int8_rounded_copy
+    from tests.helpers import rounded_copy
 
     table = configs()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--weights", choices=("float32", "int8", "int4"), default="float32",
                         help="int8 / int4: compile with those weights and compare with the model whose linear "
-                             "weights numpy rounded so (tests.helpers.int8_rounded_copy)")
+                             "weights numpy rounded so (tests.helpers.rounded_copy)")
     args = parser.parse_args()
     rows = []
     for family in args.families:
@@ -80,7 +80,7 @@ def main() -> None:
             continue
         secs = time.perf_counter() - start
         if args.weights != "float32":
-            model = int8_rounded_copy(model, args.weights)
+            model = rounded_copy(model, args.weights)
         with torch.no_grad():
             want = model.generate(torch.from_numpy(prompt), max_new_tokens=args.steps, do_sample=False,
                                   eos_token_id=None, pad_token_id=0).numpy()

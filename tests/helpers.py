@@ -287,7 +287,7 @@ def _numpy_int4(weight: np.ndarray) -> np.ndarray:
     return (v * scale[:, :, None]).astype(np.float32).reshape(out, inputs)
 
 
-def int8_rounded_copy(model: Any, weights: str = "int8") -> Any:
+def rounded_copy(model: Any, weights: str = "int8") -> Any:
     """A copy of a transformers causal LM whose linear weights (``nn.Linear`` and GPT-2's
     ``Conv1D``, the LM head included; not the embedding) are rounded to int8 (or, with
     ``weights="int4"``, to int4 groups: ``_numpy_int4``) by numpy: the reference of
@@ -321,6 +321,18 @@ def compile_quantized(model: Any, weights: str, max_length: int) -> Any:
     for k, v in model.state_dict().items():  # the user's model is not quantized
         assert torch.equal(v, before[k]), k
     return lm
+
+
+def constant_elements(constants: Sequence, dtype: str) -> int:
+    """Elements of the ``constants`` (``relax_constants``) of ``dtype``."""
+    return sum(int(np.prod([int(d) for d in c.ty.shape])) for c in constants if str(c.ty.dtype) == dtype)
+
+
+def weight_decisions(lm: Any, form: str) -> tuple[list, list[float]]:
+    """The report's ``approximate:weights_<form>`` decisions of ``lm`` and the relative
+    error each states."""
+    found = [d for d in lm.model.report.decisions if d.candidate == f"approximate:weights_{form}"]
+    return found, [float(d.note.split("relative error ")[1].split()[0]) for d in found]
 
 
 def relax_constants(mod: Any, names: Sequence[str] = ("main",)) -> list:

@@ -1,7 +1,7 @@
 """``compile_causal_lm(weights="int4")``: an explicit opt-in that rounds every linear
 layer's weight to symmetric int4 in groups of 32 (outputs padded to the kernels' block of
 64). Checked against a reference built in PyTorch from numpy's rounding
-(``tests.helpers.int8_rounded_copy(..., "int4")``, not our quantizer): the compiled prefill
+(``tests.helpers.rounded_copy(..., "int4")``, not our quantizer): the compiled prefill
 and decode logits and greedy tokens equal it; the weights are stored once, packed at half
 a byte each; the report lists every layer with its form and error; the library says so
 after export and load. LLaMA's key/value projections (32 outputs) are padded to 64, and
@@ -18,7 +18,7 @@ from aicf_tvm.driver.quantize_weights import quantize_int4, unpack_int4
 from aicf_tvm.runtime.deploy import manifest, read_metadata
 from schedules.cpu.linear_int4 import pack_int4
 from tests.aicf_tvm.driver.test_llm import MAX_LENGTH, SMALL, assert_like_model, build, prompts, reference
-from tests.helpers import compile_quantized, int8_rounded_copy, relax_constants
+from tests.helpers import compile_quantized, constant_elements, relax_constants, rounded_copy, weight_decisions
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -86,11 +86,11 @@ def test_packing_and_unpacking_give_back_every_weight():
 
 def test_logits_and_tokens_equal_the_int4_rounded_model(int4):
     model, lm = int4
-    ref = int8_rounded_copy(model, "int4")
+    ref = rounded_copy(model, "int4")
     ids = prompts(7, batch=1)
     with torch.no_grad():
         want = ref(input_ids=torch.from_numpy(ids)).logits[0].numpy()
-        int8 = int8_rounded_copy(model)(input_ids=torch.from_numpy(ids)).logits[0].numpy()
+        int8 = rounded_copy(model)(input_ids=torch.from_numpy(ids)).logits[0].numpy()
     assert not np.allclose(want, int8, rtol=1e-3, atol=1e-4)  # int4's rounding shows in the logits
     assert_like_model(lm, ref, want, ids)
 
@@ -99,17 +99,14 @@ def test_weights_are_stored_once_packed_and_each_layer_is_reported(int4):
     model, lm = int4
     forms = _forms(model)
     consts = relax_constants(lm.model.lowered, lm.model.function_names)
-    packed = sum(int(np.prod([int(d) for d in c.ty.shape])) for c in consts if str(c.ty.dtype) == "int32")
-    int8_elems = sum(int(np.prod([int(d) for d in c.ty.shape])) for c in consts if str(c.ty.dtype) == "int8")
-    float_elems = sum(int(np.prod([int(d) for d in c.ty.shape])) for c in consts if str(c.ty.dtype) == "float32")
+    packed, int8_elems, float_elems = (constant_elements(consts, t) for t in ("int32", "int8", "float32"))
     padded = sum(-(-out // 64) * 64 * inputs for out, inputs in _linear_shapes(model))
     assert forms["int8"] == 0 and packed * 8 == padded  # eight weights a word, each weight once
     assert int8_elems == 0
     assert float_elems < 0.2 * padded + model.get_input_embeddings().weight.numel() + 4 * 256  # no float copies
     for form, count in forms.items():
-        approx = [d for d in lm.model.report.decisions if d.candidate == f"approximate:weights_{form}"]
+        approx, errors = weight_decisions(lm, form)
         assert len(approx) == count and len({d.members for d in approx}) == count
-        errors = [float(d.note.split("relative error ")[1].split()[0]) for d in approx]
         assert all(0 < e < 0.3 for e in errors)
     assert lm.config.weights == "int4"
 
@@ -134,7 +131,7 @@ def test_aicf_generate_with_int4_weights(tmp_path, capsys):
     model = build("llama")
     folder = tmp_path / "tiny-llama"
     model.save_pretrained(folder)
-    want = reference(int8_rounded_copy(model, "int4"), np.array([[5, 7, 9, 11]]), 6)[0].tolist()
+    want = reference(rounded_copy(model, "int4"), np.array([[5, 7, 9, 11]]), 6)[0].tolist()
     assert main(["generate", str(folder), "--prompt-ids", "5,7,9,11", "--max-new-tokens", "6",
                  "--max-length", "16", "--weights", "int4"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "ids: " + ",".join(map(str, want))
@@ -153,11 +150,10 @@ def test_a_layer_of_inputs_that_make_no_whole_group_takes_int8():
     lm = aicf_tvm.compile_causal_lm(model, max_length=MAX_LENGTH, weights="int4")
     forms = _forms(model)
     assert forms["int4"] == 2 and forms["int8"] > 0  # the down projections (128 inputs) are int4
-    decisions = lm.model.report.decisions
-    assert sum(d.candidate == "approximate:weights_int4" for d in decisions) == forms["int4"]
-    fallback = [d for d in decisions if d.candidate == "approximate:weights_int8"]
+    assert len(weight_decisions(lm, "int4")[0]) == forms["int4"]
+    fallback, _ = weight_decisions(lm, "int8")
     assert len(fallback) == forms["int8"] and all("int4 groups need inputs a multiple of 32" in d.note
                                                   for d in fallback)
     ids = prompts(17)
     np.testing.assert_array_equal(lm.generate(ids, max_new_tokens=6, stop_tokens=[]),
-                                  reference(int8_rounded_copy(model, "int4"), ids, 6))
+                                  reference(rounded_copy(model, "int4"), ids, 6))

@@ -1,6 +1,6 @@
 """``compile_causal_lm(weights="int8")``: an explicit opt-in that rounds every linear
 layer's weight to symmetric per-channel int8. Checked against a reference built in
-PyTorch from numpy's rounding (``tests.helpers.int8_rounded_copy``, not our quantizer):
+PyTorch from numpy's rounding (``tests.helpers.rounded_copy``, not our quantizer):
 the compiled prefill and decode logits and greedy tokens equal it; the weights are stored
 once, as int8; the report lists every quantized layer with its error; the user's model is
 untouched; the library says so after export and load. GPT-2 covers transformers'
@@ -17,7 +17,7 @@ import aicf_tvm
 from aicf_tvm.driver.quantize_weights import quantize_int8
 from aicf_tvm.runtime.deploy import manifest, read_metadata
 from tests.aicf_tvm.driver.test_llm import MAX_LENGTH, assert_like_model, build, prompts, reference
-from tests.helpers import compile_quantized, int8_rounded_copy, relax_constants
+from tests.helpers import compile_quantized, constant_elements, relax_constants, rounded_copy, weight_decisions
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -43,7 +43,7 @@ def test_quantize_int8_rounds_half_to_even_per_channel():
 
 def test_logits_and_tokens_equal_the_int8_rounded_model(int8):
     model, lm = int8
-    ref = int8_rounded_copy(model)
+    ref = rounded_copy(model)
     ids = prompts(7, batch=1)
     with torch.no_grad():
         want = ref(input_ids=torch.from_numpy(ids)).logits[0].numpy()
@@ -55,15 +55,13 @@ def test_logits_and_tokens_equal_the_int8_rounded_model(int8):
 def test_weights_are_stored_once_as_int8_and_each_layer_is_reported(int8):
     model, lm = int8
     consts = relax_constants(lm.model.lowered, lm.model.function_names)
-    int8_elems = sum(int(np.prod([int(d) for d in c.ty.shape])) for c in consts if str(c.ty.dtype) == "int8")
-    float_elems = sum(int(np.prod([int(d) for d in c.ty.shape])) for c in consts if str(c.ty.dtype) == "float32")
+    int8_elems, float_elems = constant_elements(consts, "int8"), constant_elements(consts, "float32")
     linear = sum(m.weight.numel() for m in model.modules()
                  if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D")
     assert linear <= int8_elems <= 1.1 * linear
     assert float_elems < 0.2 * linear + model.get_input_embeddings().weight.numel() + 4 * 256  # no float copies
-    approx = [d for d in lm.model.report.decisions if d.candidate == "approximate:weights_int8"]
+    approx, errors = weight_decisions(lm, "int8")
     assert len(approx) == _linears(model) and len({d.members for d in approx}) == len(approx)
-    errors = [float(d.note.split("relative error ")[1].split()[0]) for d in approx]
     assert all(0 < e < 0.05 for e in errors)
     assert lm.config.weights == "int8"
 
@@ -94,7 +92,7 @@ def test_aicf_generate_with_int8_weights(tmp_path, capsys):
     model = build("llama")
     folder = tmp_path / "tiny-llama"
     model.save_pretrained(folder)
-    want = reference(int8_rounded_copy(model), np.array([[5, 7, 9, 11]]), 6)[0].tolist()
+    want = reference(rounded_copy(model), np.array([[5, 7, 9, 11]]), 6)[0].tolist()
     assert main(["generate", str(folder), "--prompt-ids", "5,7,9,11", "--max-new-tokens", "6",
                  "--max-length", "16", "--weights", "int8"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "ids: " + ",".join(map(str, want))
