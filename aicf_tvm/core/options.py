@@ -73,6 +73,9 @@ class CompileOptions:
     attention_one_pass: bool = True
     # kᵀ packed per head inside the tile when a tile holds all of a head's rows (decode)
     attention_pack_in_tile: bool = True
+    # attention's row tiles stop at the last key their mask leaves open, when a check per call
+    # proves the masked keys add nothing (schedules.cpu.masked_keys)
+    attention_skip_masked: bool = True
     # the blocked convolution's register tile: "held" (partial tiles in half the registers),
     # "partial" (the most FMAs per step) or "dividing" (columns dividing the width)
     conv_register_tile: str = "held"

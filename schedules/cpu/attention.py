@@ -76,6 +76,7 @@ from .common import (
     vectorize_innermost,
 )
 from .gemm_blocks import schedule_injective
+from .masked_keys import skip_masked_keys
 from .whole_vectors import is_float_max, pad_max
 
 
@@ -464,6 +465,13 @@ class Attention(CPUScheduleRule):
         if found is None:
             return None
         try:
-            return sch if schedule_attention(sch, found, target, self.options) else None
+            if not schedule_attention(sch, found, target, self.options):
+                return None
         except s_tir.ScheduleError:
             return None
+        if self.options.attention_skip_masked:
+            func = sch.mod["main"]
+            skipping = skip_masked_keys(func, float32_lanes(target))
+            if not skipping.same_as(func):
+                return s_tir.Schedule(skipping)
+        return sch
