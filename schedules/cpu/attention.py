@@ -25,7 +25,10 @@ whose index arithmetic ``StmtSimplify`` has folded under the block domains (the 
    count of whole register tiles q·kᵀ is computed at the tile too (``_one_pass``): one
    parallel loop, each tile's scores read back from L1 rather than from a buffer of all
    rows (at 512 keys, 1 MiB a head);
-5. the head merge, a parallel vectorized copy.
+5. the head merge, a parallel vectorized copy;
+6. at a symbolic key count, each row tile stops at the last key its mask rows leave open,
+   when a check per call proves the keys after it add nothing (``masked_keys``: a causal
+   prompt's masked half).
 
 Why it computes what the graph computes: every step is a TensorIR primitive that checks
 its preconditions (the rule catches only their ``ScheduleError``), no block is reordered
