@@ -3,7 +3,11 @@ random decoders of many families (2 layers, hidden 64): the families E17 names a
 decoders a user is likely to try next. Prints one row per family: equal / differs /
 refused (with our error), and the compile seconds.
 
-    python -m scripts.sweep_llm [--families llama gpt2 ...] [--steps 20] [--json out.json] [--weights int8|int4]
+    python -m scripts.sweep_llm [--families llama gpt2 ...] [--prompt 6] [--steps 20] [--json out.json]
+                                [--weights int8|int4]
+
+``--prompt 40``: prompts of several attention row tiles (the prefill's masked keys skipped,
+a sliding window shorter than the prompt).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ def main() -> None:
     table = configs()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", nargs="*", default=list(table))
+    parser.add_argument("--prompt", type=int, default=6, help="prompt tokens per sequence (2 sequences)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json")
     parser.add_argument("--weights", choices=("float32", "int8", "int4"), default="float32",
@@ -70,10 +75,10 @@ def main() -> None:
             rows.append({"family": family, "result": f"not built: {str(err).splitlines()[0][:100]}"})
             print(f"{family:10} not built: {err}", flush=True)
             continue
-        prompt = np.random.default_rng(1).integers(3, 256, (2, 6))
+        prompt = np.random.default_rng(1).integers(3, 256, (2, args.prompt))
         start = time.perf_counter()
         try:
-            lm = aicf_tvm.compile_causal_lm(model, max_length=6 + args.steps, weights=args.weights)
+            lm = aicf_tvm.compile_causal_lm(model, max_length=args.prompt + args.steps, weights=args.weights)
         except aicf_tvm.AicfError as err:
             rows.append({"family": family, "result": "refused", "error": str(err)[:300]})
             print(f"{family:10} refused: {str(err)[:300]}", flush=True)
