@@ -391,7 +391,8 @@ class _Rewriter(relax.PyExprMutator):
             if q is not None and not _fits_int32(q):
                 q, reason = None, "an int32 sum could overflow"
             if q is not None and not q.is_matmul and not self.convs:
-                q, reason = None, "integer convolutions need AVX-512 VNNI on this target (their blocked layout)"
+                q, reason = None, ("integer convolutions need AVX-512 VNNI on this target: AVX2's exact int8 form "
+                                   "is slower than the float convolution (docs/numerics.md)")
             if q is not None:
                 self._record(q.members + (binding.var.name,), True,
                              "integer conv as QLinearConv: int32 sums, one rescale, round half to even"
