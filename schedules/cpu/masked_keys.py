@@ -26,10 +26,11 @@ the kernel's own scaled copies), S + mask, softmax over the keys, optionally SDP
 S[i, j] is finite when every q' and k' is finite and d·max|q'|·max|k'| <= FLT_MAX / 4 (d the
 dot product's length): each partial sum is at most d·max|q'|·max|k'|·(1+u)^d in magnitude,
 below FLT_MAX / 2 for any d under 2^22.  The kernel checks all of it on every call before
-any tile runs (block ``key_limits``): q' and k' as the kernel's copy blocks compute them, v
-as P·v reads it (finite), neg_inf == -inf and zero == 0 where the Emit has the guard; and
-per row tile it scans the mask rows for the last key that is not -inf (a NaN counts as open).
-When a check fails every tile computes every key, the kernel as scheduled.  A tile computes
+any tile runs (block ``key_limits``): per row tile it scans the mask rows for the last key
+that is not -inf (a NaN counts as open); when some tile would skip keys, it checks q' and k'
+as the kernel's copy blocks compute them, v as P·v reads it (finite), neg_inf == -inf and
+zero == 0 where the Emit has the guard.  When a check fails every tile computes every key,
+the kernel as scheduled; a mask that hides no whole chunk of keys costs the scan alone.  A tile computes
 at least one key: the row max and the guard need one to start from.
 
 The row tiles then carry unequal work (a causal prompt's first tile a chunk of keys, its
@@ -266,47 +267,21 @@ def _largest_magnitude(check: _Check, acc: tirx.Var, lanes: int) -> tirx.Stmt:
     return _loop(o, stride, _loop(vi, vectors, _loop(lane, _i64(width), store, kind)))
 
 
-def _key_limits(found: _Attention, limits: tirx.Var, tile_rows: int, chunk: int, lanes: int) -> s_tir.SBlockRealize:
-    """The block writing ``limits[t]`` (module docstring): the keys row tile t computes."""
-    f32 = "float32"
-    accs = [tirx.decl_buffer((lanes,), f32, f"{name}_max", scope="local") for name in ("q", "k", "v")]
-    biggest = tirx.decl_buffer((3,), f32, "biggest", scope="local")
-    last = tirx.decl_buffer((lanes,), "int64", "last_open", scope="local")
-    tile_last = tirx.decl_buffer((1,), "int64", "tile_last", scope="local")
-    ok = tirx.decl_buffer((1,), "int32", "keys_skippable", scope="local")
-    lane, c = tirx.Var("lane", "int64"), tirx.Var("c", "int64")
-    inf = tirx.const(float("inf"), f32)
-    stmts: list[tirx.Stmt] = []
-    for acc in accs:
-        stmts.append(_loop(lane, _i64(lanes), tirx.BufferStore(acc, tirx.const(0.0, f32), [lane]),
-                           tirx.ForKind.VECTORIZED))
-    for acc, check in zip(accs, (found.q, found.k, found.v)):
-        stmts.append(_largest_magnitude(check, acc, lanes))
-    for i, acc in enumerate(accs):
-        stmts.append(tirx.BufferStore(biggest, tirx.const(0.0, f32), [_i64(i)]))
-        stmts.append(_loop(c, _i64(lanes), tirx.BufferStore(
-            biggest, tirx.Max(tirx.BufferLoad(biggest, [_i64(i)]), tirx.BufferLoad(acc, [c])), [_i64(i)])))
-    f64 = "float64"
-    bound = (tirx.Cast(f64, tirx.BufferLoad(biggest, [_i64(0)])) * tirx.Cast(f64, tirx.BufferLoad(biggest, [_i64(1)]))
-             * tirx.Cast(f64, found.dot))
-    skippable = tirx.all(bound <= tirx.const(SCORE_BOUND, f64), tirx.BufferLoad(biggest, [_i64(2)]) < inf)
-    if found.neg_inf is not None:
-        skippable = tirx.all(skippable, tirx.BufferLoad(found.neg_inf, []) == -inf)
-    if found.zero is not None:
-        skippable = tirx.all(skippable, tirx.BufferLoad(found.zero, []) == tirx.const(0.0, f32))
-    flag = tirx.Select(skippable, tirx.const(1, "int32"), tirx.const(0, "int32"))
-    stmts.append(tirx.BufferStore(ok, flag, [_i64(0)]))
-
-    # per row tile: the last key some row leaves open (not -inf), in vectors of keys
+def _scan_tiles(found: _Attention, limits: tirx.Var, tile_rows: int, chunk: int, lanes: int,
+                last: tirx.Var, tile_last: tirx.Var, skips: tirx.Var) -> tirx.Stmt:
+    """``limits[t]`` = the keys row tile t needs: the last key some row of it leaves open in
+    the mask (not -inf), plus one, rounded up to ``chunk``, at most the key count, at least
+    one chunk; ``skips[0]`` = 1 when some tile needs fewer than all keys.  The mask rows in
+    vectors of keys."""
     keys = tirx.Cast("int64", found.keys)
     rows = tirx.Cast("int64", found.rows)
-    t, r, jo, jt = (tirx.Var(n, "int64") for n in ("t", "r", "jo", "jt"))
+    t, r, jo, jt, lane, c = (tirx.Var(n, "int64") for n in ("t", "r", "jo", "jt", "lane", "c"))
     row = t * tile_rows + r
     lead = [_i64(0)] * (len(found.mask.ty.shape) - 2)
 
     def is_open(key: tirx.Expr) -> tirx.Expr:
         return tirx.BufferLoad(found.mask, [*lead, tirx.Cast(_dtype(found.rows), row),
-                                            tirx.Cast(_dtype(found.keys), key)]) != -inf
+                                            tirx.Cast(_dtype(found.keys), key)]) != tirx.const(float("-inf"), "float32")
 
     whole = tirx.floordiv(keys, lanes) * lanes
     scan = tirx.SeqStmt([
@@ -319,17 +294,64 @@ def _key_limits(found: _Attention, limits: tirx.Var, tile_rows: int, chunk: int,
         _loop(c, _i64(lanes), tirx.BufferStore(
             tile_last, tirx.Max(tirx.BufferLoad(tile_last, [_i64(0)]), tirx.BufferLoad(last, [c])), [_i64(0)])),
     ])
-    rounded = tirx.Min(keys, tirx.floordiv(tirx.BufferLoad(tile_last, [_i64(0)]) + (chunk - 1), chunk) * chunk)
+    limit = tirx.Min(keys, tirx.floordiv(tirx.BufferLoad(tile_last, [_i64(0)]) + (chunk - 1), chunk) * chunk)
     per_tile = tirx.SeqStmt([
         tirx.BufferStore(tile_last, _i64(1), [_i64(0)]),  # at least one key
         _loop(r, _i64(tile_rows), tirx.IfThenElse(row < rows, scan, None)),
-        tirx.BufferStore(limits, tirx.Select(tirx.BufferLoad(ok, [_i64(0)]) != 0, rounded, keys), [t]),
+        tirx.BufferStore(limits, limit, [t]),
+        tirx.IfThenElse(limit < keys, tirx.BufferStore(skips, tirx.const(1, "int32"), [_i64(0)]), None),
     ])
-    tiles = tirx.floordiv(rows + (tile_rows - 1), tile_rows)
-    stmts.append(_loop(t, tiles, per_tile))
+    return tirx.SeqStmt([tirx.BufferStore(skips, tirx.const(0, "int32"), [_i64(0)]),
+                         _loop(t, tirx.floordiv(rows + (tile_rows - 1), tile_rows), per_tile)])
+
+
+def _skippable(found: _Attention, lanes: int, accs: list[tirx.Var], biggest: tirx.Var) -> tuple[tirx.Stmt, tirx.Expr]:
+    """The statements finding the largest |q'|, |k'|, |v| (inf for a value not finite) and
+    the condition under which masked keys add nothing (module docstring)."""
+    f32, f64 = "float32", "float64"
+    lane, c = tirx.Var("lane", "int64"), tirx.Var("c", "int64")
+    inf = tirx.const(float("inf"), f32)
+    stmts: list[tirx.Stmt] = []
+    for acc in accs:
+        stmts.append(_loop(lane, _i64(lanes), tirx.BufferStore(acc, tirx.const(0.0, f32), [lane]),
+                           tirx.ForKind.VECTORIZED))
+    for acc, check in zip(accs, (found.q, found.k, found.v)):
+        stmts.append(_largest_magnitude(check, acc, lanes))
+    for i, acc in enumerate(accs):
+        stmts.append(tirx.BufferStore(biggest, tirx.const(0.0, f32), [_i64(i)]))
+        stmts.append(_loop(c, _i64(lanes), tirx.BufferStore(
+            biggest, tirx.Max(tirx.BufferLoad(biggest, [_i64(i)]), tirx.BufferLoad(acc, [c])), [_i64(i)])))
+    bound = (tirx.Cast(f64, tirx.BufferLoad(biggest, [_i64(0)])) * tirx.Cast(f64, tirx.BufferLoad(biggest, [_i64(1)]))
+             * tirx.Cast(f64, found.dot))
+    skippable = tirx.all(bound <= tirx.const(SCORE_BOUND, f64), tirx.BufferLoad(biggest, [_i64(2)]) < inf)
+    if found.neg_inf is not None:
+        skippable = tirx.all(skippable, tirx.BufferLoad(found.neg_inf, []) == -inf)
+    if found.zero is not None:
+        skippable = tirx.all(skippable, tirx.BufferLoad(found.zero, []) == tirx.const(0.0, f32))
+    return tirx.SeqStmt(stmts), skippable
+
+
+def _key_limits(found: _Attention, limits: tirx.Var, tile_rows: int, chunk: int, lanes: int) -> s_tir.SBlockRealize:
+    """The block writing ``limits[t]``, the keys row tile t computes (module docstring):
+    the mask scanned first; the values checked only when some tile would skip keys (a mask
+    that hides no whole chunk costs the scan alone); every key where a check fails."""
+    accs = [tirx.decl_buffer((lanes,), "float32", f"{name}_max", scope="local") for name in ("q", "k", "v")]
+    biggest = tirx.decl_buffer((3,), "float32", "biggest", scope="local")
+    last = tirx.decl_buffer((lanes,), "int64", "last_open", scope="local")
+    tile_last = tirx.decl_buffer((1,), "int64", "tile_last", scope="local")
+    skips = tirx.decl_buffer((1,), "int32", "skips", scope="local")
+    keys = tirx.Cast("int64", found.keys)
+    tiles = tirx.floordiv(tirx.Cast("int64", found.rows) + (tile_rows - 1), tile_rows)
+    t = tirx.Var("t", "int64")
+    measure, skippable = _skippable(found, lanes, accs, biggest)
+    every_key = _loop(t, tiles, tirx.BufferStore(limits, keys, [t]))
+    body = tirx.SeqStmt([
+        _scan_tiles(found, limits, tile_rows, chunk, lanes, last, tile_last, skips),
+        tirx.IfThenElse(tirx.BufferLoad(skips, [_i64(0)]) != 0,
+                        tirx.SeqStmt([measure, tirx.IfThenElse(tirx.Not(skippable), every_key, None)]), None),
+    ])
     region = tirx.BufferRegion(limits, [ir.Range.from_min_extent(_i64(0), tiles)])
-    block = s_tir.SBlock([], [], [region], KEY_LIMITS, tirx.SeqStmt(stmts),
-                         alloc_buffers=[*accs, biggest, last, tile_last, ok])
+    block = s_tir.SBlock([], [], [region], KEY_LIMITS, body, alloc_buffers=[*accs, biggest, last, tile_last, skips])
     return s_tir.SBlockRealize([], True, block)
 
 
