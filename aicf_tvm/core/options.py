@@ -76,6 +76,9 @@ class CompileOptions:
     # attention's row tiles stop at the last key their mask leaves open, when a check per call
     # proves the masked keys add nothing (schedules.cpu.masked_keys)
     attention_skip_masked: bool = True
+    # attention's unrolled row loops without the row tail's predicate where a tile is whole
+    # (schedules.cpu.unswitch_rows)
+    attention_unswitch_rows: bool = True
     # the blocked convolution's register tile: "held" (partial tiles in half the registers),
     # "partial" (the most FMAs per step) or "dividing" (columns dividing the width)
     conv_register_tile: str = "held"

@@ -28,7 +28,9 @@ whose index arithmetic ``StmtSimplify`` has folded under the block domains (the 
 5. the head merge, a parallel vectorized copy;
 6. at a symbolic key count, each row tile stops at the last key its mask rows leave open,
    when a check per call proves the keys after it add nothing (``masked_keys``: a causal
-   prompt's masked half).
+   prompt's masked half);
+7. a tile's nests whose unrolled rows carry the row tail's predicate (the row sums) run
+   without it where the whole tile is in range (``unswitch_rows``).
 
 Why it computes what the graph computes: every step is a TensorIR primitive that checks
 its preconditions (the rule catches only their ``ScheduleError``), no block is reordered
@@ -80,6 +82,7 @@ from .common import (
 )
 from .gemm_blocks import schedule_injective
 from .masked_keys import skip_masked_keys
+from .unswitch_rows import unswitch_unrolled_rows
 from .whole_vectors import is_float_max, pad_max
 
 
@@ -472,9 +475,10 @@ class Attention(CPUScheduleRule):
                 return None
         except s_tir.ScheduleError:
             return None
+        func = sch.mod["main"]
+        rewritten = func
         if self.options.attention_skip_masked:
-            func = sch.mod["main"]
-            skipping = skip_masked_keys(func, float32_lanes(target))
-            if not skipping.same_as(func):
-                return s_tir.Schedule(skipping)
-        return sch
+            rewritten = skip_masked_keys(rewritten, float32_lanes(target))
+        if self.options.attention_unswitch_rows:
+            rewritten = unswitch_unrolled_rows(rewritten)
+        return sch if rewritten.same_as(func) else s_tir.Schedule(rewritten)
