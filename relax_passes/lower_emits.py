@@ -36,7 +36,7 @@ from tvm import relax, tirx
 from tvm.tirx.layout import S, TileLayout
 
 from aicf_tvm.core.contract import EmitContract, PortFacts
-from aicf_tvm.core.emit import EMIT_ATTR, Emit, emit_of
+from aicf_tvm.core.emit import ABI_ATTR, EMIT_ATTR, Emit, emit_of
 from aicf_tvm.core.lattice import Flag
 from aicf_tvm.core.options import CompileOptions, options_or_default
 from relax_passes.legalize_blocked_conv import LEGALIZE_MAP
@@ -283,7 +283,7 @@ class LowerEmits:
             if isinstance(func, tirx.PrimFunc) and found is not None:
                 emit, scalars = found
                 func = func.with_attr(EMIT_ATTR, emit.to_attr()).with_attr("aicf.kind", emit.kind)
-                mod[gv] = func.with_attr("aicf.abi", abi_of(func, emit, scalars))
+                mod[gv] = func.with_attr(ABI_ATTR, abi_of(func, emit, scalars))
         return mod
 
     def _legalize(self) -> dict:

@@ -34,9 +34,9 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 
+from aicf_tvm.core.emit import ABI_ATTR, is_scheduled
 from aicf_tvm.core.emit import LAYOUT_FREE_ATTR as LAYOUT_FREE
 from aicf_tvm.core.emit import PREPACK_ANNOTATION as PREPROC
-from aicf_tvm.core.emit import is_scheduled
 
 _LOG = logging.getLogger(__name__)
 
@@ -239,14 +239,14 @@ def prepack_weights(mod: tvm.IRModule, fold: Callable[[tvm.IRModule], tvm.IRModu
 
 def _with_layout(func: tirx.PrimFunc, index: int, shape: tuple[int, ...]) -> tirx.PrimFunc:
     """Record the packed layout of parameter ``index`` in the kernel's ``aicf.abi``."""
-    if func.attrs is None or "aicf.abi" not in func.attrs:
+    if func.attrs is None or ABI_ATTR not in func.attrs:
         return func
-    entries = [dict(e) for e in func.attrs["aicf.abi"]]
+    entries = [dict(e) for e in func.attrs[ABI_ATTR]]
     buffers = [e for e in entries if not e.get("scalar", False)]
     if index < len(buffers):
         buffers[index]["layout"] = f"packed[{_dims(shape)}]"
         buffers[index]["prepacked"] = True
-    return func.with_attr("aicf.abi", entries)
+    return func.with_attr(ABI_ATTR, entries)
 
 
 __all__ = ["PrepackRefused", "Prepacked", "mark_layout_free", "prepack_weights", "preproc_blocks", "shared_sources"]

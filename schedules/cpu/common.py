@@ -79,6 +79,20 @@ def uses_var(expr: tirx.Expr, var: tirx.Var) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
+def nodes_in(node, kind: type) -> list:
+    """Every node of type ``kind`` under ``node`` (itself included), in program order."""
+    found: list = []
+    tvm_ffi.structural_walk(node, [(kind, found.append)], order="pre")
+    return found
+
+
+def conjuncts(expr: tirx.Expr) -> list[tirx.Expr]:
+    """The terms of ``expr`` as a chain of ``and``s (``[expr]`` for any other expression)."""
+    if isinstance(expr, tirx.And):
+        return conjuncts(expr.a) + conjuncts(expr.b)
+    return [expr]
+
+
 def bound_iters(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> list[tirx.IterVar]:
     """The block iterators whose binding uses ``loop``'s variable."""
     realize = get_sblockrealize(sch, block)

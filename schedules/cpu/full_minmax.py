@@ -32,7 +32,7 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from .common import float32_lanes, is_one
+from .common import float32_lanes, is_one, nodes_in
 
 UNROLL = 8  # vectors of x per step of the main pass
 ABS_BITS = 0x7FFFFFFF  # a float32's bits without its sign
@@ -40,9 +40,7 @@ INF_BITS = 0x7F800000  # those of inf; a NaN's are above
 
 
 def _blocks(func: tirx.PrimFunc) -> list[s_tir.SBlock]:
-    found: list[s_tir.SBlock] = []
-    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, found.append)])
-    return [b for b in found if b.name_hint != "root"]
+    return [b for b in nodes_in(func.body, s_tir.SBlock) if b.name_hint != "root"]
 
 
 def _match(func: tirx.PrimFunc, lanes: int):

@@ -55,15 +55,16 @@ from tvm import ir, s_tir, tirx
 from tvm.sym import IntervalSet
 from tvm.sym.analyzer import Analyzer
 
-from .common import is_one
+from aicf_tvm.core.emit import ABI_ATTR
+
+from .common import is_one, nodes_in, uses_var
 
 FLT_MAX = float(np.finfo(np.float32).max)
 # d·max|q'|·max|k'| at most this: every partial sum of the scores stays finite (docstring)
 SCORE_BOUND = FLT_MAX / 4
-ABI_ATTR = "aicf.abi"
 KEY_LIMITS = "key_limits"
 
-_Load = ir.TensorLoad
+_Load = ir.TensorLoad  # TVM 0.27: tirx.BufferLoad is a constructor function (gemm_analysis)
 
 
 @dataclass(frozen=True)
@@ -104,12 +105,6 @@ def _ports(func: tirx.PrimFunc) -> dict[str, tirx.Var] | None:
     return dict(zip(tensors, func.params))
 
 
-def _blocks(stmt: tirx.Stmt) -> list[s_tir.SBlock]:
-    found: list[s_tir.SBlock] = []
-    tvm_ffi.structural_walk(stmt, [(s_tir.SBlock, found.append)], order="pre")
-    return found
-
-
 def _mac(block: s_tir.SBlock) -> tuple[tirx.Var, _Load, _Load] | None:
     """``(C, A[..], B[..])`` of a block ``C = C + A * B`` (init split off or not)."""
     store = block.body
@@ -126,13 +121,7 @@ def _mac(block: s_tir.SBlock) -> tuple[tirx.Var, _Load, _Load] | None:
 
 
 def _loads(expr: tirx.Expr) -> list[_Load]:
-    found: list[_Load] = []
-    tvm_ffi.structural_walk(expr, [(_Load, found.append)])
-    return found
-
-
-def _uses(expr: tirx.Expr, var: tirx.Var) -> bool:
-    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
+    return nodes_in(expr, _Load)
 
 
 def _check(block: s_tir.SBlock, value: tirx.Expr, params: list[tirx.Var]) -> _Check | None:
@@ -141,9 +130,9 @@ def _check(block: s_tir.SBlock, value: tirx.Expr, params: list[tirx.Var]) -> _Ch
     loads = _loads(value)
     if not loads or not all(any(ld.source.same_as(p) for p in params) for ld in loads):
         return None
-    domain = tuple((iv.var, iv.dom.extent) for iv in block.iter_vars if _uses(value, iv.var)
+    domain = tuple((iv.var, iv.dom.extent) for iv in block.iter_vars if uses_var(value, iv.var)
                    and isinstance(iv.dom.min, tirx.IntImm) and iv.dom.min.value == 0)
-    if len(domain) != sum(_uses(value, iv.var) for iv in block.iter_vars):
+    if len(domain) != sum(uses_var(value, iv.var) for iv in block.iter_vars):
         return None
     last = loads[0].indices[-1]
     inner = next((v for v, _ in domain if last.same_as(v)), None)
@@ -179,8 +168,7 @@ def _scores_meet_only_the_mask(blocks: list[s_tir.SBlock], qk: s_tir.SBlock, mas
         users.append(value)
     for value in users:
         reads = sum(any(ld.source.same_as(s) for s in scores) for ld in _loads(value))
-        adds: list[tirx.Add] = []
-        tvm_ffi.structural_walk(value, [(tirx.Add, adds.append)])
+        adds = nodes_in(value, tirx.Add)
         with_mask = sum(
             isinstance(a.a, _Load) and isinstance(a.b, _Load)
             and {_role(a.a, scores, mask), _role(a.b, scores, mask)} == {"S", "M"} for a in adds)
@@ -206,8 +194,8 @@ def _find(func: tirx.PrimFunc) -> _Attention | None:
     rows, keys = shape[-2], shape[-1]
     if not isinstance(rows, tirx.Var) or not isinstance(keys, tirx.Var):
         return None
-    blocks = _blocks(func.body)
-    macs = [(b, _mac(b)) for b in blocks if _mac(b) is not None]
+    blocks = nodes_in(func.body, s_tir.SBlock)
+    macs = [(b, found) for b in blocks if (found := _mac(b)) is not None]
     if len(macs) != 2:
         return None
     (qk, (_, qa, kb)), (pv, (_, _, vb)) = macs
@@ -372,9 +360,7 @@ def _key_chunk(extent: tirx.Expr, keys: tirx.Var) -> int | None:
 def _key_loops(loop: tirx.For, keys: tirx.Var) -> list[tirx.For] | None:
     """The loops under ``loop`` whose extent depends on the key count; None when one is not
     a loop over keys in chunks (``_key_chunk``)."""
-    inner: list[tirx.For] = []
-    tvm_ffi.structural_walk(loop.body, [(tirx.For, inner.append)])
-    found = [f for f in inner if _uses(f.extent, keys)]
+    found = [f for f in nodes_in(loop.body, tirx.For) if uses_var(f.extent, keys)]
     if any(_key_chunk(f.extent, keys) is None for f in found):
         return None
     return found
@@ -436,7 +422,7 @@ def _zigzag(loop: tirx.For, tile: tirx.Expr) -> tirx.For:
 def _limited(loop: tirx.For, keys: tirx.Var, limit: tirx.Expr) -> tirx.For:
     """``loop`` with every key loop under it stopping at ``limit`` keys."""
     def shorten(inner: tirx.For) -> tirx.For:
-        if not _uses(inner.extent, keys):
+        if not uses_var(inner.extent, keys):
             return inner
         extent = tvm_ffi.structural_map(inner.extent, [(tirx.Var, lambda v: limit if v.same_as(keys) else v)])
         return tirx.For(inner.loop_var, inner.min, extent, inner.kind, inner.body, inner.thread_binding,

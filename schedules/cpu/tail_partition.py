@@ -33,14 +33,8 @@ import tvm_ffi
 from tvm import s_tir, sym, tirx
 from tvm.target import Target
 
-from .common import PARTITION_HINT, static_extent, uses_var
+from .common import PARTITION_HINT, conjuncts, static_extent, uses_var
 from .llvm_pass import llvm_prim_func_pass
-
-
-def _conjuncts(pred: tirx.Expr) -> list[tirx.Expr]:
-    if isinstance(pred, tirx.And):
-        return _conjuncts(pred.a) + _conjuncts(pred.b)
-    return [pred]
 
 
 def _as_less_than(cond: tirx.Expr) -> tuple[tirx.Expr, tirx.Expr] | None:
@@ -102,7 +96,7 @@ def _tail_bound(loop: tirx.For) -> tuple[tirx.Expr, list[tirx.Expr]] | None:
         return None
     conds: list[tirx.Expr] = []
     tvm_ffi.structural_walk(loop.body, [(s_tir.SBlockRealize, lambda r: conds.extend(
-        c for c in _conjuncts(r.predicate) if uses_var(c, loop.loop_var)))])
+        c for c in conjuncts(r.predicate) if uses_var(c, loop.loop_var)))])
     outside = tirx.analysis.undefined_vars(loop)  # what the loop reads from before it
     bounds = [_true_below(c, loop.loop_var, analyzer, outside) for c in conds]
     if not bounds or any(b is None for b in bounds):
@@ -116,7 +110,7 @@ def _tail_bound(loop: tirx.For) -> tuple[tirx.Expr, list[tirx.Expr]] | None:
 def _without(body: tirx.Stmt, conds: list[tirx.Expr]) -> tirx.Stmt:
     """``body`` with the given predicate conjuncts (the same objects) made true."""
     def drop(realize: s_tir.SBlockRealize) -> s_tir.SBlockRealize:
-        kept = [c for c in _conjuncts(realize.predicate) if not any(c.same_as(d) for d in conds)]
+        kept = [c for c in conjuncts(realize.predicate) if not any(c.same_as(d) for d in conds)]
         pred = kept[0] if kept else tirx.const(True, "bool")
         for c in kept[1:]:
             pred = tirx.And(pred, c)

@@ -31,14 +31,10 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from .common import conjuncts, nodes_in, uses_var
+
 # unrolled loops longer than this are left alone (their condition would be that long)
 MAX_UNROLLED = 16
-
-
-def _conjuncts(expr: tirx.Expr) -> list[tirx.Expr]:
-    if isinstance(expr, tirx.And):
-        return [*_conjuncts(expr.a), *_conjuncts(expr.b)]
-    return [expr]
 
 
 def _all(exprs: list[tirx.Expr]) -> tirx.Expr:
@@ -48,25 +44,13 @@ def _all(exprs: list[tirx.Expr]) -> tirx.Expr:
     return out
 
 
-def _loops_in(stmt: tirx.Stmt) -> list[tirx.For]:
-    found: list[tirx.For] = []
-    tvm_ffi.structural_walk(stmt, [(tirx.For, found.append)])
-    return found
-
-
-def _blocks(stmt: tirx.Stmt) -> list[s_tir.SBlock]:
-    found: list[s_tir.SBlock] = []
-    tvm_ffi.structural_walk(stmt, [(s_tir.SBlock, found.append)])
-    return found
-
-
 def _fresh(stmt: tirx.Stmt) -> tirx.Stmt | None:
     """``stmt`` with a variable of its own for each loop and block iter it defines (a copy
     beside the original); None when a block in it allocates a buffer."""
-    blocks = _blocks(stmt)
+    blocks = nodes_in(stmt, s_tir.SBlock)
     if any(len(b.alloc_buffers) for b in blocks):
         return None
-    defined = [f.loop_var for f in _loops_in(stmt)] + [iv.var for b in blocks for iv in b.iter_vars]
+    defined = [f.loop_var for f in nodes_in(stmt, tirx.For)] + [iv.var for b in blocks for iv in b.iter_vars]
     fresh = [(v, tirx.Var(v.name, str(v.ty.dtype))) for v in defined]
     return tvm_ffi.structural_map(stmt, [(tirx.Var, lambda v: next((n for o, n in fresh if o.same_as(v)), v))])
 
@@ -81,30 +65,31 @@ def _instances(conjunct: tirx.Expr, loop: tirx.For) -> list[tirx.Expr]:
 def _sums(nest: tirx.Stmt) -> bool:
     """Whether a block of ``nest`` accumulates a float sum (``acc = acc + x``, an init)."""
     return any(b.init is not None and isinstance(b.body, tirx.BufferStore) and isinstance(b.body.value, tirx.Add)
-               and str(b.body.buffer.ty.dtype).startswith("float") for b in _blocks(nest))
+               and str(b.body.buffer.ty.dtype).startswith("float") for b in nodes_in(nest, s_tir.SBlock))
 
 
 def _unswitched(nest: tirx.Stmt) -> tirx.Stmt:
     """``nest`` under a guard of its unrolled loops' predicates (module docstring), or as it is."""
     if not _sums(nest):
         return nest
-    loops = _loops_in(nest)
+    loops = nodes_in(nest, tirx.For)
     unrolled = [f for f in loops if f.kind == tirx.ForKind.UNROLLED and isinstance(f.extent, tirx.IntImm)
                 and isinstance(f.min, tirx.IntImm) and f.min.value == 0 and f.extent.value <= MAX_UNROLLED]
     if not unrolled:
         return nest
     guard: list[tirx.Expr] = []
     kept: dict = {}
-    for block_realize in _realizes(nest):
+    realizes = nodes_in(nest, s_tir.SBlockRealize)
+    for block_realize in realizes:
         keep = []
-        for conjunct in _conjuncts(block_realize.predicate):
-            used = [f for f in loops if any(v.same_as(f.loop_var) for v in tirx.analysis.undefined_vars(conjunct))]
+        for conjunct in conjuncts(block_realize.predicate):
+            used = [f for f in loops if uses_var(conjunct, f.loop_var)]
             if len(used) == 1 and any(used[0].same_as(f) for f in unrolled):
                 guard += _instances(conjunct, used[0])
             else:
                 keep.append(conjunct)
         kept[block_realize.block.name_hint] = keep
-    if not guard or len(kept) != len(_realizes(nest)):  # two realizes of one block name: leave it
+    if not guard or len(kept) != len(realizes):  # two realizes of one block name: leave it
         return nest
 
     def strip(realize: s_tir.SBlockRealize) -> s_tir.SBlockRealize:
@@ -112,12 +97,6 @@ def _unswitched(nest: tirx.Stmt) -> tirx.Stmt:
 
     copy = _fresh(tvm_ffi.structural_map(nest, [(s_tir.SBlockRealize, strip)]))
     return nest if copy is None else tirx.IfThenElse(_all(guard), copy, nest)
-
-
-def _realizes(stmt: tirx.Stmt) -> list[s_tir.SBlockRealize]:
-    found: list[s_tir.SBlockRealize] = []
-    tvm_ffi.structural_walk(stmt, [(s_tir.SBlockRealize, found.append)])
-    return found
 
 
 def unswitch_unrolled_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
