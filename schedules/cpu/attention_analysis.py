@@ -20,8 +20,12 @@ from tvm.s_tir.schedule import SBlockRV
 from .common import is_one, largest_pow2_divisor
 from .gemm_analysis import is_multiply_accumulate
 
-# Query rows per tile: 8 rows x 2 key vectors, or 8 rows x 2 head vectors, is a 16-vector
-# register tile (on ViT-B/16 and GPT-2, tiles of 4 and 6 rows ran slower).
+# Query rows per tile, at most: with 32 vector registers (AVX-512) 8 rows x 2 key vectors,
+# or 8 rows x 2 head vectors, is a 16-vector register tile (on ViT-B/16 and GPT-2, tiles of
+# 4 and 6 rows ran slower).  The accumulators take half the registers, so with 16 (AVX2)
+# a tile 2 key vectors wide has 4 rows (``plan_attention``): 8 rows x 1 vector loads 9
+# values per 8 FMAs where 4 x 2 loads 6; on a 2-core Zen 3 Whisper's 1500 x 1500 heads
+# ran in 0.73-0.75 of the time (6 x 2, 12 accumulators: 0.75-0.79), the same bits.
 MAX_ROWS = 8
 
 
@@ -50,10 +54,10 @@ def plan_attention(m: int | None, n: int | None, d: int | None, lanes: int,
     with AVX2).
     """
     budget = registers // 2
-    rows = _tile_rows(m)
-    key_vectors = 2 if 2 * rows <= budget else 1
-    if n is not None and key_vectors == 2 and _ceil(n, 2 * lanes) - _ceil(n, lanes) > n / 8:
+    key_vectors = 2
+    if n is not None and _ceil(n, 2 * lanes) - _ceil(n, lanes) > n / 8:
         key_vectors = 1  # a short key row would be mostly padding
+    rows = _tile_rows(m, min(MAX_ROWS, budget // key_vectors))
     head_lanes = largest_pow2_divisor(d, lanes) if d is not None else 1
     vectors = d // head_lanes if d is not None else 1
     splits = next(s for s in range(1, vectors + 1)
@@ -66,14 +70,14 @@ def plan_attention(m: int | None, n: int | None, d: int | None, lanes: int,
 ROW_PADDING_SAVED = 1 / 16
 
 
-def _tile_rows(m: int | None) -> int:
-    """``MAX_ROWS``, or 7 or 6 rows when that pads ``m`` rows to fewer by a real margin."""
+def _tile_rows(m: int | None, most: int) -> int:
+    """``most`` rows, or one or two fewer when that pads ``m`` rows to fewer by a real margin."""
     if m is None:
-        return MAX_ROWS
-    if m <= MAX_ROWS:
+        return most
+    if m <= most:
         return m
-    best = min(range(MAX_ROWS, MAX_ROWS - 3, -1), key=lambda r: _ceil(m, r))
-    return best if _ceil(m, MAX_ROWS) - _ceil(m, best) > m * ROW_PADDING_SAVED else MAX_ROWS
+    best = min(range(most, max(most - 3, 0), -1), key=lambda r: _ceil(m, r))
+    return best if _ceil(m, most) - _ceil(m, best) > m * ROW_PADDING_SAVED else most
 
 
 def _ceil(value: int, factor: int) -> int:

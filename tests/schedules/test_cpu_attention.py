@@ -420,18 +420,36 @@ def test_one_pass_with_a_row_tail_matches_numpy(rand):
     _matches_numpy(mod, shapes, rand)
 
 
-def _scheduled_attention(shapes: list[tuple[int, ...]]) -> tuple[tvm.IRModule, tirx.PrimFunc]:
-    """``_attention`` on q, k, v and mask of ``shapes``, fused and scheduled by the rule."""
+def _scheduled_attention(shapes: list[tuple[int, ...]], target=None) -> tuple[tvm.IRModule, tirx.PrimFunc]:
+    """``_attention`` on q, k, v and mask of ``shapes``, fused and scheduled by the rule
+    (for ``target``, default: this CPU)."""
     from tvm.relax.dpl import is_op, wildcard
 
     pattern = is_op("relax.matmul")(is_op("relax.nn.softmax")(is_op("relax.add")(
         is_op("relax.matmul")(wildcard(), is_op("relax.permute_dims")(wildcard())), wildcard())), wildcard())
     mod = relax_module(shapes, _attention, pattern)
-    with llvm_target():
+    with target or llvm_target():
         mod = apply_default_schedules()(mod)
     [func] = prim_funcs(mod).values()
     assert str(func.attrs["aicf.schedule"]) == "Attention"
     return mod, func
+
+
+@pytest.mark.parametrize("seq", [41, 128, 203])
+def test_avx2_tiles_compute_the_attention(rand, seq):
+    """Scheduled for an AVX2 CPU (4-row tiles 2 vectors wide, p·v 4 rows by 2 head
+    vectors; 203 rows end in a partial tile), the kernel matches numpy in float64; AVX2
+    code runs on every x86 CPU of this suite.  q is scaled as a model scales it (1/8), so
+    float32's rounding of the scores stays far below the tolerance."""
+    avx2 = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2})
+    assert plan_attention(seq, seq, 64, float32_lanes(avx2), vector_registers(avx2)).rows == 4
+    shapes = [(1, 2, seq, 64), (1, 2, seq, 64), (1, 2, seq, 64), (1, 2, seq, seq)]
+    mod, _ = _scheduled_attention(shapes, avx2)
+    q, k, v, m = (rand(*shape) for shape in shapes)
+    q = (q / 8).astype(np.float32)
+    s = q.astype(np.float64) @ k.transpose(0, 1, 3, 2) + m
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(run(mod, [q, k, v, m]), e / e.sum(-1, keepdims=True) @ v, rtol=2e-5, atol=2e-6)
 
 
 def _matches_numpy(mod: tvm.IRModule, shapes: list[tuple[int, ...]], rand) -> None:
@@ -501,6 +519,19 @@ def test_plan_keeps_accumulators_within_the_registers(dim):
         assert plan.rows * plan.key_vectors <= 16
         assert dim % plan.head_lanes == 0 and (dim // plan.head_lanes) % plan.head_splits == 0
         assert plan.rows * (dim // plan.head_lanes // plan.head_splits) <= 16
+
+
+@pytest.mark.parametrize("dim", [32, 64, 80, 128])
+def test_an_avx2_plan_is_4_rows_by_2_vectors_within_half_the_registers(dim):
+    """16 registers (AVX2): a tile 2 vectors wide has 4 rows (8 accumulators, 6 loads per 8
+    FMAs where 8 rows x 1 vector load 9); keys too few for 2 vectors keep up to 8 rows."""
+    for m, n in ((197, 197), (1500, 1500), (None, None), (128, 128)):
+        plan = plan_attention(m, n, dim, lanes=8, registers=16)
+        assert (plan.rows, plan.key_vectors) == (4, 2)
+        assert plan.rows * (dim // plan.head_lanes // plan.head_splits) <= 8
+    short = plan_attention(49, 49, dim, lanes=8, registers=16)  # Swin's windows: 56 keys, not 64
+    assert (short.rows, short.key_vectors) == (7, 1)
+    assert plan_attention(1, 40, dim, lanes=8, registers=16).rows == 1
 
 
 def test_plan_takes_fewer_rows_only_when_they_save_padding():
