@@ -164,11 +164,10 @@ def main() -> None:
         model = harness.build(name, args.seq)
         path = bench_peers.onnx_file(model, work)
         engines = {}
-        for engine, fn in (("ours", lambda: profile_ours(model, args.threads, args.runs)),
-                           ("openvino", lambda: profile_openvino(model, path, args.threads, args.runs)),
-                           ("ort", lambda: profile_ort(model, path, args.threads, args.runs))):
+        for engine, fn, extra in (("ours", profile_ours, ()), ("openvino", profile_openvino, (path,)),
+                                  ("ort", profile_ort, (path,))):
             try:
-                engines[engine] = fn()
+                engines[engine] = fn(model, *extra, args.threads, args.runs)
             except Exception as exc:  # noqa: BLE001 - a peer that cannot run this model
                 print(f"{name}: {engine} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
         print(f"\n{name} ({args.threads} threads, medians of {args.runs} runs; ms per inference)")
