@@ -87,7 +87,7 @@ from .gemm_plan import (
     plan_choice,
     plan_gemm,
 )
-from .gemm_prefetch import mark_loops
+from .gemm_prefetch import mark_loops, prefetch_pays
 
 
 def choose_vector_role(traits: GemmTraits, lanes: int, preferred: IterRole,
@@ -328,7 +328,8 @@ def tile_gemm(
         sch.reorder(s, no, *ko, mo, *ni, *mi, ki, mr, nv, nl)
         chunk = sch.fuse(s, no)
     sch.parallel(chunk)
-    if plan.pack_b and vector_role == IterRole.J and options_or_default(problem.options).gemm_prefetch_b_panels:
+    if (plan.pack_b and vector_role == IterRole.J and options_or_default(problem.options).gemm_prefetch_b_panels
+            and prefetch_pays(plan, problem.registers)):
         mark_loops(sch, ki, mi[-1] if mi else None, ni[-1] if ni else None, ko[-1] if ko else None,
                    plan.nr, sch.get(main).writes[0].source.dtype)
     sch.unroll(mr)

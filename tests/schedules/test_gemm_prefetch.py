@@ -171,3 +171,17 @@ def test_linear_layers_prefetch_and_match():
     plain = aicf_tvm.compile(aicf_tvm.from_torch(model, (x,)), target="llvm", options=no_marks)
     assert _prefetches(plain) == 0
     np.testing.assert_array_equal(np.asarray(plain(x.numpy())), got)  # the same bits
+
+
+def test_avx2_tiles_prefetch_only_panels_one_row_block_reads():
+    """With 16 registers (AVX2) a nest prefetches only where one block of rows reads each
+    panel per K block (a static M of one ``mc`` block, or a symbolic M); with 32 always."""
+    from schedules.cpu.gemm_plan import plan_gemm
+    from schedules.cpu.gemm_prefetch import prefetch_pays
+
+    for m, blocks in ((96, 1), (197, 3), (128, 2), (1500, 25), (None, None)):
+        avx2 = plan_gemm(1, m, 3072, 768, lanes=8, cores=2, registers=16, b_constant=True)
+        if m is not None:
+            assert avx2.m_padded // avx2.mc == blocks, avx2
+        assert prefetch_pays(avx2, 16) == (blocks in (1, None))
+        assert prefetch_pays(plan_gemm(1, m, 3072, 768, lanes=16, cores=2, registers=32, b_constant=True), 32)
