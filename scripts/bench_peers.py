@@ -486,6 +486,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     target = describe(resolve_target("llvm"))
     mode = "int8 (ONNX Runtime's quantization); " if args.int8 else ""
+    info = run_info(target)
+    print(f"CPU {info['cpu']} (family {info['cpu_family']} model {info['cpu_model']}), ISA {' '.join(info['isa'])}")
     print(mode + f"target {target}; peers with {args.threads} thread(s); "
           f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}; aicf_tvm {aicf_tvm.__file__}")
     results: dict[str, dict] = {}

@@ -46,7 +46,7 @@ def op_class(name: str) -> str:
         return "attention"
     if "conv" in low:
         return "conv"
-    if re.search(r"matmul|gemm|fullyconnected|dense|linear|inner_?product", low):
+    if re.search(r"matmul|gemm|fullyconnected|dense|linear|inner_?product", low):  # ours: kind/rule
         return "gemm"
     if "norm" in low or "mvn" in low or "reducemean" in low:
         return "norm"
@@ -63,7 +63,7 @@ def profile_ours(model: harness.Model, threads: int, runs: int) -> tuple[dict[st
                                 threads=threads, cache=False)
     inputs = [t.numpy() for t in model.inputs]
     calls = collections.Counter(kernel_calls(compiled.lowered["main"]))
-    kinds = {k.name: k.kind for k in compiled.kernels}
+    kinds = {k.name: f"{k.kind}/{k.schedule}" for k in compiled.kernels}  # a generic group by its rule
     for _ in range(3):
         compiled(*inputs)
     per_run: dict[str, list[float]] = collections.defaultdict(list)
