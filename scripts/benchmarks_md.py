@@ -12,9 +12,10 @@ the numbers were taken (date, command, commit, CPU model and ISA flags, our targ
 peers' versions). ``--add`` copies such a file to
 ``docs/benchmarks/<date>-<mcpu>-<models>.json``.
 
-Runs of one day, commit and target form one table; the latest is "current" and also
-replaces the block between ``<!-- benchmarks:begin -->`` and ``<!-- benchmarks:end -->``
-in README.md; older ones are listed below it, newest first. Each table prints ours in ms,
+Runs of one day, commit and target form one table; the latest of each vector ISA
+(AVX-512, AVX2, ...) is "current" and also goes into the block between
+``<!-- benchmarks:begin -->`` and ``<!-- benchmarks:end -->`` in README.md; older ones
+are listed below, newest first. Each table prints ours in ms,
 then ours/peer for every peer (under 1: ours is faster), geometric means over the models
 whose outputs matched (per input file, and over the table), and the command that produced
 each file.
@@ -192,16 +193,33 @@ def load_groups(paths: list[Path]) -> list[Group]:
     return sorted(groups.values(), key=lambda g: (g.runs[0].day, str(g.info.get("date", ""))), reverse=True)
 
 
-def readme_block(group: Group) -> str:
-    lines = [BEGIN, "", *caption(group)[:1], "", *table(group), "",
-             ("Ours in ms, then ours/peer (under 1: ours is faster), median of the rounds; every output "
-              "checked against PyTorch eager. How it was run, and earlier runs: "
-              "[docs/benchmarks.md](docs/benchmarks.md)."), "", END]
+def isa_class(group: Group) -> str:
+    """The vector ISA the group's kernels were built for ("AVX-512", "AVX2", ...)."""
+    return isa_summary(group.info.get("isa", [])).split(" (")[0]
+
+
+def current_groups(groups: list[Group]) -> tuple[list[Group], list[Group]]:
+    """(the newest group of each ISA class, newest first; the others): a rule tuned on one
+    class of machine is shown beside its result on the other."""
+    current: dict[str, Group] = {}
+    for group in groups:
+        current.setdefault(isa_class(group), group)
+    chosen = list(current.values())
+    return chosen, [g for g in groups if not any(g is c for c in chosen)]
+
+
+def readme_block(groups: list[Group]) -> str:
+    lines = [BEGIN, ""]
+    for group in groups:
+        lines += [*caption(group)[:1], "", *table(group), ""]
+    lines += [("Ours in ms, then ours/peer (under 1: ours is faster), median of the rounds; every output "
+               "checked against PyTorch eager; the newest run of each vector ISA. How it was run, and "
+               "earlier runs: [docs/benchmarks.md](docs/benchmarks.md)."), "", END]
     return "\n".join(lines)
 
 
 def page(groups: list[Group]) -> str:
-    current, older = groups[0], groups[1:]
+    currents, older = current_groups(groups)
     lines = [
         "# Benchmarks",
         "",
@@ -224,14 +242,21 @@ def page(groups: list[Group]) -> str:
         "",
         "## Current",
         "",
-        *caption(current),
+        "The newest run on each vector ISA.",
         "",
-        *table(current),
-        "",
-        "Produced by (`pip install -e \".[bench]\"`; from the repository root at that commit):",
-        "",
-        *commands(current),
-        "",
+    ]
+    for current in currents:
+        lines += [
+            *caption(current),
+            "",
+            *table(current),
+            "",
+            "Produced by (`pip install -e \".[bench]\"`; from the repository root at that commit):",
+            "",
+            *commands(current),
+            "",
+        ]
+    lines += [
         "## Regenerate",
         "",
         "    for M in bert gpt2 llama vit resnet50 mobilenetv2 convnext; do",
@@ -313,7 +338,7 @@ def main() -> None:
     outputs = {args.out: page(groups)}
     if args.readme:
         readme = Path(args.readme)
-        outputs[readme] = with_readme_block(readme.read_text(), readme_block(groups[0]))
+        outputs[readme] = with_readme_block(readme.read_text(), readme_block(current_groups(groups)[0]))
     stale = [path for path, text in outputs.items() if not path.exists() or path.read_text() != text]
     if args.check:
         for path in stale:
