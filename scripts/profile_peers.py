@@ -54,30 +54,18 @@ def op_class(name: str) -> str:
 
 
 def profile_ours(model: harness.Model, threads: int, runs: int) -> tuple[dict[str, tuple[str, float]], float]:
-    """(kernel -> (kind, ms per inference)), median ms of a plain call."""
+    """(kernel -> (kind/rule, ms per inference)), median ms of a plain call."""
     import aicf_tvm
-    from aicf_tvm.driver.tuning.in_models import kernel_seconds
     from relax_passes.lower_emits import kernel_calls
+    from scripts.profile_kernels import time_in_model
 
     compiled = aicf_tvm.compile(aicf_tvm.from_torch(model.module, model.inputs), target="llvm",
                                 threads=threads, cache=False)
-    inputs = [t.numpy() for t in model.inputs]
     calls = collections.Counter(kernel_calls(compiled.lowered["main"]))
     kinds = {k.name: f"{k.kind}/{k.schedule}" for k in compiled.kernels}  # a generic group by its rule
-    for _ in range(3):
-        compiled(*inputs)
-    per_run: dict[str, list[float]] = collections.defaultdict(list)
-    plain = []
-    for _ in range(runs):
-        spent: dict[str, float] = collections.defaultdict(float)
-        kernel_seconds(compiled, inputs, {name: name for name in calls}, spent)
-        for name, secs in spent.items():
-            per_run[name].append(secs)
-        start = time.perf_counter()
-        compiled(*inputs)
-        plain.append(time.perf_counter() - start)
-    rows = {name: (kinds.get(name, name), statistics.median(v) * 1e3) for name, v in per_run.items()}
-    return rows, statistics.median(plain) * 1e3
+    per_call, whole = time_in_model(compiled, calls, runs)
+    rows = {name: (kinds.get(name, name), secs * calls[name] * 1e3) for name, secs in per_call.items()}
+    return rows, (whole or float("nan")) * 1e3
 
 
 def profile_openvino(model: harness.Model, path: Path, threads: int,
