@@ -25,7 +25,7 @@ from .gemm_analysis import is_multiply_accumulate
 # 4 and 6 rows ran slower).  The accumulators take half the registers, so with 16 (AVX2)
 # a tile 2 key vectors wide has 4 rows (``plan_attention``): 8 rows x 1 vector loads 9
 # values per 8 FMAs where 4 x 2 loads 6; on a 2-core Zen 3 Whisper's 1500 x 1500 heads
-# ran in 0.73-0.75 of the time (6 x 2, 12 accumulators: 0.75-0.79), the same bits.
+# ran in 0.73-0.90 of the time (6 x 2, 12 accumulators: 0.75-0.79), the same bits.
 MAX_ROWS = 8
 
 
