@@ -93,6 +93,14 @@ def conjuncts(expr: tirx.Expr) -> list[tirx.Expr]:
     return [expr]
 
 
+def conjunction(exprs: list[tirx.Expr]) -> tirx.Expr:
+    """``exprs`` joined by ``and`` in order (``True`` for none): the inverse of ``conjuncts``."""
+    out = exprs[0] if exprs else tirx.const(True, "bool")
+    for expr in exprs[1:]:
+        out = tirx.And(out, expr)
+    return out
+
+
 def bound_iters(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> list[tirx.IterVar]:
     """The block iterators whose binding uses ``loop``'s variable."""
     realize = get_sblockrealize(sch, block)

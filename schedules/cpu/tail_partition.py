@@ -33,7 +33,7 @@ import tvm_ffi
 from tvm import s_tir, sym, tirx
 from tvm.target import Target
 
-from .common import PARTITION_HINT, conjuncts, static_extent, uses_var
+from .common import PARTITION_HINT, conjunction, conjuncts, static_extent, uses_var
 from .llvm_pass import llvm_prim_func_pass
 
 
@@ -111,10 +111,7 @@ def _without(body: tirx.Stmt, conds: list[tirx.Expr]) -> tirx.Stmt:
     """``body`` with the given predicate conjuncts (the same objects) made true."""
     def drop(realize: s_tir.SBlockRealize) -> s_tir.SBlockRealize:
         kept = [c for c in conjuncts(realize.predicate) if not any(c.same_as(d) for d in conds)]
-        pred = kept[0] if kept else tirx.const(True, "bool")
-        for c in kept[1:]:
-            pred = tirx.And(pred, c)
-        return s_tir.SBlockRealize(realize.iter_values, pred, realize.block, realize.span)
+        return s_tir.SBlockRealize(realize.iter_values, conjunction(kept), realize.block, realize.span)
 
     return tvm_ffi.structural_map(body, [(s_tir.SBlockRealize, drop)])
 

@@ -31,17 +31,10 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .common import conjuncts, nodes_in, uses_var
+from .common import conjunction, conjuncts, nodes_in, uses_var
 
 # unrolled loops longer than this are left alone (their condition would be that long)
 MAX_UNROLLED = 16
-
-
-def _all(exprs: list[tirx.Expr]) -> tirx.Expr:
-    out = exprs[0] if exprs else tirx.const(True, "bool")
-    for e in exprs[1:]:
-        out = tirx.And(out, e)
-    return out
 
 
 def _fresh(stmt: tirx.Stmt) -> tirx.Stmt | None:
@@ -93,10 +86,10 @@ def _unswitched(nest: tirx.Stmt) -> tirx.Stmt:
         return nest
 
     def strip(realize: s_tir.SBlockRealize) -> s_tir.SBlockRealize:
-        return s_tir.SBlockRealize(realize.iter_values, _all(kept[realize.block.name_hint]), realize.block)
+        return s_tir.SBlockRealize(realize.iter_values, conjunction(kept[realize.block.name_hint]), realize.block)
 
     copy = _fresh(tvm_ffi.structural_map(nest, [(s_tir.SBlockRealize, strip)]))
-    return nest if copy is None else tirx.IfThenElse(_all(guard), copy, nest)
+    return nest if copy is None else tirx.IfThenElse(conjunction(guard), copy, nest)
 
 
 def unswitch_unrolled_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
