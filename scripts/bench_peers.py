@@ -232,7 +232,14 @@ def quantized_file(model: Model, work: Path, dynamic: bool) -> Path:
 model_file: Callable[[Model, Path], Path] = onnx_file
 
 
-def ort(model: Model, threads: int, work: Path) -> Runner:
+def _feeds(model: Model, names: set[str]) -> dict[str, np.ndarray]:
+    """The model's inputs an engine's graph takes (an export may drop an unused one)."""
+    return {n: a for n, a in zip(model.names, _numpy(model)) if n in names}
+
+
+def ort_session(model: Model, path: Path, threads: int, profile_prefix: str | None = None) -> tuple[Any, dict]:
+    """ONNX Runtime's session of the peer ``ort`` (module docstring) on ``path``, and its
+    feeds; ``profile_prefix``: with its profiler on (``scripts/profile_peers.py``)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -240,21 +247,34 @@ def ort(model: Model, threads: int, work: Path) -> Runner:
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    sess = ort.InferenceSession(str(model_file(model, work)), opts, providers=["CPUExecutionProvider"])
-    names = {i.name for i in sess.get_inputs()}
-    feeds = {n: a for n, a in zip(model.names, _numpy(model)) if n in names}
-    return lambda: sess.run(None, feeds)[0]
+    if profile_prefix is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile_prefix
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return sess, _feeds(model, {i.name for i in sess.get_inputs()})
 
 
-def openvino(model: Model, threads: int, work: Path) -> Runner:
+def openvino_request(model: Model, path: Path, threads: int, perf_count: bool = False) -> tuple[Any, Any, dict]:
+    """OpenVINO's compiled model of the peer ``openvino`` (module docstring) on ``path``, an
+    infer request and its feeds; ``perf_count``: with ``PERF_COUNT`` on (``profile_peers``)."""
     import openvino as ov
 
     config = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY",
               "INFERENCE_NUM_THREADS": threads}
-    compiled = ov.Core().compile_model(str(model_file(model, work)), "CPU", config)
-    request = compiled.create_infer_request()
+    if perf_count:
+        config["PERF_COUNT"] = True
+    compiled = ov.Core().compile_model(str(path), "CPU", config)
     names = {n for port in compiled.inputs for n in port.get_names()}
-    feeds = {n: a for n, a in zip(model.names, _numpy(model)) if n in names}
+    return compiled, compiled.create_infer_request(), _feeds(model, names)
+
+
+def ort(model: Model, threads: int, work: Path) -> Runner:
+    sess, feeds = ort_session(model, model_file(model, work), threads)
+    return lambda: sess.run(None, feeds)[0]
+
+
+def openvino(model: Model, threads: int, work: Path) -> Runner:
+    compiled, request, feeds = openvino_request(model, model_file(model, work), threads)
 
     def run() -> np.ndarray:
         return np.array(request.infer(feeds)[compiled.outputs[0]])

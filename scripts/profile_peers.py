@@ -70,14 +70,7 @@ def profile_ours(model: harness.Model, threads: int, runs: int) -> tuple[dict[st
 
 def profile_openvino(model: harness.Model, path: Path, threads: int,
                      runs: int) -> tuple[dict[str, tuple[str, float]], float]:
-    import openvino as ov
-
-    config = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY",
-              "INFERENCE_NUM_THREADS": threads, "PERF_COUNT": True}
-    compiled = ov.Core().compile_model(str(path), "CPU", config)
-    request = compiled.create_infer_request()
-    names = {n for port in compiled.inputs for n in port.get_names()}
-    feeds = {n: t.numpy() for n, t in zip(model.names, model.inputs) if n in names}
+    _, request, feeds = bench_peers.openvino_request(model, path, threads, perf_count=True)
     for _ in range(3):
         request.infer(feeds)
     per_run: dict[str, list[float]] = collections.defaultdict(list)
@@ -97,18 +90,7 @@ def profile_openvino(model: harness.Model, path: Path, threads: int,
 
 def profile_ort(model: harness.Model, path: Path, threads: int,
                 runs: int) -> tuple[dict[str, tuple[str, float]], float]:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    opts.enable_profiling = True
-    opts.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    names = {i.name for i in sess.get_inputs()}
-    feeds = {n: t.numpy() for n, t in zip(model.names, model.inputs) if n in names}
+    sess, feeds = bench_peers.ort_session(model, path, threads, profile_prefix=str(Path(tempfile.mkdtemp()) / "ort"))
     for _ in range(3):
         sess.run(None, feeds)
     plain = []
