@@ -39,6 +39,7 @@ from aicf_tvm.core.contract import EmitContract, PortFacts
 from aicf_tvm.core.emit import ABI_ATTR, EMIT_ATTR, Emit, emit_of
 from aicf_tvm.core.lattice import Flag
 from aicf_tvm.core.options import CompileOptions, options_or_default
+from aicf_tvm.core.numerics import NUMERICS_ATTR, RELAXED, is_relaxed
 from relax_passes.legalize_blocked_conv import LEGALIZE_MAP
 from relax_passes.legalize_int8_matmul import LEGALIZE_MAP as MATMUL_LEGALIZE_MAP
 
@@ -259,14 +260,14 @@ class LowerEmits:
     def _lower(self, mod: tvm.IRModule) -> tvm.IRModule:
         if "main" in [gv.name_hint for gv in mod.get_global_vars()]:
             mod = bind_scalar_ports(mod)
-        emits: dict[str, tuple[Emit, list[str]]] = {}
+        emits: dict[str, tuple[Emit, list[str], bool]] = {}
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 emit = emit_of(func)
                 if emit is not None:
                     scalars = ([str(s) for s in func.attrs["aicf.scalar_ports"]]
                                if "aicf.scalar_ports" in func.attrs else [])
-                    emits[gv.name_hint] = (emit, scalars)
+                    emits[gv.name_hint] = (emit, scalars, is_relaxed(func))
         # Sort/scan/sampling ops lower through TVM's dispatchers (the target's
         # implementation); an Emit whose ops still do not all become call_tir (an extern
         # sort) stays a plain Relax function the VM calls, not a fused kernel.
@@ -281,8 +282,10 @@ class LowerEmits:
         for gv, func in list(mod.functions_items()):
             found = emits.get(gv.name_hint)
             if isinstance(func, tirx.PrimFunc) and found is not None:
-                emit, scalars = found
+                emit, scalars, relaxed = found
                 func = func.with_attr(EMIT_ATTR, emit.to_attr()).with_attr("aicf.kind", emit.kind)
+                if relaxed:  # the numeric level the rules and VectorizeMath read (RelaxNumerics)
+                    func = func.with_attr(NUMERICS_ATTR, RELAXED)
                 mod[gv] = func.with_attr(ABI_ATTR, abi_of(func, emit, scalars))
         return mod
 

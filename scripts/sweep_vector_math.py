@@ -38,6 +38,7 @@ from tvm import te, tirx
 from aicf_tvm.runtime.targets import resolve_target
 from aicf_tvm.runtime.threads import thread_count, use_threads
 from schedules.cpu.common import try_parallel
+from schedules.cpu.relaxed_math import EXPANSIONS as RELAXED
 from schedules.cpu.vector_math import vectorize_math
 
 CHUNK = 1 << 22
@@ -64,9 +65,9 @@ def kernel(name: str, impl: str, target: tvm.target.Target):
     outer, inner = sch.split(loop, [None, 16])
     try_parallel(sch, outer)
     func = sch.mod["main"]
-    if impl == "vector":
+    if impl in ("vector", "relaxed"):
         sch.vectorize(inner)
-        func = vectorize_math(sch.mod["main"])
+        func = vectorize_math(sch.mod["main"], relaxed=impl == "relaxed")
     return tvm.compile(tvm.IRModule({"main": func}), target=target).mod["main"]
 
 
@@ -162,7 +163,8 @@ def main() -> None:
           f"{'not CR':>9s} {'NaN/sign bad':>12s}")
     for name in args.functions:
         impls = [i for i in args.impls
-                 if (i != "glibc" or name in GLIBC) and (i != "tvm" or name in TVM_FORMULA)]
+                 if (i != "glibc" or name in GLIBC) and (i != "tvm" or name in TVM_FORMULA)
+                 and (i != "relaxed" or f"tirx.{name}" in RELAXED)]
         started = time.time()
         for impl, t in sweep(name, impls, args.stride, target).items():
             print(f"{name:8s} {impl:7s} {t.count:11d} {t.worst:9.6f} {t.worst_x:16.9g} "

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .numerics import NUMERIC_LEVELS
+
 CONV_REGISTER_TILES = ("held", "partial", "dividing")
 
 
@@ -31,6 +33,10 @@ class CompileOptions:
 
     # a tvm Target or its string; None: "llvm" for compile, the enclosing `with target:` in a pass
     target: Any = None
+    # the numeric level (aicf_tvm.core.numerics, docs/numerics.md): "exact" computes what the
+    # graph's op order does; "relaxed" lets exp/sigmoid/tanh run in float32 and softmax row sums
+    # per vector lane, each such Emit listed in the report as an approximation
+    numerics: str = "exact"
     # the candidate Emits FuseEmits tries; None: the library's (aicf_tvm.library)
     candidates: Sequence[Any] | None = None
     # tuning records (a work dir or database) that replace the default schedules
@@ -65,6 +71,9 @@ class CompileOptions:
     gemm_even_column_blocks: bool = True
     # the GEMM's next B panel prefetched inside its K loop (schedules.cpu.gemm_prefetch)
     gemm_prefetch_b_panels: bool = True
+    # each K block of a float GEMM summed from zero, then added to C (schedules.cpu.gemm_prefetch):
+    # the error of a blocked sum, not of one serial sum over K
+    gemm_blocked_sums: bool = True
     # attention's row max over whole vectors of keys, padded by repeated keys (whole_vectors.pad_max)
     attention_lane_max: bool = True
     # attention's parallel tile loop runs a head's row tiles in turn: its kᵀ and v stay in L2
@@ -86,6 +95,8 @@ class CompileOptions:
     def __post_init__(self) -> None:
         if self.candidates is not None and not isinstance(self.candidates, tuple):
             object.__setattr__(self, "candidates", tuple(self.candidates))
+        if self.numerics not in NUMERIC_LEVELS:
+            raise ValueError(f"numerics={self.numerics!r}: not one of {', '.join(NUMERIC_LEVELS)}")
         if self.conv_register_tile not in CONV_REGISTER_TILES:
             raise ValueError(f"conv_register_tile={self.conv_register_tile!r}: not one of "
                              f"{', '.join(CONV_REGISTER_TILES)}")

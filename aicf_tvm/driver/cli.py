@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from aicf_tvm.core.errors import AicfError, InputError, TuningError, UnsupportedModelError
+from aicf_tvm.core.numerics import NUMERIC_LEVELS
 from aicf_tvm.runtime.compiled import Kernel, Outputs, TensorSpec, flat_outputs, load
 from aicf_tvm.runtime.deploy import is_library, manifest, read_metadata
 from aicf_tvm.runtime.targets import describe, resolve_target
@@ -175,7 +176,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         raise AicfError(f"-o {args.output}: directory {Path(args.output).parent} does not exist")
     # exported, not run here: no machine code for this process (warm_up)
     model = aicf_compile(args.model, target, database=args.database, warm_up=False, cache=not args.no_cache,
-                         import_args=_model_args(args),
+                         import_args=_model_args(args), numerics=args.numerics,
                          progress=lambda: _status(f"aicf: compiling {args.model} for {describe(target)} ..."))
     start = time.perf_counter()
     path = model.export(args.output)  # a copy of the cache's library when there is one
@@ -266,7 +267,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     target = resolve_target(args.target)
     result = tune(args.models, target=target, trials=args.trials, work_dir=args.work_dir, **_model_args(args),
                   runner_timeout=args.runner_timeout, rpc=args.rpc, key=args.key, workers=args.workers,
-                  threads=args.threads, time_in_model=not args.kernel_times_only)
+                  threads=args.threads, time_in_model=not args.kernel_times_only, time_budget=args.time_budget)
     if result is not None:
         print(result)
     return 0
@@ -376,6 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true",
                    help="compile even when the compile cache holds this model, and do not store it there "
                         "(the cache: $AICF_CACHE_DIR, else ~/.cache/aicf/compiled)")
+    p.add_argument("--numerics", choices=NUMERIC_LEVELS, default="exact",
+                   help="exact (default): what the graph's op order computes; relaxed: exp, sigmoid and tanh in "
+                        "float32 (within 1.02 / 2.41 / 1.34 ulp) and attention's softmax sums per vector lane, "
+                        "each such kernel listed as an approximation (docs/numerics.md)")
 
     p = sub.add_parser("bundle", parents=[common],
                        help="write a folder that runs a library with TVM's runtime alone (no install on the host)")
@@ -399,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("models", nargs="+", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
     p.add_argument("--trials", type=_positive_int, default=64, help="measured candidates in all (default: 64)")
+    p.add_argument("--time-budget", type=_positive_seconds, default=None, metavar="S",
+                   help="seconds the search may take: no task starts after that (a later run with the same "
+                        "--work-dir continues; default: no limit)")
     p.add_argument("--work-dir", required=True, help="the tuning database directory")
     p.add_argument("--runner-timeout", type=_positive_seconds, default=60.0, metavar="S",
                    help="seconds one candidate may take to measure; one that crashes or runs longer "

@@ -30,6 +30,7 @@ from tvm import relax
 
 from aicf_tvm.core.errors import TargetError, UnsupportedModelError
 from aicf_tvm.core.options import CompileOptions, options_or_default
+from aicf_tvm.core.numerics import RELAXED
 from aicf_tvm.core.report import Decision, FusionReport
 from aicf_tvm.driver.compiled import compiled_model
 from aicf_tvm.driver.verify import verify_contracts
@@ -55,6 +56,7 @@ from relax_passes.ieee_fold import FoldConstantIEEE
 from relax_passes.implicit_broadcasts import ImplicitBroadcasts
 from relax_passes.index_checks import HostIndexChecks
 from relax_passes.integer_qdq import integer_qdq
+from relax_passes.numeric_levels import RelaxNumerics
 from relax_passes.normalize_indices import NormalizeIndices
 from relax_passes.rewrites import rewrite_passes
 from relax_passes.single_pointer_noalias import SinglePointerNoAlias
@@ -311,6 +313,8 @@ def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target | None = None, *, 
         mod = step(mod)
     mod = clock("fuse", optimize, mod, report, options=options)  # lift, propagate, the fixpoint
     mod = CacheInPlace(report)(mod)  # donated caches written in place (lowers those writes)
+    if options.numerics == RELAXED:  # the Emits the level changes, each recorded as an approximation
+        mod = RelaxNumerics(report)(mod)
     for step in after_optimize:
         mod = step(mod)
     stages = Stages(report, mod, timings=clock.timings)
@@ -353,13 +357,14 @@ def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: S
             threads: int | None = None, options: CompileOptions | None = None,
             timings: bool = False, warm_up: bool = True, cache: bool = True,
             cache_dir: str | os.PathLike | None = None, import_args: Mapping[str, Any] | None = None,
-            progress: Callable[[], None] | None = None) -> CompiledModel:
+            progress: Callable[[], None] | None = None, numerics: str | None = None) -> CompiledModel:
     """Compile a Relax IRModule (or anything ``load_model`` accepts, imported with
     ``import_args``: its ``shapes=`` and ``bounds=``) to a ``CompiledModel`` that runs with
     ``threads`` CPU threads (default: ``aicf_tvm.runtime.threads.thread_count``).
 
     ``options`` carries every setting (``CompileOptions``); ``target`` (default ``"llvm"``),
-    ``database``, ``candidates`` and ``threads`` given replace its own. The model's
+    ``database``, ``candidates``, ``threads`` and ``numerics`` (the numeric level, "exact" or
+    "relaxed": docs/numerics.md) given replace its own. The model's
     ``timings`` holds the seconds of each phase (import, normalize, fuse, lower, schedule,
     codegen, jit, cache); ``timings=True`` also prints them (``format_timings``) to stderr.
     ``warm_up`` (phase "jit", ``CompiledModel.warm_up``) makes the machine code of the
@@ -373,7 +378,7 @@ def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: S
     (``cache=False`` keeps them). ``progress`` is called once the model is imported and
     not found in the cache, as the compile proper starts (``aicf compile``'s status line)."""
     options = options_or_default(options).updated(target=target, database=database, candidates=candidates,
-                                                  threads=threads)
+                                                  threads=threads, numerics=numerics)
     tgt = resolve_target("llvm" if options.target is None else options.target)
     options = options.updated(target=tgt)
     threads = options.threads

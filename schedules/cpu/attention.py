@@ -65,6 +65,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.sym.analyzer import Analyzer
 from tvm.target import Target
 
+from aicf_tvm.core.numerics import is_relaxed
 from aicf_tvm.core.options import CompileOptions, options_or_default
 
 from ..constants import inlines_a_constant
@@ -87,7 +88,7 @@ from .common import (
 from .gemm_blocks import schedule_injective
 from .masked_keys import skip_masked_keys
 from .unswitch_rows import unswitch_unrolled_rows
-from .whole_vectors import is_float_max, pad_max
+from .whole_vectors import is_float_max, is_float_sum, pad_max
 
 _LOG = logging.getLogger(__name__)
 
@@ -318,18 +319,22 @@ def _binds_reduction(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> bool
     )
 
 
-def _split_max(sch: s_tir.Schedule, blocks: list[SBlockRV], lanes: int) -> list[SBlockRV]:
+def _split_lanes(sch: s_tir.Schedule, blocks: list[SBlockRV], lanes: int, sums: bool) -> list[SBlockRV]:
     """``blocks`` with each float max over a multiple of ``lanes`` keys split by ``rfactor``
-    into a max per lane and a max of the lanes.  A max is exact in any order (NaN aside, and a
-    NaN score makes its whole row NaN either way), a sum is not: sums stay serial.  A key
-    count that is not a multiple would leave the lane block a predicate that ``compute_at``
-    drops; after ``pad_max`` a symbolic or constant one is a multiple."""
+    into a max per lane and a max of the lanes; with ``sums`` (the ``relaxed`` numeric
+    level) each float sum too, into a sum per lane (keys ``l, l + lanes, ...`` in order)
+    and the lanes' sums in order.  A max is exact in any order (NaN aside, and a NaN score
+    makes its whole row NaN either way), a sum is not: at the ``exact`` level sums stay
+    serial.  A key count that is not a multiple would leave the lane block a predicate that
+    ``compute_at`` drops; after ``pad_max`` a symbolic or constant one is a multiple for
+    the max (a sum over such keys stays serial)."""
     out = []
     for block in blocks:
         stmt = sch.get(block)
         keys = sch.get_loops(block)[-1]
         extent = static_extent(sch.get(keys).extent)
-        if is_float_max(stmt) and _divides(sch, keys, lanes) and (extent is None or extent > lanes):
+        split = is_float_max(stmt) or (sums and is_float_sum(stmt))
+        if split and _divides(sch, keys, lanes) and (extent is None or extent > lanes):
             _, lane = sch.split(keys, [None, lanes])
             out.append(sch.rfactor(lane, factor_axis=len(stmt.writes[0].region)))  # lanes innermost
         out.append(block)
@@ -422,7 +427,7 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     row_blocks = children[start + 1: stop]
     outputs = children[names.index(pv_stmt.name_hint) + 1:]
 
-    row_blocks = _split_max(sch, row_blocks, lanes)
+    row_blocks = _split_lanes(sch, row_blocks, lanes, sums=is_relaxed(sch.mod["main"]))
     context = _tile_loop(sch, found.pv, plan.rows, head_major)
     for block in (p_copy, *reversed(row_blocks)):
         _compute_at(sch, block, context)

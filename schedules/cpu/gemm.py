@@ -328,10 +328,13 @@ def tile_gemm(
         sch.reorder(s, no, *ko, mo, *ni, *mi, ki, mr, nv, nl)
         chunk = sch.fuse(s, no)
     sch.parallel(chunk)
-    if (plan.pack_b and vector_role == IterRole.J and options_or_default(problem.options).gemm_prefetch_b_panels
-            and prefetch_pays(plan, problem.registers)):
+    options = options_or_default(problem.options)
+    prefetch = (plan.pack_b and vector_role == IterRole.J and options.gemm_prefetch_b_panels
+                and prefetch_pays(plan, problem.registers))
+    if prefetch or options.gemm_blocked_sums:
         mark_loops(sch, ki, mi[-1] if mi else None, ni[-1] if ni else None, ko[-1] if ko else None,
-                   plan.nr, sch.get(main).writes[0].source.dtype)
+                   plan.nr, sch.get(main).writes[0].source.dtype, prefetch=prefetch,
+                   blocked_sums=options.gemm_blocked_sums)
     sch.unroll(mr)
     sch.unroll(nv)
     sch.vectorize(nl)

@@ -33,7 +33,7 @@ scheduling.  After, not before: inlining would copy one ``Let`` binding into two
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import tvm
 import tvm_ffi
@@ -42,6 +42,9 @@ from tvm.ir import Expr
 from tvm.target import Target
 from tvm.tirx.op import fma
 
+from aicf_tvm.core.numerics import is_relaxed
+
+from . import relaxed_math
 from .llvm_pass import llvm_prim_func_pass
 
 F32, F64 = "float32", "float64"
@@ -273,26 +276,31 @@ def expands(call: ir.Call) -> bool:
     return call.op.name in EXPANSIONS and len(call.args) == 1
 
 
-def _expand_calls(node: object, names: frozenset[str]) -> object:
+def _expand_calls(node: object, names: frozenset[str], table: Mapping[str, Callable[[Expr], Expr]]) -> object:
     def rewrite(call: ir.Call) -> Expr:
         if expands(call) and call.op.name in names:
             if call.op.name == "tirx.pow":
                 return power(call.args[0], int_exponent(call.args[1]))
-            return EXPANSIONS[call.op.name](call.args[0])
+            return table[call.op.name](call.args[0])
         return call
 
     return tvm_ffi.structural_map(node, (ir.Call, rewrite))
 
 
-def vectorize_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def vectorize_math(func: tirx.PrimFunc, relaxed: bool | None = None) -> tirx.PrimFunc:
     """``func`` with the calls ``expands`` accepts replaced by their TIR expansion: all of
-    them inside vectorized loops, the ``EVERYWHERE`` ones in any loop."""
+    them inside vectorized loops, the ``EVERYWHERE`` ones in any loop.  ``relaxed`` (None:
+    whether ``func`` is at the ``relaxed`` numeric level, ``is_relaxed``) takes the float32
+    evaluations of ``relaxed_math`` for exp, sigmoid and tanh inside vector loops."""
+    relaxed = is_relaxed(func) if relaxed is None else relaxed
+    vector_table = {**EXPANSIONS, **relaxed_math.EXPANSIONS} if relaxed else EXPANSIONS
+
     def in_vector_loop(loop: tirx.For) -> tirx.For:
         if loop.kind == tirx.ForKind.VECTORIZED:
-            return _expand_calls(loop, frozenset(EXPANSIONS) | EVERYWHERE)
+            return _expand_calls(loop, frozenset(EXPANSIONS) | EVERYWHERE, vector_table)
         return loop
 
-    return _expand_calls(tvm_ffi.structural_map(func, (tirx.For, in_vector_loop)), EVERYWHERE)
+    return _expand_calls(tvm_ffi.structural_map(func, (tirx.For, in_vector_loop)), EVERYWHERE, EXPANSIONS)
 
 
 def VectorizeMath(target: Target | None = None) -> tvm.transform.Pass:

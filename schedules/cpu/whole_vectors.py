@@ -28,7 +28,7 @@ reduction loop binds anything but its own iter.
 from __future__ import annotations
 
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import ir, s_tir, tirx
 from tvm.ir import Range
 
 from .common import static_extent, uses_var
@@ -39,6 +39,14 @@ def is_float_max(block: s_tir.SBlock) -> bool:
     store = block.body
     return (block.init is not None and isinstance(store, tirx.BufferStore)
             and isinstance(store.value, tirx.Max) and store.buffer.dtype.startswith("float"))
+
+
+def is_float_sum(block: s_tir.SBlock) -> bool:
+    """Whether ``block`` is a sum reduction (``acc = acc + x``) into a float buffer."""
+    store = block.body
+    return (block.init is not None and isinstance(store, tirx.BufferStore)
+            and isinstance(store.value, tirx.Add) and store.buffer.dtype.startswith("float")
+            and isinstance(store.value.a, ir.TensorLoad) and store.value.a.source.same_as(store.buffer))
 
 
 def _substitute(node, var: tirx.Var, value: tirx.Expr):

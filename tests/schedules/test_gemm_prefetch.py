@@ -19,7 +19,7 @@ from tvm.script import tirx as T
 from tvm.sym.analyzer import Analyzer
 
 import aicf_tvm
-from schedules.cpu.gemm_prefetch import K_BLOCK, K_LOOP, PANEL, STRIP, prefetch_next_panel
+from schedules.cpu.gemm_prefetch import K_BLOCK, K_LOOP, K_SUMS, PANEL, STRIP, prefetch_next_panel
 from schedules.cpu.stack_tiles import DISABLE_LOWER_BUILTIN
 
 torch = pytest.importorskip("torch")
@@ -69,6 +69,21 @@ def moving_index(A: T.Buffer((64,), "float32"), B: T.Buffer((2048,), "float32"),
         for k in T.serial(16, annotations={K_LOOP: 2}):
             acc[j * 16 + k] = acc[j * 16 + k] + T.Broadcast(A[k], 16) * B[T.Ramp(j * 1024 + k * 32, 1, 16)]
     for i in range(16):
+        C[i * 16:i * 16 + 16] = acc[i]
+
+
+@T.prim_func
+def blocked(A: T.Buffer((64,), "float32"), B: T.Buffer((2048,), "float32"), C: T.Buffer((64,), "float32")):
+    acc = T.alloc_buffer((4,), "float32x16")
+    for i in range(4):
+        acc[i] = T.Broadcast(T.float32(0), 16)
+    for kb in T.serial(4, annotations={K_BLOCK: 1}):
+        for j in T.serial(2):
+            for k in T.serial(16, annotations={K_SUMS: 1}):
+                acc[j * 2] = acc[j * 2] + T.Broadcast(A[kb * 16 + k], 16) * B[T.Ramp(j * 1024 + kb * 256 + k * 16, 1, 16)]
+                acc[j * 2 + 1] = acc[j * 2 + 1] + T.Broadcast(A[kb * 16 + k] * T.float32(0.5), 16) * B[
+                    T.Ramp(j * 1024 + kb * 256 + k * 16, 1, 16)]
+    for i in range(4):
         C[i * 16:i * 16 + 16] = acc[i]
 
 
@@ -144,6 +159,56 @@ def test_lowered_nest_computes_the_same(tmp_path):
         results.append(c.numpy())
     assert np.abs(results[0]).max() > 0
     np.testing.assert_array_equal(results[1], results[0])
+
+
+def test_blocked_sums_start_each_k_block_at_zero():
+    """A K loop marked ``K_SUMS`` (no prefetch mark): the tile starts at +0, the block's sum
+    is added to the accumulator after the loop, and nothing is prefetched; built and run,
+    each output is the sum of every block's products (numpy)."""
+    out = prefetch_next_panel(blocked)
+    (k_loop,) = _k_loops(out)
+    assert _buffers(k_loop.body) == {"acc_tile"} and K_SUMS not in k_loop.annotations
+    calls = []
+    tvm_ffi.structural_walk(out.body, [(tvm.ir.Call, lambda c: calls.append(c.op.name))])
+    assert "tirx.prefetch" not in calls
+    text = out.script()
+    assert "acc_tile[0] = T.Broadcast(T.float32(0.0), 16)" in text
+    assert "acc[j * 2] = acc[j * 2] + acc_tile[0]" in text
+
+    # small integers: every product and sum is exact, so the result is the exact sum
+    # whatever the order: the blocks are all counted, once (the order is checked above)
+    rng = np.random.default_rng(1)
+    a = rng.integers(-8, 9, 64).astype("float32")
+    b = rng.integers(-8, 9, 2048).astype("float32")
+    lib = tvm.compile(tvm.IRModule({"main": out.with_attr("global_symbol", "main")}), target="llvm")
+    c = tvm.runtime.tensor(np.zeros(64, "float32"))
+    lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+    rows = np.stack([b[j * 1024 + kb * 256 + k * 16:][:16] for j in range(2) for kb in range(4) for k in range(16)])
+    rows = rows.reshape(2, 64, 16).astype(np.float64)
+    want = np.stack([a @ rows[j] * scale for j in range(2) for scale in (1.0, 0.5)])
+    assert np.abs(want).max() > 0
+    np.testing.assert_array_equal(c.numpy().reshape(4, 16), want)
+
+
+def test_gemm_sums_k_blocks_from_zero():
+    """A K of 4096 in blocks: each row is 2^24 (first) then 4095 ones. One serial float32
+    sum loses every 1 (2^24 + 1 rounds back to 2^24); summed block by block from zero only
+    the first block's ones are lost.  Against numpy's float64 sum."""
+    k = 4096
+    model = torch.nn.Linear(k, 64).eval()
+    with torch.no_grad():
+        model.weight.copy_(torch.from_numpy(np.tile(np.float32([1.0, 2.0, 0.5, 4.0]), (64, k // 4))))
+        model.bias.zero_()
+    x = np.ones((16, k), "float32") * np.float32(2.0) ** (np.arange(16, dtype="float32")[:, None] % 3)
+    x[:, 0] = np.float32(2.0**24) * x[:, 1]
+    want = x.astype(np.float64) @ model.weight.detach().numpy().astype(np.float64).T
+    mod = aicf_tvm.from_torch(model, (torch.from_numpy(x),))
+    blocked_out = np.asarray(aicf_tvm.compile(mod, target="llvm", cache=False)(x))
+    serial = aicf_tvm.CompileOptions(gemm_blocked_sums=False)
+    serial_out = np.asarray(aicf_tvm.compile(mod, target="llvm", options=serial, cache=False)(x))
+    serial_err, blocked_err = (np.abs(y - want) / np.abs(want) for y in (serial_out, blocked_out))
+    assert serial_err.max() > 3e-5  # most of the 4095 ones lost
+    assert blocked_err.max() < serial_err.max() / 4  # the ones of later blocks kept
 
 
 def _mlp():

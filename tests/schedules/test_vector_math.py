@@ -23,6 +23,7 @@ from tvm.target import Target
 import aicf_tvm
 from aicf_tvm.driver.pipeline import run_pipeline
 from schedules.cpu import Elementwise
+from schedules.cpu import relaxed_math
 from schedules.cpu.vector_math import POW_EXPONENTS, ULP_BOUNDS, VectorizeMath, vectorize_math
 
 TARGET = Target({**Target.from_device(tvm.cpu()).export(), "num-cores": 2})
@@ -34,12 +35,13 @@ REFERENCE = {
 WORKING_RANGE = {"exp": (-110, 95), "erf": (-5, 5), "tanh": (-12, 12), "sigmoid": (-110, 95),
                  "log": (0, 100)}
 LIBM_CALL = re.compile(r"@(erff|expf|tanhf|logf|llvm\.exp\.\S+|llvm\.log\.\S+)\(")
-_KERNELS: dict[str, tvm.runtime.Module] = {}
+_KERNELS: dict[tuple[str, bool], tvm.runtime.Module] = {}
 
 
-def kernel(name: str):
-    """y = f(x) over N floats, vectorized by 16 and expanded, as the CPU rules build it."""
-    if name not in _KERNELS:
+def kernel(name: str, relaxed: bool = False):
+    """y = f(x) over N floats, vectorized by 16 and expanded, as the CPU rules build it
+    (``relaxed``: at the relaxed numeric level, ``relaxed_math``'s float32 forms)."""
+    if (name, relaxed) not in _KERNELS:
         a = te.placeholder((N,), "float32", name="a")
         out = te.compute((N,), lambda i: getattr(tirx, name)(a[i]), name="y")
         sch = tvm.s_tir.Schedule(te.create_prim_func([a, out]))
@@ -47,15 +49,15 @@ def kernel(name: str):
         outer, inner = sch.split(loop, [None, 16])
         sch.parallel(outer)
         sch.vectorize(inner)
-        func = vectorize_math(sch.mod["main"])
-        _KERNELS[name] = tvm.compile(tvm.IRModule({"main": func}), target=TARGET)
-    return _KERNELS[name]
+        func = vectorize_math(sch.mod["main"], relaxed=relaxed)
+        _KERNELS[name, relaxed] = tvm.compile(tvm.IRModule({"main": func}), target=TARGET)
+    return _KERNELS[name, relaxed]
 
 
-def evaluate(name: str, x: np.ndarray) -> np.ndarray:
+def evaluate(name: str, x: np.ndarray, relaxed: bool = False) -> np.ndarray:
     padded = np.resize(x.astype(np.float32), N)
     out = tvm.runtime.tensor(np.empty(N, np.float32))
-    kernel(name).mod["main"](tvm.runtime.tensor(padded), out)
+    kernel(name, relaxed).mod["main"](tvm.runtime.tensor(padded), out)
     return out.numpy()[: len(x)]
 
 
@@ -120,6 +122,43 @@ def test_special_values_follow_c99(name):
     y = evaluate(name, x)
     np.testing.assert_array_equal(y, expected)
     np.testing.assert_array_equal(np.signbit(y[expected == 0]), np.signbit(expected[expected == 0]))
+
+
+RELAXED = sorted(name.removeprefix("tirx.") for name in relaxed_math.EXPANSIONS)
+
+
+@pytest.mark.parametrize("name", RELAXED)
+def test_relaxed_ulp_error_within_documented_bound(name):
+    """The relaxed level's float32 forms: the sample's worst error within the full sweep's
+    bound, and more than half an ulp somewhere (they are the float32 evaluations, not the
+    exact level's)."""
+    x = dense_sample(name, np.random.default_rng(7 + RELAXED.index(name)))
+    with np.errstate(all="ignore"):
+        ref = REFERENCE[name](x.astype(np.float64))
+    err = ulp_error(evaluate(name, x, relaxed=True), ref)
+    worst = int(np.argmax(err))
+    assert err[worst] <= relaxed_math.ULP_BOUNDS[name], f"{name}({x[worst]!r}): {err[worst]} ulp"
+    assert err[worst] > 0.6
+
+
+@pytest.mark.parametrize("name", RELAXED)
+def test_relaxed_special_values_follow_c99(name):
+    """The relaxed forms keep the exact level's limits, signed zeros and NaN, bit for bit."""
+    x = np.array([c[0] for c in SPECIAL_CASES[name]] + [np.nan], dtype=np.float32)
+    expected = np.array([c[1] for c in SPECIAL_CASES[name]] + [np.nan], dtype=np.float32)
+    y = evaluate(name, x, relaxed=True)
+    np.testing.assert_array_equal(y, expected)
+    np.testing.assert_array_equal(np.signbit(y[expected == 0]), np.signbit(expected[expected == 0]))
+
+
+def test_relaxed_exp_and_sigmoid_underflow_gradually():
+    """Results in the subnormal range are subnormals, not 0: exp(-87.4 .. -103.9) and
+    sigmoid of the same arguments, within the bound."""
+    x = np.linspace(-103.9, -87.4, 4001, dtype=np.float32)
+    for name in ("exp", "sigmoid"):
+        y = evaluate(name, x, relaxed=True)
+        assert (y > 0).all() and (y < np.finfo(np.float32).tiny).any()
+        assert ulp_error(y, REFERENCE[name](x.astype(np.float64))).max() <= relaxed_math.ULP_BOUNDS[name]
 
 
 def test_exp_underflows_gradually_into_subnormals():

@@ -1,7 +1,8 @@
 """Numeric semantics of an Emit output (docs/design.md §3 D).
 
 Four independent components, each a lattice; a fused kernel must not weaken any
-of them unless a user policy (``fast_math``) allows it for that region.
+of them unless the user's numeric level allows it for that Emit (``relaxed``:
+``aicf_tvm.core.numerics``, which joins the Emit's math tag with ``approx:relaxed``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ model no faster (docs/benchmarks-history.md, "Timings moved out of the source").
 once every task is measured, ``choose`` times the candidates where they run:
 
 1. The candidates of a task: the default rule, then its ``MODEL_CANDIDATES`` fastest
-   records by kernel time.
+   records by kernel time among those whose kernel time is within ``PLAUSIBLE`` of the
+   default's: a model build and its turns cost far more than a kernel measurement, and a
+   record slower alone than that has not once won in a model (a task without such a
+   record is not timed there).
 2. Variant ``r`` is each model built with every task at its ``r``-th candidate (the
    default where a task has fewer), as ``compile(database=work_dir)`` builds it
    (``apply_database`` with those choices).
@@ -62,6 +65,8 @@ from schedules.select import record_digest
 
 _LOG = logging.getLogger(__name__)
 MODEL_CANDIDATES = 7  # records per task timed in the models, fastest by kernel time first
+# a record is timed in the models only when its kernel time is at most this times the default's
+PLAUSIBLE = 1.10
 MODEL_TURNS = 15  # turns of each stage, each running every variant once
 CONFIRM_BUILDS = 2  # builds of the default and of the chosen records in the confirming turns
 
@@ -247,10 +252,17 @@ def variants_that_fit(models: Sequence[TimedModel]) -> int:
     return int(available_bytes() // 2 // per_variant)
 
 
+def plausible(record: Any, baseline: sm.Baseline) -> bool:
+    """Whether ``record``'s kernel time is within ``PLAUSIBLE`` of the default's (a
+    default never measured admits every record)."""
+    return baseline.secs is None or sm.mean_secs(record.run_secs) <= PLAUSIBLE * baseline.secs
+
+
 def candidates(db: Any, task: Any, baseline: sm.Baseline) -> list[str]:
     """Digests of the task's records to time in the models: the ``MODEL_CANDIDATES``
-    fastest by kernel time, the seeded default's excluded."""
-    return [record_digest(r.trace) for r in sm.tuned_records(db, task, baseline)[:MODEL_CANDIDATES]]
+    fastest by kernel time of those ``plausible`` allows, the seeded default's excluded."""
+    records = [r for r in sm.tuned_records(db, task, baseline) if plausible(r, baseline)]
+    return [record_digest(r.trace) for r in records[:MODEL_CANDIDATES]]
 
 
 def rounds(offered: Mapping[str, list[str]]) -> int:

@@ -40,6 +40,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -85,6 +86,10 @@ class TuneResult:
     symbolic: list[str] = field(default_factory=list)
     measured_on: str = "this machine"  # or "rpc HOST:PORT key KEY (N servers)"
     in_model: str | None = None  # what timing the candidates in the models found (``in_models``)
+    # per task key: why its records were not timed in the models (none within in_models.PLAUSIBLE)
+    not_timed: dict[str, str] = field(default_factory=dict)
+    time_budget: float | None = None  # seconds the search could take (None: no limit)
+    over_budget: list[str] = field(default_factory=list)  # task keys left when the time budget was spent
 
     @property
     def tuned(self) -> list[Any]:
@@ -98,7 +103,7 @@ class TuneResult:
         for t in self.tasks:
             note = " (resumed: already tuned)" if t.skipped else ""
             lines.append(f"  {t.key:40s} default {_ms(t.default_s):>12s}  tuned {_ms(t.tuned_s):>12s}"
-                         f"  -> {t.choice}{note}")
+                         f"  -> {t.choice}{_by_how_much(t)}{note}")
             if t.bindings is not None:  # symbolic extents: times are geometric means over the bindings
                 chosen = f": {choice_label(t.plan)}" if t.plan else ""
                 lines.append(f"    symbolic, timed at {' | '.join(t.bindings)}{chosen}")
@@ -106,10 +111,15 @@ class TuneResult:
                 lines.append(f"    in the model: default {_ms(t.in_model['default_s'])}, best record "
                              f"{_ms(t.in_model['tuned_s'])} per inference, {t.in_model['candidates']} "
                              "record(s) timed there")
+            if t.key in self.not_timed:
+                lines.append(f"    not timed in the model: {self.not_timed[t.key]}")
         if self.in_model:
             lines.append(f"  {self.in_model}")
         if self.untuned:
             lines.append(f"  {len(self.untuned)} task(s) not tuned: no trials left for them")
+        if self.over_budget:
+            lines.append(f"  {len(self.over_budget)} task(s) not tuned: the time budget ({self.time_budget:g} s) "
+                         "was spent (a later run with the same work dir continues)")
         for failure in self.search_failed:
             lines.append(f"  search failed, kept what was measured before (the default at least): {failure}")
         if self.symbolic:
@@ -120,6 +130,17 @@ class TuneResult:
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def _by_how_much(t: Any) -> str:
+    """The kernel-time ratio behind a task's verdict: the chosen record's time over the
+    default's, or, where the default stays, its best record's."""
+    if not t.default_s or not t.tuned_s:
+        return ""
+    ratio = t.tuned_s / t.default_s
+    if t.choice == "tuned":
+        return f" ({ratio:.2f}x the default's time)"
+    return f" (best record {ratio:.2f}x the default's time)"
 
 
 def _ms(secs: float | None) -> str:
@@ -195,7 +216,7 @@ def tune(models: Any, target: Any = None, trials: int = 64, work_dir: Any = "aic
          progress: bool = True, rpc: str | None = None, key: str | None = None,
          workers: int | None = None, threads: int | None = None,
          shapes: Any = None, bounds: Any = None, time_in_model: bool = True,
-         options: CompileOptions | None = None) -> TuneResult:
+         options: CompileOptions | None = None, time_budget: float | None = None) -> TuneResult:
     """Tune the Emit kernels of ``models`` (one or a list of what ``load_model`` takes, with
     its ``shapes`` and ``bounds``).
 
@@ -212,19 +233,26 @@ def tune(models: Any, target: Any = None, trials: int = 64, work_dir: Any = "aic
     ``time_in_model`` (on a CPU target measured here), each task's best candidates are
     timed again inside the models and chosen by those times (``in_models``).
 
+    ``time_budget`` (seconds; None: no limit) bounds the search: once it is spent no
+    further task starts (a started one finishes its share), the ones left are listed, and
+    a later run with the same work dir continues with them.  Timing in the models follows
+    only when the budget was not spent.
+
     ``options`` are the ``CompileOptions`` of the compile to tune for (module docstring):
     compile with the same ones to apply the records.  As in ``compile``, ``target``
     (default ``"llvm"``) and ``threads`` given replace its own; its database is not read
     (``work_dir`` is the database).
     """
     _check_seconds("runner_timeout", runner_timeout)
+    if time_budget is not None:
+        _check_seconds("time_budget", time_budget)
     options = options_or_default(options).updated(target=target, threads=threads)
     tgt = resolve_target("llvm" if options.target is None else options.target)
     options = options.updated(target=tgt)
     with _worker_threads(thread_count(options.threads, tgt.export())):
         return _tune(specs_or(models), tgt, trials, work_dir, trials_per_task, builder_timeout,
                      runner_timeout, progress, rpc, key, workers, {"shapes": shapes, "bounds": bounds},
-                     time_in_model and rpc is None and "cpu" in tgt.keys, options.threads, options)
+                     time_in_model and rpc is None and "cpu" in tgt.keys, options.threads, options, time_budget)
 
 
 @contextlib.contextmanager
@@ -250,7 +278,9 @@ def specs_or(models: Any) -> list:
 def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: int | None,
           builder_timeout: float, runner_timeout: float, progress: bool, rpc: str | None,
           key: str | None, workers: int | None, load_args: dict, time_in_model: bool = False,
-          threads: int | None = None, options: CompileOptions | None = None) -> TuneResult:
+          threads: int | None = None, options: CompileOptions | None = None,
+          time_budget: float | None = None) -> TuneResult:
+    started = time.monotonic()
     tracker, workers, where = _remote(rpc, key, workers, runner_timeout)
     if not specs:
         raise TuningError("tune: no model given")
@@ -280,11 +310,14 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
               else trial_shares(trials, [t.cost for t in tasks], caps))
     tools = st.Tools(tgt, builder_timeout, runner_timeout, tracker, workers, options)
     knobs = option_knobs(options)  # saved with each outcome under other knobs than the defaults
-    result = TuneResult(wdir, tgt, names, measured_on=where, symbolic=symbolic)
+    result = TuneResult(wdir, tgt, names, measured_on=where, symbolic=symbolic, time_budget=time_budget)
     bar = tqdm(total=min(trials, sum(shares)), unit="trial", disable=not progress, desc="tune")
     baselines: dict[str, sm.Baseline] = {}
     with st.cpu_intrinsics_only(tgt), contextlib.closing(bar):
         for index, (task, share, task_spaces) in enumerate(zip(tasks, shares, spaces)):
+            if time_budget is not None and time.monotonic() - started > time_budget:
+                result.over_budget.append(task.key)
+                continue
             bar.set_description(f"tune {index + 1}/{len(tasks)} {task.kind}")
             try:
                 out = _tune_task(task, index, db, tools, share, trials - result.measured, result, bar,
@@ -299,7 +332,7 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
             choices[task.key] = out.to_json() | {"uses": [list(u) for u in task.uses]} | \
                 ({"options": knobs} if knobs else {})
             _save_choices(wdir, tgt, choices)
-    if time_in_model:
+    if time_in_model and not result.over_budget:
         _time_in_model(lowered, tasks, db, baselines, result, choices, threads, progress, options)
     return result
 
@@ -312,6 +345,11 @@ def _time_in_model(lowered: list, tasks: list, db: Any, baselines: dict, result:
     by_key = {t.key: t for t in result.tasks if t.bindings is None}
     offered = {t.key: tm.candidates(db, t, baselines[t.key]) for t in tasks
                if t.key in by_key and t.key in baselines}
+    for key, records in offered.items():
+        out = by_key[key]
+        if not records and out.tuned_s and out.default_s and out.tuned_s > tm.PLAUSIBLE * out.default_s:
+            result.not_timed[key] = (f"its best record took {out.tuned_s / out.default_s:.2f}x the default's "
+                                     f"kernel time (over {tm.PLAUSIBLE:.2f}x: no win there is plausible)")
     offered = {k: c for k, c in offered.items() if c}
     if not models or not offered:
         return

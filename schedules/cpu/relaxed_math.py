@@ -1,0 +1,127 @@
+"""float32 exp, sigmoid and tanh evaluated in float32: the ``relaxed`` numeric level.
+
+``vector_math``'s expansions (the ``exact`` level) evaluate in float64 and round once, so
+every result is within 0.5001 ulp; that costs two float64 vectors per float32 vector, and
+an attention over 1500 keys spent 28% of its time in the softmax's exp.  An Emit the user
+put at the ``relaxed`` level (``CompileOptions(numerics="relaxed")``, docs/numerics.md)
+gets these instead: the same reductions and special cases, evaluated in float32 with
+fused multiply-adds, as the vectorized exp of PyTorch, ONNX Runtime and OpenVINO is.
+Their maximum errors over all float32 inputs are ``ULP_BOUNDS`` (``python -m
+scripts.sweep_vector_math --impls relaxed``).
+
+* exp: Cody-Waite reduction ``x = k ln2 + r`` (|r| <= ln2/2, ln2 split in two float32 parts,
+  each product exact inside its fma), ``e^r = 1 + r + r^2 P(r)`` with Cephes' degree-5
+  ``P``, then ``2^k`` as two powers ``2^(k>>1) 2^(k - (k>>1))`` built from exponent bits, so
+  that results in the subnormal range underflow gradually (one rounding, in the second
+  product) and ``k = 128`` overflows to inf through the arithmetic;
+* sigmoid: ``e = exp(-|x|)``, the result ``1 / (1 + e)`` for x >= 0 and ``e / (1 + e)``
+  below (one division): no overflow of ``e`` (sigmoid(-100) is a subnormal, not 0);
+* tanh: ``copysign(a + a z Q(z), x)``, a = |x|, z = a^2, for a < 0.625 (Cephes' polynomial:
+  no cancellation near 0, tanh(-0) = -0), else ``copysign(1 - 2 / (e^(2a) + 1), x)``, a
+  clamped at 10.
+
+Special values as the exact level's (C99 Annex F): NaN in, NaN out; exp(-inf) = 0,
+exp(inf) = inf; sigmoid(±inf) = 1 / 0; tanh(±inf) = ±1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tvm import tirx
+from tvm.ir import Expr
+from tvm.tirx.op import fma
+
+F32 = "float32"
+
+LOG2E = 1.44269504088896341
+LN2_HI = 0.693359375  # 8 significant bits: k * LN2_HI is exact for |k| < 2^16
+LN2_LO = -2.12194440e-4
+# e^r = 1 + r + r^2 P(r) on |r| <= ln2/2 (Cephes expf), highest degree first
+EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+# tanh(x) = x + x z Q(z), z = x^2, |x| < 0.625 (Cephes tanhf), highest degree first
+TANH_Q = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1)
+TANH_SMALL = 0.625
+TANH_CLAMP = 10.0
+EXP_LO, EXP_HI = -104.0, 89.0  # e^-104 rounds to 0, e^89 overflows: nothing beyond changes
+
+# Maximum error over all 2^32 float32 inputs (scripts/sweep_vector_math.py --impls relaxed).
+# Measured: exp 1.010350, sigmoid 2.401877, tanh 1.330320 (4294978571 inputs each).
+ULP_BOUNDS = {"exp": 1.011, "sigmoid": 2.402, "tanh": 1.331}
+
+
+def c32(value: float) -> tirx.FloatImm:
+    return tirx.FloatImm(F32, value)
+
+
+def let(value: Expr, body: Callable[[tirx.Var], Expr], name: str) -> Expr:
+    var = tirx.Var(name, value.ty)
+    return tirx.Let(var, value, body(var))
+
+
+def horner(x: Expr, coeffs: tuple[float, ...]) -> Expr:
+    """sum(c_i x^(n-i)) for coefficients highest degree first, with float32 fmas."""
+    acc: Expr = c32(coeffs[0])
+    for c in coeffs[1:]:
+        acc = fma(acc, x, c32(c))
+    return acc
+
+
+def pow2(k: Expr) -> Expr:
+    """2^k (float32) for an int32 ``k`` in [-126, 127], from its exponent bits."""
+    return tirx.reinterpret(F32, tirx.shift_left(k + tirx.IntImm("int32", 127), tirx.IntImm("int32", 23)))
+
+
+def nan_through(x: Expr, result: Expr) -> Expr:
+    return tirx.Select(tirx.isnan(x), x, result)
+
+
+def exp32(x: Expr) -> Expr:
+    """e^x in float32 for a float32 ``x`` that is not NaN (clamped: no NaN inside)."""
+    def reduced(k: tirx.Var) -> Expr:
+        xc = tirx.Min(tirx.Max(x, c32(EXP_LO)), c32(EXP_HI))
+        r = fma(k, c32(-LN2_LO), fma(k, c32(-LN2_HI), xc))
+
+        def scaled(r: tirx.Var) -> Expr:
+            er = fma(r * r, horner(r, EXP_P), r) + c32(1.0)
+            ki = tirx.Cast("int32", k)
+            half = tirx.shift_right(ki, tirx.IntImm("int32", 1))
+            return er * pow2(half) * pow2(ki - half)
+
+        return let(r, scaled, "r")
+
+    clamped = tirx.Min(tirx.Max(x, c32(EXP_LO)), c32(EXP_HI))
+    return let(tirx.floor(fma(clamped, c32(LOG2E), c32(0.5))), reduced, "k")
+
+
+def exp(x: Expr) -> Expr:
+    return let(x, lambda x: nan_through(x, exp32(x)), "x")
+
+
+def sigmoid(x: Expr) -> Expr:
+    def body(x: tirx.Var) -> Expr:
+        def ratio(e: tirx.Var) -> Expr:
+            return tirx.Select(x >= c32(0.0), c32(1.0), e) / (c32(1.0) + e)
+
+        return nan_through(x, let(exp32(-tirx.abs(x)), ratio, "e"))
+
+    return let(x, body, "x")
+
+
+def tanh(x: Expr) -> Expr:
+    def body(x: tirx.Var) -> Expr:
+        def by_size(a: tirx.Var) -> Expr:
+            z = a * a
+            small = fma(a * z, horner(z, TANH_Q), a)
+            e = exp32(c32(2.0) * tirx.Min(a, c32(TANH_CLAMP)))
+            large = c32(1.0) - c32(2.0) / (e + c32(1.0))
+            return tirx.copysign(tirx.Select(a < c32(TANH_SMALL), small, large), x)
+
+        return nan_through(x, let(tirx.abs(x), by_size, "a"))
+
+    return let(x, body, "x")
+
+
+EXPANSIONS: dict[str, Callable[[Expr], Expr]] = {"tirx.exp": exp, "tirx.sigmoid": sigmoid, "tirx.tanh": tanh}
+
+__all__ = ["EXPANSIONS", "ULP_BOUNDS", "exp", "sigmoid", "tanh"]
