@@ -38,8 +38,8 @@ from tvm.tirx.layout import S, TileLayout
 from aicf_tvm.core.contract import EmitContract, PortFacts
 from aicf_tvm.core.emit import ABI_ATTR, EMIT_ATTR, Emit, emit_of
 from aicf_tvm.core.lattice import Flag
-from aicf_tvm.core.options import CompileOptions, options_or_default
 from aicf_tvm.core.numerics import NUMERICS_ATTR, RELAXED, is_relaxed
+from aicf_tvm.core.options import CompileOptions, options_or_default
 from relax_passes.legalize_blocked_conv import LEGALIZE_MAP
 from relax_passes.legalize_int8_matmul import LEGALIZE_MAP as MATMUL_LEGALIZE_MAP
 

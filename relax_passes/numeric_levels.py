@@ -4,11 +4,12 @@ Runs after the fusion fixpoint when ``CompileOptions(numerics="relaxed")`` asks 
 (``aicf_tvm.core.numerics``; docs/numerics.md, "Numeric levels").  An Emit function is
 relaxed when its body calls an op whose kernel the level computes differently: exp,
 sigmoid, tanh and softmax's exp (in float32, ``schedules.cpu.relaxed_math``); in fused
-attention also the softmax's row sums (per vector lane, ``schedules.cpu.attention``).  Such a function gets ``NUMERICS_ATTR`` =
-``relaxed`` (``LowerEmits`` copies it onto the kernel, where the schedule rules and
-``VectorizeMath`` read it), its math tag and its outputs' join ``approx:relaxed``, and the
-report an ``approximate:numerics_relaxed`` decision naming what changes.  Other Emits (a
-GEMM, a layer norm: nothing the level changes) stay ``exact`` and are not listed.
+attention also the softmax's row sums (per vector lane, ``schedules.cpu.attention``).
+Such a function gets ``NUMERICS_ATTR`` = ``relaxed`` (``LowerEmits`` copies it onto the
+kernel, where the schedule rules and ``VectorizeMath`` read it), its math tag and its
+outputs' join ``approx:relaxed``, and the report an ``approximate:numerics_relaxed``
+decision naming what changes.  Other Emits (a GEMM, a layer norm: nothing the level
+changes) stay ``exact`` and are not listed.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def _relaxed_contract(contract: EmitContract, outputs: list[str]) -> EmitContrac
     tag = MathTag(RELAXED_MATH)
     for name in outputs:
         port = provides.port(name)
-        provides = provides.with_port(name, replace(port, numeric=replace(port.numeric, math=port.numeric.math.join(tag))))
+        numeric = replace(port.numeric, math=port.numeric.math.join(tag))
+        provides = provides.with_port(name, replace(port, numeric=numeric))
     return replace(contract, provides=provides)
 
 

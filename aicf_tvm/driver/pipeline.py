@@ -29,8 +29,8 @@ import tvm_ffi
 from tvm import relax
 
 from aicf_tvm.core.errors import TargetError, UnsupportedModelError
-from aicf_tvm.core.options import CompileOptions, options_or_default
 from aicf_tvm.core.numerics import RELAXED
+from aicf_tvm.core.options import CompileOptions, options_or_default
 from aicf_tvm.core.report import Decision, FusionReport
 from aicf_tvm.driver.compiled import compiled_model
 from aicf_tvm.driver.verify import verify_contracts
@@ -56,8 +56,8 @@ from relax_passes.ieee_fold import FoldConstantIEEE
 from relax_passes.implicit_broadcasts import ImplicitBroadcasts
 from relax_passes.index_checks import HostIndexChecks
 from relax_passes.integer_qdq import integer_qdq
-from relax_passes.numeric_levels import RelaxNumerics
 from relax_passes.normalize_indices import NormalizeIndices
+from relax_passes.numeric_levels import RelaxNumerics
 from relax_passes.rewrites import rewrite_passes
 from relax_passes.single_pointer_noalias import SinglePointerNoAlias
 from relax_passes.sink_reshapes import SinkReshapes

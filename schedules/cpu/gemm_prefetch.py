@@ -100,7 +100,7 @@ def mark_loops(sch: s_tir.Schedule, k_inner: LoopRV, strip: LoopRV | None, panel
     """Annotate the BLIS nest's loops for ``PrefetchNextPanel``: ``prefetch`` the next
     panel (nothing is prefetched without a panel or a K-block loop: no next panel to
     fetch), ``blocked_sums`` each K block's sums from zero (with a K-block loop only)."""
-    if blocked_sums and k_block is not None and tvm.runtime.DataType(dtype).type_code == tvm.runtime.DataTypeCode.FLOAT:
+    if blocked_sums and k_block is not None and _is_float(dtype):
         sch.annotate(k_inner, K_SUMS, 1)
     if not prefetch or (panel is None and k_block is None):
         return
@@ -237,7 +237,7 @@ class _Rewriter:
         tile_buf = tirx.decl_buffer((len(indices),), value_type, f"{acc.name}_tile", scope="local")
         if buffer_bytes(tile_buf) > MAX_TILE_BYTES:
             return k_loop  # not a register tile
-        blocked = K_SUMS in k_loop.annotations and tvm.runtime.DataType(value_type).type_code == tvm.runtime.DataTypeCode.FLOAT
+        blocked = K_SUMS in k_loop.annotations and _is_float(value_type)
         prefetch = self._prefetch(k_loop, body, loads, acc) if K_LOOP in k_loop.annotations else None
         if prefetch is None and not blocked:
             return k_loop
@@ -315,6 +315,10 @@ class _Rewriter:
                 return loop
 
         return tvm_ffi.structural_map(stmt, [(tirx.For, on_for)])
+
+
+def _is_float(dtype: str) -> bool:
+    return tvm.runtime.DataType(dtype).type_code == tvm.runtime.DataTypeCode.FLOAT
 
 
 def _zero(value_type: str) -> tirx.PrimExpr:

@@ -80,7 +80,8 @@ def blocked(A: T.Buffer((64,), "float32"), B: T.Buffer((2048,), "float32"), C: T
     for kb in T.serial(4, annotations={K_BLOCK: 1}):
         for j in T.serial(2):
             for k in T.serial(16, annotations={K_SUMS: 1}):
-                acc[j * 2] = acc[j * 2] + T.Broadcast(A[kb * 16 + k], 16) * B[T.Ramp(j * 1024 + kb * 256 + k * 16, 1, 16)]
+                acc[j * 2] = acc[j * 2] + T.Broadcast(A[kb * 16 + k], 16) * B[
+                    T.Ramp(j * 1024 + kb * 256 + k * 16, 1, 16)]
                 acc[j * 2 + 1] = acc[j * 2 + 1] + T.Broadcast(A[kb * 16 + k] * T.float32(0.5), 16) * B[
                     T.Ramp(j * 1024 + kb * 256 + k * 16, 1, 16)]
     for i in range(4):

@@ -22,8 +22,7 @@ from tvm.target import Target
 
 import aicf_tvm
 from aicf_tvm.driver.pipeline import run_pipeline
-from schedules.cpu import Elementwise
-from schedules.cpu import relaxed_math
+from schedules.cpu import Elementwise, relaxed_math
 from schedules.cpu.vector_math import POW_EXPONENTS, ULP_BOUNDS, VectorizeMath, vectorize_math
 
 TARGET = Target({**Target.from_device(tvm.cpu()).export(), "num-cores": 2})
