@@ -1,7 +1,7 @@
 """A/B: GEMMs summing each K block from zero (the default) against one serial sum over K.
 
 Usage: ``python -m scripts.ab_blocked_sums [MODEL ...] [--seq N]`` ("old": one running
-sum through K, ``gemm_blocked_sums=False``; "new": the default build).  The outputs
+sum through K, ``blocked_sums=False``; "new": the default build).  The outputs
 differ in bits; the error against PyTorch is printed beside the times
 (schedules/cpu/gemm_prefetch.py, docs/numerics.md).
 """
@@ -13,4 +13,5 @@ from scripts.harness import old_new_main
 if __name__ == "__main__":
     from aicf_tvm import CompileOptions
 
-    old_new_main(__doc__, CompileOptions(gemm_blocked_sums=False), ["bert", "vit", "gpt2", "llama", "whisper"])
+    old_new_main(__doc__, CompileOptions(blocked_sums=False),
+                 ["bert", "vit", "resnet50", "mobilenetv2", "convnext", "efficientnet", "regnet"])

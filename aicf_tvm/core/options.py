@@ -71,9 +71,10 @@ class CompileOptions:
     gemm_even_column_blocks: bool = True
     # the GEMM's next B panel prefetched inside its K loop (schedules.cpu.gemm_prefetch)
     gemm_prefetch_b_panels: bool = True
-    # each K block of a float GEMM summed from zero, then added to C (schedules.cpu.gemm_prefetch):
-    # the error of a blocked sum, not of one serial sum over K
-    gemm_blocked_sums: bool = True
+    # each K block of a float GEMM (each input-channel block of a blocked convolution) summed
+    # from zero, then added to the output (schedules.cpu.gemm_prefetch): the error of a blocked
+    # sum, not of one serial sum over K
+    blocked_sums: bool = True
     # attention's row max over whole vectors of keys, padded by repeated keys (whole_vectors.pad_max)
     attention_lane_max: bool = True
     # attention's parallel tile loop runs a head's row tiles in turn: its kᵀ and v stay in L2

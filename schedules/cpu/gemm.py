@@ -331,10 +331,10 @@ def tile_gemm(
     options = options_or_default(problem.options)
     prefetch = (plan.pack_b and vector_role == IterRole.J and options.gemm_prefetch_b_panels
                 and prefetch_pays(plan, problem.registers))
-    if prefetch or options.gemm_blocked_sums:
+    if prefetch or options.blocked_sums:
         mark_loops(sch, ki, mi[-1] if mi else None, ni[-1] if ni else None, ko[-1] if ko else None,
                    plan.nr, sch.get(main).writes[0].source.dtype, prefetch=prefetch,
-                   blocked_sums=options.gemm_blocked_sums)
+                   blocked_sums=options.blocked_sums)
     sch.unroll(mr)
     sch.unroll(nv)
     sch.vectorize(nl)

@@ -130,6 +130,19 @@ def _inline_binds(stmt: tirx.Stmt) -> tirx.Stmt:
     return go(stmt)
 
 
+def mark_blocked_sums(sch: s_tir.Schedule, loop: LoopRV, dtype: str) -> None:
+    """Mark ``loop`` (a reduction loop under an outer one, a whole block of the sum inside
+    it) to sum from zero in its register tile (``K_SUMS``); a float ``dtype`` only."""
+    if _is_float(dtype):
+        sch.annotate(loop, K_SUMS, 1)
+
+
+def _inner_loop_vars(body: tirx.Stmt) -> list[tirx.Var]:
+    found: list[tirx.Var] = []
+    tvm_ffi.structural_walk(body, [(tirx.For, lambda f: found.append(f.loop_var))])
+    return found
+
+
 def _accesses(body: tirx.Stmt) -> tuple[list, list, list]:
     stores, loads, calls = [], [], []
     tvm_ffi.structural_walk(body, [
@@ -150,10 +163,11 @@ def _span(index) -> tuple:
     return index, 1
 
 
-def _register_tile(stores: list, loads: list, calls: list, k: tirx.Var, owned: list):
+def _register_tile(stores: list, loads: list, calls: list, k: tirx.Var, owned: list, inner: list):
     """(accumulator buffer, its distinct access indices, their value type) when every
     access (``_accesses`` of the K-loop body) to the one buffer the body stores to is
-    promotable (module docstring), else None."""
+    promotable (module docstring; ``inner``: the loop vars of loops inside the body, which
+    no index may use either), else None."""
     if not stores or calls:
         return None
     acc = stores[0].buffer
@@ -161,8 +175,9 @@ def _register_tile(stores: list, loads: list, calls: list, k: tirx.Var, owned: l
         return None
     value_type = str(stores[0].value.ty)
     indices, spans = [], []
+    moving = [k, *inner]  # an index moving with any loop of the body names several elements
     for access in [*stores, *(e for e in loads if e.source.same_as(acc))]:
-        if len(access.indices) != 1 or uses_var(access.indices[0], k):
+        if len(access.indices) != 1 or any(uses_var(access.indices[0], v) for v in moving):
             return None
         index = access.indices[0]
         span = _span(index)
@@ -230,7 +245,7 @@ class _Rewriter:
         k = k_loop.loop_var
         body = _inline_binds(k_loop.body)
         stores, loads, calls = _accesses(body)
-        tile = _register_tile(stores, loads, calls, k, self.owned)
+        tile = _register_tile(stores, loads, calls, k, self.owned, _inner_loop_vars(body))
         if tile is None:
             return k_loop
         acc, indices, value_type = tile

@@ -338,3 +338,31 @@ def test_a_grouped_convolution_with_a_symbolic_batch_takes_tvms_legalization():
     got = compiled(data, weight)
     np.testing.assert_allclose(np.asarray(got.numpy() if hasattr(got, "numpy") else got), expected.numpy(),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_dense_convolution_sums_channel_blocks_from_zero():
+    """A 3x3 convolution over 256 channels: each output sums nine taps of 2^24 (the first
+    channel) and 2295 ones (the others: a relative 1.5e-5 of the sum).  One serial float32
+    sum loses every 1; summed in blocks of channels from zero (``SUM_BLOCK_TERMS``) only the
+    first block's are lost.  Against
+    numpy's float64 sum; ``blocked_sums=False`` builds the serial form."""
+    import aicf_tvm
+
+    conv = torch.nn.Conv2d(256, 16, 3, bias=True).eval()
+    with torch.no_grad():
+        conv.weight.fill_(1.0)
+        conv.weight[8:] = 2.0  # output channels 8.. weigh every term twice (exact)
+        conv.bias.zero_()
+    x = np.ones((1, 256, 6, 6), "float32")
+    x[0, :, :, 3:] = 0.5  # columns differ: sums differ
+    x[0, 0] = np.float32(2.0**24)
+    want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), conv.weight.detach().double()).numpy()
+    mod = aicf_tvm.from_torch(conv, (torch.from_numpy(x),))
+    errors = []
+    for blocked in (False, True):
+        options = aicf_tvm.CompileOptions(blocked_sums=blocked)
+        got = np.asarray(aicf_tvm.compile(mod, target="llvm", options=options, cache=False)(x))
+        errors.append((np.abs(got - want) / np.abs(want)).max())
+    serial, blocked = errors
+    assert serial > 1e-5  # most of the ones lost
+    assert blocked < serial / 4

@@ -205,7 +205,7 @@ def test_gemm_sums_k_blocks_from_zero():
     want = x.astype(np.float64) @ model.weight.detach().numpy().astype(np.float64).T
     mod = aicf_tvm.from_torch(model, (torch.from_numpy(x),))
     blocked_out = np.asarray(aicf_tvm.compile(mod, target="llvm", cache=False)(x))
-    serial = aicf_tvm.CompileOptions(gemm_blocked_sums=False)
+    serial = aicf_tvm.CompileOptions(blocked_sums=False)
     serial_out = np.asarray(aicf_tvm.compile(mod, target="llvm", options=serial, cache=False)(x))
     serial_err, blocked_err = (np.abs(y - want) / np.abs(want) for y in (serial_out, blocked_out))
     assert serial_err.max() > 3e-5  # most of the 4095 ones lost

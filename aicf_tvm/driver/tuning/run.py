@@ -252,7 +252,8 @@ def tune(models: Any, target: Any = None, trials: int = 64, work_dir: Any = "aic
     with _worker_threads(thread_count(options.threads, tgt.export())):
         return _tune(specs_or(models), tgt, trials, work_dir, trials_per_task, builder_timeout,
                      runner_timeout, progress, rpc, key, workers, {"shapes": shapes, "bounds": bounds},
-                     time_in_model and rpc is None and "cpu" in tgt.keys, options.threads, options, time_budget)
+                     time_in_model and rpc is None and "cpu" in tgt.keys, options.threads, options,
+                     time_budget=time_budget)
 
 
 @contextlib.contextmanager
@@ -280,7 +281,6 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
           key: str | None, workers: int | None, load_args: dict, time_in_model: bool = False,
           threads: int | None = None, options: CompileOptions | None = None,
           time_budget: float | None = None) -> TuneResult:
-    started = time.monotonic()
     tracker, workers, where = _remote(rpc, key, workers, runner_timeout)
     if not specs:
         raise TuningError("tune: no model given")
@@ -313,6 +313,7 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
     result = TuneResult(wdir, tgt, names, measured_on=where, symbolic=symbolic, time_budget=time_budget)
     bar = tqdm(total=min(trials, sum(shares)), unit="trial", disable=not progress, desc="tune")
     baselines: dict[str, sm.Baseline] = {}
+    started = time.monotonic()  # the search's clock (time_budget)
     with st.cpu_intrinsics_only(tgt), contextlib.closing(bar):
         for index, (task, share, task_spaces) in enumerate(zip(tasks, shares, spaces)):
             if time_budget is not None and time.monotonic() - started > time_budget:

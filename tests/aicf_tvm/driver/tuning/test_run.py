@@ -43,9 +43,13 @@ def model():
 
 @pytest.fixture(scope="module")
 def tuned(model, tmp_path_factory):
+    """A tuned work dir, its records timed in the model whatever their kernel times (a
+    search of 4 trials may find none within ``in_models.PLAUSIBLE`` of the default)."""
     work_dir = tmp_path_factory.mktemp("tuning")
-    result = aicf_tvm.tune(model, trials=TRIALS, trials_per_task=TRIALS, work_dir=work_dir,
-                           builder_timeout=300, progress=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(in_models, "PLAUSIBLE", float("inf"))
+        result = aicf_tvm.tune(model, trials=TRIALS, trials_per_task=TRIALS, work_dir=work_dir,
+                               builder_timeout=300, progress=False)
     return work_dir, result
 
 
@@ -202,6 +206,36 @@ def test_corrupt_database_raises_and_is_not_overwritten(model, tuned, tmp_path):
     with pytest.raises(TuningError, match="corrupt at line"):
         aicf_tvm.compile(model, database=copy)
     assert path.read_bytes() == before
+
+
+def test_a_spent_time_budget_starts_no_task_and_says_so(model, tmp_path):
+    """With the budget spent before the first task nothing is measured (not even the
+    default), the task is listed as left, and no model is timed."""
+    result = aicf_tvm.tune(model, trials=TRIALS, work_dir=tmp_path / "t", progress=False, time_budget=1e-9)
+    assert result.measured == 0 and result.tasks == [] and len(result.over_budget) == 1
+    assert result.in_model is None
+    assert "not tuned: the time budget (1e-09 s) was spent" in str(result)
+    with pytest.raises(TuningError, match="time_budget"):
+        aicf_tvm.tune(model, trials=TRIALS, work_dir=tmp_path / "u", progress=False, time_budget=0)
+
+
+def test_only_records_near_the_default_are_timed_in_the_model():
+    """A record is offered to the model timing only within ``PLAUSIBLE`` of the default's
+    kernel time; a default never measured admits any record."""
+    baseline = in_models.sm.Baseline(trace="t", secs=1e-3)
+    near, far = (SimpleNamespace(run_secs=[s]) for s in (1.05e-3, 1.2e-3))
+    assert in_models.plausible(near, baseline) and not in_models.plausible(far, baseline)
+    assert in_models.plausible(far, in_models.sm.Baseline(trace=None, secs=None))
+
+
+def test_the_summary_says_by_how_much(tuned):
+    """Each task's line ends in the ratio behind its verdict."""
+    _, result = tuned
+    (task,) = result.tasks
+    line = next(line for line in str(result).splitlines() if line.strip().startswith(task.key))
+    ratio = task.tuned_s / task.default_s
+    assert (f"({ratio:.2f}x the default's time)" in line if task.choice == "tuned"
+            else f"(best record {ratio:.2f}x the default's time)" in line)
 
 
 def test_no_candidate_built_raises(model, tmp_path):
@@ -393,7 +427,7 @@ def test_tune_keywords_replace_the_options_own(monkeypatch, model, tmp_path):
     from aicf_tvm.driver.tuning import run
 
     seen = []
-    monkeypatch.setattr(run, "_tune", lambda specs, tgt, *args: seen.append((tgt, args[-2], args[-1])))
+    monkeypatch.setattr(run, "_tune", lambda specs, tgt, *args, **_: seen.append((tgt, args[-2], args[-1])))
     one, three = (tvm.target.Target({"kind": "llvm", "num-cores": n}) for n in (1, 3))
     run.tune(model, work_dir=tmp_path, options=CompileOptions(target=one, threads=1))
     run.tune(model, three, work_dir=tmp_path, threads=3, options=CompileOptions(target=one, threads=1))
