@@ -133,14 +133,19 @@ class TuneResult:
 
 
 def _by_how_much(t: Any) -> str:
-    """The kernel-time ratio behind a task's verdict: the chosen record's time over the
-    default's, or, where the default stays, its best record's."""
-    if not t.default_s or not t.tuned_s:
+    """The time ratio behind a task's verdict: the chosen record's over the default's, or,
+    where the default stays, its best record's; measured in the models where the models
+    chose (``in_model``), else by the kernel alone."""
+    timed = t.in_model or {}
+    default_s, tuned_s, where = timed.get("default_s"), timed.get("tuned_s"), "in the model"
+    if not (default_s and tuned_s):
+        default_s, tuned_s, where = t.default_s, t.tuned_s, "alone"
+    if not (default_s and tuned_s):
         return ""
-    ratio = t.tuned_s / t.default_s
+    ratio = tuned_s / default_s
     if t.choice == "tuned":
-        return f" ({ratio:.2f}x the default's time)"
-    return f" (best record {ratio:.2f}x the default's time)"
+        return f" ({ratio:.2f}x the default's time {where})"
+    return f" (best record {ratio:.2f}x the default's time {where})"
 
 
 def _ms(secs: float | None) -> str:
