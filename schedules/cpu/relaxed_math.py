@@ -32,6 +32,8 @@ from tvm import tirx
 from tvm.ir import Expr
 from tvm.tirx.op import fma
 
+from .vector_math import let, nan_through
+
 F32 = "float32"
 
 LOG2E = 1.44269504088896341
@@ -54,11 +56,6 @@ def c32(value: float) -> tirx.FloatImm:
     return tirx.FloatImm(F32, value)
 
 
-def let(value: Expr, body: Callable[[tirx.Var], Expr], name: str) -> Expr:
-    var = tirx.Var(name, value.ty)
-    return tirx.Let(var, value, body(var))
-
-
 def horner(x: Expr, coeffs: tuple[float, ...]) -> Expr:
     """sum(c_i x^(n-i)) for coefficients highest degree first, with float32 fmas."""
     acc: Expr = c32(coeffs[0])
@@ -70,10 +67,6 @@ def horner(x: Expr, coeffs: tuple[float, ...]) -> Expr:
 def pow2(k: Expr) -> Expr:
     """2^k (float32) for an int32 ``k`` in [-126, 127], from its exponent bits."""
     return tirx.reinterpret(F32, tirx.shift_left(k + tirx.IntImm("int32", 127), tirx.IntImm("int32", 23)))
-
-
-def nan_through(x: Expr, result: Expr) -> Expr:
-    return tirx.Select(tirx.isnan(x), x, result)
 
 
 def exp32(x: Expr) -> Expr:

@@ -44,7 +44,6 @@ from tvm.tirx.op import fma
 
 from aicf_tvm.core.numerics import is_relaxed
 
-from . import relaxed_math
 from .llvm_pass import llvm_prim_func_pass
 
 F32, F64 = "float32", "float64"
@@ -292,6 +291,8 @@ def vectorize_math(func: tirx.PrimFunc, relaxed: bool | None = None) -> tirx.Pri
     them inside vectorized loops, the ``EVERYWHERE`` ones in any loop.  ``relaxed`` (None:
     whether ``func`` is at the ``relaxed`` numeric level, ``is_relaxed``) takes the float32
     evaluations of ``relaxed_math`` for exp, sigmoid and tanh inside vector loops."""
+    from . import relaxed_math  # built on this module's helpers
+
     relaxed = is_relaxed(func) if relaxed is None else relaxed
     vector_table = {**EXPANSIONS, **relaxed_math.EXPANSIONS} if relaxed else EXPANSIONS
 
