@@ -32,7 +32,7 @@ from tvm import tirx
 from tvm.ir import Expr
 from tvm.tirx.op import fma
 
-from .vector_math import let, nan_through
+from .tir_exprs import let, nan_through
 
 F32 = "float32"
 

@@ -44,7 +44,9 @@ from tvm.tirx.op import fma
 
 from aicf_tvm.core.numerics import is_relaxed
 
+from . import relaxed_math
 from .llvm_pass import llvm_prim_func_pass
+from .tir_exprs import let, nan_through
 
 F32, F64 = "float32", "float64"
 
@@ -79,12 +81,6 @@ EXP_CLAMP = 150.0  # exp(150) overflows float32, exp(-150) underflows it; 2^k st
 
 def c64(value: float) -> tirx.FloatImm:
     return tirx.FloatImm(F64, value)
-
-
-def let(value: Expr, body: Callable[[tirx.Var], Expr], name: str) -> Expr:
-    """``body(v)`` with ``v`` bound to ``value`` once (the expression is used several times)."""
-    var = tirx.Var(name, value.ty)
-    return tirx.Let(var, value, body(var))
 
 
 def horner(x: Expr, coeffs: tuple[float, ...]) -> Expr:
@@ -134,11 +130,6 @@ def exp_parts(z: Expr, body: Callable[[Expr, Expr], Expr]) -> Expr:
 def exp64(z: Expr) -> Expr:
     """e^z in float64 for a float64 ``z`` (clamped to +-EXP_CLAMP: no overflow inside)."""
     return exp_parts(clamp(z, -EXP_CLAMP, EXP_CLAMP), lambda scale, em: scale * (c64(1.0) + em))
-
-
-def nan_through(x: Expr, result: Expr) -> Expr:
-    """``result``, or ``x`` itself when ``x`` is NaN (the clamps would hide it)."""
-    return tirx.Select(tirx.isnan(x), x, result)
 
 
 def exp(x: Expr) -> Expr:
@@ -291,8 +282,6 @@ def vectorize_math(func: tirx.PrimFunc, relaxed: bool | None = None) -> tirx.Pri
     them inside vectorized loops, the ``EVERYWHERE`` ones in any loop.  ``relaxed`` (None:
     whether ``func`` is at the ``relaxed`` numeric level, ``is_relaxed``) takes the float32
     evaluations of ``relaxed_math`` for exp, sigmoid and tanh inside vector loops."""
-    from . import relaxed_math  # built on this module's helpers
-
     relaxed = is_relaxed(func) if relaxed is None else relaxed
     vector_table = {**EXPANSIONS, **relaxed_math.EXPANSIONS} if relaxed else EXPANSIONS
 
