@@ -11,7 +11,8 @@ BLAS libraries' kernels sum (MKL, OpenBLAS, oneDNN start each K block's accumula
 zero).  On BERT's 128 x 3072 -> 768 GEMM the largest error against float64 fell from ~5x
 PyTorch float32's to its level.  The first block adds its sum to C's initial +0, which
 changes no value (a sum from +0 is never -0).  Integer GEMMs are left as they are (their
-sums are exact in any order).
+sums are exact in any order), and so is a marked loop whose stores are not each a running
+sum of their own element (``_running_sums``).
 
 Inside a model a GEMM's weights come from memory, not from the caches a GEMM timed
 alone runs in: BERT's 3072 x 768 GEMM runs markedly slower with a fresh copy of its
@@ -252,7 +253,7 @@ class _Rewriter:
         tile_buf = tirx.decl_buffer((len(indices),), value_type, f"{acc.name}_tile", scope="local")
         if buffer_bytes(tile_buf) > MAX_TILE_BYTES:
             return k_loop  # not a register tile
-        blocked = K_SUMS in k_loop.annotations and _is_float(value_type)
+        blocked = K_SUMS in k_loop.annotations and _is_float(value_type) and _running_sums(stores, acc)
         prefetch = self._prefetch(k_loop, body, loads, acc) if K_LOOP in k_loop.annotations else None
         if prefetch is None and not blocked:
             return k_loop
@@ -330,6 +331,20 @@ class _Rewriter:
                 return loop
 
         return tvm_ffi.structural_map(stmt, [(tirx.For, on_for)])
+
+
+def _running_sums(stores: list, acc: tirx.Buffer) -> bool:
+    """Whether every store to ``acc`` adds to the element it stores to (``acc[i] = acc[i] +
+    x``, either operand order): only then may a block's terms be summed apart and added."""
+    def adds_to_itself(store: tirx.BufferStore) -> bool:
+        value = store.value
+        if not isinstance(value, tirx.Add):
+            return False
+        return any(isinstance(operand, tvm.ir.TensorLoad) and operand.source.same_as(acc)
+                   and tvm_ffi.structural_equal(operand.indices[0], store.indices[0])
+                   for operand in (value.a, value.b))
+
+    return all(adds_to_itself(s) for s in stores if s.buffer.same_as(acc))
 
 
 def _is_float(dtype: str) -> bool:

@@ -88,6 +88,17 @@ def blocked(A: T.Buffer((64,), "float32"), B: T.Buffer((2048,), "float32"), C: T
         C[i * 16:i * 16 + 16] = acc[i]
 
 
+@T.prim_func
+def not_a_sum(A: T.Buffer((64,), "float32"), B: T.Buffer((2048,), "float32"), C: T.Buffer((32,), "float32")):
+    acc = T.alloc_buffer((2,), "float32x16")
+    for kb in T.serial(4, annotations={K_BLOCK: 1}):
+        for k in T.serial(16, annotations={K_SUMS: 1}):
+            acc[0] = acc[0] * B[T.Ramp(kb * 256 + k * 16, 1, 16)]
+            acc[1] = T.max(acc[1], B[T.Ramp(kb * 256 + k * 16 + 1024, 1, 16)])
+    for i in range(2):
+        C[i * 16:i * 16 + 16] = acc[i]
+
+
 def _k_loops(func: tirx.PrimFunc) -> list[tirx.For]:
     found: list[tirx.For] = []
     tvm_ffi.structural_walk(func.body, [(tirx.For, lambda f: found.append(f) if f.extent.value == 16 else None)])
@@ -142,7 +153,8 @@ def test_promotes_the_tile_and_prefetches_the_next_panel():
     assert bool(tile.annotations[DISABLE_LOWER_BUILTIN])
 
 
-@pytest.mark.parametrize("func", [param_acc, overlapping, moving_index], ids=["parameter", "overlapping", "moving"])
+@pytest.mark.parametrize("func", [param_acc, overlapping, moving_index, not_a_sum],
+                         ids=["parameter", "overlapping", "moving", "not-a-sum"])
 def test_leaves_unproven_tiles_alone(func):
     tvm.ir.assert_structural_equal(prefetch_next_panel(func), func)
 
