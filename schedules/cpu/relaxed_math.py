@@ -71,8 +71,7 @@ def pow2(k: Expr) -> Expr:
 
 def exp32(x: Expr) -> Expr:
     """e^x in float32 for a float32 ``x`` that is not NaN (clamped: no NaN inside)."""
-    def reduced(k: tirx.Var) -> Expr:
-        xc = tirx.Min(tirx.Max(x, c32(EXP_LO)), c32(EXP_HI))
+    def reduced(xc: tirx.Var, k: tirx.Var) -> Expr:
         r = fma(k, c32(-LN2_LO), fma(k, c32(-LN2_HI), xc))
 
         def scaled(r: tirx.Var) -> Expr:
@@ -83,8 +82,10 @@ def exp32(x: Expr) -> Expr:
 
         return let(r, scaled, "r")
 
-    clamped = tirx.Min(tirx.Max(x, c32(EXP_LO)), c32(EXP_HI))
-    return let(tirx.floor(fma(clamped, c32(LOG2E), c32(0.5))), reduced, "k")
+    def split(xc: tirx.Var) -> Expr:
+        return let(tirx.floor(fma(xc, c32(LOG2E), c32(0.5))), lambda k: reduced(xc, k), "k")
+
+    return let(tirx.Min(tirx.Max(x, c32(EXP_LO)), c32(EXP_HI)), split, "xc")
 
 
 def exp(x: Expr) -> Expr:
