@@ -83,6 +83,9 @@ class CompileOptions:
     attention_one_pass: bool = True
     # kᵀ packed per head inside the tile when a tile holds all of a head's rows (decode)
     attention_pack_in_tile: bool = True
+    # v packed per head in slices of p·v's register tile, each slice's keys contiguous, when
+    # several row tiles read it (schedules.cpu.attention._pack_v)
+    attention_pack_v: bool = True
     # attention's row tiles stop at the last key their mask leaves open, when a check per call
     # proves the masked keys add nothing (schedules.cpu.masked_keys)
     attention_skip_masked: bool = True

@@ -229,6 +229,23 @@ def _key_panels(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan) -> Non
                                                              index[-2], index[-1] % width))
 
 
+def _pack_v(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan, head: int) -> None:
+    """v ``[b, keys, d]`` stored ``[b, d / width, keys, width]``, ``width`` the head
+    dimensions of a p·v register tile (``d / head_splits``): each register tile then reads
+    its slice of v as one contiguous run of keys.  Read in place from a projection's output
+    (rows of all heads, 1 KiB apart for Whisper's 4 x 64), a slice's keys are one cache
+    line each at a stride that maps them to a sixteenth of L2's sets: a head's v left L2
+    between row tiles.  A parallel copy, before the tile loop, of whole vectors."""
+    width = head // plan.head_splits
+    sch.transform_layout(pack, ("write", 0), lambda *index: (*index[:-2], index[-1] // width,
+                                                             index[-2], index[-1] % width))
+    *outer, keys, dims = sch.get_loops(pack)
+    part, inner = sch.split(dims, [None, width])
+    sch.reorder(part, keys, inner)
+    sch.parallel(sch.fuse(*outer, part, keys))
+    vectorize_innermost(sch, inner, plan.lanes)
+
+
 def _divides(sch: s_tir.Schedule, loop: LoopRV, factor: int) -> bool:
     return Analyzer().can_prove(tirx.floormod(sch.get(loop).extent, factor) == 0)
 
@@ -420,11 +437,16 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
         sch.pad_einsum(found.pv, pv_factors)
     q_copy, k_pack = _operand_copy(sch, found.qk, 0), _operand_copy(sch, found.qk, 1)
     p_copy = _operand_copy(sch, found.pv, 0)
-    _inline_views(sch, [q_copy, k_pack, p_copy])
+    head = static_extent(pv_stmt.iter_vars[-2].dom.extent)
+    v_pack = None
+    if options.attention_pack_v and m is not None and m > plan.rows and head is not None:
+        v_pack = _operand_copy(sch, found.pv, 1)
+    _inline_views(sch, [q_copy, k_pack, p_copy, *([v_pack] if v_pack is not None else [])])
     children = sch.get_child_blocks(get_root_block(sch))
     names = [sch.get(b).name_hint for b in children]
     start, stop = names.index(qk_stmt.name_hint), names.index(sch.get(p_copy).name_hint)
-    row_blocks = children[start + 1: stop]
+    row_blocks = [b for b in children[start + 1: stop]
+                  if v_pack is None or sch.get(b).name_hint != sch.get(v_pack).name_hint]
     outputs = children[names.index(pv_stmt.name_hint) + 1:]
 
     row_blocks = _split_lanes(sch, row_blocks, lanes, sums=is_relaxed(sch.mod["main"]))
@@ -457,6 +479,8 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     for block in [*row_blocks, p_copy]:
         _schedule_row_block(sch, block, context, lanes)
     _schedule_pv(sch, found.pv, context, plan)
+    if v_pack is not None:
+        _pack_v(sch, v_pack, plan, head)
     for block in outputs:
         schedule_injective(sch, block, lanes)
     return True

@@ -574,3 +574,31 @@ def test_a_view_shared_with_the_rotary_path_stays_outside_the_attention(rand):
     e = np.exp(s - s.max(-1, keepdims=True))
     want = (e / e.sum(-1, keepdims=True) @ v).transpose(0, 2, 1, 3).reshape(1, seq, heads * dim)
     np.testing.assert_allclose(numpy_of(compiled(x)), want, rtol=2e-5, atol=2e-6)
+
+
+def _buffer_shapes(func: tirx.PrimFunc) -> list[tuple[int, ...]]:
+    shapes = []
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda b: shapes.extend(
+        tuple(int(x) for x in buf.shape) for buf in b.alloc_buffers))])
+    return shapes
+
+
+def test_v_is_packed_in_slices_of_the_pv_tile_with_the_same_bits(rand):
+    """Several row tiles per head: v, read in place from rows of all heads, is copied once
+    into slices of p·v's register tile width, each slice's keys contiguous
+    ``[batch, heads, dim / width, keys, width]``; the output has the bits of the build that reads
+    v in place, and matches numpy."""
+    seq, heads, dim = 203, 2, 64
+    target = llvm_target()
+    plan = plan_attention(seq, seq, dim, float32_lanes(target), vector_registers(target))
+    width = dim // plan.head_splits
+    args = operands(rand, seq, heads, dim, heads)
+    outputs = {}
+    for flag in (True, False):
+        compiled = compile_attention(sdpa(seq, heads, dim, mask=False), target,
+                                     aicf_tvm.CompileOptions(attention_pack_v=flag))
+        [func] = [f for f in compiled.lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
+        assert ((1, heads, dim // width, seq, width) in _buffer_shapes(func)) == flag
+        outputs[flag] = numpy_of(compiled(*args))
+    np.testing.assert_array_equal(outputs[True], outputs[False])
+    np.testing.assert_allclose(outputs[True], reference(*args, None, heads, dim), rtol=2e-5, atol=2e-6)
