@@ -233,9 +233,11 @@ def _pack_v(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan, head: int)
     """v ``[b, keys, d]`` stored ``[b, d / width, keys, width]``, ``width`` the head
     dimensions of a p·v register tile (``d / head_splits``): each register tile then reads
     its slice of v as one contiguous run of keys.  Read in place from a projection's output
-    (rows of all heads, 1 KiB apart for Whisper's 4 x 64), a slice's keys are one cache
-    line each at a stride that maps them to a sixteenth of L2's sets: a head's v left L2
-    between row tiles.  A parallel copy, before the tile loop, of whole vectors."""
+    (rows of all heads: 3 KiB apart in Whisper's combined k and v projection), a slice's
+    keys are one cache line each at a stride that maps them to a sixteenth of L2's sets: a
+    head's v left L2 between row tiles.  A parallel copy, before the tile loop, of whole
+    vectors.  Not where one row tile covers a head (a decode step): there the copy would
+    double the reads of v."""
     width = head // plan.head_splits
     sch.transform_layout(pack, ("write", 0), lambda *index: (*index[:-2], index[-1] // width,
                                                              index[-2], index[-1] % width))
