@@ -300,6 +300,9 @@ def add(path: Path, note: str = "") -> Path:
                          "commit unknown")
     models = "-".join(list(data["models"])[:4]) + ("-etc" if len(data["models"]) > 4 else "")
     dest = RUNS / f"{info['date'][:10]}-{mcpu(info.get('target', ''))}-{models}.json"
+    if dest.exists() and json.loads(dest.read_text()).get("run", {}).get("date") != info["date"]:
+        # another run of the same day, target and models: kept beside it, not written over
+        dest = dest.with_name(f"{dest.stem}-{str(info.get('commit', 'run'))[:7]}.json")
     RUNS.mkdir(parents=True, exist_ok=True)
     if note:
         info["note"] = note

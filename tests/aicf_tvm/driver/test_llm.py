@@ -40,6 +40,11 @@ def build(family: str):
     return transformers.GPT2LMHeadModel(cfg).eval()
 
 
+# one worker runs this module: its compiled models (module fixtures, 15-40 s each)
+# are then built once, not once on each xdist worker that draws one of its tests
+pytestmark = pytest.mark.xdist_group("llm")
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen2", "gpt2"])
 def compiled(request):
     model = build(request.param)

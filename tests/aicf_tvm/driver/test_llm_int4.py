@@ -46,6 +46,11 @@ def _build(family: str):
     return build(family)
 
 
+# one worker runs this module: its compiled models (module fixtures, 15-40 s each)
+# are then built once, not once on each xdist worker that draws one of its tests
+pytestmark = pytest.mark.xdist_group("llm_int4")
+
+
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
 def int4(request):
     model = _build(request.param)

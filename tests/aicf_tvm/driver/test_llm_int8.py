@@ -27,6 +27,11 @@ def _linears(model) -> int:
     return sum(isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D" for m in model.modules())
 
 
+# one worker runs this module: its compiled models (module fixtures, 15-40 s each)
+# are then built once, not once on each xdist worker that draws one of its tests
+pytestmark = pytest.mark.xdist_group("llm_int8")
+
+
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
 def int8(request):
     model = build(request.param)
