@@ -248,6 +248,10 @@ def _pack_v(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan, head: int)
     vectorize_innermost(sch, inner, plan.lanes)
 
 
+def _is_parameter(sch: s_tir.Schedule, buffer: tirx.Buffer) -> bool:
+    return any(param.same_as(buffer) for param in sch.mod["main"].params)
+
+
 def _divides(sch: s_tir.Schedule, loop: LoopRV, factor: int) -> bool:
     return Analyzer().can_prove(tirx.floormod(sch.get(loop).extent, factor) == 0)
 
@@ -443,6 +447,8 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     v_pack = None
     if options.attention_pack_v and m is not None and m > plan.rows and head is not None:
         v_pack = _operand_copy(sch, found.pv, 1)
+        if _is_parameter(sch, sch.get(v_pack).writes[0].source):
+            v_pack = None  # v is also an output of the kernel: its layout is the caller's
     _inline_views(sch, [q_copy, k_pack, p_copy, *([v_pack] if v_pack is not None else [])])
     children = sch.get_child_blocks(get_root_block(sch))
     names = [sch.get(b).name_hint for b in children]
