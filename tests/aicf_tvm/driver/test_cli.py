@@ -256,4 +256,6 @@ def test_compile_timings_prints_every_phase_once(tmp_path, capsys):
     names = [n for n in rows if n != "total"]
     assert names == ["import", "normalize", "fuse", "lower", "schedule", "codegen", "export"]
     assert all(rows[n] >= 0 for n in names)
-    assert abs(sum(rows[n] for n in names) - rows["total"]) < 0.02
+    # each printed number is rounded to 0.01 s: the sum of the rounded phases may miss the
+    # rounded total by half a hundredth per number (it did by 0.02 with seven phases)
+    assert abs(sum(rows[n] for n in names) - rows["total"]) <= 0.005 * (len(names) + 1) + 1e-9
