@@ -225,6 +225,13 @@ def _key_panels(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan) -> Non
     extent = sch.get(pack).writes[0].source.shape[-1]
     if not Analyzer().can_prove(tirx.floormod(extent, width) == 0):
         return
+    _in_panels(sch, pack, width)
+
+
+def _in_panels(sch: s_tir.Schedule, pack: SBlockRV, width: int) -> None:
+    """The buffer ``pack`` writes, ``[..., rows, n]``, stored ``[..., n / width, rows,
+    width]``: each ``width`` columns a panel, its rows contiguous (``transform_layout``
+    rewrites every access of it)."""
     sch.transform_layout(pack, ("write", 0), lambda *index: (*index[:-2], index[-1] // width,
                                                              index[-2], index[-1] % width))
 
@@ -239,8 +246,7 @@ def _pack_v(sch: s_tir.Schedule, pack: SBlockRV, plan: AttentionPlan, head: int)
     vectors.  Not where one row tile covers a head (a decode step): there the copy would
     double the reads of v."""
     width = head // plan.head_splits
-    sch.transform_layout(pack, ("write", 0), lambda *index: (*index[:-2], index[-1] // width,
-                                                             index[-2], index[-1] % width))
+    _in_panels(sch, pack, width)
     *outer, keys, dims = sch.get_loops(pack)
     part, inner = sch.split(dims, [None, width])
     sch.reorder(part, keys, inner)
@@ -430,8 +436,8 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     lanes = float32_lanes(target)
     qk_stmt, pv_stmt = sch.get(found.qk), sch.get(found.pv)
     m, n = (static_extent(iv.dom.extent) for iv in qk_stmt.iter_vars[-3:-1])
-    plan = plan_attention(m, n, static_extent(pv_stmt.iter_vars[-2].dom.extent), lanes,
-                          vector_registers(target))
+    head = static_extent(pv_stmt.iter_vars[-2].dom.extent)
+    plan = plan_attention(m, n, head, lanes, vector_registers(target))
     for block in (found.qk, found.pv):
         for index in (0, 1):
             _operand_copy(sch, block, index)
@@ -443,7 +449,6 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
         sch.pad_einsum(found.pv, pv_factors)
     q_copy, k_pack = _operand_copy(sch, found.qk, 0), _operand_copy(sch, found.qk, 1)
     p_copy = _operand_copy(sch, found.pv, 0)
-    head = static_extent(pv_stmt.iter_vars[-2].dom.extent)
     v_pack = None
     if options.attention_pack_v and m is not None and m > plan.rows and head is not None:
         v_pack = _operand_copy(sch, found.pv, 1)
