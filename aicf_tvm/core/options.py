@@ -75,6 +75,12 @@ class CompileOptions:
     # from zero, then added to the output (schedules.cpu.gemm_prefetch): the error of a blocked
     # sum, not of one serial sum over K
     blocked_sums: bool = True
+    # a GEMM whose K is one block: its tile's sums start in registers and its epilogue runs on
+    # each register tile as it is done, in L1 (schedules.cpu.gemm: C is not zeroed and reread)
+    gemm_tile_epilogue: bool = True
+    # AVX2: a GEMM with several K blocks takes the register tile (4 x 3 vectors or 6 x 2) whose
+    # accumulators, B vectors and broadcast fill the 16 registers (gemm_plan._full_register_tile)
+    gemm_full_register_tile: bool = True
     # attention's row max over whole vectors of keys, padded by repeated keys (whole_vectors.pad_max)
     attention_lane_max: bool = True
     # attention's parallel tile loop runs a head's row tiles in turn: its kᵀ and v stay in L2

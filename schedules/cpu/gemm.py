@@ -319,7 +319,12 @@ def tile_gemm(
     else:
         mo, *mi, mr = _split(sch, m_loop, plan.mc, plan.mr, sample)
     no, *ni, nr = _split(sch, n_loop, plan.nc, plan.nr, sample)
-    *ko, ki = _split_k(sch, k_loop, plan.kc, sample)
+    options = options_or_default(problem.options)
+    # K in one block (untuned): not split, so that each register tile's init can sit right
+    # above its K loop (decompose_reduction wants every reduction loop under it)
+    one_block = (options.gemm_tile_epilogue and not sample and plan.kc is not None
+                 and plan.k_padded == plan.kc)
+    *ko, ki = [k_loop] if one_block else _split_k(sch, k_loop, plan.kc, sample)
     nv, nl = sch.split(nr, [None, lanes])
     if plan.parallel_m:
         sch.reorder(s, no, mo, *ko, *ni, *mi, ki, mr, nv, nl)
@@ -328,7 +333,6 @@ def tile_gemm(
         sch.reorder(s, no, *ko, mo, *ni, *mi, ki, mr, nv, nl)
         chunk = sch.fuse(s, no)
     sch.parallel(chunk)
-    options = options_or_default(problem.options)
     prefetch = (plan.pack_b and vector_role == IterRole.J and options.gemm_prefetch_b_panels
                 and prefetch_pays(plan, problem.registers))
     if prefetch or options.blocked_sums:
@@ -338,9 +342,24 @@ def tile_gemm(
     sch.unroll(mr)
     sch.unroll(nv)
     sch.vectorize(nl)
-    init = sch.decompose_reduction(main, sch.get_loops(main)[1])  # ko, or the loop under the chunk
+    tile = _tile_loop(sch, main, ki) if one_block else None
+    # the init before the K loop of each register tile (one K block), else before the chunk's K blocks
+    init = sch.decompose_reduction(main, ki if tile is not None else sch.get_loops(main)[1])
     sch.vectorize(sch.get_loops(init)[-1])
-    _place_epilogue(sch, main, epilogue, chunk, lanes)
+    _place_epilogue(sch, main, epilogue, chunk, lanes, tile)
+
+
+def _tile_loop(sch: s_tir.Schedule, main: SBlockRV, ki: LoopRV) -> LoopRV | None:
+    """The loop over register tiles just above the K loop ``ki`` of a GEMM whose K is one
+    block: each tile's sum is whole when its K loop ends, so the init can start it in
+    registers and the epilogue can run on it there, while it is in L1, instead of a pass
+    zeroing the chunk's C before and one reading it back after.  None when the loop above
+    ``ki`` is the parallel chunk itself."""
+    loops = sch.get_loops(main)
+    at = [i for i, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(ki))]
+    if not at or at[0] < 2:
+        return None
+    return loops[at[0] - 1]
 
 
 def blocks_symbolic_m(plan: GemmPlan) -> bool:
@@ -414,20 +433,22 @@ def reads_plainly(block: s_tir.SBlock, buffer: tirx.Buffer) -> bool:
 
 
 def _place_epilogue(
-    sch: s_tir.Schedule, main: SBlockRV, epilogue: list[SBlockRV], chunk: LoopRV, lanes: int
+    sch: s_tir.Schedule, main: SBlockRV, epilogue: list[SBlockRV], chunk: LoopRV, lanes: int,
+    tile: LoopRV | None = None,
 ) -> None:
     result = sch.get(main).writes[0].source
     if len(epilogue) == 1 and not reads_plainly(sch.get(epilogue[0]), result):
         iterate_as_read(sch, epilogue[0], result)
     if len(epilogue) == 1 and reads_plainly(sch.get(epilogue[0]), result):
-        try:
-            sch.reverse_compute_at(epilogue[0], chunk)
+        for loop in (tile, chunk) if tile is not None else (chunk,):
+            try:
+                sch.reverse_compute_at(epilogue[0], loop)
+            except s_tir.ScheduleError:
+                continue
             inner = sch.get_loops(epilogue[0])[-1]
             if splits_into_vectors(sch, inner, lanes):
                 sch.vectorize(sch.split(inner, [None, lanes])[1])
             return
-        except s_tir.ScheduleError:
-            pass
     for block in epilogue:
         schedule_injective(sch, block, lanes)
 

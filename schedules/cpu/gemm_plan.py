@@ -113,7 +113,12 @@ def _max_mr(nr: int, lanes: int, registers: int) -> int:
 
 
 def _choose_mr(m: int, nr: int, lanes: int, registers: int) -> int:
-    max_mr = _max_mr(nr, lanes, registers)
+    return _rows_within(m, _max_mr(nr, lanes, registers))
+
+
+def _rows_within(m: int, max_mr: int) -> int:
+    """The tile's rows, at most ``max_mr``: all of a small M, else those padding M least,
+    then the most."""
     if m <= max_mr:
         return m
     # a divisor of m avoids padding A (for im2col that is a second copy of it)
@@ -149,6 +154,36 @@ def _tile_by_area(m: int, n: int, lanes: int, registers: int, slack: float) -> t
     area = _area_tiles(m, n, lanes, registers)
     least = min(area.values())
     return max((t for t in area if area[t] <= least * slack), key=lambda t: (t[0] * t[1], -area[t]))
+
+
+# Rows above which a static M has several row blocks (``mc`` at most 96), so no B panel
+# prefetch (``gemm_prefetch.prefetch_pays`` on 16 registers) shares the registers.
+FULL_TILE_MIN_ROWS = 96
+
+
+def _full_register_tile(m: int, n: int, lanes: int, registers: int, slack: float) -> tuple[int, int]:
+    """``(nr, mr)`` of a 16-register target (AVX2) for a GEMM whose K has several blocks and
+    whose M several row blocks: the rule's tile (``_choose_nr``, ``_choose_mr``) unless it
+    holds fewer accumulators than one filling the registers, 4 rows x 3 vectors (12
+    accumulators, 3 B vectors and the broadcast: all 16), padding ``M x N`` at most
+    ``slack`` times the rule's.  128 rows take it where the rule's 2-vector tile has 4 rows
+    (6 would pad M to 132): 8 accumulators, FMAs waiting on their latency.  197 rows keep 6
+    x 2 (12 already; 3 vectors would hold 3 rows), 1500 rows too.
+
+    Measured where it is not used (AMD Zen 3, standalone): with K in one block the epilogue
+    runs on the tile (``gemm._tile_loop``) and a GELU's constants spilled its accumulators
+    in the K loop (196 x 384 -> 1536: 1.85x the time); with one row block the B panel's
+    prefetch did (96 x 896 -> 1152: 1.85x); where 6 x 2 holds 12 it was no faster."""
+    nr = _choose_nr(n, lanes, registers)
+    mr = _choose_mr(m, nr, lanes, registers)
+    vectors = (registers - 1) // 5  # at least 4 rows: 5 registers a vector (16: 3 vectors)
+    full_mr = _rows_within(m, (registers - vectors - 1) // vectors)
+    full = (vectors * lanes, full_mr)
+    if full_mr * vectors <= mr * (nr // lanes):
+        return nr, mr
+    if _ceil_to(m, full_mr) * _ceil_to(n, full[0]) > slack * _ceil_to(m, mr) * _ceil_to(n, nr):
+        return nr, mr
+    return full
 
 
 # kc near 128 with the by-area tile (Intel AVX-512, CompileOptions.gemm_kc_near_by_area):
@@ -238,6 +273,9 @@ def plan_gemm(
     tile_by_area = tile_by_area and m is not None and n is not None and m > _one_strip(lanes, registers)
     if tile_by_area and nr is None and mr is None:
         nr, mr = _tile_by_area(m, n, lanes, registers, options.gemm_area_slack)
+    elif (options.gemm_full_register_tile and registers < 32 and nr is None and mr is None and m is not None
+          and n is not None and k is not None and m > FULL_TILE_MIN_ROWS and _choose_kc(k)[1] < k):
+        nr, mr = _full_register_tile(m, n, lanes, registers, options.gemm_area_slack)
     if nr is None:
         nr = 2 * lanes if n is None else _choose_nr(n, lanes, registers)
     if mr is None:

@@ -125,6 +125,39 @@ def test_transposed_weight_with_gelu_is_fused_into_one_kernel(target):
     check_rule(Gemm(), fused_primfunc(build, shapes, pattern), target, a, expected)
 
 
+@pytest.mark.parametrize(("m", "n", "k"), [(50, 70, 96), (26, 48, 33), (196, 96, 128)])
+def test_one_k_block_runs_the_epilogue_on_each_register_tile(target, m, n, k):
+    """K in one block: each tile's init sits right above its K loop and the epilogue
+    (bias, then a residual read at the output's own index) right after it, inside the
+    tile loop; no pass zeroes C first or reads it back after.  The same bits as the
+    chunk-wide epilogue (``gemm_tile_epilogue`` False), and float64 numpy's values."""
+    shapes = {"x": (m, k), "w": (k, n), "b": (n,), "r": (m, n)}
+
+    def build(bb, x, w, b, r):
+        y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, w)), b))
+        return relax.op.add(y, r)
+
+    a = random_inputs(shapes)
+    want = (a["x"].astype(np.float64) @ a["w"] + a["b"] + a["r"]).astype(np.float32)
+    func = fused_primfunc(build, shapes)
+    tiled = check_rule(Gemm(), func, target, a, want)
+    chunk = Gemm(CompileOptions(gemm_tile_epilogue=False)).apply(func, target, False)
+    np.testing.assert_array_equal(run_scheduled(tiled, target, a, want.shape),
+                                  run_scheduled(chunk, target, a, want.shape))
+
+    def loops_above(sch: s_tir.Schedule, name: str) -> list:
+        return [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(name))]
+
+    for sch, inside in ((tiled, True), (chunk, False)):
+        update = loops_above(sch, "matmul_update")
+        k_at = next(i for i, loop in enumerate(update) if int(loop.extent) == k)
+        tile = update[k_at - 1]  # the loop over register tiles, above the K loop
+        init = loops_above(sch, "matmul_init")
+        epilogue = loops_above(sch, "T_add1")  # the two adds inlined into the second
+        assert any(loop.same_as(tile) for loop in init) is inside
+        assert any(loop.same_as(tile) for loop in epilogue) is inside
+
+
 def test_dense_with_one_row_and_transposed_weight(target):
     """1x2048 @ 2048x1000 (a classifier head): M = 1 has no I axis at all."""
     shapes = {"x": (1, 2048), "w": (1000, 2048), "b": (1000,)}
@@ -252,6 +285,49 @@ def test_tile_by_area_holds_the_most_accumulators_within_the_slack(m, n):
     assert all(work <= o.m_padded * o.n_padded for o in within if o.mr * o.nr == plan.mr * plan.nr)
     assert plan.mr * plan.nr // 16 + plan.nr // 16 + 1 <= 32
     assert plan in plan_candidates(1, m, n, 768, 16, 2, 32, False, False, True)
+
+
+@pytest.mark.parametrize(("m", "n", "k", "tile"), [
+    (128, 3072, 768, (4, 24)), (128, 768, 3072, (4, 24)), (784, 768, 3072, (4, 24)), (128, 2816, 1024, (4, 24)),
+    (128, 1000, 768, (4, 24)), (197, 768, 768, None), (1500, 384, 1536, None), (96, 896, 1152, None),
+    (49, 3072, 768, None), (128, 768, 384, None), (None, 768, 768, None)])
+def test_avx2_full_register_tile_where_k_has_several_blocks(m, n, k, tile):
+    """16 registers (AVX2), K of several blocks, M of several row blocks: 4 rows x 3 vectors
+    (12 accumulators + 3 B vectors + one broadcast = 16) where the rule's tile holds fewer
+    accumulators (128 or 784 rows: 4 x 2 vectors, as 6 rows would pad M) and it pads
+    within the slack (LLaMA's 2816 columns to 2832; 1000 to 1008). Else the rule's tile, as
+    with the option off: 197 or 1500 rows (6 x 2 holds 12 already), one row block (96, 49:
+    the B panel's prefetch shares the registers), K of one block (384), a symbolic M."""
+    plan = plan_gemm(1, m, n, k, lanes=8, cores=2, registers=16)
+    rule = plan_gemm(1, m, n, k, lanes=8, cores=2, registers=16,
+                     options=CompileOptions(gemm_full_register_tile=False))
+    if tile is None:
+        assert plan == rule
+        return
+    assert (plan.mr, plan.nr) == tile
+    assert plan.mr * plan.nr // 8 + plan.nr // 8 + 1 <= 16
+    if m % plan.mr == 0:
+        assert plan.m_padded == m
+    # never fewer accumulators than the rule's tile, and 32 registers are not affected
+    assert plan.mr * plan.nr >= rule.mr * rule.nr
+    assert plan_gemm(1, m, n, k, lanes=16, cores=2, registers=32) == plan_gemm(
+        1, m, n, k, lanes=16, cores=2, registers=32, options=CompileOptions(gemm_full_register_tile=False))
+
+
+def test_avx2_full_register_tile_kernel_matches_numpy():
+    """A 4 x 3-vector tile built for an AVX2 target (K 769 padded to 896 in seven blocks, N
+    padded from 112 to 120, a residual epilogue) computes what float64 numpy does."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    shapes = {"x": (104, 769), "w": (769, 112), "b": (112,), "r": (104, 112)}
+
+    def build(bb, x, w, b, r):
+        y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, w)), b))
+        return relax.op.add(y, r)
+
+    a = random_inputs(shapes)
+    want = (a["x"].astype(np.float64) @ a["w"] + a["b"] + a["r"]).astype(np.float32)
+    sch = check_rule(Gemm(), fused_primfunc(build, shapes), target, a, want)
+    assert "T.unroll(T.int64(4))" in sch.mod.script() and "T.unroll(T.int64(3))" in sch.mod.script()
 
 
 def test_tile_by_area_takes_more_rows_where_widest_first_cannot_divide_them():
