@@ -24,6 +24,7 @@ from tvm.target import Target
 from aicf_tvm.core.emit import is_scheduled
 from aicf_tvm.core.options import CompileOptions
 
+from .cpu.common import PLAN, plan_of
 from .rules import default_rules
 
 __all__ = ["apply_default_schedules", "default_rules", "is_scheduled", "schedule_func"]
@@ -45,6 +46,8 @@ def schedule_func(
             sch = sch[0] if sch else None
         if sch is not None:
             scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+            if (plan := plan_of(scheduled)) is not None:
+                scheduled = scheduled.with_attr(PLAN, plan)
             return scheduled.with_attr("aicf.schedule", type(rule).__name__)
     return None
 

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 EMIT_ATTR = "aicf.emit"
 # on a kernel: per port the alignment and contiguity it assumes (relax_passes.lower_emits)
 ABI_ATTR = "aicf.abi"
+# on a scheduled kernel: the rule's choices (tiles, layouts) as a line of text (aicf explain)
+PLAN_ATTR = "aicf.plan"
 # TVM's names: PrimFunc params every call passes a constant, and a block that only
 # rewrites such a param's layout (split out and run at compile time: pre-packed weights)
 LAYOUT_FREE_ATTR = "layout_free_buffers"

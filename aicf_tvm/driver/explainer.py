@@ -30,11 +30,12 @@ def explain(mod: tvm.IRModule, report: FusionReport | None = None) -> str:
 def kernel_selection(lowered: tvm.IRModule, target: tvm.target.Target) -> str:
     """Per kernel of a lowered module: its Emit kind and where its schedule came from
     (a tuned record, a tuned choice of our rule for a kernel with symbolic extents, one of
-    our default rules, or none)."""
+    our default rules, or none), and the plan the rule chose where it notes one (the GEMM's
+    and attention's tiles and layouts)."""
     kernels = kernels_of(lowered)
-    rows = [("#", "kernel", "Emit kind", "schedule")]
-    rows += [(str(i), k.name, k.kind, k.schedule) for i, k in enumerate(kernels)]
-    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    rows = [("#", "kernel", "Emit kind", "schedule", "plan")]
+    rows += [(str(i), k.name, k.kind, k.schedule, k.plan) for i, k in enumerate(kernels)]
+    widths = [max(len(r[c]) for r in rows) for c in range(5)]
     lines = [f"kernel selection for {describe(target)}: tuned record or choice > default rule > fallback"]
     lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     return "\n".join(lines)

@@ -123,9 +123,10 @@ class Kernel:
     name: str
     kind: str
     schedule: str
+    plan: str = ""  # the rule's choices (tiles, layouts), where the rule notes them
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.kind}, {self.schedule})"
+        return f"{self.name} ({self.kind}, {self.schedule}{': ' + self.plan if self.plan else ''})"
 
 
 def _spec_of(target: tvm.target.Target | Mapping[str, Any]) -> dict:
@@ -383,7 +384,8 @@ def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int
         model = CompiledModel(
             lib, target, report=report, device=dev, metadata=meta, path=name, threads=threads,
             inputs=main.inputs, dim_bounds=main.dim_bounds, requirements=main.requirements,
-            outputs=main.outputs, kernels=[Kernel(k["name"], k["kind"], k["schedule"]) for k in meta["kernels"]],
+            outputs=main.outputs,
+            kernels=[Kernel(k["name"], k["kind"], k["schedule"], k.get("plan", "")) for k in meta["kernels"]],
             functions={f: Signature.from_json(sig) for f, sig in meta.get("functions", {}).items()},
         )
     except (KeyError, TypeError, ValueError) as err:

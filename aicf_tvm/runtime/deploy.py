@@ -86,7 +86,8 @@ def metadata_of(model: CompiledModel) -> dict:
         **model.signature("main").to_json(),  # inputs, dim_bounds, requirements, outputs
         # the other entry functions' signatures (main's are the keys above)
         "functions": {f: model.signature(f).to_json() for f in model.function_names if f != "main"},
-        "kernels": [{"name": k.name, "kind": k.kind, "schedule": k.schedule} for k in model.kernels],
+        "kernels": [{"name": k.name, "kind": k.kind, "schedule": k.schedule, **({"plan": k.plan} if k.plan else {})}
+                    for k in model.kernels],
         "emits": emits,
         "emit_table": table,
         "fusion": {
@@ -297,7 +298,8 @@ def manifest(meta: dict, name: str) -> str:
         *signature(meta),
         *(line for fname, sig in functions.items() for line in [f"function {fname}:", *signature(sig, "  ")]),
         f"kernels ({len(meta.get('kernels', []))}):",
-        *(f"  {k['name']} ({k['kind']}, {k['schedule']})" for k in meta.get("kernels", [])),
+        *(f"  {k['name']} ({k['kind']}, {k['schedule']}{': ' + k['plan'] if k.get('plan') else ''})"
+          for k in meta.get("kernels", [])),
     ]
     approximations = [d for d in meta.get("fusion", {}).get("decisions", [])
                       if str(d.get("candidate", "")).startswith(APPROXIMATE)]

@@ -80,6 +80,7 @@ from .common import (
     SCALAR_MATH_OPS,
     float32_lanes,
     is_one,
+    note_plan,
     split_vector_tail,
     static_extent,
     vector_registers,
@@ -496,6 +497,13 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
         _pack_v(sch, v_pack, plan, head)
     for block in outputs:
         schedule_injective(sch, block, lanes)
+    note_plan(sch, found.pv, ", ".join([
+        f"tile {plan.rows} rows x {plan.key_vectors} key vectors",
+        f"head dim in {plan.head_splits} part(s) of {plan.head_lanes} vectors",
+        "one pass" if scores is context else "two passes",
+        "head-major" if head_major else "tile-major",
+        "kᵀ packed per head in the tile" if pack_in_tile else "kᵀ packed in panels" if one_pass else "kᵀ packed",
+        "v packed in slices" if v_pack is not None else "v in place"]))
     return True
 
 

@@ -19,6 +19,8 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.sym.analyzer import Analyzer
 from tvm.target import Target, codegen
 
+from aicf_tvm.core.emit import PLAN_ATTR
+
 from .vector_math import expands
 
 # Below this many iterations of the whole nest a parallel launch costs more than it saves.
@@ -249,6 +251,22 @@ def provable_pow2_divisor(extent: tirx.Expr, limit: int) -> int:
 # Loop annotation asking TVM's LoopPartition to split the loop where a ``likely`` predicate
 # under it stops holding: the whole vectors of a symbolic extent, then its tail.
 PARTITION_HINT = "pragma_loop_partition_hint"
+
+# A rule's choices for one kernel, as a line of text: a block annotation the rule sets
+# (``note_plan``) and ``schedules.schedule_func`` copies into the PrimFunc's attributes,
+# where ``aicf explain`` and ``CompiledModel.kernels`` read it.
+PLAN = PLAN_ATTR
+
+
+def note_plan(sch: s_tir.Schedule, block: SBlockRV, text: str) -> None:
+    """Record ``text`` (the rule's tile sizes and layout choices) on ``block``."""
+    sch.annotate(block, PLAN, text)
+
+
+def plan_of(func: tirx.PrimFunc) -> str | None:
+    """The plan a rule noted in ``func`` (``note_plan``), if any."""
+    found = [str(block.annotations[PLAN]) for block in nodes_in(func.body, s_tir.SBlock) if PLAN in block.annotations]
+    return found[0] if found else None
 
 
 def split_vector_tail(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> tuple[LoopRV, LoopRV]:

@@ -55,6 +55,7 @@ from .common import (
     float32_lanes,
     gemm_tiles_by_area,
     loop_extent,
+    note_plan,
     num_cores,
     static_extent,
     vector_registers,
@@ -346,7 +347,20 @@ def tile_gemm(
     # the init before the K loop of each register tile (one K block), else before the chunk's K blocks
     init = sch.decompose_reduction(main, ki if tile is not None else sch.get_loops(main)[1])
     sch.vectorize(sch.get_loops(init)[-1])
-    _place_epilogue(sch, main, epilogue, chunk, lanes, tile)
+    on_tile = _place_epilogue(sch, main, epilogue, chunk, lanes, tile)
+    note_plan(sch, main, describe_plan(plan, prefetch=prefetch, epilogue="tile" if on_tile else "chunk"))
+
+
+def describe_plan(plan: GemmPlan, prefetch: bool, epilogue: str) -> str:
+    """The plan's choices as ``aicf explain`` prints them."""
+    def size(value: int | None) -> str:
+        return "symbolic" if value is None else str(value)
+
+    parts = [f"tile {plan.mr} rows x {plan.nr // plan.lanes} vectors",
+             f"kc {size(plan.kc)}", f"mc {plan.mc}", f"nc {plan.nc}",
+             "parallel over rows" if plan.parallel_m else "parallel over column blocks",
+             "B packed" if plan.pack_b else "B in place", f"epilogue per {epilogue}"]
+    return ", ".join(parts + (["B panels prefetched"] if prefetch else []))
 
 
 def _tile_loop(sch: s_tir.Schedule, main: SBlockRV, ki: LoopRV) -> LoopRV | None:
@@ -435,7 +449,9 @@ def reads_plainly(block: s_tir.SBlock, buffer: tirx.Buffer) -> bool:
 def _place_epilogue(
     sch: s_tir.Schedule, main: SBlockRV, epilogue: list[SBlockRV], chunk: LoopRV, lanes: int,
     tile: LoopRV | None = None,
-) -> None:
+) -> bool:
+    """Place the epilogue: on each register tile (``tile``) where it can, else once per
+    parallel chunk, else as passes of its own.  True where it runs on the tile."""
     result = sch.get(main).writes[0].source
     if len(epilogue) == 1 and not reads_plainly(sch.get(epilogue[0]), result):
         iterate_as_read(sch, epilogue[0], result)
@@ -448,9 +464,10 @@ def _place_epilogue(
             inner = sch.get_loops(epilogue[0])[-1]
             if splits_into_vectors(sch, inner, lanes):
                 sch.vectorize(sch.split(inner, [None, lanes])[1])
-            return
+            return loop is tile
     for block in epilogue:
         schedule_injective(sch, block, lanes)
+    return False
 
 
 class Gemm(CPUScheduleRule):

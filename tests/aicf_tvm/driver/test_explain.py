@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -54,10 +55,43 @@ def test_cli_explain_shows_kernel_selection_per_emit(capsys):
     assert main(["explain", "encoder_layer_small"]) == 0
     out = capsys.readouterr().out
     assert "kernel selection for llvm mcpu=" in out and "num-cores=" in out
-    rows = [line.split() for line in out.split("kernel selection", 1)[1].splitlines()[2:] if line.strip()]
-    assert rows and all(r[-1] in {"Gemm", "Conv2d", "Attention", "Reduction", "Elementwise", "Fallback", "tuned"}
+    rows = [line.split(maxsplit=4) for line in out.split("kernel selection", 1)[1].splitlines()[2:] if line.strip()]
+    assert rows and all(r[3] in {"Gemm", "Conv2d", "Attention", "Reduction", "Elementwise", "Fallback", "tuned"}
                         for r in rows)
     assert any(r[2] == "fused_attention" for r in rows)
+    # the GEMM and attention rules' choices, each in its row
+    plans = {r[3]: r[4] for r in rows if len(r) == 5}
+    assert plans["Gemm"].startswith("tile ") and "rows x" in plans["Gemm"] and "kc " in plans["Gemm"]
+    attention = plans["Attention"]
+    assert "key vectors" in attention and ("one pass" in attention or "two passes" in attention)
+
+
+def test_kernel_plans_name_the_tile_the_gemm_rule_chose():
+    """Each GEMM kernel's plan (CompiledModel.kernels, the export's manifest) names the
+    register tile, kc and where the epilogue runs, as the plan of gemm_plan.plan_gemm for
+    that shape on this target says."""
+    import re
+
+    from schedules.cpu.common import float32_lanes, gemm_tiles_by_area, num_cores, vector_registers
+    from schedules.cpu.gemm_plan import plan_gemm
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((200, 300), "float32"))
+    w = relax.const(np.random.default_rng(0).standard_normal((300, 640), dtype=np.float32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(relax.op.matmul(x, w))))
+        bb.emit_func_output(out)
+    model = aicf_tvm.compile(bb.get(), cache=False)
+    gemms = [k for k in model.kernels if k.schedule == "Gemm"]
+    assert len(gemms) == 1
+    target = model.target
+    plan = plan_gemm(1, 200, 640, 300, float32_lanes(target), num_cores(target), vector_registers(target),
+                     b_contiguous_in_n=True, tile_by_area=gemm_tiles_by_area(target), b_constant=True)
+    found = re.match(r"tile (\d+) rows x (\d+) vectors, kc (\d+)", gemms[0].plan)
+    assert found is not None, gemms[0].plan
+    assert tuple(map(int, found.groups())) == (plan.mr, plan.nr // plan.lanes, plan.kc)
+    assert "epilogue per tile" in gemms[0].plan  # K = 300: one block
 
 
 def test_cli_explain_on_a_compiled_library_prints_its_manifest(tmp_path):
