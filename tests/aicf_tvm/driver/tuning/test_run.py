@@ -1,7 +1,8 @@
 """End to end: ``aicf_tvm.tune`` writes records that ``compile(database=...)`` applies.
 
-Kept tiny (one 64x128x96 GEMM, at most 6 measured candidates, a raised builder timeout)
-because it really runs MetaSchedule: about two minutes on 2 busy cores.  The GEMM is
+Kept tiny (one 64x512x96 GEMM, at most 6 measured candidates, a raised builder timeout)
+because it really runs MetaSchedule: about two minutes on 2 busy cores.  K has several
+blocks, so the default schedule prefetches B panels (the knobs' tests switch that off).  The GEMM is
 searched in our rule's design spaces (``schedules.tuning.space``).
 """
 
@@ -31,14 +32,14 @@ TRIALS = 4
 
 def reference(x: np.ndarray) -> np.ndarray:
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((128, 96)).astype("float32")
+    w = rng.standard_normal((512, 96)).astype("float32")
     b = rng.standard_normal((96,)).astype("float32")
     return np.maximum(x @ w + b, 0)
 
 
 @pytest.fixture(scope="module")
 def model():
-    return gemm_model([(128, 96)])
+    return gemm_model([(512, 96)])
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +148,7 @@ def test_compile_applies_a_winning_record(model, tuned, tmp_path):
     trace = next((r.trace for r in records if record_digest(r.trace) == entry["record"]), records[0].trace)
     packs = PREPACK_ANNOTATION in str(trace)  # named record, else the fastest (as compile picks)
     assert [k.name for k in compiled.kernels] == ["fused_gemm_bias_act" + ("_prepacked" if packs else "")]
-    x = np.random.default_rng(1).standard_normal((64, 128)).astype("float32")
+    x = np.random.default_rng(1).standard_normal((64, 512)).astype("float32")
     np.testing.assert_allclose(compiled(x), reference(x), rtol=1e-4, atol=1e-4)
 
 
@@ -171,7 +172,7 @@ def test_a_searched_record_replays_correctly(model, tuned):
         best.trace, only.commit_workload(task.workload), best.run_secs, target, best.args_info))
     compiled = aicf_tvm.compile(model, database=only)
     assert [k.schedule for k in compiled.kernels] == ["tuned"]
-    x = np.random.default_rng(2).standard_normal((64, 128)).astype("float32")
+    x = np.random.default_rng(2).standard_normal((64, 512)).astype("float32")
     np.testing.assert_allclose(compiled(x), reference(x), rtol=1e-4, atol=1e-4)
 
 
@@ -414,7 +415,7 @@ def test_records_apply_only_to_a_compile_with_the_knobs_they_were_tuned_with(mod
         (wd / "aicf_tuning.json").write_text(json.dumps(summary))
     compiled = aicf_tvm.compile(model, database=copy, options=KNOBS)
     assert [k.schedule for k in compiled.kernels] == ["tuned"]
-    x = np.random.default_rng(3).standard_normal((64, 128)).astype("float32")
+    x = np.random.default_rng(3).standard_normal((64, 512)).astype("float32")
     np.testing.assert_allclose(compiled(x), reference(x), rtol=1e-4, atol=1e-4)
     assert [k.schedule for k in aicf_tvm.compile(model, database=copy).kernels] == ["Gemm"]
     other = CompileOptions(gemm_prefetch_b_panels=False, gemm_area_slack=1.2)
