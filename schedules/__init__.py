@@ -21,10 +21,10 @@ from tvm.ir import IRModule
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from aicf_tvm.core.emit import is_scheduled
+from aicf_tvm.core.emit import PLAN_ATTR, is_scheduled
 from aicf_tvm.core.options import CompileOptions
 
-from .cpu.common import PLAN, plan_of
+from .cpu.common import plan_of
 from .rules import default_rules
 
 __all__ = ["apply_default_schedules", "default_rules", "is_scheduled", "schedule_func"]
@@ -47,7 +47,7 @@ def schedule_func(
         if sch is not None:
             scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
             if (plan := plan_of(scheduled)) is not None:
-                scheduled = scheduled.with_attr(PLAN, plan)
+                scheduled = scheduled.with_attr(PLAN_ATTR, plan)
             return scheduled.with_attr("aicf.schedule", type(rule).__name__)
     return None
 

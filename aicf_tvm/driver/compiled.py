@@ -11,7 +11,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from aicf_tvm.core.emit import PLAN_ATTR as PLAN
+from aicf_tvm.core.emit import PLAN_ATTR
 from aicf_tvm.core.emit_table import emit_calls, emit_table
 from aicf_tvm.core.kinds.describe import dim_value
 from aicf_tvm.runtime.compiled import CompiledModel, Executable, Kernel, Signature, TensorSpec
@@ -58,7 +58,7 @@ def kernels_of(mod: tvm.IRModule) -> list[Kernel]:
         attrs = mod[name].attrs
         kind = str(attrs["aicf.kind"]) if attrs is not None and "aicf.kind" in attrs else "tvm"
         sched = str(attrs["aicf.schedule"]) if attrs is not None and "aicf.schedule" in attrs else "unscheduled"
-        plan = str(attrs[PLAN]) if attrs is not None and PLAN in attrs else ""
+        plan = str(attrs[PLAN_ATTR]) if attrs is not None and PLAN_ATTR in attrs else ""
         out.append(Kernel(name, kind, sched, plan))
     return out
 

@@ -252,20 +252,20 @@ def provable_pow2_divisor(extent: tirx.Expr, limit: int) -> int:
 # under it stops holding: the whole vectors of a symbolic extent, then its tail.
 PARTITION_HINT = "pragma_loop_partition_hint"
 
-# A rule's choices for one kernel, as a line of text: a block annotation the rule sets
-# (``note_plan``) and ``schedules.schedule_func`` copies into the PrimFunc's attributes,
-# where ``aicf explain`` and ``CompiledModel.kernels`` read it.
-PLAN = PLAN_ATTR
+# A rule's choices for one kernel, as a line of text (``PLAN_ATTR``): a block annotation the
+# rule sets (``note_plan``) and ``schedules.schedule_func`` copies into the PrimFunc's
+# attributes, where ``aicf explain`` and ``CompiledModel.kernels`` read it.
 
 
 def note_plan(sch: s_tir.Schedule, block: SBlockRV, text: str) -> None:
     """Record ``text`` (the rule's tile sizes and layout choices) on ``block``."""
-    sch.annotate(block, PLAN, text)
+    sch.annotate(block, PLAN_ATTR, text)
 
 
 def plan_of(func: tirx.PrimFunc) -> str | None:
     """The plan a rule noted in ``func`` (``note_plan``), if any."""
-    found = [str(block.annotations[PLAN]) for block in nodes_in(func.body, s_tir.SBlock) if PLAN in block.annotations]
+    found = [str(block.annotations[PLAN_ATTR]) for block in nodes_in(func.body, s_tir.SBlock)
+             if PLAN_ATTR in block.annotations]
     return found[0] if found else None
 
 
