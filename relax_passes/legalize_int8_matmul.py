@@ -14,6 +14,13 @@ checks the sums cannot overflow). A row count that is no whole number of registe
 the real rows are read after: a partial tile would put a predicate on the block, which
 the kernels' tensorized instructions cannot take. Any other matmul takes TVM's
 legalization.
+
+On a target with AVX2 and without AVX-512 VNNI the **pairs form** is computed instead
+(``pairs_form``): the data and the weight widened to int16 (exactly), the weight copied
+to ``Bp [N/8, K/2, 8, 2]``, and ``out = sum(ko, k2) A16[..., m, 2*ko + k2] * Bp[n // 8,
+ko, n % 8, k2]``: one ``vpmaddwd`` per 8 columns and 2 k
+(``schedules.cpu.conv2d_int8.PAIRS_INTRIN``), which runs these products about twice as
+fast as AVX2's split-byte form of ``vpdpbusd``.  The same products, summed in int32.
 """
 
 from __future__ import annotations
@@ -22,8 +29,13 @@ import tvm
 from tvm import te
 
 from aicf_tvm.core.tvm_values import static_shape
+from aicf_tvm.runtime.cpu_features import target_isa
 
 from .legalize_blocked_conv import VNNI_DEPTH, VNNI_LANES
+
+# The pairs form's columns and k per instruction (``schedules.cpu.conv2d_int8.PAIRS_LANES``
+# and ``PAIRS_DEPTH``: vpmaddwd's 8 int32 lanes, two int16 products each).
+PAIRS_LANES, PAIRS_DEPTH = 8, 2
 
 
 def is_vnni_matmul(a_dtype: str, b_dtype: str, out_dtype: str, a_shape, b_shape) -> bool:
@@ -47,18 +59,34 @@ def padded_rows(m: int) -> int:
     return -(-m // step) * step
 
 
-def matmul_vnni(a: te.Tensor, b: te.Tensor) -> te.Tensor:
-    """The TE compute of the module docstring."""
+def pairs_form(target: tvm.target.Target | None) -> bool:
+    """Whether the matmul takes the pairs form (module docstring) on ``target``: AVX2
+    without AVX-512 VNNI (whose ``vpdpbusd`` takes the bytes as they are)."""
+    if target is None or target.kind.name != "llvm":
+        return False
+    isa = set(target_isa(target.export()))
+    return "avx2" in isa and not {"avx512vnni", "avx512bw"} <= isa
+
+
+def matmul_vnni(a: te.Tensor, b: te.Tensor, pairs: bool = False) -> te.Tensor:
+    """The TE compute of the module docstring (``pairs``: the pairs form)."""
     k, n = (int(d) for d in b.shape)
     m = int(a.shape[-2])
     rows = padded_rows(m)
-    depth, lanes = VNNI_DEPTH, VNNI_LANES
-    if rows != m:  # rows past m are zeros; their sums are computed and never read
+    depth, lanes = (PAIRS_DEPTH, PAIRS_LANES) if pairs else (VNNI_DEPTH, VNNI_LANES)
+    if pairs:  # uint8 -> int16 and int8 -> int16: exact
+        source = a
+        a = te.compute((*a.shape[:-2], rows, k), lambda *i: tvm.tirx.if_then_else(
+            i[-2] < m, source[i].astype("int16"), tvm.tirx.const(0, "int16")), name="data_int16")
+    elif rows != m:  # rows past m are zeros; their sums are computed and never read
         source = a
         a = te.compute((*a.shape[:-2], rows, k), lambda *i: tvm.tirx.if_then_else(
             i[-2] < m, source[i], tvm.tirx.const(0, source.dtype)), name="rows_padded")
-    bv = te.compute((n // lanes, k // depth, lanes, depth),
-                    lambda no, ko, ni, k4: b[ko * depth + k4, no * lanes + ni], name="weight_vnni")
+    def weight(no, ko, ni, k4):
+        value = b[ko * depth + k4, no * lanes + ni]
+        return value.astype("int16") if pairs else value
+
+    bv = te.compute((n // lanes, k // depth, lanes, depth), weight, name="weight_vnni")
     ko = te.reduce_axis((0, k // depth), "rko")
     k4 = te.reduce_axis((0, depth), "rk4")
     out = te.compute((*a.shape[:-1], n), lambda *idx: te.sum(
@@ -74,9 +102,11 @@ def legalize_matmul(bb: tvm.relax.BlockBuilder, call: tvm.relax.Call) -> tvm.rel
     a, b = call.args
     if not is_vnni_matmul(a.ty.dtype, b.ty.dtype, call.ty.dtype, static_shape(a.ty), static_shape(b.ty)):
         return tvm.ir.Op.get("relax.matmul").get_attr("FLegalize")(bb, call)  # TVM's own
-    return bb.call_te(matmul_vnni, a, b, primfunc_name_hint="matmul_vnni")
+    pairs = pairs_form(tvm.target.Target.current(allow_none=True))
+    return bb.call_te(matmul_vnni, a, b, pairs, primfunc_name_hint="matmul_vnni")
 
 
 LEGALIZE_MAP = {"relax.matmul": legalize_matmul}
 
-__all__ = ["LEGALIZE_MAP", "is_vnni_matmul", "legalize_matmul", "matmul_vnni", "padded_rows"]
+__all__ = ["LEGALIZE_MAP", "PAIRS_DEPTH", "PAIRS_LANES", "is_vnni_matmul", "legalize_matmul", "matmul_vnni",
+           "padded_rows", "pairs_form"]

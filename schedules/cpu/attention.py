@@ -499,7 +499,8 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
         schedule_injective(sch, block, lanes)
     note_plan(sch, found.pv, ", ".join([
         f"tile {plan.rows} rows x {plan.key_vectors} key vectors",
-        f"head dim in {plan.head_splits} part(s) of {plan.head_lanes} vectors",
+        f"head dim in {plan.head_splits} part(s) of {plan.part_vectors(head)} vectors" if head is not None
+        else f"head dim in vectors of {plan.head_lanes} lanes",
         "one pass" if scores is context else "two passes",
         "head-major" if head_major else "tile-major",
         "kᵀ packed per head in the tile" if pack_in_tile else "kᵀ packed in panels" if one_pass else "kᵀ packed",

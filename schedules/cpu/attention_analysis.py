@@ -32,7 +32,8 @@ MAX_ROWS = 8
 @dataclass(frozen=True)
 class AttentionPlan:
     """Tile sizes: ``rows`` query rows per tile, ``key_vectors`` vectors of keys per q·kᵀ
-    register tile, the head dimension in ``head_splits`` parts of ``head_lanes`` vectors."""
+    register tile, the head dimension in vectors of ``head_lanes`` lanes, those vectors in
+    ``head_splits`` parts (one p·v register tile each)."""
 
     rows: int
     key_vectors: int
@@ -44,6 +45,10 @@ class AttentionPlan:
     def key_width(self) -> int:
         """The keys of a q·kᵀ register tile."""
         return self.key_vectors * self.lanes
+
+    def part_vectors(self, head: int) -> int:
+        """The head-dimension vectors of one p·v register tile, for a head dimension ``head``."""
+        return head // self.head_lanes // self.head_splits
 
 
 def plan_attention(m: int | None, n: int | None, d: int | None, lanes: int,

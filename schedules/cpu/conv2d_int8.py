@@ -113,6 +113,43 @@ def _dot_avx2(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), 
 
 TensorIntrin.register(AVX2_INTRIN, _dot_desc, _dot_avx2, override=True)
 
+PAIRS_INTRIN = "aicf_dot_8x2_i16i16i32_avx2_local"
+PAIRS_LANES, PAIRS_DEPTH = 8, 2  # int32 accumulators of one vpmaddwd, int16 products each adds
+
+
+# The matmul's form on AVX2 (``legalize_int8_matmul``, pairs form): the uint8 data and int8
+# weights widened to int16 first (exactly), then ``vpmaddwd``: 8 int32 lanes, each adding
+# two int16 products.  A product is within [-32640, 32385] and a pair within
+# [-65280, 64770]: no saturation and no wrap (vpmaddwd wraps only -32768 * -32768 twice,
+# which widened bytes never are), so the sums are vpdpbusd's.  One instruction per 16
+# products where the split-byte form takes 6 per 32 (``_dot_avx2``).
+@T.prim_func(s_tir=True)
+def _pairs_desc(a: T.Buffer((2,), "int16", offset_factor=1), b: T.Buffer((8, 2), "int16", offset_factor=1),
+                c: T.Buffer((8,), "int32", offset_factor=1, scope="local")) -> None:
+    with T.sblock("root"):
+        T.reads(c[0:8], a[0:2], b[0:8, 0:2])
+        T.writes(c[0:8])
+        for i in T.serial(0, 8):
+            for k in T.serial(0, 2):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
+
+
+@T.prim_func(s_tir=True)
+def _pairs_avx2(a: T.Buffer((2,), "int16", offset_factor=1), b: T.Buffer((8, 2), "int16", offset_factor=1),
+                c: T.Buffer((8,), "int32", offset_factor=1, scope="local")) -> None:
+    with T.sblock("root"):
+        T.reads(c[0:8], a[0:2], b[0:8, 0:2])
+        T.writes(c[0:8])
+        a_i32 = T.reinterpret(a.vload([0], "int16x2"), dtype="int32")
+        c[T.ramp(0, 1, 8)] = c[T.ramp(0, 1, 8)] + T.call_llvm_pure_intrin(
+            "int32x8", "llvm.x86.avx2.pmadd.wd", T.reinterpret(T.broadcast(a_i32, 8), dtype="int16x16"),
+            b.vload([0, 0], dtype="int16x16"))
+
+
+TensorIntrin.register(PAIRS_INTRIN, _pairs_desc, _pairs_avx2, override=True)
+
 
 def has_vnni(target: Target) -> bool:
     """AVX-512 VNNI (``vpdpbusd`` on 512-bit registers)."""
@@ -169,37 +206,56 @@ def schedule_vnni(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: Con
     sch.tensorize(j, int8_dot(target))
 
 
+def _pairs_reads(stmt: s_tir.SBlock) -> bool:
+    """Two int16 reads and one int32 write (``legalize_int8_matmul``'s pairs form)."""
+    return (len(stmt.reads) == 2 and len(stmt.writes) == 1 and str(stmt.writes[0].source.dtype) == "int32"
+            and all(str(r.source.dtype) == "int16" for r in stmt.reads))
+
+
+def matmul_lanes(stmt: s_tir.SBlock) -> int | None:
+    """The int32 lanes of one instruction of a ``legalize_int8_matmul`` block: 16 for the
+    byte form (``(ko, k4)``, 4 bytes per lane), 8 for the pairs form (``(ko, k2)``, two
+    int16 per lane); None for another block."""
+    depth, extent = int(stmt.iter_vars[-1].dom.extent), int(stmt.iter_vars[-3].dom.extent)
+    if _int8_reads(stmt) and depth == 4 and extent % 16 == 0:
+        return 16
+    if _pairs_reads(stmt) and depth == PAIRS_DEPTH and extent % PAIRS_LANES == 0:
+        return PAIRS_LANES
+    return None
+
+
 def vnni_matmul_block(sch: s_tir.Schedule) -> SBlockRV | None:
     """The matmul block of a ``legalize_int8_matmul`` PrimFunc (``[..., M, N]`` over
-    ``(ko, k4)``), else None."""
+    ``(ko, k4)``, or ``(ko, k2)`` in its pairs form), else None."""
     found = static_reduction_block(sch)
     if found is None or not found[1].endswith("SSRR") or "R" in found[1][:-2]:
         return None
-    stmt = sch.get(found[0])
-    if not _int8_reads(stmt) or int(stmt.iter_vars[-1].dom.extent) != 4 or int(stmt.iter_vars[-3].dom.extent) % 16:
-        return None
-    return found[0]
+    return found[0] if matmul_lanes(sch.get(found[0])) is not None else None
 
 
 def schedule_vnni_matmul(sch: s_tir.Schedule, main: SBlockRV, target: Target,
                          options: CompileOptions | None = None) -> None:
-    """Tasks over (column tile, row tile), a register tile of ``vb`` 16-column blocks by
+    """Tasks over (column tile, row tile), a register tile of ``vb`` column blocks by
     ``wb`` rows (``register_tile``, as the conv's channel blocks by columns), the whole
-    reduction inside it, one ``vpdpbusd`` per (row, block, 4 k)."""
+    reduction inside it, one instruction per (row, block, k step): ``vpdpbusd`` on 16
+    columns and 4 k (or the split-byte AVX2 form of it), ``vpmaddwd`` on 8 columns and
+    2 k in the pairs form."""
     for producer in sch.get_producers(main):
         if not mark_prepack(sch, producer):  # the weight's VNNI copy: prepacked when a constant
             schedule_injective(sch, producer, 16)
     *lead, m, n, ko, k4 = sch.get_loops(main)
     rows = sch.fuse(*lead, m) if lead else m
     stmt = sch.get(main)
+    lanes = matmul_lanes(stmt)
+    intrin = PAIRS_INTRIN if lanes == PAIRS_LANES else int8_dot(target)
     row_count = loop_extent(sch, rows)
-    blocks = int(stmt.iter_vars[-3].dom.extent) // 16
+    blocks = int(stmt.iter_vars[-3].dom.extent) // lanes
     vb, wb = register_tile(blocks, row_count, 1, vector_registers(target),
                            options_or_default(options).conv_register_tile)
     # rows that divide the count: a partial last tile would put a predicate on the block,
     # which tensorize cannot match (197 tokens, a prime, take one row per tile)
     wb = max(d for d in range(1, wb + 1) if row_count % d == 0)
-    no, ni = sch.split(n, [None, 16])
+    no, ni = sch.split(n, [None, lanes])
     noo, noi = sch.split(no, [None, vb])
     mo, mi = sch.split(rows, [None, wb])
     sch.reorder(noo, mo, ko, mi, noi, ni, k4)
@@ -209,7 +265,7 @@ def schedule_vnni_matmul(sch: s_tir.Schedule, main: SBlockRV, target: Target,
     sch.vectorize(sch.get_loops(init)[-1])
     sch.unroll(mi)
     sch.unroll(noi)
-    sch.tensorize(ni, int8_dot(target))
+    sch.tensorize(ni, intrin)
 
 
 class _VNNIRule(CPUScheduleRule):
@@ -253,7 +309,7 @@ class VNNIMatmul(_VNNIRule):
     def schedule(self, sch: s_tir.Schedule, main: SBlockRV, target: Target) -> None:
         *_, m, n, ko, _ = (int(iv.dom.extent) for iv in sch.get(main).iter_vars)
         rows = m * math.prod(int(iv.dom.extent) for iv in sch.get(main).iter_vars[:-4])
-        if has_amx_int8(target) and amx_fits(rows, n, 4 * ko):
+        if matmul_lanes(sch.get(main)) == 16 and has_amx_int8(target) and amx_fits(rows, n, 4 * ko):
             schedule_amx_matmul(sch, main)
         else:
             schedule_vnni_matmul(sch, main, target, self.options)
@@ -271,5 +327,6 @@ class VNNIConv2d(_VNNIRule):
         schedule_vnni(sch, main, target, vnni_plan(sch, main, target, self.options))
 
 
-__all__ = ["AVX2_INTRIN", "VNNIConv2d", "VNNIMatmul", "has_vnni", "int8_dot", "schedule_vnni", "schedule_vnni_matmul",
-           "vnni_conv_block", "vnni_matmul_block", "vnni_plan"]
+__all__ = ["AVX2_INTRIN", "PAIRS_DEPTH", "PAIRS_INTRIN", "PAIRS_LANES", "VNNIConv2d", "VNNIMatmul", "has_vnni",
+           "int8_dot", "matmul_lanes", "schedule_vnni", "schedule_vnni_matmul", "vnni_conv_block",
+           "vnni_matmul_block", "vnni_plan"]

@@ -18,8 +18,9 @@ import aicf_tvm
 from aicf_tvm.core.options import CompileOptions
 from aicf_tvm.runtime import cpu_features
 from aicf_tvm.runtime.targets import resolve_target
+from relax_passes import legalize_int8_matmul
 from relax_passes.integer_qdq import QDQ_INTEGER
-from relax_passes.legalize_int8_matmul import padded_rows
+from relax_passes.legalize_int8_matmul import padded_rows, pairs_form
 from schedules.cpu.amx_int8 import has_amx_int8
 from schedules.cpu.conv2d_int8 import has_vnni
 
@@ -341,11 +342,16 @@ needs_avx2 = pytest.mark.skipif("avx2" not in cpu_features.isa_flags(), reason="
 
 
 @needs_avx2
+@pytest.mark.parametrize("pairs", [True, False])
 @pytest.mark.parametrize("rows, k, n", [(24, 64, 48), (13, 128, 32)])
-def test_an_avx2_qdq_matmul_runs_in_integers_without_saturating(rows, k, n):
-    """On an AVX2 target the int8 matmul is ``vpmaddubsw`` on the data's low 7 bits and its
-    top bit (each in range) and ``vpmaddwd``: extreme weights and data, where the plain
-    ``vpmaddubsw`` saturates its int16 pair sums, give QLinearMatMul's bits."""
+def test_an_avx2_qdq_matmul_runs_in_integers_without_saturating(rows, k, n, pairs, monkeypatch):
+    """On an AVX2 target the int8 matmul widens data and weights to int16 and sums pairs of
+    products with ``vpmaddwd`` (the pairs form, the default); the byte form takes
+    ``vpmaddubsw`` on the data's low 7 bits and its top bit (each in range) and
+    ``vpmaddwd`` by ones.  Extreme weights and data, where the plain ``vpmaddubsw``
+    saturates its int16 pair sums, give QLinearMatMul's bits in both."""
+    if not pairs:
+        monkeypatch.setattr(legalize_int8_matmul, "pairs_form", lambda _target: False)
     rng = np.random.default_rng(21)
     qdq, qlinear = _qdq_matmul(rng, rows, k, n)
     for init in qdq.graph.initializer:  # pairs of weights at +-127 and -128: 255 * 255 > 32767
@@ -359,7 +365,8 @@ def test_an_avx2_qdq_matmul_runs_in_integers_without_saturating(rows, k, n):
     assert [d.accepted for d in model.report.decisions if d.candidate == QDQ_INTEGER] == [True]
     assert any(k.schedule == "VNNIMatmul" for k in model.kernels), [k.schedule for k in model.kernels]
     text = str(model.lowered)
-    assert "llvm.x86.avx2.pmadd.ub.sw" in text and "vpdpbusd" not in text and "tdpbusd" not in text
+    assert ("llvm.x86.avx2.pmadd.ub.sw" in text) != pairs and "llvm.x86.avx2.pmadd.wd" in text
+    assert ('"int16"' in text) == pairs and "vpdpbusd" not in text and "tdpbusd" not in text
     reference = ReferenceEvaluator(qlinear)
     for high in (True, False):
         xq = rng.integers(200 if high else 0, 256, (1, rows, k)).astype(np.uint8)
@@ -381,3 +388,12 @@ def test_an_avx2_target_keeps_qdq_convolutions_float_and_says_why():
     want = ReferenceEvaluator(_qdq_conv(p, 1, 1, True)).run(None, {"xq": xq})[0]  # the float graph's values
     got = np.asarray(model(xq))
     assert np.max(np.abs(got.astype(np.int32) - want.astype(np.int32))) <= 1
+
+
+@pytest.mark.parametrize("mcpu, pairs", [("haswell", True), ("znver3", True), ("skylake-avx512", True),
+                                         ("cascadelake", False), ("sapphirerapids", False), ("znver4", False)])
+def test_the_pairs_form_is_for_avx2_without_vnni(mcpu, pairs):
+    """The int16 pairs form where the target's best int8 product is AVX2's; the byte form
+    (``vpdpbusd``, AMX) where it has AVX-512 VNNI."""
+    assert pairs_form(resolve_target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu})) == pairs
+    assert not pairs_form(None)

@@ -64,6 +64,14 @@ def test_cli_explain_shows_kernel_selection_per_emit(capsys):
     assert plans["Gemm"].startswith("tile ") and "rows x" in plans["Gemm"] and "kc " in plans["Gemm"]
     attention = plans["Attention"]
     assert "key vectors" in attention and ("one pass" in attention or "two passes" in attention)
+    # the p·v register tiles cover the head dimension (16 in encoder_layer_small) once
+    import re
+
+    from aicf_tvm.runtime.targets import resolve_target
+    from schedules.cpu.common import float32_lanes
+
+    parts, vectors = map(int, re.search(r"head dim in (\d+) part\(s\) of (\d+) vectors", attention).groups())
+    assert parts * vectors * min(float32_lanes(resolve_target("llvm")), 16) == 16
 
 
 def test_kernel_plans_name_the_tile_the_gemm_rule_chose():
