@@ -21,7 +21,7 @@ by one unit of ``y`` where a sum falls near a rounding boundary, and the integer
 the exact sum of the float graph's real-number values, rounded once. Every engine that
 runs QDQ models fast computes the integer form; this pass does it where the target has
 integer kernels (AVX-512 VNNI: ``schedules.cpu.conv2d_int8``; with AVX2 alone, matmuls
-only, whose kernel is the exact ``vpmaddubsw`` form of ``int8_dot``), records each
+only, in ``legalize_int8_matmul``'s int16 pairs form), records each
 rewrite as an ``approximate:qdq_integer`` decision (listed with the library's
 approximations), and ``CompileOptions.qdq_integer=False`` keeps the float graph.
 

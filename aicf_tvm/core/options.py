@@ -81,6 +81,9 @@ class CompileOptions:
     # AVX2: a GEMM with several K blocks takes the register tile (4 x 3 vectors or 6 x 2) whose
     # accumulators, B vectors and broadcast fill the 16 registers (gemm_plan._full_register_tile)
     gemm_full_register_tile: bool = True
+    # AVX2: attention's register tiles of 6 rows (12 accumulators beside the loaded vectors and
+    # the broadcast), not 4 (attention_analysis.plan_attention)
+    attention_full_register_tile: bool = True
     # attention's row max over whole vectors of keys, padded by repeated keys (whole_vectors.pad_max)
     attention_lane_max: bool = True
     # attention's parallel tile loop runs a head's row tiles in turn: its kᵀ and v stay in L2

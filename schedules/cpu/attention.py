@@ -438,7 +438,7 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     qk_stmt, pv_stmt = sch.get(found.qk), sch.get(found.pv)
     m, n = (static_extent(iv.dom.extent) for iv in qk_stmt.iter_vars[-3:-1])
     head = static_extent(pv_stmt.iter_vars[-2].dom.extent)
-    plan = plan_attention(m, n, head, lanes, vector_registers(target))
+    plan = plan_attention(m, n, head, lanes, vector_registers(target), options.attention_full_register_tile)
     for block in (found.qk, found.pv):
         for index in (0, 1):
             _operand_copy(sch, block, index)

@@ -51,14 +51,23 @@ class AttentionPlan:
         return head // self.head_lanes // self.head_splits
 
 
+# With 16 vector registers (AVX2) the tiles hold 12 accumulators: q·kᵀ's 6 rows x 2 key
+# vectors beside its 2 kᵀ vectors and the broadcast q value, p·v's 6 rows x 2 head vectors
+# beside 2 v vectors and the broadcast p value.  On a 2-core Zen 3, Whisper's 6 heads of
+# 1500 x 1500 x 64 alone ran in 0.95-0.99x the 4-row tiles' time (8 accumulators: two
+# 4-cycle FMA pipes and nothing to spare), the same bits.  With 32 (AVX-512) half the
+# registers: 6-row tiles with 24 accumulators ran slower there.
+FULL_TILE_SPARE = 4
+
+
 def plan_attention(m: int | None, n: int | None, d: int | None, lanes: int,
-                   registers: int = 32) -> AttentionPlan:
+                   registers: int = 32, full_tile: bool = True) -> AttentionPlan:
     """Tile sizes for ``m`` query rows, ``n`` keys and head dimension ``d`` (None: symbolic).
 
-    Accumulators stay within half the ``registers`` vector registers (32 with AVX-512, 16
-    with AVX2).
+    Accumulators stay within half the ``registers`` vector registers (32 with AVX-512), or
+    with 16 (AVX2) and ``full_tile`` all but ``FULL_TILE_SPARE`` of them.
     """
-    budget = registers // 2
+    budget = registers - FULL_TILE_SPARE if full_tile and registers <= 16 else registers // 2
     key_vectors = 2
     if n is not None and _ceil(n, 2 * lanes) - _ceil(n, lanes) > n / 8:
         key_vectors = 1  # a short key row would be mostly padding

@@ -1,6 +1,7 @@
 """CPU schedule rules for int8 kernels on AVX-512 VNNI: uint8 data, int8 weights, int32
 sums: the blocked conv2d (``relax_passes.legalize_blocked_conv``'s VNNI form) and the
-matmul (``relax_passes.legalize_int8_matmul``).
+matmul (``relax_passes.legalize_int8_matmul``; on AVX2 without VNNI its int16 pairs form,
+``vpmaddwd`` per 8 columns and 2 k: ``PAIRS_INTRIN``).
 
 The nest is the float dense one (``conv2d_blocked.schedule_dense``: tasks over output
 channel tiles and rows, a register tile of ``vb`` channel blocks by ``wb`` output

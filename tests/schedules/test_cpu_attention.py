@@ -437,12 +437,12 @@ def _scheduled_attention(shapes: list[tuple[int, ...]], target=None) -> tuple[tv
 
 @pytest.mark.parametrize("seq", [41, 128, 203])
 def test_avx2_tiles_compute_the_attention(rand, seq):
-    """Scheduled for an AVX2 CPU (4-row tiles 2 vectors wide, p·v 4 rows by 2 head
-    vectors; 203 rows end in a partial tile), the kernel matches numpy in float64; AVX2
-    code runs on every x86 CPU of this suite.  q is scaled as a model scales it (1/8), so
-    float32's rounding of the scores stays far below the tolerance."""
+    """Scheduled for an AVX2 CPU (6-row tiles 2 vectors wide, p·v 6 rows by 2 head
+    vectors; 41, 128 and 203 rows end in a partial tile), the kernel matches numpy in
+    float64; AVX2 code runs on every x86 CPU of this suite.  q is scaled as a model scales
+    it (1/8), so float32's rounding of the scores stays far below the tolerance."""
     avx2 = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2})
-    assert plan_attention(seq, seq, 64, float32_lanes(avx2), vector_registers(avx2)).rows == 4
+    assert plan_attention(seq, seq, 64, float32_lanes(avx2), vector_registers(avx2)).rows == 6
     shapes = [(1, 2, seq, 64), (1, 2, seq, 64), (1, 2, seq, 64), (1, 2, seq, seq)]
     mod, _ = _scheduled_attention(shapes, avx2)
     q, k, v, m = (rand(*shape) for shape in shapes)
@@ -521,17 +521,22 @@ def test_plan_keeps_accumulators_within_the_registers(dim):
         assert plan.rows * (dim // plan.head_lanes // plan.head_splits) <= 16
 
 
-@pytest.mark.parametrize("dim", [32, 64, 80, 128])
-def test_an_avx2_plan_is_4_rows_by_2_vectors_within_half_the_registers(dim):
-    """16 registers (AVX2): a tile 2 vectors wide has 4 rows (8 accumulators, 6 loads per 8
-    FMAs where 8 rows x 1 vector load 9); keys too few for 2 vectors keep up to 8 rows."""
-    for m, n in ((197, 197), (1500, 1500), (None, None), (128, 128)):
-        plan = plan_attention(m, n, dim, lanes=8, registers=16)
-        assert (plan.rows, plan.key_vectors) == (4, 2)
-        assert plan.rows * (dim // plan.head_lanes // plan.head_splits) <= 8
-    short = plan_attention(49, 49, dim, lanes=8, registers=16)  # Swin's windows: 56 keys, not 64
-    assert (short.rows, short.key_vectors) == (7, 1)
-    assert plan_attention(1, 40, dim, lanes=8, registers=16).rows == 1
+@pytest.mark.parametrize("dim", [32, 64, 80, 96, 128])
+def test_an_avx2_plan_fills_the_registers_with_12_accumulators(dim):
+    """16 registers (AVX2): a tile 2 vectors wide has 6 rows (12 accumulators beside 2 loaded
+    vectors and a broadcast; p·v's parts 2 head vectors wide), or 4 rows within half the
+    registers as the rule was (``full_tile=False``); keys too few for 2 vectors keep up to
+    8 rows.  Every part of p·v's tile fits beside its loaded vectors and broadcast."""
+    for full, rows, accumulators in ((True, 6, 12), (False, 4, 8)):
+        for m, n in ((197, 197), (1500, 1500), (None, None), (128, 128)):
+            plan = plan_attention(m, n, dim, lanes=8, registers=16, full_tile=full)
+            assert (plan.rows, plan.key_vectors) == (rows, 2)
+            part = plan.part_vectors(dim)
+            assert plan.rows * part <= accumulators and plan.rows * part + part + 1 <= 16
+            assert plan.head_splits * part * plan.head_lanes == dim
+        short = plan_attention(49, 49, dim, lanes=8, registers=16, full_tile=full)  # Swin's windows: 56 keys
+        assert (short.rows, short.key_vectors) == (7, 1)
+        assert plan_attention(1, 40, dim, lanes=8, registers=16, full_tile=full).rows == 1
 
 
 def test_plan_takes_fewer_rows_only_when_they_save_padding():
