@@ -84,6 +84,11 @@ class CompileOptions:
     # AVX2: attention's register tiles of 6 rows (12 accumulators beside the loaded vectors and
     # the broadcast), not 4 (attention_analysis.plan_attention)
     attention_full_register_tile: bool = True
+    # vectors of keys per step of the softmax's exp loop: VectorizeMath's exp is a chain of ~50
+    # instructions a vector that a loop of one vector per step waits on; two interleave two
+    # chains (on one Zen 3 core an exp loop over 6016 floats in L1: 0.89x the time; four
+    # vectors spilled, 1.56x) (schedules.cpu.attention._schedule_row_block)
+    attention_exp_vectors: int = 2
     # attention's row max over whole vectors of keys, padded by repeated keys (whole_vectors.pad_max)
     attention_lane_max: bool = True
     # attention's parallel tile loop runs a head's row tiles in turn: its kᵀ and v stay in L2

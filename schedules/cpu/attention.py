@@ -313,8 +313,10 @@ def _schedule_pv(sch: s_tir.Schedule, pv: SBlockRV, tile: LoopRV, plan: Attentio
     sch.vectorize(sch.get_loops(init)[-1])
 
 
-def _schedule_row_block(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, lanes: int) -> None:
-    """A row block under the tile: spatial ones vectorized over the keys; a max's lane
+def _schedule_row_block(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, lanes: int,
+                        math_vectors: int = 1) -> None:
+    """A row block under the tile: spatial ones vectorized over the keys (``math_vectors``
+    vectors a step where it calls a math function: the softmax's exp); a max's lane
     block (``_split_max``) vectorized over its lanes; other reductions keep each row's
     order, float ones interleaving the tile's rows to hide the latency."""
     loops = _under(sch, block, tile)
@@ -322,7 +324,7 @@ def _schedule_row_block(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, lane
     if not loops:
         return
     if stmt.init is None:
-        _vectorize_keys(sch, loops[-1], lanes)
+        _vectorize_keys(sch, loops[-1], lanes * math_vectors if _calls_math(stmt) else lanes)
         return
     keys = [loop for loop in loops if _binds_reduction(sch, block, loop)]
     rows = [loop for loop in loops if not any(sch.get(loop).same_as(sch.get(k)) for k in keys)]
@@ -491,7 +493,7 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     vectorize_innermost(sch, sch.get_loops(q_copy)[-1], lanes)
     _schedule_qk(sch, found.qk, scores, plan)
     for block in [*row_blocks, p_copy]:
-        _schedule_row_block(sch, block, context, lanes)
+        _schedule_row_block(sch, block, context, lanes, options.attention_exp_vectors)
     _schedule_pv(sch, found.pv, context, plan)
     if v_pack is not None:
         _pack_v(sch, v_pack, plan, head)
