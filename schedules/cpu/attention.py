@@ -56,8 +56,7 @@ from __future__ import annotations
 import logging
 
 import tvm
-import tvm_ffi
-from tvm import ir, s_tir, tirx
+from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
@@ -77,7 +76,7 @@ from .attention_analysis import (
     plan_attention,
 )
 from .common import (
-    SCALAR_MATH_OPS,
+    calls_math,
     float32_lanes,
     is_one,
     note_plan,
@@ -115,17 +114,6 @@ def _operand_copy(sch: s_tir.Schedule, block: SBlockRV, index: int) -> SBlockRV:
     return sch.cache_read(block, index, "global")
 
 
-def _calls_math(block: s_tir.SBlock) -> bool:
-    """Whether the block calls a math function (exp, erf, ...), expanded later or not."""
-    found = []
-
-    def visit(call: ir.Call) -> None:
-        found.append(getattr(call.op, "name", "") in SCALAR_MATH_OPS)
-
-    tvm_ffi.structural_walk(block.body, [(ir.Call, visit)])
-    return any(found)
-
-
 def _inline_views(sch: s_tir.Schedule, kept: list[SBlockRV]) -> None:
     """Inline every spatial block except ``kept`` and those computing a math call for more
     than one consumer (the softmax exp: inlined, it would be evaluated twice)."""
@@ -137,7 +125,7 @@ def _inline_views(sch: s_tir.Schedule, kept: list[SBlockRV]) -> None:
             stmt = sch.get(block)
             if stmt.name_hint in names or stmt.init is not None or not sch.get_consumers(block):
                 continue
-            if _calls_math(stmt) and len(sch.get_consumers(block)) > 1:
+            if calls_math(stmt.body) and len(sch.get_consumers(block)) > 1:
                 continue
             if inlines_a_constant(sch, block, reverse=False):
                 continue
@@ -324,7 +312,7 @@ def _schedule_row_block(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, lane
     if not loops:
         return
     if stmt.init is None:
-        _vectorize_keys(sch, loops[-1], lanes * math_vectors if _calls_math(stmt) else lanes)
+        _vectorize_keys(sch, loops[-1], lanes * math_vectors if calls_math(stmt.body) else lanes)
         return
     keys = [loop for loop in loops if _binds_reduction(sch, block, loop)]
     rows = [loop for loop in loops if not any(sch.get(loop).same_as(sch.get(k)) for k in keys)]

@@ -219,6 +219,15 @@ SCALAR_MATH_OPS = frozenset(
 )  # fmt: skip
 
 
+def calls_math(node: object) -> bool:
+    """Whether ``node`` (a block, its body, a PrimFunc) calls a math function of
+    ``SCALAR_MATH_OPS``, expanded later by ``VectorizeMath`` or not."""
+    found = []
+    tvm_ffi.structural_walk(node, [(ir.Call, lambda call: found.append(
+        getattr(call.op, "name", "") in SCALAR_MATH_OPS))])
+    return any(found)
+
+
 def calls_scalar_math(block: s_tir.SBlock) -> bool:
     """Whether the block's body calls a math function that stays a libm call per lane."""
     scalar = []

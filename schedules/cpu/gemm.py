@@ -52,6 +52,7 @@ from aicf_tvm.core.options import CompileOptions, options_or_default
 
 from .common import (
     PARTITION_HINT,
+    calls_math,
     float32_lanes,
     gemm_tiles_by_area,
     loop_extent,
@@ -176,11 +177,12 @@ class GemmProblem:
     tile_by_area: bool = False
     options: CompileOptions | None = None  # the rule's knobs (the default ones when None)
     b_constant: bool = False  # B copies a weight that is packed once, at compile time
+    epilogue_math: bool = False  # the function calls a math function (its epilogue: GELU's erf)
 
     def plan_args(self) -> tuple:
         """``plan_gemm``'s / ``plan_candidates``' arguments for this problem."""
         return (*self.dims, self.lanes, self.cores, self.registers, self.b_contiguous_in_n,
-                self.norm.b_im2col, self.tile_by_area, self.options, self.b_constant)
+                self.norm.b_im2col, self.tile_by_area, self.options, self.b_constant, self.epilogue_math)
 
 
 def prepare_gemm(
@@ -201,7 +203,7 @@ def prepare_gemm(
     contiguous = norm.b_im2col or last_index_is_iter(sch, norm.b_copy, 1)
     return GemmProblem(norm, dims, lanes, num_cores(target), contiguous, vector_registers(target),
                        gemm_tiles_by_area(target), options,
-                       not norm.b_im2col and copies_a_constant(sch, norm.b_copy))
+                       not norm.b_im2col and copies_a_constant(sch, norm.b_copy), calls_math(sch.mod["main"].body))
 
 
 def schedule_gemm(

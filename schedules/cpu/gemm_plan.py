@@ -162,18 +162,21 @@ FULL_TILE_MIN_ROWS = 96
 
 
 def _full_register_tile(m: int, n: int, lanes: int, registers: int, slack: float) -> tuple[int, int]:
-    """``(nr, mr)`` of a 16-register target (AVX2) for a GEMM whose K has several blocks and
-    whose M several row blocks: the rule's tile (``_choose_nr``, ``_choose_mr``) unless it
-    holds fewer accumulators than one filling the registers, 4 rows x 3 vectors (12
-    accumulators, 3 B vectors and the broadcast: all 16), padding ``M x N`` at most
-    ``slack`` times the rule's.  128 rows take it where the rule's 2-vector tile has 4 rows
-    (6 would pad M to 132): 8 accumulators, FMAs waiting on their latency.  197 rows keep 6
-    x 2 (12 already; 3 vectors would hold 3 rows), 1500 rows too.
+    """``(nr, mr)`` of a 16-register target (AVX2) for a GEMM whose M has several row
+    blocks: the rule's tile (``_choose_nr``, ``_choose_mr``) unless it holds fewer
+    accumulators than one filling the registers, 4 rows x 3 vectors (12 accumulators, 3 B
+    vectors and the broadcast: all 16), padding ``M x N`` at most ``slack`` times the
+    rule's.  128 rows take it where the rule's 2-vector tile has 4 rows (6 would pad M to
+    132): 8 accumulators, FMAs waiting on their latency.  197 rows keep 6 x 2 (12 already;
+    3 vectors would hold 3 rows), 1500 rows too.  Where K is one block the epilogue runs on
+    the tile (``gemm._tile_loop``): with no math call in it the full tile ran Swin's
+    196 x 384 -> 1152, 3136 x 96 -> 288, 784 x 192 -> 576 and 3136 x 384 -> 96 in
+    0.80-0.89x the time (AMD Zen 3, standalone, the same bits), but a GELU's constants
+    spilled its accumulators in the K loop (196 x 384 -> 1536: 1.69-1.85x), so a math
+    epilogue keeps the rule's tile there (``plan_gemm``'s ``epilogue_math``).
 
-    Measured where it is not used (AMD Zen 3, standalone): with K in one block the epilogue
-    runs on the tile (``gemm._tile_loop``) and a GELU's constants spilled its accumulators
-    in the K loop (196 x 384 -> 1536: 1.85x the time); with one row block the B panel's
-    prefetch did (96 x 896 -> 1152: 1.85x); where 6 x 2 holds 12 it was no faster."""
+    Measured where it is not used: with one row block the B panel's prefetch spilled
+    (96 x 896 -> 1152: 1.85x); where 6 x 2 holds 12 it was no faster."""
     nr = _choose_nr(n, lanes, registers)
     mr = _choose_mr(m, nr, lanes, registers)
     vectors = (registers - 1) // 5  # at least 4 rows: 5 registers a vector (16: 3 vectors)
@@ -249,6 +252,7 @@ def plan_gemm(
     tile_by_area: bool = False,
     options: CompileOptions | None = None,
     b_constant: bool = False,
+    epilogue_math: bool = False,
     *,
     nr: int | None = None,
     mr: int | None = None,
@@ -265,7 +269,9 @@ def plan_gemm(
     and ``kc`` near ``options.gemm_kc_near_by_area`` (with or without ``nr`` and ``mr`` given);
     ``options`` (the default ones when None) also decide the area slack and the column block.
     ``b_constant``: B is a weight packed once at compile time (``prepack_weights``), so a
-    small M reads it packed too (``_packs_b``).
+    small M reads it packed too (``_packs_b``).  ``epilogue_math``: the epilogue calls a
+    math function (GELU's erf): no full register tile where K is one block
+    (``_full_register_tile``).
     ``nr``, ``mr``, ``pack_b`` and ``parallel_m`` override the rule's choice (tuning); the
     other sizes follow from them by the same rules.
     """
@@ -274,7 +280,8 @@ def plan_gemm(
     if tile_by_area and nr is None and mr is None:
         nr, mr = _tile_by_area(m, n, lanes, registers, options.gemm_area_slack)
     elif (options.gemm_full_register_tile and registers < 32 and nr is None and mr is None and m is not None
-          and n is not None and k is not None and m > FULL_TILE_MIN_ROWS and _choose_kc(k)[1] < k):
+          and n is not None and k is not None and m > FULL_TILE_MIN_ROWS
+          and (_choose_kc(k)[1] < k or not epilogue_math)):
         nr, mr = _full_register_tile(m, n, lanes, registers, options.gemm_area_slack)
     if nr is None:
         nr = 2 * lanes if n is None else _choose_nr(n, lanes, registers)
@@ -349,6 +356,7 @@ def plan_candidates(
     tile_by_area: bool = False,
     options: CompileOptions | None = None,
     b_constant: bool = False,
+    epilogue_math: bool = False,
 ) -> list[GemmPlan]:
     """The default plan, then its neighbours, nearest first: ``mr`` one row either side
     and the widest ``mr`` of the default ``nr``; the other parallel split and the other
@@ -356,7 +364,7 @@ def plan_candidates(
     widest ``mr``.  Packing is only dropped for a B stored with N innermost (read in place
     it is then a vector load per row) and never added for an im2col B."""
     args = (batch, m, n, k, lanes, cores, registers, b_contiguous_in_n, b_im2col, tile_by_area, options,
-            b_constant)
+            b_constant, epilogue_math)
     default = plan_gemm(*args)
     rows = SYMBOLIC_ROWS if m is None else m
 

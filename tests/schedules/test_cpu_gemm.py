@@ -290,17 +290,21 @@ def test_tile_by_area_holds_the_most_accumulators_within_the_slack(m, n):
 @pytest.mark.parametrize(("m", "n", "k", "tile"), [
     (128, 3072, 768, (4, 24)), (128, 768, 3072, (4, 24)), (784, 768, 3072, (4, 24)), (128, 2816, 1024, (4, 24)),
     (128, 1000, 768, (4, 24)), (197, 768, 768, None), (1500, 384, 1536, None), (96, 896, 1152, None),
-    (49, 3072, 768, None), (128, 768, 384, None), (None, 768, 768, None)])
-def test_avx2_full_register_tile_where_k_has_several_blocks(m, n, k, tile):
-    """16 registers (AVX2), K of several blocks, M of several row blocks: 4 rows x 3 vectors
-    (12 accumulators + 3 B vectors + one broadcast = 16) where the rule's tile holds fewer
-    accumulators (128 or 784 rows: 4 x 2 vectors, as 6 rows would pad M) and it pads
-    within the slack (LLaMA's 2816 columns to 2832; 1000 to 1008). Else the rule's tile, as
-    with the option off: 197 or 1500 rows (6 x 2 holds 12 already), one row block (96, 49:
-    the B panel's prefetch shares the registers), K of one block (384), a symbolic M."""
+    (49, 3072, 768, None), (128, 768, 384, (4, 24)), (196, 1152, 384, (4, 24)), (3136, 288, 96, (4, 24)),
+    (None, 768, 768, None)])
+def test_avx2_full_register_tile_where_m_has_several_blocks(m, n, k, tile):
+    """16 registers (AVX2), M of several row blocks: 4 rows x 3 vectors (12 accumulators + 3
+    B vectors + one broadcast = 16) where the rule's tile holds fewer accumulators (128 or
+    784 rows: 4 x 2 vectors, as 6 rows would pad M) and it pads within the slack (LLaMA's
+    2816 columns to 2832; 1000 to 1008). Else the rule's tile, as with the option off: 197
+    or 1500 rows (6 x 2 holds 12 already), one row block (96, 49: the B panel's prefetch
+    shares the registers), a symbolic M.  Where K is one block (384, 96) only when the
+    epilogue calls no math function (a GELU's constants would spill the tile)."""
     plan = plan_gemm(1, m, n, k, lanes=8, cores=2, registers=16)
     rule = plan_gemm(1, m, n, k, lanes=8, cores=2, registers=16,
                      options=CompileOptions(gemm_full_register_tile=False))
+    if k is not None and k <= 384:  # one K block: a math epilogue keeps the rule's tile
+        assert plan_gemm(1, m, n, k, lanes=8, cores=2, registers=16, epilogue_math=True) == rule
     if tile is None:
         assert plan == rule
         return
