@@ -78,8 +78,9 @@ class CompileOptions:
     # a GEMM whose K is one block: its tile's sums start in registers and its epilogue runs on
     # each register tile as it is done, in L1 (schedules.cpu.gemm: C is not zeroed and reread)
     gemm_tile_epilogue: bool = True
-    # AVX2: a GEMM with several K blocks takes the register tile (4 x 3 vectors or 6 x 2) whose
-    # accumulators, B vectors and broadcast fill the 16 registers (gemm_plan._full_register_tile)
+    # AVX2: a GEMM of several row blocks takes the register tile (4 x 3 vectors or 6 x 2) whose
+    # accumulators, B vectors and broadcast fill the 16 registers, where K has several blocks or
+    # the epilogue calls no math function (gemm_plan._full_register_tile)
     gemm_full_register_tile: bool = True
     # AVX2: attention's register tiles of 6 rows (12 accumulators beside the loaded vectors and
     # the broadcast), not 4 (attention_analysis.plan_attention)
