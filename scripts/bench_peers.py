@@ -4,7 +4,7 @@ Usage::
 
     python -m scripts.bench_peers [--models bert gpt2 llama vit resnet50 mobilenetv2 convnext]
                                   [--peers eager inductor ort openvino tvm ours]
-                                  [--rounds 10] [--budget B] [--json bench_peers.json]
+                                  [--rounds 10] [--budget B [--time-budget S]] [--json bench_peers.json]
 
 Run it as a user runs our compiler: a fresh process, no environment variable set for us.
 Every peer gets the same thread count (``--threads``, default: the CPUs this process may
@@ -21,7 +21,8 @@ use) and the same inputs, in ONE process:
 * ``ours``: ``aicf_tvm.from_torch`` then ``aicf_tvm.compile(mod, target="llvm")`` (compiled, not
   loaded from the compile cache: ``cache=False``, so that the compile seconds are), called on
   numpy arrays, exactly the README's path. With ``--budget B``, also ``ours_tuned``:
-  ``aicf_tvm.tune`` with B trials, then ``compile(database=...)``; its note says how many
+  ``aicf_tvm.tune`` with B trials (and ``--time-budget S``: at most S seconds of search,
+  ``aicf tune --time-budget``), then ``compile(database=...)``; its note says how many
   kernels kept a record and, from the timing inside the model, why the others did not
   (no record won the screening turns, or the winners did not make the call 2% faster).
   With ``--builds N``
@@ -107,6 +108,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="threads for every peer except ours (default: the CPUs this process may use)")
     parser.add_argument("--budget", type=int, default=0, help="tuning trials for ours_tuned (0: skip)")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="S",
+                        help="with --budget: seconds ours_tuned's search may take (aicf tune --time-budget)")
     parser.add_argument("--builds", type=int, default=1,
                         help="compiles of ours (and ours_tuned), called in turn round by round")
     parser.add_argument("--tol", type=float, default=1e-3, help="max |a-b| / max |ref| allowed")
@@ -121,6 +124,8 @@ def parse_args() -> argparse.Namespace:
         args.peers = list(INT8_PEERS if args.int8 else DEFAULT_PEERS)
     if not args.int8 and any(":" in m for m in args.models):
         parser.error("NAME:dynamic needs --int8")
+    if args.time_budget is not None and not args.budget:
+        parser.error("--time-budget bounds the tuning of --budget B (give both)")
     if args.int8 and (set(args.peers) - set(INT8_PEERS) or args.budget):
         parser.error(f"--int8 runs {', '.join(INT8_PEERS)} on the quantized file, without tuning")
     return args
@@ -326,16 +331,18 @@ def ours(model: Model, threads: int, work: Path, database: str | None = None, bu
     return lambda: _first(compiled[next(turn) % builds](*args))
 
 
-def ours_tuned(model: Model, threads: int, work: Path, budget: int, builds: int = 1) -> tuple[Runner, str]:
+def ours_tuned(model: Model, threads: int, work: Path, budget: int, builds: int = 1,
+               time_budget: float | None = None) -> tuple[Runner, str]:
     import aicf_tvm
 
     mod = aicf_tvm.from_torch(model.module, model.inputs)
     tuning = work / f"tuning_{model.name}"
     start = time.perf_counter()
-    result = aicf_tvm.tune(mod, target="llvm", work_dir=str(tuning), trials=budget)
+    result = aicf_tvm.tune(mod, target="llvm", work_dir=str(tuning), trials=budget, time_budget=time_budget)
     tune_s = time.perf_counter() - start
     won = sum(t.choice == "tuned" for t in result.tasks)
-    note = (f"budget {budget}: {result.measured} trials measured in {tune_s:.0f} s, "
+    limit = f", time budget {time_budget:.0f} s" if time_budget is not None else ""
+    note = (f"budget {budget}{limit}: {result.measured} trials measured in {tune_s:.0f} s, "
             f"{won} of {len(result.tasks)} tuned kernels beat the default")
     if result.in_model:  # why the records that won alone were kept or not (``tune_model``)
         note += f"; {result.in_model}"
@@ -395,7 +402,7 @@ def build_peers(model: Model, args: argparse.Namespace, work: Path) -> dict[str,
         note = ""
         try:
             if name == "ours_tuned":
-                run, note = ours_tuned(model, args.threads, work, args.budget, args.builds)
+                run, note = ours_tuned(model, args.threads, work, args.budget, args.builds, args.time_budget)
             elif name == "ours":
                 run = ours(model, args.threads, work, builds=args.builds)
             else:
