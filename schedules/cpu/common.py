@@ -219,24 +219,23 @@ SCALAR_MATH_OPS = frozenset(
 )  # fmt: skip
 
 
+def math_calls(node: object) -> list[ir.Call]:
+    """The calls of a math function of ``SCALAR_MATH_OPS`` in ``node`` (a block's body, a
+    PrimFunc), those ``VectorizeMath`` expands later included."""
+    found: list[ir.Call] = []
+    tvm_ffi.structural_walk(node, [(ir.Call, lambda call: found.append(call)
+                                    if getattr(call.op, "name", "") in SCALAR_MATH_OPS else None)])
+    return found
+
+
 def calls_math(node: object) -> bool:
-    """Whether ``node`` (a block, its body, a PrimFunc) calls a math function of
-    ``SCALAR_MATH_OPS``, expanded later by ``VectorizeMath`` or not."""
-    found = []
-    tvm_ffi.structural_walk(node, [(ir.Call, lambda call: found.append(
-        getattr(call.op, "name", "") in SCALAR_MATH_OPS))])
-    return any(found)
+    """Whether ``node`` calls a math function of ``SCALAR_MATH_OPS``, expanded later or not."""
+    return bool(math_calls(node))
 
 
 def calls_scalar_math(block: s_tir.SBlock) -> bool:
     """Whether the block's body calls a math function that stays a libm call per lane."""
-    scalar = []
-    tvm_ffi.structural_walk(
-        block.body,
-        [(ir.Call, lambda call: scalar.append(
-            getattr(call.op, "name", "") in SCALAR_MATH_OPS and not expands(call)))],
-    )
-    return any(scalar)
+    return any(not expands(call) for call in math_calls(block.body))
 
 
 def largest_pow2_divisor(extent: int, limit: int) -> int:
