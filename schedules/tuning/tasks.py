@@ -43,6 +43,7 @@ import logging
 import math
 import os
 import sys
+import time
 import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -319,12 +320,15 @@ def default_schedule(workload: tvm.IRModule, target: tvm.target.Target,
 
 @derived_object
 class _Watch(ms.measure_callback.PyMeasureCallback):
-    """Counts measured candidates (for progress) and keeps the first failure message."""
+    """Counts measured candidates (for progress), keeps the first failure message, and
+    ends the search after the batch that passes ``deadline`` (``time.monotonic()``)."""
 
-    def __init__(self, on_batch: Callable[[int], None]) -> None:
+    def __init__(self, on_batch: Callable[[int], None], deadline: float | None = None) -> None:
         self.on_batch = on_batch
+        self.deadline = deadline
         self.ok = 0
         self.errors: list[str] = []
+        self.stopped = False  # the deadline ended the search
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
         for built, ran in zip(builder_results, runner_results):
@@ -334,6 +338,9 @@ class _Watch(ms.measure_callback.PyMeasureCallback):
             else:
                 self.ok += 1
         self.on_batch(len(measure_candidates))
+        if self.deadline is not None and not self.stopped and time.monotonic() > self.deadline:
+            self.stopped = True  # the batch is in the database (the default callbacks ran first)
+            task_scheduler.terminate_task(task_id)
 
 
 def _warm_start(context: ms.TuneContext, db: Any, task: Task, cost_model: Any) -> None:
@@ -355,10 +362,13 @@ def _warm_start(context: ms.TuneContext, db: Any, task: Task, cost_model: Any) -
 
 
 def search(task: Task, target: tvm.target.Target, db: Any, trials: int, tools: Tools, *, work_dir: str,
-           on_batch: Callable[[int], None], seed: int = 0, spaces: list[s_tir.Schedule] | None = None) -> None:
+           on_batch: Callable[[int], None], seed: int = 0, spaces: list[s_tir.Schedule] | None = None,
+           deadline: float | None = None) -> bool:
     """MetaSchedule's evolutionary search for ``trials`` more candidates of ``task``, in
-    ``spaces`` (our rule's design spaces) when given, else in MetaSchedule's own space."""
-    watch = _Watch(on_batch)
+    ``spaces`` (our rule's design spaces) when given, else in MetaSchedule's own space.
+    Past ``deadline`` (``time.monotonic()``) it stops after the batch being measured.
+    Returns whether the deadline stopped it."""
+    watch = _Watch(on_batch, deadline)
     # MetaSchedule's population of 512 costs minutes per task on 2 cores; a few trials
     # cannot use more than a few dozen candidates.  Our spaces vary three block sizes per
     # structural choice, and each replay re-runs the rule's layout rewrites: a population
@@ -394,3 +404,4 @@ def search(task: Task, target: tvm.target.Target, db: Any, trials: int, tools: T
             f"task {task.key}: none of {len(watch.errors)} candidates built and ran ({detail}); "
             "if this is a builder timeout, raise builder_timeout"
         )
+    return watch.stopped

@@ -90,6 +90,7 @@ class TuneResult:
     not_timed: dict[str, str] = field(default_factory=dict)
     time_budget: float | None = None  # seconds the search could take (None: no limit)
     over_budget: list[str] = field(default_factory=list)  # task keys left when the time budget was spent
+    cut_short: list[str] = field(default_factory=list)  # task keys whose search the time budget ended
 
     @property
     def tuned(self) -> list[Any]:
@@ -120,6 +121,11 @@ class TuneResult:
         if self.over_budget:
             lines.append(f"  {len(self.over_budget)} task(s) not tuned: the time budget ({self.time_budget:g} s) "
                          "was spent (a later run with the same work dir continues)")
+        if self.cut_short:
+            lines.append(f"  search ended early by the time budget ({self.time_budget:g} s), judged on what it "
+                         f"measured: {', '.join(self.cut_short)}")
+        if self.time_budget is not None and (self.over_budget or self.cut_short) and self.in_model is None:
+            lines.append("  not timed in the model(s): the time budget was spent; the kernel times chose")
         for failure in self.search_failed:
             lines.append(f"  search failed, kept what was measured before (the default at least): {failure}")
         if self.symbolic:
@@ -327,7 +333,8 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
             bar.set_description(f"tune {index + 1}/{len(tasks)} {task.kind}")
             try:
                 out = _tune_task(task, index, db, tools, share, trials - result.measured, result, bar,
-                                 choices.get(task.key), task_spaces, baselines)
+                                 choices.get(task.key), task_spaces, baselines,
+                                 None if time_budget is None else started + time_budget)
             except st.TuningFailed as err:
                 model, kernel = task.uses[0]
                 raise TuningError(f"tuning kernel {kernel} of {model} failed: {err}") from err
@@ -338,7 +345,7 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
             choices[task.key] = out.to_json() | {"uses": [list(u) for u in task.uses]} | \
                 ({"options": knobs} if knobs else {})
             _save_choices(wdir, tgt, choices)
-    if time_in_model and not result.over_budget:
+    if time_in_model and not (result.over_budget or result.cut_short):
         _time_in_model(lowered, tasks, db, baselines, result, choices, threads, progress, options)
     return result
 
@@ -409,10 +416,12 @@ def _remote(rpc: str | None, key: str | None, workers: int | None, timeout_s: fl
 
 
 def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: int, result: TuneResult,
-               bar: Any, saved: dict | None, spaces: list | None, baselines: dict) -> Any:
+               bar: Any, saved: dict | None, spaces: list | None, baselines: dict,
+               deadline: float | None = None) -> Any:
     """Seed, search and judge one task; None when it gets no trials (then it is not even
     seeded) or the run's are spent.  A task already searched for its trials keeps the
-    outcome an earlier run saved."""
+    outcome an earlier run saved.  Past ``deadline`` (``time.monotonic()``) the search stops
+    after the batch it is measuring, and the task is judged on what was measured."""
     if per_task <= 0:
         return None
     if task.bindings:
@@ -435,10 +444,13 @@ def _tune_task(task: Any, index: int, db: Any, tools: Any, per_task: int, left: 
         measured = sm.measure_spaces(task, result.target, db, tools, spaces, budget if exhaustive else budget // 2)
         step(measured)
         budget -= measured
-    if budget > 0 and not exhaustive:
+    if budget > 0 and not exhaustive and deadline is not None and time.monotonic() > deadline:
+        result.cut_short.append(task.key)  # the neighbours took the time left: no search
+    elif budget > 0 and not exhaustive:
         try:
-            st.search(task, result.target, db, budget, tools, work_dir=str(result.work_dir), on_batch=step,
-                      seed=index, spaces=spaces)
+            if st.search(task, result.target, db, budget, tools, work_dir=str(result.work_dir), on_batch=step,
+                         seed=index, spaces=spaces, deadline=deadline):
+                result.cut_short.append(task.key)
         except st.SearchFailed as err:
             model, kernel = task.uses[0]
             result.search_failed.append(f"{kernel} of {model}: {err}")

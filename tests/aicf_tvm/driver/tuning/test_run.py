@@ -439,3 +439,24 @@ def test_tune_keywords_replace_the_options_own(monkeypatch, model, tmp_path):
     assert cores[:2] == [1, 3] and seen[2][0].kind.name == "llvm"
     assert [threads for _, threads, _ in seen] == [1, 3, None]
     assert [o.threads for _, _, o in seen] == [1, 3, None] and all(o.target is t for t, _, o in seen)
+
+
+def test_a_search_past_its_deadline_stops_after_one_batch(model, tmp_path):
+    """``time_budget`` is checked inside a task's search too: a search whose deadline has
+    passed measures the batch under way (committed to the database) and ends, instead of
+    running all its trials."""
+    from aicf_tvm.driver.tuning.run import lower_for_tuning
+    from aicf_tvm.runtime.targets import resolve_target
+    from schedules.tuning import tasks as st
+    from schedules.tuning.space import design_spaces
+
+    target = resolve_target("llvm")
+    (task,) = st.extract_tasks([("m", lower_for_tuning(model, target))], target)
+    db = open_database(tmp_path / "db", create=True)
+    tools = st.Tools(target, 60.0, 60.0)
+    counted: list[int] = []
+    with st.cpu_intrinsics_only(target):
+        stopped = st.search(task, target, db, 64, tools, work_dir=str(tmp_path / "ms"), on_batch=counted.append,
+                            spaces=design_spaces(task.workload, target), deadline=0.0)
+    assert stopped and len(counted) == 1 and 0 < counted[0] < 64
+    assert len(db.get_top_k(db.commit_workload(task.workload), 1 << 30)) >= 1
