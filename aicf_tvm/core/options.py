@@ -82,6 +82,9 @@ class CompileOptions:
     # accumulators, B vectors and broadcast fill the 16 registers, where K has several blocks or
     # the epilogue calls no math function (gemm_plan._full_register_tile)
     gemm_full_register_tile: bool = True
+    # AVX2: a register tile with fewer sums than the FMA units need (a decode step's 1 row x 2
+    # vectors) spans several packed B panels side by side (gemm_plan._row_panels)
+    gemm_row_panels: bool = True
     # AVX2: attention's register tiles of 6 rows (12 accumulators beside the loaded vectors and
     # the broadcast), not 4 (attention_analysis.plan_attention)
     attention_full_register_tile: bool = True

@@ -321,7 +321,11 @@ def tile_gemm(
         mo, *mi, mr = _split_strips(sch, m_loop, plan.mc, plan.mr)
     else:
         mo, *mi, mr = _split(sch, m_loop, plan.mc, plan.mr, sample)
-    no, *ni, nr = _split(sch, n_loop, plan.nc, plan.nr, sample)
+    no, *ni, nr = _split(sch, n_loop, plan.nc, plan.nr * plan.panels, sample)
+    panels = []  # the tile's B panels side by side (gemm_plan._row_panels), outside each panel's vectors
+    if plan.panels > 1:
+        panel, nr = sch.split(nr, [plan.panels, plan.nr])
+        panels.append(panel)
     options = options_or_default(problem.options)
     # K in one block (untuned): not split, so that each register tile's init can sit right
     # above its K loop (decompose_reduction wants every reduction loop under it)
@@ -330,14 +334,16 @@ def tile_gemm(
     *ko, ki = [k_loop] if one_block else _split_k(sch, k_loop, plan.kc, sample)
     nv, nl = sch.split(nr, [None, lanes])
     if plan.parallel_m:
-        sch.reorder(s, no, mo, *ko, *ni, *mi, ki, mr, nv, nl)
+        sch.reorder(s, no, mo, *ko, *ni, *mi, ki, mr, *panels, nv, nl)
         chunk = sch.fuse(s, no, mo)
     else:
-        sch.reorder(s, no, *ko, mo, *ni, *mi, ki, mr, nv, nl)
+        sch.reorder(s, no, *ko, mo, *ni, *mi, ki, mr, *panels, nv, nl)
         chunk = sch.fuse(s, no)
     sch.parallel(chunk)
+    for panel in panels:
+        sch.unroll(panel)
     prefetch = (plan.pack_b and vector_role == IterRole.J and options.gemm_prefetch_b_panels
-                and prefetch_pays(plan, problem.registers))
+                and plan.panels == 1 and prefetch_pays(plan, problem.registers))
     if prefetch or options.blocked_sums:
         mark_loops(sch, ki, mi[-1] if mi else None, ni[-1] if ni else None, ko[-1] if ko else None,
                    plan.nr, sch.get(main).writes[0].source.dtype, prefetch=prefetch,
@@ -358,7 +364,8 @@ def describe_plan(plan: GemmPlan, prefetch: bool, epilogue: str) -> str:
     def size(value: int | None) -> str:
         return "symbolic" if value is None else str(value)
 
-    parts = [f"tile {plan.mr} rows x {plan.nr // plan.lanes} vectors",
+    panels = f" x {plan.panels} B panels" if plan.panels > 1 else ""
+    parts = [f"tile {plan.mr} rows x {plan.nr // plan.lanes} vectors{panels}",
              f"kc {size(plan.kc)}", f"mc {plan.mc}", f"nc {plan.nc}",
              "parallel over rows" if plan.parallel_m else "parallel over column blocks",
              "B packed" if plan.pack_b else "B in place", f"epilogue per {epilogue}"]

@@ -8,6 +8,7 @@ multiples of the tiles (7x33x65, K = 401) so padding and tails are exercised.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -18,10 +19,11 @@ from tvm import relax, s_tir
 from tvm.relax.dpl import is_op, wildcard
 
 from aicf_tvm.core.options import CompileOptions
+from schedules.cpu.common import plan_of
 from schedules.cpu.gemm import Gemm
 from schedules.cpu.gemm_analysis import IterRole, detect_gemm
 from schedules.cpu.gemm_blocks import find_reduction_block
-from schedules.cpu.gemm_plan import NC_MAX, least_padded_area, plan_candidates, plan_gemm
+from schedules.cpu.gemm_plan import FMA_CHAINS, NC_MAX, least_padded_area, plan_candidates, plan_gemm
 
 from ..helpers import relax_main
 
@@ -332,6 +334,41 @@ def test_avx2_full_register_tile_kernel_matches_numpy():
     want = (a["x"].astype(np.float64) @ a["w"] + a["b"] + a["r"]).astype(np.float32)
     sch = check_rule(Gemm(), fused_primfunc(build, shapes), target, a, want)
     assert "T.unroll(T.int64(4))" in sch.mod.script() and "T.unroll(T.int64(3))" in sch.mod.script()
+
+
+@pytest.mark.parametrize(("m", "n", "k", "panels"), [(1, 1024, 1024, 4), (1, 2816, 1024, 2), (1, 256, 1024, 4),
+                                                     (2, 1024, 512, 2), (3, 768, 768, 1), (6, 768, 768, 1),
+                                                     (None, 768, 768, 1)])
+def test_avx2_one_row_tiles_span_b_panels_up_to_eight_sums(m, n, k, panels):
+    """16 registers (AVX2): a tile of fewer sums than ``FMA_CHAINS`` (a decode step's 1 row
+    x 2 vectors) spans 2 or 4 packed B panels, as many as the column block divides; B keeps
+    its packing (nr 16) and 32 registers are not affected."""
+    plan = plan_gemm(1, m, n, k, lanes=8, cores=2, registers=16, b_constant=True)
+    off = plan_gemm(1, m, n, k, lanes=8, cores=2, registers=16, b_constant=True,
+                    options=CompileOptions(gemm_row_panels=False))
+    assert plan.panels == panels and dataclasses.replace(plan, panels=1) == off
+    assert plan.nc % (plan.nr * plan.panels) == 0
+    assert plan.panels == 1 or plan.mr * plan.nr // 8 * plan.panels <= FMA_CHAINS
+    assert plan_gemm(1, m, n, k, lanes=16, cores=2, registers=32, b_constant=True).panels == 1
+
+
+def test_avx2_one_row_tile_of_b_panels_gives_the_same_bits():
+    """A decode-like one-row GEMM (K in four blocks, a bias) built for AVX2 with its tile of
+    4 B panels: numpy's float64 result, and bit for bit the result of the 1 x 2-vector tile."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    shapes = {"x": (1, 1024), "w": (1024, 512), "b": (512,)}
+
+    def build(bb, x, w, b):
+        return relax.op.add(bb.emit(relax.op.matmul(x, w)), b)
+
+    a = random_inputs(shapes)
+    want = (a["x"].astype(np.float64) @ a["w"] + a["b"]).astype(np.float32)
+    sch = check_rule(Gemm(), fused_primfunc(build, shapes), target, a, want)
+    assert "4 B panels" in (plan_of(sch.mod["main"]) or "")
+    plain = Gemm(CompileOptions(gemm_row_panels=False)).apply(fused_primfunc(build, shapes), target, False)
+    assert "B panels" not in (plan_of(plain.mod["main"]) or "")
+    np.testing.assert_array_equal(run_scheduled(sch, target, a, want.shape),
+                                  run_scheduled(plain, target, a, want.shape))
 
 
 def test_tile_by_area_takes_more_rows_where_widest_first_cannot_divide_them():
