@@ -295,11 +295,12 @@ def plan_gemm(
     k_padded, kc = (None, None) if k is None else _choose_kc(k, options.gemm_kc_near_by_area if tile_by_area
                                                              else KC_NEAR)
     mc = max(mr, SYMBOLIC_MC // mr * mr) if m_padded is None else _largest_divisor_multiple(m_padded, mr, max(96, mr))
+    panels = _row_panels(mr, nr, lanes, registers, n_padded, options)
     if n_padded is None:
         nc, parallel = nr, True
     else:
         choose_nc = _choose_nc if options.gemm_even_column_blocks else _widest_nc
-        nc = choose_nc(n_padded, nr, batch or 1, cores)
+        nc = choose_nc(n_padded, nr * panels, batch or 1, cores)
         chunks = (batch or 1) * (n_padded // nc)
         parallel = chunks < cores and (m_padded is None or m_padded // mc > 1)
     parallel_m = parallel if parallel_m is None else parallel_m
@@ -307,7 +308,6 @@ def plan_gemm(
         mc = mr  # the strips are the parallel loop: one per iteration
     if pack_b is None:
         pack_b = _packs_b(m, mr, nr, n_padded, b_contiguous_in_n, b_im2col, b_constant)
-    panels = _row_panels(mr, nr, lanes, registers, n_padded, nc, options)
     return GemmPlan(
         mr=mr,
         nr=nr,
@@ -329,14 +329,15 @@ def plan_gemm(
 FMA_CHAINS = 8
 
 
-def _row_panels(mr: int, nr: int, lanes: int, registers: int, n_padded: int | None, nc: int,
+def _row_panels(mr: int, nr: int, lanes: int, registers: int, n_padded: int | None,
                 options: CompileOptions) -> int:
     """How many B panels of ``nr`` columns one register tile spans: where the tile's
     ``mr x nr / lanes`` sums are fewer than ``FMA_CHAINS`` (a decode step's one row x 2
     vectors on AVX2: two chains, each FMA waiting on the last), the tile takes as many
     panels side by side as bring the sums to ``FMA_CHAINS``, within the registers, dividing
-    the column block; the weight keeps its packing (``compile_causal_lm``'s prompt and
-    decode functions share it) and each output its order of additions (the same bits).
+    the padded N (the column block is then a multiple of the tile); the weight keeps its
+    packing (``compile_causal_lm``'s prompt and decode functions share it) and each output
+    its order of additions (the same bits).
 
     On 16-register targets only (AVX2; ``CompileOptions.gemm_row_panels``): measured on
     Zen 3, the 110M LLaMA's int8-weight decode step (1 row x 2 vectors, K in blocks of
@@ -347,7 +348,7 @@ def _row_panels(mr: int, nr: int, lanes: int, registers: int, n_padded: int | No
     vectors = max(1, nr // lanes)
     panels = 1
     # the sums, one panel's B vectors and the broadcast of A fit the registers
-    while (mr * vectors * panels * 2 <= FMA_CHAINS and nc % (nr * panels * 2) == 0
+    while (mr * vectors * panels * 2 <= FMA_CHAINS and n_padded % (nr * panels * 2) == 0
            and mr * vectors * panels * 2 + vectors + 1 <= registers):
         panels *= 2
     return panels
