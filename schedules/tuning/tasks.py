@@ -393,6 +393,10 @@ def search(task: Task, target: tvm.target.Target, db: Any, trials: int, tools: T
             task_scheduler="round-robin",
         )
     except (RuntimeError, ValueError) as err:  # ScheduleError and the FFI errors derive from them
+        if watch.stopped and "is_terminated" in str(err):
+            # the scheduler ended the task too (its trials or candidates spent in the same
+            # batch) and checks that it was still running: the deadline's stop, nothing failed
+            return True
         first = str(err).strip().splitlines()
         detail = next((line.strip() for line in first if "Error" in line), first[0] if first else "")
         raise SearchFailed(f"task {task.key}: MetaSchedule's search raised after {watch.ok} candidate(s) ran: "
