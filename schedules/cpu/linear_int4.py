@@ -259,7 +259,6 @@ def for_target(mod: IRModule, target: Target) -> IRModule:
     importer builds them for AVX-512's registers, not knowing the target
     (``aicf_tvm.driver.frontends.int4``)."""
     form = int4_form(target)
-    lanes = LUT_LANES if form["lut"] else form["lanes"]
     out = mod
     for gv, func in mod.functions_items():
         attrs = func.attrs if isinstance(func, tirx.PrimFunc) else None
@@ -268,8 +267,8 @@ def for_target(mod: IRModule, target: Target) -> IRModule:
         name = str(attrs.get("global_symbol", gv.name_hint))
         if INT4_GEMV_ATTR in attrs:
             n, k, rank, scale, *_ = str(attrs[INT4_GEMV_ATTR]).split()
-            rebuilt = gemv_int4(int(n), int(k), name, scale, bool(form["lut"]), (1,) * int(rank), lanes,
-                                BLOCK // LUT_LANES if form["lut"] else int(form["pass_vectors"]))
+            rebuilt = gemv_int4(int(n), int(k), name, scale, bool(form["lut"]), (1,) * int(rank),
+                                int(form["lanes"]), int(form["pass_vectors"]))
             before = str(attrs[INT4_GEMV_ATTR])
             after = str(rebuilt.attrs[INT4_GEMV_ATTR])
         elif INT4_LINEAR_ATTR in attrs:
