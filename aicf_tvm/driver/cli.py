@@ -321,7 +321,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         _status(f"compiling {args.model} for up to {max_length} tokens ...")
         start = time.perf_counter()
         lm = compile_causal_lm(args.model, max_length=max_length, target=args.target, threads=args.threads,
-                               timings=args.timings, weights=args.weights)
+                               timings=args.timings, weights=args.weights, activations=args.activations)
         _status(f"compiled in {time.perf_counter() - start:.1f} s")
         if args.save:
             _status(f"wrote {lm.export_library(args.save)}")
@@ -405,8 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
     p.add_argument("--trials", type=_positive_int, default=64, help="measured candidates in all (default: 64)")
     p.add_argument("--time-budget", type=_positive_seconds, default=None, metavar="S",
-                   help="seconds the search may take: no task starts after that (a later run with the same "
-                        "--work-dir continues; default: no limit)")
+                   help="seconds the run may take: the search two thirds of it (no task starts after that; "
+                        "a later run with the same --work-dir continues), timing the records in the model the "
+                        "rest (default: no limit)")
     p.add_argument("--work-dir", required=True, help="the tuning database directory")
     p.add_argument("--runner-timeout", type=_positive_seconds, default=60.0, metavar="S",
                    help="seconds one candidate may take to measure; one that crashes or runs longer "
@@ -441,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int8: round every linear layer's weight to per-channel int8 (an approximation: "
                         "a quarter of the bytes a step reads; the report lists each layer's error); "
                         "int4: to int4 in groups of 32 (about 0.14 of the bytes)")
+    p.add_argument("--activations", choices=("float32", "fp32", "int8"), default="float32",
+                   help="int8 (with --weights int4, AVX2 CPUs): also round each layer's input to int8 in groups "
+                        "of 32, so the decode step sums in integers (a further approximation)")
     return parser
 
 

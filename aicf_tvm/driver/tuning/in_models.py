@@ -34,6 +34,12 @@ once every task is measured, ``choose`` times the candidates where they run:
    fresh process: a tuned model must not be slower than the untuned one where it is
    measured.
 
+Under a ``deadline`` (a tuning run's time budget), ranks are built only while the time
+left holds the build, every variant's screening turns and the confirming builds and turns,
+each estimated from the default variant's build and first call: the fastest records by
+kernel time are timed first, so a short budget times those. Without time for even one
+rank, ``choose`` raises ``OutOfTime`` and the kernel times choose.
+
 A model with symbolic input dims, a run measured over RPC and a GPU target are not timed
 here: their tasks keep the choice their kernel times made.  The variants are built with the
 run's ``CompileOptions``, as ``compile(..., options=...)`` builds the model.
@@ -81,6 +87,19 @@ class TimedModel:
     inputs: list[np.ndarray]
 
 
+class OutOfTime(Exception):
+    """The time left before ``choose``'s deadline builds and times no candidate."""
+
+    def __init__(self, left_s: float, build_s: float) -> None:
+        super().__init__(f"the {max(left_s, 0):.0f} s left of the time budget would not build and time one "
+                         f"record and the confirming builds (a build of the model(s) took {build_s:.0f} s)")
+        self.left_s, self.build_s = left_s, build_s
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
 @dataclass(frozen=True)
 class ModelChoice:
     """What the models chose for one task: its record (None: the default rule) and the
@@ -107,10 +126,14 @@ class ModelTiming:
     chosen_s: dict[str, float]
     kept: bool = True  # whether the models' calls were faster with the records that won
     screened: int = 0  # records that won the screening turns
+    ranks: tuple[int, int] | None = None  # (ranks timed, ranks offered) when a deadline left out some
 
     def summary(self) -> str:
         tuned = sum(c.record is not None for c in self.choices.values())
         head = f"timed in the model(s): {tuned} of {len(self.choices)} task(s) chose a record there"
+        if self.ranks is not None:
+            head += (f" (the time budget left room for each task's {self.ranks[0]} fastest record(s) of "
+                     f"{self.ranks[1]})")
         if not self.screened:
             return f"{head}; no record beat the default rule's kernel in the screening turns"
         times = ", ".join(f"{name} {self.default_s[name] * 1e3:.2f} -> {self.chosen_s[name] * 1e3:.2f} ms"
@@ -174,6 +197,14 @@ class _Variants:
                                        threads=self.threads, lowered=lowered))
             self.step()
         return built
+
+    def first_call(self, variant: list[CompiledModel]) -> float:
+        """Seconds of a first call of every model of ``variant`` (its code loaded, its
+        storage allocated): at least what a later call takes."""
+        begin = _now()
+        for m, compiled in zip(self.models, variant):
+            compiled(*m.inputs)
+        return _now() - begin
 
     def time(self, variants: Sequence[list[CompiledModel]], turns: int
              ) -> tuple[list[dict[str, list[float]]], list[dict[str, list[float]]]]:
@@ -272,16 +303,33 @@ def rounds(offered: Mapping[str, list[str]]) -> int:
 
 def choose(models: Sequence[TimedModel], tasks: Sequence[Any], offered: Mapping[str, list[str]],
            target: tvm.target.Target, work_dir: Any, saved: Mapping[str, dict], threads: int | None,
-           step: Callable[[], None] = lambda: None, options: CompileOptions | None = None) -> ModelTiming:
+           step: Callable[[], None] = lambda: None, options: CompileOptions | None = None,
+           deadline: float | None = None) -> ModelTiming:
     """Time each task's ``offered`` records (and the default rule) in ``models`` and choose
     by those times (module docstring); ``saved`` holds the other tasks' choices, ``options``
-    the ``CompileOptions`` the models are built with."""
+    the ``CompileOptions`` the models are built with.  With a ``deadline`` (``_now()``
+    seconds) only the ranks whose timing fits before it are built; ``OutOfTime`` when none."""
     keys = {k for k, c in offered.items() if c}
     owners = _owners(models, tasks, keys)
     variants = _Variants(models, owners, target, work_dir, saved, threads, step, options)
     ranks = rounds(offered)  # a task with no record adds no rank
-    built = [variants.build({k: (offered[k][r - 1] if 0 < r <= len(offered[k]) else None) for k in keys})
-             for r in range(ranks)]
+
+    def rank(r: int) -> dict[str, str | None]:
+        return {k: (offered[k][r - 1] if 0 < r <= len(offered[k]) else None) for k in keys}
+
+    begin = _now()
+    built = [variants.build(rank(0))]
+    build_s = _now() - begin
+    turn_s = 2 * MODEL_TURNS * variants.first_call(built[0])  # a variant's turns: instrumented and plain calls
+    for r in range(1, ranks):
+        confirming = 2 * CONFIRM_BUILDS * (build_s + turn_s)
+        if deadline is not None and _now() + build_s + (len(built) + 1) * turn_s + confirming > deadline:
+            break
+        built.append(variants.build(rank(r)))
+    if len(built) < 2:
+        raise OutOfTime(deadline - _now(), build_s)
+    cut = (len(built) - 1, ranks - 1) if len(built) < ranks else None
+    offered = {k: c[:len(built) - 1] for k, c in offered.items()}
     screen, _ = variants.time(built, MODEL_TURNS)
     del built  # the confirming pair is built anew
     default = screen[0]
@@ -324,4 +372,4 @@ def choose(models: Sequence[TimedModel], tasks: Sequence[Any], offered: Mapping[
     kept = not any(c.record for c in out.values()) or sm.win_ratio(whole[1], whole[0]) < sm.WIN_MARGIN
     if not kept:  # the models, called as a user calls them, were not faster: every task keeps its default
         out = {k: dataclasses.replace(c, record=None) for k, c in out.items()}
-    return ModelTiming(out, base, {name: base[name] * ratios[name] for name in base}, kept, len(picked))
+    return ModelTiming(out, base, {name: base[name] * ratios[name] for name in base}, kept, len(picked), cut)

@@ -68,6 +68,9 @@ from schedules.tuning.space import design_spaces, space_count
 from schedules.tuning.symbolic import choice_label, kernel_bindings, task_choices, tune_choices
 
 _LOG = logging.getLogger(__name__)
+# share of a time budget kept for timing the records in the models: the search stops at
+# the rest, so a run under a budget still chooses by the models' times (``in_models``)
+IN_MODEL_SHARE = 1 / 3
 
 
 @dataclass
@@ -88,7 +91,8 @@ class TuneResult:
     in_model: str | None = None  # what timing the candidates in the models found (``in_models``)
     # per task key: why its records were not timed in the models (none within in_models.PLAUSIBLE)
     not_timed: dict[str, str] = field(default_factory=dict)
-    time_budget: float | None = None  # seconds the search could take (None: no limit)
+    time_budget: float | None = None  # seconds the run could take (None: no limit)
+    search_budget: float | None = None  # of those, the search's (the rest times records in the models)
     over_budget: list[str] = field(default_factory=list)  # task keys left when the time budget was spent
     cut_short: list[str] = field(default_factory=list)  # task keys whose search the time budget ended
 
@@ -119,13 +123,11 @@ class TuneResult:
         if self.untuned:
             lines.append(f"  {len(self.untuned)} task(s) not tuned: no trials left for them")
         if self.over_budget:
-            lines.append(f"  {len(self.over_budget)} task(s) not tuned: the time budget ({self.time_budget:g} s) "
-                         "was spent (a later run with the same work dir continues)")
+            lines.append(f"  {len(self.over_budget)} task(s) not tuned: {self._search_share()} was spent (a later "
+                         "run with the same work dir continues)")
         if self.cut_short:
-            lines.append(f"  search ended early by the time budget ({self.time_budget:g} s), judged on what it "
+            lines.append(f"  search ended early: {self._search_share()} was spent; judged on what it "
                          f"measured: {', '.join(self.cut_short)}")
-        if self.time_budget is not None and (self.over_budget or self.cut_short) and self.in_model is None:
-            lines.append("  not timed in the model(s): the time budget was spent; the kernel times chose")
         for failure in self.search_failed:
             lines.append(f"  search failed, kept what was measured before (the default at least): {failure}")
         if self.symbolic:
@@ -133,6 +135,11 @@ class TuneResult:
                          "keep their default schedule: "
                          + ", ".join(self.symbolic))
         return "\n".join(lines)
+
+    def _search_share(self) -> str:
+        if self.search_budget is None or self.search_budget == self.time_budget:
+            return f"the time budget ({self.time_budget:g} s)"
+        return f"the search's {self.search_budget:g} s of the time budget ({self.time_budget:g} s)"
 
     def __str__(self) -> str:
         return self.summary()
@@ -244,10 +251,10 @@ def tune(models: Any, target: Any = None, trials: int = 64, work_dir: Any = "aic
     ``time_in_model`` (on a CPU target measured here), each task's best candidates are
     timed again inside the models and chosen by those times (``in_models``).
 
-    ``time_budget`` (seconds; None: no limit) bounds the search: once it is spent no
-    further task starts (a started one finishes its share), the ones left are listed, and
-    a later run with the same work dir continues with them.  Timing in the models follows
-    only when the budget was not spent.
+    ``time_budget`` (seconds; None: no limit) bounds the run: the search stops at
+    ``1 - IN_MODEL_SHARE`` of it (no further task starts; the running one ends after its
+    batch), the tasks left are listed, and a later run with the same work dir continues
+    with them; the timing in the models takes the rest, as many records as fit.
 
     ``options`` are the ``CompileOptions`` of the compile to tune for (module docstring):
     compile with the same ones to apply the records.  As in ``compile``, ``target``
@@ -325,16 +332,19 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
     bar = tqdm(total=min(trials, sum(shares)), unit="trial", disable=not progress, desc="tune")
     baselines: dict[str, sm.Baseline] = {}
     started = time.monotonic()  # the search's clock (time_budget)
+    ends = None if time_budget is None else started + time_budget
+    if time_budget is not None:
+        result.search_budget = time_budget * (1 - IN_MODEL_SHARE) if time_in_model else time_budget
+    search_ends = None if ends is None else started + result.search_budget
     with st.cpu_intrinsics_only(tgt), contextlib.closing(bar):
         for index, (task, share, task_spaces) in enumerate(zip(tasks, shares, spaces)):
-            if time_budget is not None and time.monotonic() - started > time_budget:
+            if search_ends is not None and time.monotonic() > search_ends:
                 result.over_budget.append(task.key)
                 continue
             bar.set_description(f"tune {index + 1}/{len(tasks)} {task.kind}")
             try:
                 out = _tune_task(task, index, db, tools, share, trials - result.measured, result, bar,
-                                 choices.get(task.key), task_spaces, baselines,
-                                 None if time_budget is None else started + time_budget)
+                                 choices.get(task.key), task_spaces, baselines, search_ends)
             except st.TuningFailed as err:
                 model, kernel = task.uses[0]
                 raise TuningError(f"tuning kernel {kernel} of {model} failed: {err}") from err
@@ -345,14 +355,16 @@ def _tune(specs: list, tgt: Any, trials: int, work_dir: Any, trials_per_task: in
             choices[task.key] = out.to_json() | {"uses": [list(u) for u in task.uses]} | \
                 ({"options": knobs} if knobs else {})
             _save_choices(wdir, tgt, choices)
-    if time_in_model and not (result.over_budget or result.cut_short):
-        _time_in_model(lowered, tasks, db, baselines, result, choices, threads, progress, options)
+    if time_in_model:
+        _time_in_model(lowered, tasks, db, baselines, result, choices, threads, progress, options, ends)
     return result
 
 
 def _time_in_model(lowered: list, tasks: list, db: Any, baselines: dict, result: TuneResult, choices: dict,
-                   threads: int | None, progress: bool, options: CompileOptions | None = None) -> None:
-    """Choose each tuned task's record by its time in the models (``in_models``) and save."""
+                   threads: int | None, progress: bool, options: CompileOptions | None = None,
+                   deadline: float | None = None) -> None:
+    """Choose each tuned task's record by its time in the models (``in_models``), as many
+    of its records as fit before ``deadline``, and save."""
     models = [tm.TimedModel(name, mod, inputs) for name, mod in lowered
               if (inputs := tm.model_inputs(mod)) is not None]
     by_key = {t.key: t for t in result.tasks if t.bindings is None}
@@ -377,8 +389,12 @@ def _time_in_model(lowered: list, tasks: list, db: Any, baselines: dict, result:
     offered = {k: c[:fit - 1] for k, c in offered.items()}
     steps = len(models) * (tm.rounds(offered) + 2 * tm.CONFIRM_BUILDS) + 2 * tm.MODEL_TURNS
     with tqdm(total=steps, disable=not progress, desc="time in the model") as bar:
-        timing = tm.choose(models, tasks, offered, result.target, result.work_dir, choices, threads,
-                           lambda: bar.update(1), options)
+        try:
+            timing = tm.choose(models, tasks, offered, result.target, result.work_dir, choices, threads,
+                               lambda: bar.update(1), options, deadline)
+        except tm.OutOfTime as err:
+            result.in_model = f"not timed in the model(s): {err}; the kernel times chose"
+            return
     for key, choice in timing.choices.items():
         out = by_key[key]
         out.choice, out.record, out.in_model = (("tuned" if choice.record else "default"), choice.record,

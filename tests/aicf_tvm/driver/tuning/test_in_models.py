@@ -16,6 +16,7 @@ import aicf_tvm.driver.tuning.in_models as tm
 # seconds per turn of each task's candidates (None: the default rule), screening / confirming
 SCREEN = {"a": {None: 1.0, "a1": 1.0, "a2": 0.8}, "b": {None: 1.0, "b1": 0.9}, "c": {None: 1.0, "c1": 1.01}}
 CONFIRM = {"a": {None: 1.0, "a2": 0.79}, "b": {None: 1.0, "b1": 0.995}, "c": {None: 1.0}}
+BUILD_S, CALL_S = 10.0, 0.01  # the scripted clock's seconds per build and per first call
 
 
 @pytest.fixture
@@ -23,9 +24,16 @@ def scripted(monkeypatch, request):
     stages, builds = [], []
     whole_gain = getattr(request, "param", 1.0)  # the models' calls with the records, over the sum of kernels
 
+    clock = [0.0]  # seconds: a build takes BUILD_S, a first call CALL_S
+
     def build(self, records):
         builds.append(dict(records))
+        clock[0] += BUILD_S
         return dict(records)  # a variant: the record of each task
+
+    def first_call(self, variant):
+        clock[0] += CALL_S
+        return CALL_S
 
     def time(self, variants, turns):
         table = SCREEN if not stages else CONFIRM
@@ -36,6 +44,8 @@ def scripted(monkeypatch, request):
         return per_task, per_model
 
     monkeypatch.setattr(tm._Variants, "build", build)
+    monkeypatch.setattr(tm._Variants, "first_call", first_call)
+    monkeypatch.setattr(tm, "_now", lambda: clock[0])
     monkeypatch.setattr(tm._Variants, "time", time)
     return stages, builds
 
@@ -57,6 +67,27 @@ def test_a_record_must_win_the_screen_and_then_the_confirmation(scripted):
     assert timing.choices["c"].to_json() == {"default_s": 1.0, "tuned_s": 1.01, "candidates": 1}  # its screen
     assert timing.screened == 2 and "2 record(s) that won the screen" in timing.summary()
     assert timing.default_s["m"] == 3.0 and timing.chosen_s["m"] == pytest.approx(2.785)
+
+
+def test_a_deadline_times_the_ranks_that_fit_and_none_raises_out_of_time(scripted):
+    """Builds take 10 s and a variant's turns 2 x 15 x 0.01 s: after the default's build and
+    first call (10.01 s) a deadline at 70 s leaves room for one rank (its build, two
+    variants' turns, the four confirming builds and their turns: 51.8 s more), not two;
+    one 60 s away for none."""
+    tasks = [SimpleNamespace(key=k, uses=[("m", f"kernel_{k}")]) for k in SCREEN]
+    offered = {k: [r for r in SCREEN[k] if r is not None] for k in SCREEN}
+    model = tm.TimedModel("m", tvm.IRModule(), [])
+    timing = tm.choose([model], tasks, offered, None, None, {}, None, deadline=70.0)
+    (screen, _confirm), _ = scripted
+    assert len(screen) == 2 and screen[1] == {"a": "a1", "b": "b1", "c": "c1"}  # the default and the first rank
+    assert timing.ranks == (1, 2) and "each task's 1 fastest record(s) of 2" in timing.summary()
+    assert timing.choices["a"].record is None and timing.choices["a"].candidates == 1  # a2 was not timed
+    assert timing.choices["b"].record is None  # b1's screen win did not hold in the confirmation
+    stages, builds = scripted
+    stages.clear(), builds.clear()
+    with pytest.raises(tm.OutOfTime, match="would not build and time one record"):
+        tm.choose([model], tasks, offered, None, None, {}, None, deadline=tm._now() + 60.0)
+    assert len(builds) == 1  # the default's build, which measured the time a build takes
 
 
 def test_inputs_are_ones_for_ids_and_none_for_symbolic_dims():

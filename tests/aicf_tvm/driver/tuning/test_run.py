@@ -215,7 +215,7 @@ def test_a_spent_time_budget_starts_no_task_and_says_so(model, tmp_path):
     result = aicf_tvm.tune(model, trials=TRIALS, work_dir=tmp_path / "t", progress=False, time_budget=1e-9)
     assert result.measured == 0 and result.tasks == [] and len(result.over_budget) == 1
     assert result.in_model is None
-    assert "not tuned: the time budget (1e-09 s) was spent" in str(result)
+    assert "not tuned: the search's 6.66667e-10 s of the time budget (1e-09 s) was spent" in str(result)
     with pytest.raises(TuningError, match="time_budget"):
         aicf_tvm.tune(model, trials=TRIALS, work_dir=tmp_path / "u", progress=False, time_budget=0)
 
