@@ -140,12 +140,13 @@ def eager_runner(folder: Path, prompt: np.ndarray, new: int, threads: int):
     return run
 
 
-def ours_runner(folder: Path, prompt: np.ndarray, new: int, threads: int, weights: str = "fp32"):
+def ours_runner(folder: Path, prompt: np.ndarray, new: int, threads: int, weights: str = "fp32",
+                activations: str = "float32"):
     import aicf_tvm
 
     start = time.perf_counter()
     lm = aicf_tvm.compile_causal_lm(str(folder), max_length=prompt.shape[1] + new, threads=threads,
-                                    weights=weights)
+                                    weights=weights, activations=activations)
     print(f"  ours: compiled in {time.perf_counter() - start:.1f} s", flush=True)
 
     deployment(lm)
@@ -334,6 +335,9 @@ def main() -> None:
                              "int4 is llama.cpp q4_0, ORT GenAI int4, OpenVINO int4 (symmetric, groups of "
                              "32), ours weights='int4'; "
                              "eager stays float32, the reference the tokens are compared with")
+    parser.add_argument("--activations", choices=("float32", "int8"), default="float32",
+                        help="ours' activations: int8 (with --weights int4) rounds each layer's input to int8 "
+                             "in groups of 32, as ORT GenAI's int4 CPU kernels (accuracy level 4) do")
     args = parser.parse_args()
 
     from aicf_tvm.runtime.threads import thread_count
@@ -347,7 +351,7 @@ def main() -> None:
     print(f"CPU: {isa()}, {threads} threads; read bandwidth {bandwidth / 1e9:.1f} GB/s; a decode step reads "
           f"{step_bytes / 1e6:.1f} MB ({args.weights} weights) -> limit {limit * 1e3:.2f} ms/token", flush=True)
     makers = {"eager": lambda: eager_runner(args.folder, prompt, args.new, threads),
-              "ours": lambda: ours_runner(args.folder, prompt, args.new, threads, args.weights),
+              "ours": lambda: ours_runner(args.folder, prompt, args.new, threads, args.weights, args.activations),
               "llamacpp": lambda: llamacpp_runner(args.folder, prompt, args.new, threads, args.llamacpp_src,
                                                   args.weights),
               "ortgenai": lambda: ortgenai_runner(args.folder, prompt, args.new, threads, args.weights),
@@ -380,7 +384,7 @@ def main() -> None:
                        "prefill_ms": round(prefill_ms, 2),
                        "decode_tokens_per_s": round(1 / per_token, 1),
                        "fraction_of_limit": round(limit / per_token, 3)}
-    print(f"\nweights: {args.weights} (eager: float32, the reference)")
+    print(f"\nweights: {args.weights}, ours' activations: {args.activations} (eager: float32, the reference)")
     print(f"{'engine':10} {'tokens':8} {'top-1':>6} {'prefill ms':>10} {'decode tok/s':>12} {'of limit':>9}")
     for name, r in table.items():
         print(f"{name:10} {'equal' if r['tokens_equal_eager'] else 'DIFFER':8} {r['top1_agreement']:6.0%} "
@@ -394,7 +398,7 @@ def main() -> None:
                       f"decode {r['decode_tokens_per_s'] / o['decode_tokens_per_s']:.2f}")
     if args.json:
         args.json.write_text(json.dumps({"isa": isa(), "threads": threads, "prompt": args.prompt, "new": args.new,
-                                         "weights": args.weights,
+                                         "weights": args.weights, "ours_activations": args.activations,
                                          "bandwidth_gb_s": round(bandwidth / 1e9, 2),
                                          "limit_ms_per_token": round(limit * 1e3, 3), "engines": table}, indent=1))
 

@@ -309,7 +309,31 @@ def rounded_copy(model: Any, weights: str = "int8") -> Any:
     return ref
 
 
-def compile_quantized(model: Any, weights: str, max_length: int) -> Any:
+def rounded_int8_groups(x: np.ndarray, group: int = 32) -> np.ndarray:
+    """``x [..., K]`` rounded to int8 per group of ``group`` inputs by numpy, in float32 as
+    ``compile_causal_lm(activations="int8")`` states it: ``s = max|x| / 127`` (1 for a
+    group of zeros), ``round(x / s)`` half to even in [-127, 127], times ``s``."""
+    g = x.reshape(*x.shape[:-1], -1, group).astype(np.float32)
+    amax = np.abs(g).max(axis=-1, keepdims=True)
+    s = np.where(amax > 0, amax / np.float32(127), np.float32(1)).astype(np.float32)
+    return (np.clip(np.rint(g / s), -127, 127).astype(np.float32) * s).reshape(x.shape)
+
+
+def round_linear_inputs(model: Any) -> Any:
+    """``model`` (in place) with every linear layer's input rounded by
+    ``rounded_int8_groups`` (numpy) before the layer: the reference of int8 activations."""
+    import torch
+
+    def hook(_module: Any, args: tuple) -> tuple:
+        return (torch.from_numpy(rounded_int8_groups(args[0].detach().numpy())), *args[1:])
+
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear) or type(mod).__name__ == "Conv1D":
+            mod.register_forward_pre_hook(hook)
+    return model
+
+
+def compile_quantized(model: Any, weights: str, max_length: int, activations: str = "float32") -> Any:
     """``compile_causal_lm(model, max_length, weights=weights)``, checking that the user's
     model is not changed by the quantization (its state dict equal before and after)."""
     import torch
@@ -317,7 +341,7 @@ def compile_quantized(model: Any, weights: str, max_length: int) -> Any:
     import aicf_tvm
 
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    lm = aicf_tvm.compile_causal_lm(model, max_length=max_length, weights=weights)
+    lm = aicf_tvm.compile_causal_lm(model, max_length=max_length, weights=weights, activations=activations)
     for k, v in model.state_dict().items():  # the user's model is not quantized
         assert torch.equal(v, before[k]), k
     return lm

@@ -34,14 +34,15 @@ from aicf_tvm.core.options import CompileOptions, options_or_default
 from aicf_tvm.core.report import Decision, FusionReport
 from aicf_tvm.runtime.compiled import CompiledModel
 from aicf_tvm.runtime.llm import DECODE, CausalLM, LMConfig, cache_shapes_of
-from aicf_tvm.runtime.targets import resolve_target
+from aicf_tvm.runtime.targets import describe, resolve_target
 from relax_passes.creation_ops import NormalizeCreationOps
+from schedules.cpu.linear_int4 import has_q8
 
 from .compiled import compiled_model, signature_of
 from .frontends import from_torch
 from .merge import merge_functions
 from .pipeline import _Clock, build, format_timings, run_pipeline
-from .quantize_weights import QuantizedLayer, check_weights, quantize_linears
+from .quantize_weights import QuantizedLayer, check_activations, check_weights, quantize_linears
 
 if TYPE_CHECKING:
     import torch
@@ -218,7 +219,7 @@ def compile_steps(steps: dict[str, tvm.IRModule], target: Any, *, options: Compi
 def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: Any = "llvm", *,
                       threads: int | None = None,
                       options: CompileOptions | None = None, timings: bool = False,
-                      check: bool = True, weights: str = "float32") -> CausalLM:
+                      check: bool = True, weights: str = "float32", activations: str = "float32") -> CausalLM:
     """Compile a transformers ``*ForCausalLM`` (or the folder it was saved in) for generation
     of up to ``max_length`` tokens (prompt + new). The step function takes one sequence
     (batch 1, the fast path); a ``CausalLM`` runs the rows of a batch one after another.
@@ -231,13 +232,21 @@ def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: 
     with the PyTorch model so quantized (the user's model is not changed). ``weights="int4"``
     likewise with symmetric int4 in groups of 32, read packed by the int4 kernels
     (``schedules.cpu.linear_int4``; CPU targets only), int8 where a layer's shape does not fit them.
+    ``activations="int8"`` (with ``weights="int4"``, x86 CPUs with AVX2) also rounds each int4
+    layer's input to int8 in groups of 32, and the decode step sums in integers: a further
+    approximation, in the report and in ``check``'s PyTorch model alike.
     ``timings`` prints the compile phases (load, export, ... codegen)."""
     if max_length < 2:
         raise ValueError(f"max_length={max_length}: need max_length >= 2")
     weights = check_weights(weights)
-    if weights == "int4" and resolve_target(target if target is not None else "llvm").kind.name != "llvm":
+    activations = check_activations(activations, weights)
+    resolved = resolve_target(target if target is not None else "llvm")
+    if weights == "int4" and resolved.kind.name != "llvm":
         raise ValueError(f"weights='int4' runs on CPU targets (llvm) only, not {target!r}: its kernels are "
                          f"written for CPU vectors; use weights='int8' or 'float32'")
+    if activations == "int8" and not has_q8(resolved):
+        raise ValueError(f"activations='int8' needs an x86 CPU with AVX2 (its kernel sums bytes with vpmaddubsw); "
+                         f"the target {describe(resolved)} has none")
     clock = _Clock()
     model = clock("load", load_causal_lm, model)
     config = model.config
@@ -250,7 +259,7 @@ def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: 
     quantized: list[QuantizedLayer] = []
     if weights != "float32":
         model = copy.deepcopy(model)
-        quantized = clock("quantize", quantize_linears, model, weights, _calibration_ids(vocab))
+        quantized = clock("quantize", quantize_linears, model, weights, _calibration_ids(vocab), activations)
     try:
         steps = {function: clock("export", export_step, model, shapes, max_length, tokens)
                  for function, tokens in (("main", None), (DECODE, 1))}
@@ -267,7 +276,8 @@ def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: 
         eos = getattr(config, "eos_token_id", None)
     eos_ids = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]))
     lm = CausalLM(compiled, LMConfig(str(getattr(config, "model_type", type(model).__name__)), max_length,
-                                     vocab, cache_shapes_of(shapes), eos_ids, weights=weights))
+                                     vocab, cache_shapes_of(shapes), eos_ids, weights=weights,
+                                     activations=activations))
     if check:
         _check_against_torch(lm, model, name)
     return lm

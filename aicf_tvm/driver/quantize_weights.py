@@ -26,6 +26,13 @@ block of 64 (GPT-2's 50257-token head) gets zero rows up to one, whose outputs a
 dropped after the kernel; one whose inputs are no multiple of 32 is stored as int8
 instead, and its decision says so.
 
+``activations="int8"`` (with ``int4`` only): each int4 layer's input is also rounded, to
+int8 per group of 32 inputs (``quantize_activations``: ``q = round(x / s)``, ``s = max|x| /
+127``), and the layer is ``aicf::linear_int4_q8`` (``linear(q * s, v * scale)`` in PyTorch),
+whose decode-step kernel sums the int4 weights and the int8 inputs in integers
+(``schedules.cpu.linear_int4.gemv_int4_q8``). The layers' errors and decisions
+(``approximate:activations_int8``) include the activations' rounding.
+
 The embedding table stays float32 (a step reads one row of it); the LM head is quantized
 like the other layers (tied weights get their own int8 copy).
 """
@@ -43,6 +50,7 @@ if TYPE_CHECKING:
     import torch
 
 WEIGHT_FORMATS = ("float32", "int8", "int4")
+ACTIVATION_FORMATS = ("float32", "int8")
 INT8_MAX = 127
 INT4_MAX = 7
 
@@ -56,10 +64,14 @@ class QuantizedLayer:
     shape: tuple[int, int]  # [out, in]
     relative_error: float  # ||y_q - y|| / ||y|| of the layer's output on the calibration prompt
     note: str = ""  # why it is not in the format asked for
+    activations: str = "float32"  # "int8": its input rounded to int8 per group too
 
     def decision(self) -> Decision:
         form = "per-channel symmetric int8" if self.weights == "int8" else f"symmetric int4 in groups of {GROUP}"
-        return Decision(f"approximate:weights_{self.weights}", (self.name,), True,
+        kind = f"weights_{self.weights}"
+        if self.activations == "int8":
+            kind, form = "activations_int8", f"{form}, input rounded to int8 in groups of {GROUP}"
+        return Decision(f"approximate:{kind}", (self.name,), True,
                         note=f"[{self.shape[0]}x{self.shape[1]}] weight {form}{self.note}: relative error "
                              f"{self.relative_error:.2e} of its output on the calibration prompt")
 
@@ -70,6 +82,28 @@ def check_weights(weights: str) -> str:
     if name not in WEIGHT_FORMATS:
         raise ValueError(f"weights={weights!r}: expected one of {', '.join(WEIGHT_FORMATS)} (or 'fp32')")
     return name
+
+
+def check_activations(activations: str, weights: str) -> str:
+    """``activations`` if ``compile_causal_lm`` can round the layers' inputs so with ``weights``."""
+    name = {"fp32": "float32"}.get(activations, activations)
+    if name not in ACTIVATION_FORMATS:
+        raise ValueError(f"activations={activations!r}: expected one of {', '.join(ACTIVATION_FORMATS)}")
+    if name == "int8" and weights != "int4":
+        raise ValueError(f"activations='int8' goes with weights='int4' (its integer kernels), not weights={weights!r}")
+    return name
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """``x [..., K]`` rounded to int8 per group of ``GROUP`` inputs and back: ``q * s`` with
+    ``s = max|x| / 127`` over the group (1 for a group of zeros), ``q = round(x / s)`` (half
+    to even) in [-127, 127]."""
+    import torch
+
+    groups = x.reshape(*x.shape[:-1], x.shape[-1] // GROUP, GROUP)
+    amax = groups.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
+    return (torch.round(groups / scale).clamp(-INT8_MAX, INT8_MAX) * scale).reshape(x.shape)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,27 +144,30 @@ def unpack_int4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return (v.to(torch.float32) * scale).permute(0, 2, 1).reshape(tasks * block, words * NIBBLES)
 
 
-_INT4_OP: Any = None
+_INT4_OPS: dict[str, Any] = {}
 
 
-def linear_int4_op() -> Any:
-    """``aicf::linear_int4(x, packed, scales)``: ``linear(x, unpack_int4(packed, scales))``,
-    registered with PyTorch once; ``torch.export`` keeps it as one node."""
-    global _INT4_OP
-    if _INT4_OP is None:
+def linear_int4_op(activations: str = "float32") -> Any:
+    """``aicf::linear_int4(x, packed, scales)``: ``linear(x, unpack_int4(packed, scales))``;
+    with ``activations="int8"`` ``aicf::linear_int4_q8``: ``linear(quantize_activations(x),
+    ...)``. Registered with PyTorch once; ``torch.export`` keeps each as one node."""
+    if activations not in _INT4_OPS:
         import torch
 
-        @torch.library.custom_op("aicf::linear_int4", mutates_args=(),
+        rounded = activations == "int8"
+        name = "linear_int4_q8" if rounded else "linear_int4"
+
+        @torch.library.custom_op(f"aicf::{name}", mutates_args=(),
                                  schema="(Tensor x, Tensor packed, Tensor scales) -> Tensor")
         def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.linear(x, unpack_int4(packed, scales))
+            return torch.nn.functional.linear(quantize_activations(x) if rounded else x, unpack_int4(packed, scales))
 
         @linear_int4.register_fake
         def _(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
             return x.new_empty((*x.shape[:-1], packed.shape[0] * packed.shape[2]))
 
-        _INT4_OP = torch.ops.aicf.linear_int4.default
-    return _INT4_OP
+        _INT4_OPS[activations] = getattr(torch.ops.aicf, name).default
+    return _INT4_OPS[activations]
 
 
 def _linear_class() -> type:
@@ -159,7 +196,7 @@ def _linear_class() -> type:
         """``aicf::linear_int4(x, packed, scales) + bias``: the float layer with its weight
         rounded to group-wise int4 (module docstring)."""
 
-        def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activations: str = "float32") -> None:
             super().__init__()
             out = weight.shape[0]
             padded = -(-out // BLOCK) * BLOCK  # outputs of the kernels: zero rows up to whole blocks
@@ -170,7 +207,7 @@ def _linear_class() -> type:
             self.register_buffer("scales", torch.from_numpy(scales))
             self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
             self.out_features, self.in_features = out, v.shape[1]
-            self.op = linear_int4_op()
+            self.op = linear_int4_op(activations)
 
         @property
         def weight(self) -> torch.Tensor:  # transformers asks the LM head for its shape
@@ -202,9 +239,11 @@ def _float_linears(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, s
     return found
 
 
-def quantize_linears(model: torch.nn.Module, weights: str, calibration: torch.Tensor) -> list[QuantizedLayer]:
-    """Replace every linear layer of ``model`` (in place) by its ``weights`` form; each
-    layer's output error is measured on the inputs it sees for ``calibration`` (token ids)."""
+def quantize_linears(model: torch.nn.Module, weights: str, calibration: torch.Tensor,
+                     activations: str = "float32") -> list[QuantizedLayer]:
+    """Replace every linear layer of ``model`` (in place) by its ``weights`` form (the int4
+    ones' inputs rounded to ``activations``); each layer's output error is measured on the
+    inputs it sees for ``calibration`` (token ids)."""
     import torch
 
     layers = _float_linears(model)
@@ -225,7 +264,8 @@ def quantize_linears(model: torch.nn.Module, weights: str, calibration: torch.Te
         form, note = weights, ""
         if form == "int4" and weight.shape[1] % GROUP:
             form, note = "int8", f" (int4 groups need inputs a multiple of {GROUP})"
-        quantized = classes[form](weight, bias)
+        rounded = activations if form == "int4" else "float32"
+        quantized = classes[form](weight, bias, rounded) if form == "int4" else classes[form](weight, bias)
         x = inputs.get(name)
         error = float("nan")
         if x is not None:
@@ -233,9 +273,10 @@ def quantize_linears(model: torch.nn.Module, weights: str, calibration: torch.Te
                 want, got = float_layer(x), quantized(x)
             error = float(torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want).clamp(min=1e-30))
         setattr(parent, attr, quantized)
-        out.append(QuantizedLayer(name, form, (int(weight.shape[0]), int(weight.shape[1])), error, note))
+        out.append(QuantizedLayer(name, form, (int(weight.shape[0]), int(weight.shape[1])), error, note, rounded))
     return out
 
 
-__all__ = ["WEIGHT_FORMATS", "QuantizedLayer", "check_weights", "linear_int4_op", "quantize_int4", "quantize_int8",
-           "quantize_linears", "unpack_int4"]
+__all__ = ["ACTIVATION_FORMATS", "WEIGHT_FORMATS", "QuantizedLayer", "check_activations", "check_weights",
+           "linear_int4_op", "quantize_activations", "quantize_int4", "quantize_int8", "quantize_linears",
+           "unpack_int4"]

@@ -54,19 +54,21 @@ class LMConfig:
     cache_shapes: tuple[tuple[int, int], ...]  # (kv heads, head dim) of each cache tensor, in order
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "float32"
-    weights: str = "float32"  # how the linear layers' weights are stored: "float32" or "int8"
+    weights: str = "float32"  # how the linear layers' weights are stored: "float32", "int8" or "int4"
+    activations: str = "float32"  # "int8": the int4 layers' inputs rounded to int8 per group
 
     def to_json(self) -> dict:
         return {"model_type": self.model_type, "max_length": self.max_length,
                 "vocab_size": self.vocab_size, "cache_shapes": [list(s) for s in self.cache_shapes],
-                "eos_token_ids": list(self.eos_token_ids), "dtype": self.dtype, "weights": self.weights}
+                "eos_token_ids": list(self.eos_token_ids), "dtype": self.dtype, "weights": self.weights,
+                "activations": self.activations}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LMConfig:
         return cls(str(data["model_type"]), int(data["max_length"]),
                    int(data["vocab_size"]), tuple((int(h), int(d)) for h, d in data["cache_shapes"]),
                    tuple(int(t) for t in data.get("eos_token_ids", ())), str(data.get("dtype", "float32")),
-                   str(data.get("weights", "float32")))
+                   str(data.get("weights", "float32")), str(data.get("activations", "float32")))
 
     @property
     def cache_rows(self) -> int:

@@ -2,7 +2,9 @@
 distinct random weights, scales and inputs: the one-row GEMV in its portable form
 (shifts and conversions: what an AVX2 CPU runs, and it runs here too) and its AVX-512
 lookup form, and the many-row kernel for row counts around its row block; float16 and
-float32 scales. ``for_target`` picks the form from the target's features."""
+float32 scales. ``for_target`` picks the form from the target's features. The int8
+activations' kernels against numpy's rounding of the input (``tests.helpers.rounded_int8_groups``: half to even, by
+the group's scale), then float64: rounding ties, a group of zeros, NaN and infinity."""
 
 from __future__ import annotations
 
@@ -15,17 +17,21 @@ from aicf_tvm.runtime.targets import resolve_target
 from schedules.cpu.linear_int4 import (
     GROUP,
     INT4_GEMV_ATTR,
+    INT4_GEMV_Q8_ATTR,
     INT4_LINEAR_ATTR,
     ROW_BLOCK,
     fits_int4,
     for_target,
     gemv_int4,
+    gemv_int4_q8,
     has_lut,
+    has_q8,
     int4_form,
     linear_int4,
     pack_int4,
     scale_dtype,
 )
+from tests.helpers import rounded_int8_groups
 
 HOST = resolve_target("llvm")
 AVX2 = Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver3"})
@@ -94,9 +100,9 @@ def test_for_target_blocks_registers_by_the_targets_vectors():
     on_avx2 = for_target(mod, AVX2)
     assert str(on_avx2["g"].attrs[INT4_GEMV_ATTR]).split()[4:] == ["0", "8", "4"]
     assert "float32x16" not in on_avx2["g"].script()
-    assert str(on_avx2["l"].attrs[INT4_LINEAR_ATTR]).split()[3:] == ["1", "64", "64"]
+    assert str(on_avx2["l"].attrs[INT4_LINEAR_ATTR]).split()[3:] == ["1", "64", "64", "0"]
     assert int4_form(AVX512) | {"lut": False} == {"lut": False, "lanes": 16, "pass_vectors": 4, "rows": 4,
-                                                   "columns": 64, "row_block": 64}
+                                                   "columns": 64, "row_block": 64, "q8_pass_vectors": 8}
     assert for_target(mod, AVX512)["l"].same_as(mod["l"])
 
 
@@ -107,3 +113,78 @@ def test_shapes_and_scales_the_kernels_take():
     assert scale_dtype(np.array([1e-6])) == "float32" and scale_dtype(np.array([1e5])) == "float32"
     with pytest.raises(ValueError, match="need N % 64 == 0"):
         pack_int4(np.zeros((32, 64), np.int64), np.zeros((32, 2), np.float16))
+
+
+@pytest.mark.skipif(not has_q8(HOST), reason="the int8 activations' kernel needs AVX2")
+@pytest.mark.parametrize("scale", ["float16", "float32"])
+@pytest.mark.parametrize(("n", "k"), [(64, 32), (192, 96), (128, 256)])
+@pytest.mark.parametrize("passes", [1, 2, 4, 8])
+def test_the_int8_activations_gemv_equals_float64_of_the_rounded_input(n, k, scale, passes):
+    v, s, w = _weight(n, k, scale, n + k + passes)
+    x = np.random.default_rng(k + 1).standard_normal((1, 1, k)).astype(np.float32) * 3
+    x[..., 5] = 40.0  # one group of a larger scale than the others
+    got = _run(gemv_int4_q8(n, k, "g", scale, (1, 1), passes), x, *pack_int4(v, s), n)
+    want = rounded_int8_groups(x).astype(np.float64) @ w.T
+    assert got.shape == (1, 1, n)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    exact = x.astype(np.float64) @ w.T  # the rounding of the input shows
+    assert not np.allclose(got, exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
+
+
+@pytest.mark.skipif(not has_q8(HOST), reason="the int8 activations' kernel needs AVX2")
+def test_the_int8_activations_gemv_on_a_group_of_zeros_nan_and_infinity():
+    n, k = 64, 96
+    v, s, w = _weight(n, k, "float16", 9)
+    packed = pack_int4(v, s)
+    x = np.random.default_rng(2).standard_normal((1, k)).astype(np.float32)
+    x[0, 32:64] = 0.0  # its scale is 1, its values 0
+    got = _run(gemv_int4_q8(n, k, "g", "float16"), x, *packed, n)
+    np.testing.assert_allclose(got, rounded_int8_groups(x).astype(np.float64) @ w.T, rtol=1e-5, atol=1e-5)
+    for bad in (np.nan, np.inf, -np.inf):
+        y = x.copy()
+        y[0, 70] = bad
+        assert np.isnan(_run(gemv_int4_q8(n, k, "g", "float16"), y, *packed, n)).all()
+
+
+def test_the_many_row_kernel_rounds_its_rows_half_to_even_by_each_groups_scale():
+    """``linear_int4(int8_activations=True)`` with the identity as its weight gives back its
+    rows rounded: a group whose largest value is 127 has the scale 1, so 2.5 -> 2, 3.5 -> 4,
+    -2.5 -> -2; every row and group by its own scale, bit for bit numpy's float32."""
+    k = 64
+    eye = np.eye(k, dtype=np.int64)
+    packed = pack_int4(eye, np.ones((k, k // GROUP), np.float16))
+    x = np.random.default_rng(4).standard_normal((3, k)).astype(np.float32)
+    x[0, :32] = 0.0
+    x[0, :6] = [127.0, 2.5, 3.5, -2.5, 0.5, -126.5]
+    x[2, 32:] = 0.0  # a group of zeros: its scale is 1
+    got = _run(linear_int4(k, k, "l", "float16", 1, 64, 64, int8_activations=True), x, *packed, k)
+    assert got[0, :6].tolist() == [127.0, 2.0, 4.0, -2.0, 0.0, -126.0]
+    np.testing.assert_array_equal(got, rounded_int8_groups(x))
+    assert not np.array_equal(got, x) and (got[2, 32:] == 0).all()
+
+
+@pytest.mark.parametrize("rows", [1, 5, ROW_BLOCK + 3])
+def test_the_many_row_kernel_with_int8_activations_equals_float64_of_the_rounded_rows(rows):
+    n, k = 128, 96
+    v, s, w = _weight(n, k, "float16", rows + 7)
+    x = np.random.default_rng(rows).standard_normal((rows, k)).astype(np.float32)
+    got = _run(linear_int4(n, k, "l", "float16", 1, 64, 64, int8_activations=True), x, *pack_int4(v, s), n)
+    want = rounded_int8_groups(x).astype(np.float64) @ w.T
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    y = x.copy()
+    y[0, 3] = np.nan
+    got = _run(linear_int4(n, k, "l", "float16", 1, 64, 64, int8_activations=True), y, *pack_int4(v, s), n)
+    assert np.isnan(got[0]).all() and not np.isnan(got[1:]).any()
+
+
+def test_for_target_gives_the_int8_activations_gemv_avx2s_passes_and_refuses_a_cpu_without_avx2():
+    mod = tvm.IRModule({"g": gemv_int4_q8(128, 64, "g", "float16", pass_vectors=8),
+                        "l": linear_int4(128, 64, "l", "float16", int8_activations=True)})
+    assert str(for_target(mod, AVX2)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["2"]
+    assert str(for_target(mod, AVX2)["l"].attrs[INT4_LINEAR_ATTR]).split()[3:] == ["1", "64", "64", "1"]
+    assert str(for_target(mod, AVX512)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["8"]
+    assert has_q8(AVX2) and has_q8(AVX512)
+    sse = Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"})
+    assert not has_q8(sse)
+    with pytest.raises(ValueError, match="int8 activations need an x86 CPU with AVX2"):
+        for_target(mod, sse)

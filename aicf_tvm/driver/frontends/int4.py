@@ -7,6 +7,9 @@ count (the prompt), with ``x`` reshaped to ``[rows, K]`` and the result back to 
 The GEMV is built in its portable form here; ``schedules.cpu.linear_int4.for_target``
 gives it the target's when the pipeline schedules.
 
+With int8 activations (``aicf::linear_int4_q8``) one row calls ``gemv_int4_q8`` and any
+other count ``linear_int4`` in its form that rounds the rows first.
+
 The call is an opaque Emit to our passes (a ``call_tir``): nothing fuses into it or moves
 it, and the packed weight stays a constant of its own (constant folding leaves a call with
 a non-constant ``x``).
@@ -17,11 +20,13 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
-from schedules.cpu.linear_int4 import BLOCK, NIBBLES, gemv_int4, linear_int4
+from schedules.cpu.linear_int4 import BLOCK, NIBBLES, gemv_int4, gemv_int4_q8, linear_int4
 
 
-def linear_int4_call(bb: relax.BlockBuilder, x: relax.Expr, packed: relax.Expr, scales: relax.Expr) -> relax.Expr:
-    """``x @ W.T`` for the int4 weight ``(packed, scales)`` (module docstring)."""
+def linear_int4_call(bb: relax.BlockBuilder, x: relax.Expr, packed: relax.Expr, scales: relax.Expr,
+                     int8_activations: bool = False) -> relax.Expr:
+    """``x @ W.T`` for the int4 weight ``(packed, scales)``, ``x`` first rounded to int8
+    per group with ``int8_activations`` (module docstring)."""
     shape = list(x.ty.shape)
     tasks, words, block = (int(d) for d in packed.ty.shape)
     n, k = tasks * block, words * NIBBLES
@@ -29,16 +34,18 @@ def linear_int4_call(bb: relax.BlockBuilder, x: relax.Expr, packed: relax.Expr, 
         raise ValueError(f"linear_int4: x {shape} {x.ty.dtype} does not fit a packed int4 weight "
                          f"{list(packed.ty.shape)}")
     scale = str(scales.ty.dtype)
+    lead = (1,) * (len(shape) - 1)
     if all(_is(d, 1) for d in shape[:-1]):  # one row: the GEMV reads x as it is
-        name = f"gemv_int4_{n}x{k}"
-        gv = bb.add_func(gemv_int4(n, k, name, scale, lead=(1,) * (len(shape) - 1)), name)
+        name = f"gemv_int4_q8_{n}x{k}" if int8_activations else f"gemv_int4_{n}x{k}"
+        kernel = gemv_int4_q8(n, k, name, scale, lead) if int8_activations else gemv_int4(n, k, name, scale, lead=lead)
+        gv = bb.add_func(kernel, name)
         return relax.call_tir(gv, [x, packed, scales], relax.TensorType([*shape[:-1], n], "float32"))
     rows = tirx.IntImm("int64", 1)
     for d in shape[:-1]:
         rows = rows * d
     rows = tvm.sym.Analyzer().simplify(rows)
-    name = f"linear_int4_{n}x{k}"
-    gv = bb.add_func(linear_int4(n, k, name, scale), name)
+    name = f"linear_int4_q8_{n}x{k}" if int8_activations else f"linear_int4_{n}x{k}"
+    gv = bb.add_func(linear_int4(n, k, name, scale, int8_activations=int8_activations), name)
     flat = bb.emit(relax.op.reshape(x, [rows, k]))
     y = bb.emit(relax.call_tir(gv, [flat, packed, scales], relax.TensorType([rows, n], "float32")))
     return relax.op.reshape(y, [*shape[:-1], n])

@@ -176,8 +176,16 @@ def _linear_int4(node: torch.fx.Node, importer: ExportedProgramImporter) -> rela
     return importer.block_builder.emit(linear_int4_call(importer.block_builder, x, packed, scales))
 
 
+def _linear_int4_q8(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax.Var:
+    """``aicf::linear_int4_q8(x, packed, scales)``: the same layer with ``x`` rounded to
+    int8 per group first (``compile_causal_lm(activations="int8")``)."""
+    x, packed, scales = (importer.env[a] for a in node.args[:3])
+    return importer.block_builder.emit(linear_int4_call(importer.block_builder, x, packed, scales, True))
+
+
 _CONVERTERS = {name: _arange for name in ("arange.default", "arange.start", "arange.start_step")}
 _CONVERTERS["linear_int4.default"] = _linear_int4
+_CONVERTERS["linear_int4_q8.default"] = _linear_int4_q8
 
 
 def from_torch(module: torch.nn.Module, example_args: Sequence[Any],

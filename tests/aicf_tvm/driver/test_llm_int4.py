@@ -16,9 +16,17 @@ import pytest
 import aicf_tvm
 from aicf_tvm.driver.quantize_weights import quantize_int4, unpack_int4
 from aicf_tvm.runtime.deploy import manifest, read_metadata
-from schedules.cpu.linear_int4 import pack_int4
+from aicf_tvm.runtime.targets import resolve_target
+from schedules.cpu.linear_int4 import has_q8, pack_int4
 from tests.aicf_tvm.driver.test_llm import MAX_LENGTH, SMALL, assert_like_model, build, prompts, reference
-from tests.helpers import compile_quantized, constant_elements, relax_constants, rounded_copy, weight_decisions
+from tests.helpers import (
+    compile_quantized,
+    constant_elements,
+    relax_constants,
+    round_linear_inputs,
+    rounded_copy,
+    weight_decisions,
+)
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -162,3 +170,37 @@ def test_a_layer_of_inputs_that_make_no_whole_group_takes_int8():
     ids = prompts(17)
     np.testing.assert_array_equal(lm.generate(ids, max_new_tokens=6, stop_tokens=[]),
                                   reference(rounded_copy(model, "int4"), ids, 6))
+
+
+@pytest.mark.skipif(not has_q8(resolve_target("llvm")),
+                    reason="int8 activations need AVX2")
+def test_int8_activations_equal_the_model_with_numpy_rounded_inputs(tmp_path):
+    """``activations="int8"``: every int4 layer's input rounded to int8 in groups of 32 (by
+    numpy in the reference: ``round_linear_inputs``), the decode step's GEMVs summing in
+    integers; logits and greedy tokens equal the reference, each layer is reported as
+    ``approximate:activations_int8``, and the library keeps the setting."""
+    model = build("llama")
+    lm = compile_quantized(model, "int4", MAX_LENGTH, activations="int8")
+    ref = round_linear_inputs(rounded_copy(model, "int4"))
+    ids = prompts(19, batch=1)
+    with torch.no_grad():
+        want = ref(input_ids=torch.from_numpy(ids)).logits[0].numpy()
+        float_inputs = rounded_copy(model, "int4")(input_ids=torch.from_numpy(ids)).logits[0].numpy()
+    assert not np.allclose(want, float_inputs, rtol=1e-4, atol=1e-4)  # the inputs' rounding shows
+    assert_like_model(lm, ref, want, ids)
+    assert lm.config.activations == "int8" and lm.config.weights == "int4"
+    found = [d for d in lm.model.report.decisions if d.candidate == "approximate:activations_int8"]
+    assert len(found) == _forms(model)["int4"] and all("input rounded to int8 in groups of 32" in d.note
+                                                        for d in found)
+    path = lm.export_library(tmp_path / "lm.so")
+    assert aicf_tvm.load(path).config.activations == "int8"
+
+
+def test_int8_activations_are_refused_without_int4_weights_or_avx2():
+    with pytest.raises(ValueError, match="activations='int8' goes with weights='int4'"):
+        aicf_tvm.compile_causal_lm(build("llama"), max_length=8, weights="int8", activations="int8")
+    with pytest.raises(ValueError, match="needs an x86 CPU with AVX2"):
+        aicf_tvm.compile_causal_lm(build("llama"), max_length=8, weights="int4", activations="int8",
+                                   target={"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"})
+    with pytest.raises(ValueError, match="activations='int16'"):
+        aicf_tvm.compile_causal_lm(build("llama"), max_length=8, weights="int4", activations="int16")
