@@ -42,7 +42,7 @@ from .compiled import compiled_model, signature_of
 from .frontends import from_torch
 from .merge import merge_functions
 from .pipeline import _Clock, build, format_timings, run_pipeline
-from .quantize_weights import QuantizedLayer, check_activations, check_weights, quantize_linears
+from .quantize_weights import QuantizedLayer, check_activations, check_weights, inputs_not_rounded, quantize_linears
 
 if TYPE_CHECKING:
     import torch
@@ -51,6 +51,8 @@ DEFAULT_MAX_LENGTH = 1024
 # a probe's logits agree with PyTorch's to this (float32 sums in another order)
 PROBE_RTOL, PROBE_ATOL = 1e-3, 1e-4
 PROBE_PROMPT = 5
+# int8 activations: the logits' distance from PyTorch's, at most this times the inputs' rounding's own effect
+PROBE_ROUNDING_FACTOR = 2.0
 CALIBRATION_TOKENS = 32
 
 
@@ -291,7 +293,15 @@ def _calibration_ids(vocab: int) -> Any:
 
 
 def _check_against_torch(lm: CausalLM, model: torch.nn.Module, name: str) -> None:
-    """The compiled prefill and one decode step agree with PyTorch's logits on a probe."""
+    """The compiled prefill and one decode step agree with PyTorch's logits on a probe.
+
+    With int8 activations the rounding of each layer's input is a step function: where our
+    kernels' other order of additions moves an input across a rounding boundary, one
+    quantum moves, and the next layers' inputs then cross boundaries of their own. Past a
+    few layers the two computations are two roundings of the same model, as far apart as
+    the rounding's own effect. There the logits agree when they are at most
+    ``PROBE_ROUNDING_FACTOR`` times as far from PyTorch's as PyTorch's are from the same
+    model with its inputs not rounded (a wrong kernel is off by the logits' own size)."""
     import torch
 
     vocab = lm.config.vocab_size
@@ -299,13 +309,20 @@ def _check_against_torch(lm: CausalLM, model: torch.nn.Module, name: str) -> Non
     ids = np.random.default_rng(0).integers(0, vocab, (1, prompt + 1))
     with torch.no_grad():
         want = model(input_ids=torch.from_numpy(ids)).logits[0, -2:].numpy()
+    noise = None
+    if lm.config.activations == "int8":
+        with torch.no_grad(), inputs_not_rounded(model):
+            noise = np.linalg.norm(want - model(input_ids=torch.from_numpy(ids)).logits[0, -2:].numpy(), axis=1)
     got = [lm.prefill(ids[:, :prompt])[0], lm.decode(ids[:, prompt])[0]]
     for step, (g, w) in enumerate(zip(got, want)):
-        if not np.allclose(g, w, rtol=PROBE_RTOL, atol=PROBE_ATOL):
-            err = float(np.max(np.abs(g - w)))
-            raise UnsupportedModelError(
-                f"{name}: the compiled {'prefill' if step == 0 else 'decode step'} disagrees with PyTorch on a "
-                f"probe prompt (max |difference| {err:.3g} in the logits); this family is not supported")
+        if np.allclose(g, w, rtol=PROBE_RTOL, atol=PROBE_ATOL):
+            continue
+        if noise is not None and np.linalg.norm(g - w) <= PROBE_ROUNDING_FACTOR * noise[step]:
+            continue
+        err = float(np.max(np.abs(g - w)))
+        raise UnsupportedModelError(
+            f"{name}: the compiled {'prefill' if step == 0 else 'decode step'} disagrees with PyTorch on a "
+            f"probe prompt (max |difference| {err:.3g} in the logits); this family is not supported")
 
 
 __all__ = ["DEFAULT_MAX_LENGTH", "compile_causal_lm", "load_causal_lm"]

@@ -39,6 +39,8 @@ like the other layers (tied weights get their own int8 copy).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -170,6 +172,20 @@ def linear_int4_op(activations: str = "float32") -> Any:
     return _INT4_OPS[activations]
 
 
+@contextlib.contextmanager
+def inputs_not_rounded(model: torch.nn.Module) -> Iterator[None]:
+    """``model``'s int4 layers with float32 inputs while in the block (their int8
+    activations' rounding undone): how far rounding moves the model's outputs."""
+    rounded = [m for m in model.modules() if getattr(m, "op", None) is _INT4_OPS.get("int8")]
+    for m in rounded:
+        m.op = linear_int4_op("float32")
+    try:
+        yield
+    finally:
+        for m in rounded:
+            m.op = linear_int4_op("int8")
+
+
 def _linear_class() -> type:
     import torch
 
@@ -278,5 +294,5 @@ def quantize_linears(model: torch.nn.Module, weights: str, calibration: torch.Te
 
 
 __all__ = ["ACTIVATION_FORMATS", "WEIGHT_FORMATS", "QuantizedLayer", "check_activations", "check_weights",
-           "linear_int4_op", "quantize_activations", "quantize_int4", "quantize_int8", "quantize_linears",
-           "unpack_int4"]
+           "inputs_not_rounded", "linear_int4_op", "quantize_activations", "quantize_int4", "quantize_int8",
+           "quantize_linears", "unpack_int4"]

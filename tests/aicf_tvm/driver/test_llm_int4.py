@@ -204,3 +204,25 @@ def test_int8_activations_are_refused_without_int4_weights_or_avx2():
                                    target={"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"})
     with pytest.raises(ValueError, match="activations='int16'"):
         aicf_tvm.compile_causal_lm(build("llama"), max_length=8, weights="int4", activations="int16")
+
+
+def test_the_reference_rounds_inputs_and_inputs_not_rounded_undoes_it():
+    """``quantize_linears(..., activations="int8")``'s PyTorch model equals transformers'
+    with numpy-rounded weights and inputs; inside ``inputs_not_rounded`` it equals the one
+    with rounded weights only, and after it rounds again (what ``check`` compares with)."""
+    import copy
+
+    from aicf_tvm.driver.quantize_weights import inputs_not_rounded, quantize_linears
+
+    model = build("llama")
+    ids = torch.from_numpy(prompts(23, batch=1))
+    quantized = copy.deepcopy(model)
+    quantize_linears(quantized, "int4", ids, "int8")
+    with torch.no_grad():
+        want = round_linear_inputs(rounded_copy(model, "int4"))(input_ids=ids).logits.numpy()
+        weights_only = rounded_copy(model, "int4")(input_ids=ids).logits.numpy()
+        np.testing.assert_allclose(quantized(input_ids=ids).logits.numpy(), want, rtol=1e-4, atol=1e-5)
+        with inputs_not_rounded(quantized):
+            np.testing.assert_allclose(quantized(input_ids=ids).logits.numpy(), weights_only, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(quantized(input_ids=ids).logits.numpy(), want, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(want, weights_only, rtol=1e-4, atol=1e-5)
