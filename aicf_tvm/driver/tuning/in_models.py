@@ -36,7 +36,7 @@ once every task is measured, ``choose`` times the candidates where they run:
 
 Under a ``deadline`` (a tuning run's time budget), ranks are built only while the time
 left holds the build, every variant's screening turns and the confirming builds and turns,
-each estimated from the default variant's build and first call: the fastest records by
+each estimated from the default variant's build and a call after its first: the fastest records by
 kernel time are timed first, so a short budget times those. Without time for even one
 rank, ``choose`` raises ``OutOfTime`` and the kernel times choose.
 
@@ -198,9 +198,11 @@ class _Variants:
             self.step()
         return built
 
-    def first_call(self, variant: list[CompiledModel]) -> float:
-        """Seconds of a first call of every model of ``variant`` (its code loaded, its
-        storage allocated): at least what a later call takes."""
+    def warm_call(self, variant: list[CompiledModel]) -> float:
+        """Seconds of a call of every model of ``variant`` after a first one (which loads
+        the code and allocates the storage: several times a later call's time)."""
+        for m, compiled in zip(self.models, variant):
+            compiled(*m.inputs)
         begin = _now()
         for m, compiled in zip(self.models, variant):
             compiled(*m.inputs)
@@ -320,13 +322,13 @@ def choose(models: Sequence[TimedModel], tasks: Sequence[Any], offered: Mapping[
     begin = _now()
     built = [variants.build(rank(0))]
     build_s = _now() - begin
-    turn_s = 2 * MODEL_TURNS * variants.first_call(built[0])  # a variant's turns: instrumented and plain calls
+    turn_s = 2 * MODEL_TURNS * variants.warm_call(built[0])  # a variant's turns: instrumented and plain calls
     for r in range(1, ranks):
         confirming = 2 * CONFIRM_BUILDS * (build_s + turn_s)
         if deadline is not None and _now() + build_s + (len(built) + 1) * turn_s + confirming > deadline:
             break
         built.append(variants.build(rank(r)))
-    if len(built) < 2:
+    if len(built) < min(2, ranks):  # only under a deadline
         raise OutOfTime(deadline - _now(), build_s)
     cut = (len(built) - 1, ranks - 1) if len(built) < ranks else None
     offered = {k: c[:len(built) - 1] for k, c in offered.items()}

@@ -386,6 +386,9 @@ def _time_in_model(lowered: list, tasks: list, db: Any, baselines: dict, result:
         result.in_model = (f"not timed in the model(s): {2 * tm.CONFIRM_BUILDS} builds of their weights would "
                            "not fit in half the free memory; the kernel times chose")
         return
+    if deadline is not None and time.monotonic() >= deadline:
+        result.in_model = "not timed in the model(s): the search spent the whole time budget; the kernel times chose"
+        return
     offered = {k: c[:fit - 1] for k, c in offered.items()}
     steps = len(models) * (tm.rounds(offered) + 2 * tm.CONFIRM_BUILDS) + 2 * tm.MODEL_TURNS
     with tqdm(total=steps, disable=not progress, desc="time in the model") as bar:

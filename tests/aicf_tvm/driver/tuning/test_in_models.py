@@ -16,7 +16,7 @@ import aicf_tvm.driver.tuning.in_models as tm
 # seconds per turn of each task's candidates (None: the default rule), screening / confirming
 SCREEN = {"a": {None: 1.0, "a1": 1.0, "a2": 0.8}, "b": {None: 1.0, "b1": 0.9}, "c": {None: 1.0, "c1": 1.01}}
 CONFIRM = {"a": {None: 1.0, "a2": 0.79}, "b": {None: 1.0, "b1": 0.995}, "c": {None: 1.0}}
-BUILD_S, CALL_S = 10.0, 0.01  # the scripted clock's seconds per build and per first call
+BUILD_S, CALL_S = 10.0, 0.01  # the scripted clock's seconds per build and per warm call
 
 
 @pytest.fixture
@@ -24,14 +24,14 @@ def scripted(monkeypatch, request):
     stages, builds = [], []
     whole_gain = getattr(request, "param", 1.0)  # the models' calls with the records, over the sum of kernels
 
-    clock = [0.0]  # seconds: a build takes BUILD_S, a first call CALL_S
+    clock = [0.0]  # seconds: a build takes BUILD_S, a warm call CALL_S
 
     def build(self, records):
         builds.append(dict(records))
         clock[0] += BUILD_S
         return dict(records)  # a variant: the record of each task
 
-    def first_call(self, variant):
+    def warm_call(self, variant):
         clock[0] += CALL_S
         return CALL_S
 
@@ -44,7 +44,7 @@ def scripted(monkeypatch, request):
         return per_task, per_model
 
     monkeypatch.setattr(tm._Variants, "build", build)
-    monkeypatch.setattr(tm._Variants, "first_call", first_call)
+    monkeypatch.setattr(tm._Variants, "warm_call", warm_call)
     monkeypatch.setattr(tm, "_now", lambda: clock[0])
     monkeypatch.setattr(tm._Variants, "time", time)
     return stages, builds
@@ -71,7 +71,7 @@ def test_a_record_must_win_the_screen_and_then_the_confirmation(scripted):
 
 def test_a_deadline_times_the_ranks_that_fit_and_none_raises_out_of_time(scripted):
     """Builds take 10 s and a variant's turns 2 x 15 x 0.01 s: after the default's build and
-    first call (10.01 s) a deadline at 70 s leaves room for one rank (its build, two
+    a warm call (10.01 s) a deadline at 70 s leaves room for one rank (its build, two
     variants' turns, the four confirming builds and their turns: 51.8 s more), not two;
     one 60 s away for none."""
     tasks = [SimpleNamespace(key=k, uses=[("m", f"kernel_{k}")]) for k in SCREEN]
