@@ -62,6 +62,7 @@ import tvm
 from tvm import relax
 
 import schedules.tuning.measure as sm
+from aicf_tvm.core.errors import AicfError
 from aicf_tvm.core.options import CompileOptions
 from aicf_tvm.driver.compiled import compiled_model, specs_of
 from aicf_tvm.driver.pipeline import build, schedule
@@ -87,7 +88,7 @@ class TimedModel:
     inputs: list[np.ndarray]
 
 
-class OutOfTime(Exception):
+class OutOfTime(AicfError):
     """The time left before ``choose``'s deadline builds and times no candidate."""
 
     def __init__(self, left_s: float, build_s: float) -> None:
