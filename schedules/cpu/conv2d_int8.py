@@ -84,11 +84,13 @@ AVX2_INTRIN = "aicf_dot_16x4_u8i8i32_avx2_local"
 _LOW7, _HIGH1 = 0x7F7F7F7F, -0x7F7F7F80  # each byte's low 7 bits; each byte's top bit (0x80808080)
 
 
-def _pmaddubsw(a: tirx.Expr, b: tirx.Expr) -> tirx.Expr:
+def pmaddubsw(a: tirx.Expr, b: tirx.Expr) -> tirx.Expr:
+    """AVX2's ``vpmaddubsw``: unsigned bytes of ``a`` times signed bytes of ``b``, adjacent pairs into int16."""
     return T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", a, b)
 
 
-def _pmaddwd_ones(x: tirx.Expr) -> tirx.Expr:
+def pmaddwd_ones(x: tirx.Expr) -> tirx.Expr:
+    """AVX2's ``vpmaddwd`` by ones: adjacent int16 pairs of ``x`` added into int32."""
     return T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", x, T.broadcast(T.int16(1), 16))
 
 
@@ -108,8 +110,8 @@ def _dot_avx2(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), 
         high = T.reinterpret(T.broadcast(T.bitwise_and(a_i32, T.int32(_HIGH1)), 8), dtype="int8x32")
         for h in T.unroll(2):
             c[T.ramp(8 * h, 1, 8)] = c[T.ramp(8 * h, 1, 8)] \
-                + _pmaddwd_ones(_pmaddubsw(low, b.vload([8 * h, 0], dtype="int8x32"))) \
-                + _pmaddwd_ones(_pmaddubsw(high, b.vload([8 * h, 0], dtype="int8x32")))
+                + pmaddwd_ones(pmaddubsw(low, b.vload([8 * h, 0], dtype="int8x32"))) \
+                + pmaddwd_ones(pmaddubsw(high, b.vload([8 * h, 0], dtype="int8x32")))
 
 
 TensorIntrin.register(AVX2_INTRIN, _dot_desc, _dot_avx2, override=True)

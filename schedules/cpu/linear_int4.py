@@ -62,6 +62,7 @@ from tvm.target import Target
 from tvm.tirx.op import fma
 
 from .common import _has_feature, float32_lanes, vector_registers
+from .conv2d_int8 import pmaddubsw, pmaddwd_ones
 
 GROUP = 32  # inputs per scale
 BLOCK = 64  # outputs per task
@@ -216,15 +217,6 @@ def _quantize_group(x, base, g, q, xs, xc, lanes):
         xc[g] = xc[g] + 8 * q[i]
 
 
-def _pmaddubsw(unsigned: tirx.Expr, signed: tirx.Expr) -> tirx.Expr:
-    return tirx.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", unsigned, signed)
-
-
-def _pmaddwd_ones(pairs: tirx.Expr) -> tirx.Expr:
-    return tirx.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", pairs,
-                                      tirx.Broadcast(tirx.const(1, "int16"), 16))
-
-
 def gemv_int4_q8(n: int, k: int, name: str = "gemv_int4_q8", scale: str = "float16",
                  lead: tuple[int, ...] = (1,), pass_vectors: int = 2) -> tirx.PrimFunc:
     """``y [*lead, N] = linear(q * s, W)`` for one row with int8 activations (module
@@ -277,11 +269,11 @@ def gemv_int4_q8(n: int, k: int, name: str = "gemv_int4_q8", scale: str = "float
                                 nibbles = T.meta_var(T.bitwise_and(
                                     T.shift_right(word, T.Broadcast(T.int32(4 * h), lanes)),
                                     T.Broadcast(T.int32(_LOW_NIBBLES), lanes)))
-                                pairs[T.ramp(v * 16, 1, 16)] = pairs[T.ramp(v * 16, 1, 16)] + _pmaddubsw(
+                                pairs[T.ramp(v * 16, 1, 16)] = pairs[T.ramp(v * 16, 1, 16)] + pmaddubsw(
                                     T.reinterpret(nibbles, dtype="int8x32"), xb)
                     for v in T.unroll(pv):
                         acc[T.ramp(v * lanes, 1, lanes)] = fma(
-                            T.Cast(f"float32x{lanes}", _pmaddwd_ones(pairs[T.ramp(v * 16, 1, 16)])
+                            T.Cast(f"float32x{lanes}", pmaddwd_ones(pairs[T.ramp(v * 16, 1, 16)])
                                    - T.Broadcast(xc[g], lanes)),
                             T.Cast(f"float32x{lanes}", scales[t, g, T.ramp(p * width + v * lanes, 1, lanes)])
                             * T.Broadcast(xs[g], lanes),
