@@ -62,7 +62,7 @@ from tvm.target import Target
 from tvm.tirx.op import fma
 
 from .common import _has_feature, float32_lanes, vector_registers
-from .conv2d_int8 import pmaddubsw, pmaddwd_ones
+from .conv2d_int8 import has_vnni, pmaddubsw, pmaddwd_ones
 
 GROUP = 32  # inputs per scale
 BLOCK = 64  # outputs per task
@@ -76,6 +76,7 @@ FLOAT16_MIN, FLOAT16_MAX = 2.0 ** -14, 65504.0  # normal float16
 INT4_GEMV_Q8_ATTR = "aicf.int4_gemv_q8"  # "N K rank-of-x scale-dtype pass-vectors"
 Q8_MAX = 127  # int8 activations: round(x / s) in [-127, 127], s = max|x| / 127 of the group
 Q8_LANES = 8  # int32 lanes of the AVX2 form
+Q8_VNNI_LANES = 16  # int32 lanes of the AVX-512 VNNI form
 _OFFSET = -2004318072  # 0x88888888: each two's complement nibble v to v + 8, in [0, 15]
 _LOW_NIBBLES = 0x0F0F0F0F
 _EXPONENT = 0x7F800000  # float32's exponent bits
@@ -217,14 +218,30 @@ def _quantize_group(x, base, g, q, xs, xc, lanes):
         xc[g] = xc[g] + 8 * q[i]
 
 
+def _nibble_bytes(packed: tirx.Buffer, t, column, chunk, h: int, lanes: int) -> tirx.Expr:
+    """Bytes ``v + 8`` in [0, 15] of the weights ``8 chunk + 2b + h`` (b = 0 .. 3) of the
+    ``lanes`` outputs from ``column`` of task ``t``: the word offset by 0x88888888, shifted by
+    ``4h``, its low nibbles masked."""
+    word = tirx.bitwise_xor(packed[t, chunk, tirx.Ramp(column, 1, lanes)], _int32(_OFFSET, lanes))
+    nibbles = tirx.bitwise_and(tirx.shift_right(word, _int32(4 * h, lanes)), _int32(_LOW_NIBBLES, lanes))
+    return T.reinterpret(nibbles, dtype=f"int8x{4 * lanes}")
+
+
+def vpdpbusd(acc: tirx.Expr, a: tirx.Expr, b: tirx.Expr) -> tirx.Expr:
+    """AVX-512 VNNI's ``vpdpbusd``: to each int32 lane of ``acc`` the four products of its
+    unsigned bytes of ``a`` by its signed bytes of ``b`` (no saturation: int32 sums)."""
+    return T.call_llvm_pure_intrin("int32x16", "llvm.x86.avx512.vpdpbusd.512", acc, a, b)
+
+
 def gemv_int4_q8(n: int, k: int, name: str = "gemv_int4_q8", scale: str = "float16",
-                 lead: tuple[int, ...] = (1,), pass_vectors: int = 2) -> tirx.PrimFunc:
+                 lead: tuple[int, ...] = (1,), pass_vectors: int = 2, vnni: bool = False) -> tirx.PrimFunc:
     """``y [*lead, N] = linear(q * s, W)`` for one row with int8 activations (module
-    docstring), in AVX2's 8 int32 lanes; a task's ``BLOCK`` outputs are summed
+    docstring), in AVX2's 8 int32 lanes, or with ``vnni`` AVX-512's 16 and ``vpdpbusd``
+    (each 4 products added into int32 at once); a task's ``BLOCK`` outputs are summed
     ``pass_vectors`` vectors at a time (``int4_form``)."""
     if any(d != 1 for d in lead):
         raise ValueError(f"gemv_int4_q8: one row, not {lead}")
-    lanes = Q8_LANES
+    lanes = Q8_VNNI_LANES if vnni else Q8_LANES
     tasks, groups, chunks = n // BLOCK, k // GROUP, GROUP // NIBBLES
     vectors = BLOCK // lanes
     pv = pass_vectors
@@ -243,7 +260,7 @@ def gemv_int4_q8(n: int, k: int, name: str = "gemv_int4_q8", scale: str = "float
         xc = T.decl_buffer((groups,), "int32")
         q = T.decl_buffer((GROUP,), "int32", scope="local")
         for g in T.serial(groups):
-            _quantize_group(x, g * GROUP, g, q, xs, xc, lanes)
+            _quantize_group(x, g * GROUP, g, q, xs, xc, Q8_LANES)
             for c in T.unroll(chunks):
                 for h in T.unroll(2):
                     for b in T.unroll(4):
@@ -251,37 +268,41 @@ def gemv_int4_q8(n: int, k: int, name: str = "gemv_int4_q8", scale: str = "float
         for t in T.parallel(tasks):
             for p in T.serial(vectors // pv):
                 acc = T.decl_buffer((width,), "float32", scope="local")
-                pairs = T.decl_buffer((pv * 16,), "int16", scope="local")
+                pairs = T.decl_buffer((pv * 16,), "int16", scope="local")  # AVX2: int16 pair sums
+                dots = T.decl_buffer((width,), "int32", scope="local")  # VNNI: int32 sums
                 for v in T.unroll(pv):
                     acc[T.ramp(v * lanes, 1, lanes)] = T.Broadcast(T.float32(0), lanes)
                 for g in T.serial(groups):
                     for v in T.unroll(pv):
-                        pairs[T.ramp(v * 16, 1, 16)] = T.Broadcast(T.int16(0), 16)
+                        if vnni:
+                            dots[T.ramp(v * lanes, 1, lanes)] = T.Broadcast(T.int32(0), lanes)
+                        else:
+                            pairs[T.ramp(v * 16, 1, 16)] = T.Broadcast(T.int16(0), 16)
                     for c in T.unroll(chunks):
                         for h in T.unroll(2):
                             xb = T.meta_var(T.reinterpret(T.Broadcast(T.reinterpret(
                                 xq.vload([g * GROUP + c * NIBBLES + h * 4], "int8x4"), dtype="int32"), lanes),
-                                dtype="int8x32"))
+                                dtype=f"int8x{4 * lanes}"))
                             for v in T.unroll(pv):
-                                word = T.meta_var(T.bitwise_xor(
-                                    packed[t, g * chunks + c, T.ramp(p * width + v * lanes, 1, lanes)],
-                                    T.Broadcast(T.int32(_OFFSET), lanes)))
-                                nibbles = T.meta_var(T.bitwise_and(
-                                    T.shift_right(word, T.Broadcast(T.int32(4 * h), lanes)),
-                                    T.Broadcast(T.int32(_LOW_NIBBLES), lanes)))
-                                pairs[T.ramp(v * 16, 1, 16)] = pairs[T.ramp(v * 16, 1, 16)] + pmaddubsw(
-                                    T.reinterpret(nibbles, dtype="int8x32"), xb)
+                                if vnni:
+                                    dots[T.ramp(v * lanes, 1, lanes)] = vpdpbusd(
+                                        dots[T.ramp(v * lanes, 1, lanes)],
+                                        _nibble_bytes(packed, t, p * width + v * lanes, g * chunks + c, h, lanes), xb)
+                                else:
+                                    pairs[T.ramp(v * 16, 1, 16)] = pairs[T.ramp(v * 16, 1, 16)] + pmaddubsw(
+                                        _nibble_bytes(packed, t, p * width + v * lanes, g * chunks + c, h, lanes), xb)
                     for v in T.unroll(pv):
+                        sums = T.meta_var(dots[T.ramp(v * lanes, 1, lanes)] if vnni
+                                          else pmaddwd_ones(pairs[T.ramp(v * 16, 1, 16)]))
                         acc[T.ramp(v * lanes, 1, lanes)] = fma(
-                            T.Cast(f"float32x{lanes}", pmaddwd_ones(pairs[T.ramp(v * 16, 1, 16)])
-                                   - T.Broadcast(xc[g], lanes)),
+                            T.Cast(f"float32x{lanes}", sums - T.Broadcast(xc[g], lanes)),
                             T.Cast(f"float32x{lanes}", scales[t, g, T.ramp(p * width + v * lanes, 1, lanes)])
                             * T.Broadcast(xs[g], lanes),
                             acc[T.ramp(v * lanes, 1, lanes)])
                 for v in T.unroll(pv):
                     y[T.ramp(t * BLOCK + p * width + v * lanes, 1, lanes)] = acc[T.ramp(v * lanes, 1, lanes)]
 
-    form = f"{n} {k} {len(lead)} {scale} {pv}"
+    form = f"{n} {k} {len(lead)} {scale} {pv} {int(vnni)}"
     return kernel.with_attr("global_symbol", name).with_attr(INT4_GEMV_Q8_ATTR, form)
 
 
@@ -389,10 +410,12 @@ def int4_form(target: Target) -> dict[str, int | bool]:
     rows = max(1, sums // vectors)
     columns = min(BLOCK, sums * lanes)
     pass_vectors = max(d for d in range(1, vectors + 1) if vectors % d == 0 and 4 * d <= registers)
-    q8_vectors = BLOCK // Q8_LANES  # gemv_int4_q8: two sums a vector (int16 pairs, float), ten others
+    vnni = has_vnni(target)
+    q8_vectors = BLOCK // (Q8_VNNI_LANES if vnni else Q8_LANES)  # gemv_int4_q8: two sums a vector, ten others
     q8_pass = max(d for d in range(1, q8_vectors + 1) if q8_vectors % d == 0 and (2 * d + 10 <= registers or d == 1))
     return {"lut": has_lut(target), "lanes": lanes if BLOCK % lanes == 0 else 1, "pass_vectors": pass_vectors,
-            "rows": rows, "columns": columns, "row_block": rows * (ROW_BLOCK // rows), "q8_pass_vectors": q8_pass}
+            "rows": rows, "columns": columns, "row_block": rows * (ROW_BLOCK // rows), "q8_pass_vectors": q8_pass,
+            "q8_vnni": vnni}
 
 
 def has_q8(target: Target) -> bool:
@@ -422,7 +445,8 @@ def for_target(mod: IRModule, target: Target) -> IRModule:
                 raise ValueError(f"{name}: int8 activations need an x86 CPU with AVX2 (vpmaddubsw); the target "
                                  f"{target} has none")
             n, k, rank, scale, *_ = str(attrs[INT4_GEMV_Q8_ATTR]).split()
-            rebuilt = gemv_int4_q8(int(n), int(k), name, scale, (1,) * int(rank), int(form["q8_pass_vectors"]))
+            rebuilt = gemv_int4_q8(int(n), int(k), name, scale, (1,) * int(rank), int(form["q8_pass_vectors"]),
+                                   bool(form["q8_vnni"]))
             before, after = str(attrs[INT4_GEMV_Q8_ATTR]), str(rebuilt.attrs[INT4_GEMV_Q8_ATTR])
         elif INT4_LINEAR_ATTR in attrs:
             n, k, scale, *_, rounded = str(attrs[INT4_LINEAR_ATTR]).split()

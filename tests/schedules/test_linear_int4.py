@@ -14,6 +14,7 @@ import tvm
 from tvm.target import Target
 
 from aicf_tvm.runtime.targets import resolve_target
+from schedules.cpu.conv2d_int8 import has_vnni
 from schedules.cpu.linear_int4 import (
     GROUP,
     INT4_GEMV_ATTR,
@@ -36,6 +37,7 @@ from tests.helpers import rounded_int8_groups
 HOST = resolve_target("llvm")
 AVX2 = Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver3"})
 AVX512 = Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"})
+VNNI = Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4"})
 
 
 def _weight(n: int, k: int, scale: str, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -102,7 +104,8 @@ def test_for_target_blocks_registers_by_the_targets_vectors():
     assert "float32x16" not in on_avx2["g"].script()
     assert str(on_avx2["l"].attrs[INT4_LINEAR_ATTR]).split()[3:] == ["1", "64", "64", "0"]
     assert int4_form(AVX512) | {"lut": False} == {"lut": False, "lanes": 16, "pass_vectors": 4, "rows": 4,
-                                                   "columns": 64, "row_block": 64, "q8_pass_vectors": 8}
+                                                   "columns": 64, "row_block": 64, "q8_pass_vectors": 8,
+                                                   "q8_vnni": False}
     assert for_target(mod, AVX512)["l"].same_as(mod["l"])
 
 
@@ -115,15 +118,20 @@ def test_shapes_and_scales_the_kernels_take():
         pack_int4(np.zeros((32, 64), np.int64), np.zeros((32, 2), np.float16))
 
 
-@pytest.mark.skipif(not has_q8(HOST), reason="the int8 activations' kernel needs AVX2")
+Q8_FORMS = [pytest.param(False, passes, id=f"avx2-{passes}", marks=pytest.mark.skipif(
+    not has_q8(HOST), reason="the int8 activations' kernel needs AVX2")) for passes in (1, 2, 4, 8)] + [
+    pytest.param(True, passes, id=f"vnni-{passes}", marks=pytest.mark.skipif(
+        not has_vnni(HOST), reason="the VNNI form needs AVX-512 VNNI")) for passes in (1, 2, 4)]
+
+
 @pytest.mark.parametrize("scale", ["float16", "float32"])
 @pytest.mark.parametrize(("n", "k"), [(64, 32), (192, 96), (128, 256)])
-@pytest.mark.parametrize("passes", [1, 2, 4, 8])
-def test_the_int8_activations_gemv_equals_float64_of_the_rounded_input(n, k, scale, passes):
+@pytest.mark.parametrize(("vnni", "passes"), Q8_FORMS)
+def test_the_int8_activations_gemv_equals_float64_of_the_rounded_input(n, k, scale, vnni, passes):
     v, s, w = _weight(n, k, scale, n + k + passes)
     x = np.random.default_rng(k + 1).standard_normal((1, 1, k)).astype(np.float32) * 3
     x[..., 5] = 40.0  # one group of a larger scale than the others
-    got = _run(gemv_int4_q8(n, k, "g", scale, (1, 1), passes), x, *pack_int4(v, s), n)
+    got = _run(gemv_int4_q8(n, k, "g", scale, (1, 1), passes, vnni), x, *pack_int4(v, s), n)
     want = rounded_int8_groups(x).astype(np.float64) @ w.T
     assert got.shape == (1, 1, n)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
@@ -131,19 +139,20 @@ def test_the_int8_activations_gemv_equals_float64_of_the_rounded_input(n, k, sca
     assert not np.allclose(got, exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
 
 
-@pytest.mark.skipif(not has_q8(HOST), reason="the int8 activations' kernel needs AVX2")
-def test_the_int8_activations_gemv_on_a_group_of_zeros_nan_and_infinity():
+@pytest.mark.parametrize(("vnni", "passes"), [f for f in Q8_FORMS if f.values[1] == 2])
+def test_the_int8_activations_gemv_on_a_group_of_zeros_nan_and_infinity(vnni, passes):
     n, k = 64, 96
     v, s, w = _weight(n, k, "float16", 9)
     packed = pack_int4(v, s)
+    kernel = gemv_int4_q8(n, k, "g", "float16", pass_vectors=passes, vnni=vnni)
     x = np.random.default_rng(2).standard_normal((1, k)).astype(np.float32)
     x[0, 32:64] = 0.0  # its scale is 1, its values 0
-    got = _run(gemv_int4_q8(n, k, "g", "float16"), x, *packed, n)
+    got = _run(kernel, x, *packed, n)
     np.testing.assert_allclose(got, rounded_int8_groups(x).astype(np.float64) @ w.T, rtol=1e-5, atol=1e-5)
     for bad in (np.nan, np.inf, -np.inf):
         y = x.copy()
         y[0, 70] = bad
-        assert np.isnan(_run(gemv_int4_q8(n, k, "g", "float16"), y, *packed, n)).all()
+        assert np.isnan(_run(kernel, y, *packed, n)).all()
 
 
 def test_the_many_row_kernel_rounds_its_rows_half_to_even_by_each_groups_scale():
@@ -177,12 +186,14 @@ def test_the_many_row_kernel_with_int8_activations_equals_float64_of_the_rounded
     assert np.isnan(got[0]).all() and not np.isnan(got[1:]).any()
 
 
-def test_for_target_gives_the_int8_activations_gemv_avx2s_passes_and_refuses_a_cpu_without_avx2():
+def test_for_target_gives_the_int8_activations_gemv_its_form_by_isa_and_refuses_a_cpu_without_avx2():
     mod = tvm.IRModule({"g": gemv_int4_q8(128, 64, "g", "float16", pass_vectors=8),
                         "l": linear_int4(128, 64, "l", "float16", int8_activations=True)})
-    assert str(for_target(mod, AVX2)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["2"]
+    assert str(for_target(mod, AVX2)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["2", "0"]
     assert str(for_target(mod, AVX2)["l"].attrs[INT4_LINEAR_ATTR]).split()[3:] == ["1", "64", "64", "1"]
-    assert str(for_target(mod, AVX512)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["8"]
+    assert str(for_target(mod, AVX512)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["8", "0"]
+    assert str(for_target(mod, VNNI)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["4", "1"]
+    assert "vpdpbusd" in for_target(mod, VNNI)["g"].script() and "pmadd" not in for_target(mod, VNNI)["g"].script()
     assert has_q8(AVX2) and has_q8(AVX512)
     sse = Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"})
     assert not has_q8(sse)
