@@ -30,20 +30,23 @@ the weight is dequantized once into a stack buffer (``v * scale``, as the PyTorc
 computes it) and every row adds its products with it into its outputs: the rows share
 each dequantized tile.
 
-``gemv_int4_q8`` and ``linear_int4(int8_activations=True)`` (``compile_causal_lm(weights="int4",
+``gemv_int4_q8`` and ``linear_int4_q8`` (``compile_causal_lm(weights="int4",
 activations="int8")``, an opt-in approximation on top of the weights'): the layer's input
 is first rounded to int8 per group of ``GROUP`` inputs, ``q = round(x / s)`` (half to
 even) with ``s = max|x| / 127`` over the group (1 where the group is all zeros), and the
-layer computes ``linear(q * s, W)``. ``linear_int4`` computes ``q * s`` for the prompt's
-rows into a workspace, then its float sums; ``gemv_int4_q8`` (the decode step) quantizes its row into a
-workspace, then sums in integers: per group ``sum_k q[k] * v[n, k]`` exactly, from
-``vpmaddubsw`` (unsigned x signed bytes, adjacent pairs summed into int16) on the weights
-offset to ``v + 8`` in ``[0, 15]`` and the row's bytes, four words of eight weights added in
-int16 (at most ``16 * 15 * 127 = 30480``: no saturation, no wrap), ``vpmaddwd`` by ones
-into int32, less ``8 * sum_k q[k]``; then ``y[n] += float(that) * (scale[n, g] * s_g)``.
-Four to five times fewer instructions per weight than widening each nibble to a float.
-A group holding a NaN or an infinity gets a NaN scale (every output NaN, as the float
-layer's would be). The AVX2 form (8 lanes, ``has_q8``), also on AVX-512 CPUs.
+layer computes ``linear(q * s, W)``. Both round their rows into a workspace, then sum in
+integers: per group ``sum_k q[k] * v[n, k]`` exactly, on the weights offset to ``v + 8``
+in ``[0, 15]`` (unsigned bytes) and the row's signed bytes, less ``8 * sum_k q[k]``; then
+``y[n] += float(that) * (scale[n, g] * s_g)``. On AVX2 (8 lanes, ``has_q8``) from
+``vpmaddubsw`` (adjacent pairs of products summed into int16), four words of eight
+weights added in int16 (at most ``16 * 15 * 127 = 30480``: no saturation, no wrap), and
+``vpmaddwd`` by ones into int32; with AVX-512 VNNI (16 lanes, ``has_vnni``) ``vpdpbusd``
+adds four products into each int32 lane at once, its sums starting from
+``-8 * sum_k q[k]``. Four to five times fewer instructions per weight than widening each
+nibble to a float (the GEMV), three times fewer than the float multiply-adds
+(``linear_int4_q8``, whose rows share each group's weight bytes from a stack tile). A
+group holding a NaN or an infinity gets a NaN scale (every output NaN, as the float
+layer's would be).
 
 Each is the dot product of ``x`` with the dequantized row up to the order of the
 additions (and, in ``gemv_int4``, where the scale is applied), as in any GEMM. The
@@ -68,12 +71,14 @@ GROUP = 32  # inputs per scale
 BLOCK = 64  # outputs per task
 NIBBLES = 8  # weights per int32 word
 INT4_GEMV_ATTR = "aicf.int4_gemv"  # "N K rank-of-x scale-dtype lookup-form lanes pass-vectors"
-INT4_LINEAR_ATTR = "aicf.int4_linear"  # "N K scale-dtype rows columns row-block int8-activations"
+INT4_LINEAR_ATTR = "aicf.int4_linear"  # "N K scale-dtype rows columns row-block"
 LUT_LANES = 16  # AVX-512: vpermps picks from 16 floats by the low 4 bits of each index
 ROW_BLOCK = 64  # rows whose sums a task keeps in a buffer of its own (linear_int4)
 QUAD = 4  # rows whose sums stay in registers over a group (linear_int4)
 FLOAT16_MIN, FLOAT16_MAX = 2.0 ** -14, 65504.0  # normal float16
-INT4_GEMV_Q8_ATTR = "aicf.int4_gemv_q8"  # "N K rank-of-x scale-dtype pass-vectors"
+INT4_GEMV_Q8_ATTR = "aicf.int4_gemv_q8"  # "N K rank-of-x scale-dtype pass-vectors vnni"
+INT4_LINEAR_Q8_ATTR = "aicf.int4_linear_q8"  # "N K scale-dtype rows vectors row-block vnni"
+Q8_ROWS = 2  # rows of linear_int4_q8's register tile (int4_form)
 Q8_MAX = 127  # int8 activations: round(x / s) in [-127, 127], s = max|x| / 127 of the group
 Q8_LANES = 8  # int32 lanes of the AVX2 form
 Q8_VNNI_LANES = 16  # int32 lanes of the AVX-512 VNNI form
@@ -275,7 +280,7 @@ def gemv_int4_q8(n: int, k: int, name: str = "gemv_int4_q8", scale: str = "float
                 for g in T.serial(groups):
                     for v in T.unroll(pv):
                         if vnni:
-                            dots[T.ramp(v * lanes, 1, lanes)] = T.Broadcast(T.int32(0), lanes)
+                            dots[T.ramp(v * lanes, 1, lanes)] = T.Broadcast(T.int32(0) - xc[g], lanes)
                         else:
                             pairs[T.ramp(v * 16, 1, 16)] = T.Broadcast(T.int16(0), 16)
                     for c in T.unroll(chunks):
@@ -292,10 +297,10 @@ def gemv_int4_q8(n: int, k: int, name: str = "gemv_int4_q8", scale: str = "float
                                     pairs[T.ramp(v * 16, 1, 16)] = pairs[T.ramp(v * 16, 1, 16)] + pmaddubsw(
                                         _nibble_bytes(packed, t, p * width + v * lanes, g * chunks + c, h, lanes), xb)
                     for v in T.unroll(pv):
-                        sums = T.meta_var(dots[T.ramp(v * lanes, 1, lanes)] if vnni
-                                          else pmaddwd_ones(pairs[T.ramp(v * 16, 1, 16)]))
+                        sums = T.meta_var(dots[T.ramp(v * lanes, 1, lanes)] if vnni  # from -xc[g]
+                                          else pmaddwd_ones(pairs[T.ramp(v * 16, 1, 16)]) - T.Broadcast(xc[g], lanes))
                         acc[T.ramp(v * lanes, 1, lanes)] = fma(
-                            T.Cast(f"float32x{lanes}", sums - T.Broadcast(xc[g], lanes)),
+                            T.Cast(f"float32x{lanes}", sums),
                             T.Cast(f"float32x{lanes}", scales[t, g, T.ramp(p * width + v * lanes, 1, lanes)])
                             * T.Broadcast(xs[g], lanes),
                             acc[T.ramp(v * lanes, 1, lanes)])
@@ -307,12 +312,10 @@ def gemv_int4_q8(n: int, k: int, name: str = "gemv_int4_q8", scale: str = "float
 
 
 def linear_int4(n: int, k: int, name: str = "linear_int4", scale: str = "float16", rows: int = QUAD,
-                columns: int = BLOCK, row_block: int = ROW_BLOCK, int8_activations: bool = False) -> tirx.PrimFunc:
+                columns: int = BLOCK, row_block: int = ROW_BLOCK) -> tirx.PrimFunc:
     """``y [M, N] = x [M, K] @ W.T`` for any number of rows ``M`` (module docstring):
     ``rows`` x ``columns`` sums in registers (``columns`` dividing ``BLOCK``), a task
-    ``row_block`` rows of one ``BLOCK`` of outputs (``int4_form``). ``int8_activations``:
-    ``x`` is first rounded to int8 per group and back (``q * s``) into a workspace, in
-    parallel over the rows, which the sums then read."""
+    ``row_block`` rows of one ``BLOCK`` of outputs (``int4_form``)."""
     tasks, groups, chunks = n // BLOCK, k // GROUP, GROUP // NIBBLES
     if BLOCK % columns:
         raise ValueError(f"linear_int4: {columns} columns a register tile do not divide {BLOCK}")
@@ -366,23 +369,114 @@ def linear_int4(n: int, k: int, name: str = "linear_int4", scale: str = "float16
         m_rows = T.int64()
         x = T.match_buffer(var_x, (m_rows, k), "float32")
         y = T.match_buffer(var_y, (m_rows, n), "float32")
-        if int8_activations:
-            rounded = T.decl_buffer((m_rows, k), "float32")
-            flat = T.decl_buffer((m_rows * k,), "float32", data=x.data)
-            for m in T.parallel(m_rows):
-                xs = T.decl_buffer((groups,), "float32", scope="local")
-                xc = T.decl_buffer((groups,), "int32", scope="local")
-                q = T.decl_buffer((GROUP,), "int32", scope="local")
-                for g in T.serial(groups):
-                    _quantize_group(flat, m * k + g * GROUP, g, q, xs, xc, Q8_LANES)
-                    for i in T.vectorized(GROUP):
-                        rounded[m, g * GROUP + i] = T.Cast("float32", q[i]) * xs[g]
-            sums(rounded, y, packed, scales, m_rows)
-        else:
-            sums(x, y, packed, scales, m_rows)
+        sums(x, y, packed, scales, m_rows)
 
-    form = f"{n} {k} {scale} {rows} {columns} {row_block} {int(int8_activations)}"
+    form = f"{n} {k} {scale} {rows} {columns} {row_block}"
     return kernel.with_attr("global_symbol", name).with_attr(INT4_LINEAR_ATTR, form)
+
+
+def linear_int4_q8(n: int, k: int, name: str = "linear_int4_q8", scale: str = "float16", rows: int = Q8_ROWS,
+                   vectors: int = 2, vnni: bool = False, row_block: int = ROW_BLOCK) -> tirx.PrimFunc:
+    """``y [M, N] = linear(q * s, W)`` for any number of rows ``M`` with int8 activations
+    (module docstring), in integers: each row rounded into a workspace first (its bytes in
+    ``gemv_int4_q8``'s order, its groups' scales and ``8 * sum(q)``), in parallel over the
+    rows; then a task owns ``row_block`` rows of one ``BLOCK`` of outputs and, per group,
+    offsets the group's weights to bytes ``v + 8`` once into a stack tile that all its rows
+    read, and sums ``rows`` x ``vectors`` vectors of outputs at a time from them: with
+    ``vnni`` ``vpdpbusd`` into int32 (16 lanes), else ``vpmaddubsw`` into int16 pairs
+    (8 lanes; at most ``8 * 2 * 15 * 127 = 30480``), then ``vpmaddwd`` by ones; each sum
+    less ``8 * sum(q)``, times ``scale * s``, added to the row's float sums."""
+    tasks, groups, chunks = n // BLOCK, k // GROUP, GROUP // NIBBLES
+    lanes = Q8_VNNI_LANES if vnni else Q8_LANES
+    columns = vectors * lanes
+    if BLOCK % columns:
+        raise ValueError(f"linear_int4_q8: {vectors} x {lanes} columns a register tile do not divide {BLOCK}")
+    halves = 2 * chunks  # (chunk, h): 4 bytes of the row, one tile row of weight bytes
+
+    @T.macro
+    def tile_sums(xq, xs, xc, tile, acc, scales, t, g, row, local_row, column, count):
+        """``count`` rows from ``row`` (``local_row`` in ``acc``) x ``columns`` outputs from
+        ``column``: group ``g``'s integer sums, then into ``acc``."""
+        dots = T.decl_buffer((count, columns), "int32", scope="local")
+        pairs = T.decl_buffer((count, vectors * 16), "int16", scope="local")
+        for r in T.unroll(count):
+            for v in T.unroll(vectors):
+                if vnni:
+                    dots[r, T.ramp(v * lanes, 1, lanes)] = T.Broadcast(T.int32(0) - xc[row + r, g], lanes)
+                else:
+                    pairs[r, T.ramp(v * 16, 1, 16)] = T.Broadcast(T.int16(0), 16)
+        for e in T.unroll(halves):
+            for r in T.unroll(count):
+                xb = T.meta_var(T.reinterpret(T.Broadcast(T.reinterpret(
+                    xq.vload([row + r, g * GROUP + e * 4], "int8x4"), dtype="int32"), lanes), dtype=f"int8x{4 * lanes}"))
+                for v in T.unroll(vectors):
+                    w = T.meta_var(T.reinterpret(tile[e, T.ramp(column + v * lanes, 1, lanes)],
+                                                 dtype=f"int8x{4 * lanes}"))
+                    if vnni:
+                        dots[r, T.ramp(v * lanes, 1, lanes)] = vpdpbusd(dots[r, T.ramp(v * lanes, 1, lanes)], w, xb)
+                    else:
+                        pairs[r, T.ramp(v * 16, 1, 16)] = pairs[r, T.ramp(v * 16, 1, 16)] + pmaddubsw(w, xb)
+        for r in T.unroll(count):
+            for v in T.unroll(vectors):
+                sums = T.meta_var(dots[r, T.ramp(v * lanes, 1, lanes)] if vnni  # from -xc
+                                  else pmaddwd_ones(pairs[r, T.ramp(v * 16, 1, 16)]) - T.Broadcast(xc[row + r, g], lanes))
+                acc[local_row + r, T.ramp(column + v * lanes, 1, lanes)] = fma(
+                    T.Cast(f"float32x{lanes}", sums),
+                    T.Cast(f"float32x{lanes}", scales[t, g, T.ramp(column + v * lanes, 1, lanes)])
+                    * T.Broadcast(xs[row + r, g], lanes),
+                    acc[local_row + r, T.ramp(column + v * lanes, 1, lanes)])
+
+    @T.prim_func
+    def kernel(var_x: T.handle, packed: T.Buffer((tasks, k // NIBBLES, BLOCK), "int32"),
+               scales: T.Buffer((tasks, groups, BLOCK), scale), var_y: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True, "aicf.kind": "linear_int4"})
+        m_rows = T.int64()
+        x = T.match_buffer(var_x, (m_rows, k), "float32")
+        y = T.match_buffer(var_y, (m_rows, n), "float32")
+        xq = T.decl_buffer((m_rows, k), "int8")  # per 8 inputs, the even 4 then the odd 4
+        xs = T.decl_buffer((m_rows, groups), "float32")
+        xc = T.decl_buffer((m_rows, groups), "int32")
+        flat = T.decl_buffer((m_rows * k,), "float32", data=x.data)
+        xs_flat = T.decl_buffer((m_rows * groups,), "float32", data=xs.data)
+        xc_flat = T.decl_buffer((m_rows * groups,), "int32", data=xc.data)
+        for m in T.parallel(m_rows):
+            q = T.decl_buffer((GROUP,), "int32", scope="local")
+            for g in T.serial(groups):
+                _quantize_group(flat, m * k + g * GROUP, m * groups + g, q, xs_flat, xc_flat, Q8_LANES)
+                for c in T.unroll(chunks):
+                    for h in T.unroll(2):
+                        for b in T.unroll(4):
+                            xq[m, g * GROUP + c * NIBBLES + h * 4 + b] = T.Cast("int8", q[c * NIBBLES + 2 * b + h])
+        for tm in T.parallel(tasks * ((m_rows + row_block - 1) // row_block)):
+            t = T.meta_var(tm % tasks)
+            mb = T.meta_var(tm // tasks)
+            count = T.meta_var(T.min(row_block, m_rows - mb * row_block))  # this task's rows
+            whole = T.meta_var(count // rows * rows)  # those in whole register tiles
+            tile = T.decl_buffer((halves, BLOCK), "int32", scope="local")
+            acc = T.decl_buffer((row_block, BLOCK), "float32", scope="local")
+            for m in T.serial(count):
+                for j in T.vectorized(BLOCK):
+                    acc[m, j] = T.float32(0)
+            for g in T.serial(groups):
+                for c in T.unroll(chunks):
+                    for h in T.unroll(2):
+                        for j in T.vectorized(BLOCK):
+                            tile[c * 2 + h, j] = T.bitwise_and(T.shift_right(T.bitwise_xor(
+                                packed[t, g * chunks + c, j], T.int32(_OFFSET)), 4 * h), T.int32(_LOW_NIBBLES))
+                for qq in T.serial(count // rows):
+                    for cc in T.serial(BLOCK // columns):
+                        tile_sums(xq, xs, xc, tile, acc, scales, t, g, mb * row_block + qq * rows, qq * rows,
+                                  cc * columns, rows)
+                for m in T.serial(count - whole):
+                    for cc in T.serial(BLOCK // columns):
+                        tile_sums(xq, xs, xc, tile, acc, scales, t, g, mb * row_block + whole + m, whole + m,
+                                  cc * columns, 1)
+            for m in T.serial(count):
+                for j in T.vectorized(BLOCK):
+                    y[mb * row_block + m, t * BLOCK + j] = acc[m, j]
+
+    form = f"{n} {k} {scale} {rows} {vectors} {row_block} {int(vnni)}"
+    return kernel.with_attr("global_symbol", name).with_attr(INT4_LINEAR_Q8_ATTR, form)
 
 
 def has_lut(target: Target) -> bool:
@@ -413,14 +507,21 @@ def int4_form(target: Target) -> dict[str, int | bool]:
     vnni = has_vnni(target)
     q8_vectors = BLOCK // (Q8_VNNI_LANES if vnni else Q8_LANES)  # gemv_int4_q8: two sums a vector, ten others
     q8_pass = max(d for d in range(1, q8_vectors + 1) if q8_vectors % d == 0 and (2 * d + 10 <= registers or d == 1))
+    q8_tile = max(1, min(q8_vectors, registers // (4 * Q8_ROWS)))  # linear_int4_q8: a quarter as sums
     return {"lut": has_lut(target), "lanes": lanes if BLOCK % lanes == 0 else 1, "pass_vectors": pass_vectors,
             "rows": rows, "columns": columns, "row_block": rows * (ROW_BLOCK // rows), "q8_pass_vectors": q8_pass,
-            "q8_vnni": vnni}
+            "q8_vnni": vnni, "q8_vectors": q8_tile}
 
 
 def has_q8(target: Target) -> bool:
     """Whether ``gemv_int4_q8`` runs on ``target``: an x86 CPU with AVX2."""
     return target.kind.name == "llvm" and _has_feature(target, "avx2")
+
+
+def _refuse_without_q8(name: str, target: Target) -> None:
+    if not has_q8(target):
+        raise ValueError(f"{name}: int8 activations need an x86 CPU with AVX2 (vpmaddubsw); the target "
+                         f"{target} has none")
 
 
 def for_target(mod: IRModule, target: Target) -> IRModule:
@@ -441,18 +542,22 @@ def for_target(mod: IRModule, target: Target) -> IRModule:
             before = str(attrs[INT4_GEMV_ATTR])
             after = str(rebuilt.attrs[INT4_GEMV_ATTR])
         elif INT4_GEMV_Q8_ATTR in attrs:
-            if not has_q8(target):
-                raise ValueError(f"{name}: int8 activations need an x86 CPU with AVX2 (vpmaddubsw); the target "
-                                 f"{target} has none")
+            _refuse_without_q8(name, target)
             n, k, rank, scale, *_ = str(attrs[INT4_GEMV_Q8_ATTR]).split()
             rebuilt = gemv_int4_q8(int(n), int(k), name, scale, (1,) * int(rank), int(form["q8_pass_vectors"]),
                                    bool(form["q8_vnni"]))
             before, after = str(attrs[INT4_GEMV_Q8_ATTR]), str(rebuilt.attrs[INT4_GEMV_Q8_ATTR])
         elif INT4_LINEAR_ATTR in attrs:
-            n, k, scale, *_, rounded = str(attrs[INT4_LINEAR_ATTR]).split()
+            n, k, scale, *_ = str(attrs[INT4_LINEAR_ATTR]).split()
             rebuilt = linear_int4(int(n), int(k), name, scale, int(form["rows"]), int(form["columns"]),
-                                  int(form["row_block"]), rounded == "1")
+                                  int(form["row_block"]))
             before, after = str(attrs[INT4_LINEAR_ATTR]), str(rebuilt.attrs[INT4_LINEAR_ATTR])
+        elif INT4_LINEAR_Q8_ATTR in attrs:
+            _refuse_without_q8(name, target)
+            n, k, scale, *_ = str(attrs[INT4_LINEAR_Q8_ATTR]).split()
+            rebuilt = linear_int4_q8(int(n), int(k), name, scale, Q8_ROWS, int(form["q8_vectors"]),
+                                     bool(form["q8_vnni"]))
+            before, after = str(attrs[INT4_LINEAR_Q8_ATTR]), str(rebuilt.attrs[INT4_LINEAR_Q8_ATTR])
         else:
             continue
         if before == after:
@@ -463,4 +568,4 @@ def for_target(mod: IRModule, target: Target) -> IRModule:
 
 
 __all__ = ["BLOCK", "GROUP", "NIBBLES", "Q8_MAX", "fits_int4", "for_target", "gemv_int4", "gemv_int4_q8", "has_lut",
-           "has_q8", "int4_form", "linear_int4", "pack_int4", "scale_dtype"]
+           "has_q8", "int4_form", "linear_int4", "linear_int4_q8", "pack_int4", "scale_dtype", "vpdpbusd"]

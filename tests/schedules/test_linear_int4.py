@@ -20,6 +20,7 @@ from schedules.cpu.linear_int4 import (
     INT4_GEMV_ATTR,
     INT4_GEMV_Q8_ATTR,
     INT4_LINEAR_ATTR,
+    INT4_LINEAR_Q8_ATTR,
     ROW_BLOCK,
     fits_int4,
     for_target,
@@ -29,6 +30,7 @@ from schedules.cpu.linear_int4 import (
     has_q8,
     int4_form,
     linear_int4,
+    linear_int4_q8,
     pack_int4,
     scale_dtype,
 )
@@ -102,10 +104,10 @@ def test_for_target_blocks_registers_by_the_targets_vectors():
     on_avx2 = for_target(mod, AVX2)
     assert str(on_avx2["g"].attrs[INT4_GEMV_ATTR]).split()[4:] == ["0", "8", "4"]
     assert "float32x16" not in on_avx2["g"].script()
-    assert str(on_avx2["l"].attrs[INT4_LINEAR_ATTR]).split()[3:] == ["1", "64", "64", "0"]
+    assert str(on_avx2["l"].attrs[INT4_LINEAR_ATTR]).split()[3:] == ["1", "64", "64"]
     assert int4_form(AVX512) | {"lut": False} == {"lut": False, "lanes": 16, "pass_vectors": 4, "rows": 4,
                                                    "columns": 64, "row_block": 64, "q8_pass_vectors": 8,
-                                                   "q8_vnni": False}
+                                                   "q8_vnni": False, "q8_vectors": 4}
     assert for_target(mod, AVX512)["l"].same_as(mod["l"])
 
 
@@ -155,8 +157,9 @@ def test_the_int8_activations_gemv_on_a_group_of_zeros_nan_and_infinity(vnni, pa
         assert np.isnan(_run(kernel, y, *packed, n)).all()
 
 
-def test_the_many_row_kernel_rounds_its_rows_half_to_even_by_each_groups_scale():
-    """``linear_int4(int8_activations=True)`` with the identity as its weight gives back its
+@pytest.mark.parametrize(("vnni", "passes"), [f for f in Q8_FORMS if f.values[1] == 2])
+def test_the_many_row_kernel_rounds_its_rows_half_to_even_by_each_groups_scale(vnni, passes):
+    """``linear_int4_q8`` with the identity as its weight gives back its
     rows rounded: a group whose largest value is 127 has the scale 1, so 2.5 -> 2, 3.5 -> 4,
     -2.5 -> -2; every row and group by its own scale, bit for bit numpy's float32."""
     k = 64
@@ -166,31 +169,40 @@ def test_the_many_row_kernel_rounds_its_rows_half_to_even_by_each_groups_scale()
     x[0, :32] = 0.0
     x[0, :6] = [127.0, 2.5, 3.5, -2.5, 0.5, -126.5]
     x[2, 32:] = 0.0  # a group of zeros: its scale is 1
-    got = _run(linear_int4(k, k, "l", "float16", 1, 64, 64, int8_activations=True), x, *packed, k)
+    got = _run(linear_int4_q8(k, k, "l", "float16", 2, passes, vnni), x, *packed, k)
     assert got[0, :6].tolist() == [127.0, 2.0, 4.0, -2.0, 0.0, -126.0]
     np.testing.assert_array_equal(got, rounded_int8_groups(x))
     assert not np.array_equal(got, x) and (got[2, 32:] == 0).all()
 
 
 @pytest.mark.parametrize("rows", [1, 5, ROW_BLOCK + 3])
-def test_the_many_row_kernel_with_int8_activations_equals_float64_of_the_rounded_rows(rows):
+@pytest.mark.parametrize(("tile_rows", "vectors"), [(1, 1), (2, 2), (3, 4)])
+@pytest.mark.parametrize(("vnni", "passes"), [f for f in Q8_FORMS if f.values[1] == 2])
+def test_the_many_row_kernel_with_int8_activations_equals_float64_of_the_rounded_rows(rows, tile_rows, vectors, vnni,
+                                                                                      passes):
+    """Register tiles of 1, 2 and 3 rows (whole tiles and the rows left over) by 1, 2 and
+    4 vectors (``passes`` only picks the ISA's form here)."""
     n, k = 128, 96
+    if vectors * (16 if vnni else 8) > 64:
+        pytest.skip("wider than a task's block")
+    kernel = linear_int4_q8(n, k, "l", "float16", tile_rows, vectors, vnni)
     v, s, w = _weight(n, k, "float16", rows + 7)
     x = np.random.default_rng(rows).standard_normal((rows, k)).astype(np.float32)
-    got = _run(linear_int4(n, k, "l", "float16", 1, 64, 64, int8_activations=True), x, *pack_int4(v, s), n)
+    got = _run(kernel, x, *pack_int4(v, s), n)
     want = rounded_int8_groups(x).astype(np.float64) @ w.T
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     y = x.copy()
     y[0, 3] = np.nan
-    got = _run(linear_int4(n, k, "l", "float16", 1, 64, 64, int8_activations=True), y, *pack_int4(v, s), n)
+    got = _run(kernel, y, *pack_int4(v, s), n)
     assert np.isnan(got[0]).all() and not np.isnan(got[1:]).any()
 
 
 def test_for_target_gives_the_int8_activations_gemv_its_form_by_isa_and_refuses_a_cpu_without_avx2():
     mod = tvm.IRModule({"g": gemv_int4_q8(128, 64, "g", "float16", pass_vectors=8),
-                        "l": linear_int4(128, 64, "l", "float16", int8_activations=True)})
+                        "l": linear_int4_q8(128, 64, "l", "float16")})
     assert str(for_target(mod, AVX2)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["2", "0"]
-    assert str(for_target(mod, AVX2)["l"].attrs[INT4_LINEAR_ATTR]).split()[3:] == ["1", "64", "64", "1"]
+    assert str(for_target(mod, AVX2)["l"].attrs[INT4_LINEAR_Q8_ATTR]).split()[3:] == ["2", "2", "64", "0"]
+    assert str(for_target(mod, VNNI)["l"].attrs[INT4_LINEAR_Q8_ATTR]).split()[3:] == ["2", "4", "64", "1"]
     assert str(for_target(mod, AVX512)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["8", "0"]
     assert str(for_target(mod, VNNI)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["4", "1"]
     assert "vpdpbusd" in for_target(mod, VNNI)["g"].script() and "pmadd" not in for_target(mod, VNNI)["g"].script()

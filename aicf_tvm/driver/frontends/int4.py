@@ -8,7 +8,7 @@ The GEMV is built in its portable form here; ``schedules.cpu.linear_int4.for_tar
 gives it the target's when the pipeline schedules.
 
 With int8 activations (``aicf::linear_int4_q8``) one row calls ``gemv_int4_q8`` and any
-other count ``linear_int4`` in its form that rounds the rows first.
+other count ``linear_int4_q8``, both summing in integers.
 
 The call is an opaque Emit to our passes (a ``call_tir``): nothing fuses into it or moves
 it, and the packed weight stays a constant of its own (constant folding leaves a call with
@@ -20,7 +20,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
-from schedules.cpu.linear_int4 import BLOCK, NIBBLES, gemv_int4, gemv_int4_q8, linear_int4
+from schedules.cpu.linear_int4 import BLOCK, NIBBLES, gemv_int4, gemv_int4_q8, linear_int4, linear_int4_q8
 
 
 def linear_int4_call(bb: relax.BlockBuilder, x: relax.Expr, packed: relax.Expr, scales: relax.Expr,
@@ -45,7 +45,7 @@ def linear_int4_call(bb: relax.BlockBuilder, x: relax.Expr, packed: relax.Expr, 
         rows = rows * d
     rows = tvm.sym.Analyzer().simplify(rows)
     name = f"linear_int4_q8_{n}x{k}" if int8_activations else f"linear_int4_{n}x{k}"
-    gv = bb.add_func(linear_int4(n, k, name, scale, int8_activations=int8_activations), name)
+    gv = bb.add_func(linear_int4_q8(n, k, name, scale) if int8_activations else linear_int4(n, k, name, scale), name)
     flat = bb.emit(relax.op.reshape(x, [rows, k]))
     y = bb.emit(relax.call_tir(gv, [flat, packed, scales], relax.TensorType([rows, n], "float32")))
     return relax.op.reshape(y, [*shape[:-1], n])
