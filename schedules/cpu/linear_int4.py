@@ -232,6 +232,11 @@ def _nibble_bytes(packed: tirx.Buffer, t, column, chunk, h: int, lanes: int) -> 
     return T.reinterpret(nibbles, dtype=f"int8x{4 * lanes}")
 
 
+def _broadcast_bytes(four: tirx.Expr, lanes: int) -> tirx.Expr:
+    """The 4 bytes ``four`` (int8x4) repeated in each of ``lanes`` int32 lanes."""
+    return T.reinterpret(T.Broadcast(T.reinterpret(four, dtype="int32"), lanes), dtype=f"int8x{4 * lanes}")
+
+
 def vpdpbusd(acc: tirx.Expr, a: tirx.Expr, b: tirx.Expr) -> tirx.Expr:
     """AVX-512 VNNI's ``vpdpbusd``: to each int32 lane of ``acc`` the four products of its
     unsigned bytes of ``a`` by its signed bytes of ``b`` (no saturation: int32 sums)."""
@@ -285,9 +290,8 @@ def gemv_int4_q8(n: int, k: int, name: str = "gemv_int4_q8", scale: str = "float
                             pairs[T.ramp(v * 16, 1, 16)] = T.Broadcast(T.int16(0), 16)
                     for c in T.unroll(chunks):
                         for h in T.unroll(2):
-                            xb = T.meta_var(T.reinterpret(T.Broadcast(T.reinterpret(
-                                xq.vload([g * GROUP + c * NIBBLES + h * 4], "int8x4"), dtype="int32"), lanes),
-                                dtype=f"int8x{4 * lanes}"))
+                            xb = T.meta_var(_broadcast_bytes(xq.vload([g * GROUP + c * NIBBLES + h * 4], "int8x4"),
+                                                             lanes))
                             for v in T.unroll(pv):
                                 if vnni:
                                     dots[T.ramp(v * lanes, 1, lanes)] = vpdpbusd(
@@ -407,8 +411,7 @@ def linear_int4_q8(n: int, k: int, name: str = "linear_int4_q8", scale: str = "f
                     pairs[r, T.ramp(v * 16, 1, 16)] = T.Broadcast(T.int16(0), 16)
         for e in T.unroll(halves):
             for r in T.unroll(count):
-                xb = T.meta_var(T.reinterpret(T.Broadcast(T.reinterpret(
-                    xq.vload([row + r, g * GROUP + e * 4], "int8x4"), dtype="int32"), lanes), dtype=f"int8x{4 * lanes}"))
+                xb = T.meta_var(_broadcast_bytes(xq.vload([row + r, g * GROUP + e * 4], "int8x4"), lanes))
                 for v in T.unroll(vectors):
                     w = T.meta_var(T.reinterpret(tile[e, T.ramp(column + v * lanes, 1, lanes)],
                                                  dtype=f"int8x{4 * lanes}"))
@@ -418,8 +421,8 @@ def linear_int4_q8(n: int, k: int, name: str = "linear_int4_q8", scale: str = "f
                         pairs[r, T.ramp(v * 16, 1, 16)] = pairs[r, T.ramp(v * 16, 1, 16)] + pmaddubsw(w, xb)
         for r in T.unroll(count):
             for v in T.unroll(vectors):
-                sums = T.meta_var(dots[r, T.ramp(v * lanes, 1, lanes)] if vnni  # from -xc
-                                  else pmaddwd_ones(pairs[r, T.ramp(v * 16, 1, 16)]) - T.Broadcast(xc[row + r, g], lanes))
+                sums = T.meta_var(dots[r, T.ramp(v * lanes, 1, lanes)] if vnni else  # from -xc
+                                  pmaddwd_ones(pairs[r, T.ramp(v * 16, 1, 16)]) - T.Broadcast(xc[row + r, g], lanes))
                 acc[local_row + r, T.ramp(column + v * lanes, 1, lanes)] = fma(
                     T.Cast(f"float32x{lanes}", sums),
                     T.Cast(f"float32x{lanes}", scales[t, g, T.ramp(column + v * lanes, 1, lanes)])
