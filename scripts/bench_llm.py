@@ -348,8 +348,9 @@ def main() -> None:
                              "32), ours weights='int4'; "
                              "eager stays float32, the reference the tokens are compared with")
     parser.add_argument("--activations", choices=("float32", "int8"), default="float32",
-                        help="ours' activations: int8 (with --weights int4) rounds each layer's input to int8 "
-                             "in groups of 32, as ORT GenAI's int4 CPU kernels (accuracy level 4) do")
+                        help="ours' activations: int8 (with --weights int4 or int8) rounds each layer's input to "
+                             "int8 in groups of 32, as ORT GenAI's int4 CPU kernels (accuracy level 4) and "
+                             "llama.cpp's q8_0 / q4_0 do")
     args = parser.parse_args()
 
     from aicf_tvm.runtime.threads import thread_count

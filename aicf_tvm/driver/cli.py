@@ -443,8 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "a quarter of the bytes a step reads; the report lists each layer's error); "
                         "int4: to int4 in groups of 32 (about 0.14 of the bytes)")
     p.add_argument("--activations", choices=("float32", "fp32", "int8"), default="float32",
-                   help="int8 (with --weights int4, AVX2 CPUs): also round each layer's input to int8 in groups "
-                        "of 32, so the decode step sums in integers (a further approximation)")
+                   help="int8 (with --weights int4 on AVX2 CPUs, --weights int8 on AVX-512 VNNI CPUs): also round "
+                        "each layer's input to int8 in groups of 32, so the kernels sum in integers (a further "
+                        "approximation)")
     return parser
 
 

@@ -234,9 +234,10 @@ def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: 
     with the PyTorch model so quantized (the user's model is not changed). ``weights="int4"``
     likewise with symmetric int4 in groups of 32, read packed by the int4 kernels
     (``schedules.cpu.linear_int4``; CPU targets only), int8 where a layer's shape does not fit them.
-    ``activations="int8"`` (with ``weights="int4"``, x86 CPUs with AVX2) also rounds each int4
-    layer's input to int8 in groups of 32, and the decode step sums in integers: a further
-    approximation, in the report and in ``check``'s PyTorch model alike.
+    ``activations="int8"`` (with ``weights="int4"`` on x86 CPUs with AVX2, with ``"int8"`` on
+    CPUs with AVX-512 VNNI) also rounds each quantized layer's input to int8 in groups of 32,
+    and its kernels sum in integers: a further approximation, in the report and in
+    ``check``'s PyTorch model alike.
     ``timings`` prints the compile phases (load, export, ... codegen)."""
     if max_length < 2:
         raise ValueError(f"max_length={max_length}: need max_length >= 2")
@@ -246,8 +247,11 @@ def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: 
     if weights == "int4" and resolved.kind.name != "llvm":
         raise ValueError(f"weights='int4' runs on CPU targets (llvm) only, not {target!r}: its kernels are "
                          f"written for CPU vectors; use weights='int8' or 'float32'")
-    if activations == "int8" and not has_q8(resolved):
-        raise ValueError(f"activations='int8' needs an x86 CPU with AVX2 (its kernel sums bytes with vpmaddubsw); "
+    if activations == "int8" and not has_q8(resolved, 8 if weights == "int8" else 4):
+        need = ("AVX-512 VNNI (its int8 kernels sum bytes with vpdpbusd; AVX2's vpmaddubsw would saturate on "
+                "int8 weights: weights='int4' runs on AVX2)" if weights == "int8"
+                else "AVX2 (its kernel sums bytes with vpmaddubsw)")
+        raise ValueError(f"activations='int8' with weights={weights!r} needs an x86 CPU with {need}; "
                          f"the target {describe(resolved)} has none")
     clock = _Clock()
     model = clock("load", load_causal_lm, model)

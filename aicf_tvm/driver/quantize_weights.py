@@ -26,12 +26,15 @@ block of 64 (GPT-2's 50257-token head) gets zero rows up to one, whose outputs a
 dropped after the kernel; one whose inputs are no multiple of 32 is stored as int8
 instead, and its decision says so.
 
-``activations="int8"`` (with ``int4`` only): each int4 layer's input is also rounded, to
+``activations="int8"`` (with ``int4`` or ``int8``): each layer's input is also rounded, to
 int8 per group of 32 inputs (``quantize_activations``: ``q = round(x / s)``, ``s = max|x| /
-127``), and the layer is ``aicf::linear_int4_q8`` (``linear(q * s, v * scale)`` in PyTorch),
-whose decode-step kernel sums the int4 weights and the int8 inputs in integers
-(``schedules.cpu.linear_int4.gemv_int4_q8``). The layers' errors and decisions
-(``approximate:activations_int8``) include the activations' rounding.
+127``), and the layer is ``aicf::linear_int4_q8`` (``linear(q * s, v * scale)`` in PyTorch)
+or ``aicf::linear_int8_q8`` (``linear(q * s, q_w * scale)``; the int8 weight then packed
+4 to an int32 word, ``schedules.cpu.linear_int4.pack_int8``), whose kernels sum the
+weights and the int8 inputs in integers (``schedules.cpu.linear_int4.gemv_int4_q8``,
+``linear_int4_q8``). A layer whose inputs are no multiple of 32 keeps float32 inputs, and
+its decision says so. The layers' errors and decisions (``approximate:activations_int8``)
+include the activations' rounding.
 
 The embedding table stays float32 (a step reads one row of it); the LM head is quantized
 like the other layers (tied weights get their own int8 copy).
@@ -46,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from aicf_tvm.core.errors import UnsupportedModelError
 from aicf_tvm.core.report import Decision
-from schedules.cpu.linear_int4 import BLOCK, GROUP, NIBBLES, pack_int4, scale_dtype
+from schedules.cpu.linear_int4 import BLOCK, GROUP, NIBBLES, pack_int4, pack_int8, scale_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -91,8 +94,9 @@ def check_activations(activations: str, weights: str) -> str:
     name = {"fp32": "float32"}.get(activations, activations)
     if name not in ACTIVATION_FORMATS:
         raise ValueError(f"activations={activations!r}: expected one of {', '.join(ACTIVATION_FORMATS)}")
-    if name == "int8" and weights != "int4":
-        raise ValueError(f"activations='int8' goes with weights='int4' (its integer kernels), not weights={weights!r}")
+    if name == "int8" and weights not in ("int4", "int8"):
+        raise ValueError(f"activations='int8' goes with weights='int4' or 'int8' (their integer kernels), "
+                         f"not weights={weights!r}")
     return name
 
 
@@ -146,6 +150,15 @@ def unpack_int4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return (v.to(torch.float32) * scale).permute(0, 2, 1).reshape(tasks * block, words * NIBBLES)
 
 
+def unpack_int8(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The float32 weight ``[N, K]`` of the int8 q8 kernels' operands (``pack_int8``'s layout)."""
+    import torch
+
+    tasks, words, block = packed.shape
+    q = packed.permute(0, 2, 1).contiguous().view(torch.int8).reshape(tasks * block, words * 4)
+    return q.to(torch.float32) * scales.reshape(tasks * block, 1).float()
+
+
 _INT4_OPS: dict[str, Any] = {}
 
 
@@ -172,18 +185,46 @@ def linear_int4_op(activations: str = "float32") -> Any:
     return _INT4_OPS[activations]
 
 
+def linear_int8_q8_op() -> Any:
+    """``aicf::linear_int8_q8(x, packed, scales)``: ``linear(quantize_activations(x),
+    unpack_int8(packed, scales))`` (int8 weights with int8 activations). Registered once."""
+    if "int8_q8" not in _INT4_OPS:
+        import torch
+
+        @torch.library.custom_op("aicf::linear_int8_q8", mutates_args=(),
+                                 schema="(Tensor x, Tensor packed, Tensor scales) -> Tensor")
+        def linear_int8_q8(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(quantize_activations(x), unpack_int8(packed, scales))
+
+        @linear_int8_q8.register_fake
+        def _(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+            return x.new_empty((*x.shape[:-1], packed.shape[0] * packed.shape[2]))
+
+        _INT4_OPS["int8_q8"] = torch.ops.aicf.linear_int8_q8.default
+    return _INT4_OPS["int8_q8"]
+
+
 @contextlib.contextmanager
 def inputs_not_rounded(model: torch.nn.Module) -> Iterator[None]:
     """``model``'s int4 layers with float32 inputs while in the block (their int8
     activations' rounding undone): how far rounding moves the model's outputs."""
-    rounded = [m for m in model.modules() if getattr(m, "op", None) is _INT4_OPS.get("int8")]
+    rounded = [m for m in model.modules() if getattr(m, "op", None) is not None
+               and getattr(m, "op", None) in (_INT4_OPS.get("int8"), _INT4_OPS.get("int8_q8"))]
+    ops = [m.op for m in rounded]
     for m in rounded:
-        m.op = linear_int4_op("float32")
+        m.op = linear_int4_op("float32") if m.op is _INT4_OPS.get("int8") else _linear_int8_float
     try:
         yield
     finally:
-        for m in rounded:
-            m.op = linear_int4_op("int8")
+        for m, op in zip(rounded, ops, strict=True):
+            m.op = op
+
+
+def _linear_int8_float(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``aicf::linear_int8_q8`` without the inputs' rounding (``inputs_not_rounded``)."""
+    import torch
+
+    return torch.nn.functional.linear(x, unpack_int8(packed, scales))
 
 
 def _linear_class() -> type:
@@ -235,7 +276,33 @@ def _linear_class() -> type:
                 y = y[..., :self.out_features]
             return y if self.bias is None else y + self.bias
 
-    return {"int8": Int8Linear, "int4": Int4Linear}
+    class Int8Q8Linear(torch.nn.Module):
+        """``aicf::linear_int8_q8(x, packed, scales) + bias``: the float layer with its weight
+        rounded to per-channel int8 and its input to int8 per group (module docstring)."""
+
+        def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+            super().__init__()
+            out = weight.shape[0]
+            padded = -(-out // BLOCK) * BLOCK  # outputs of the kernels: zero rows up to whole blocks
+            q, scale = quantize_int8(torch.nn.functional.pad(weight.detach().float(), (0, 0, 0, padded - out)))
+            packed, scales = pack_int8(q.numpy(), scale.numpy())
+            self.register_buffer("packed", torch.from_numpy(packed))
+            self.register_buffer("scales", torch.from_numpy(scales))
+            self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
+            self.out_features, self.in_features = out, q.shape[1]
+            self.op = linear_int8_q8_op()
+
+        @property
+        def weight(self) -> torch.Tensor:  # transformers asks the LM head for its shape
+            return unpack_int8(self.packed, self.scales)[:self.out_features]
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.op(x, self.packed, self.scales)
+            if y.shape[-1] != self.out_features:
+                y = y[..., :self.out_features]
+            return y if self.bias is None else y + self.bias
+
+    return {"int8": Int8Linear, "int4": Int4Linear, "int8_q8": Int8Q8Linear}
 
 
 def _float_linears(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, str, torch.Tensor, Any]]:
@@ -280,8 +347,14 @@ def quantize_linears(model: torch.nn.Module, weights: str, calibration: torch.Te
         form, note = weights, ""
         if form == "int4" and weight.shape[1] % GROUP:
             form, note = "int8", f" (int4 groups need inputs a multiple of {GROUP})"
-        rounded = activations if form == "int4" else "float32"
-        quantized = classes[form](weight, bias, rounded) if form == "int4" else classes[form](weight, bias)
+        rounded = activations
+        if rounded == "int8" and weight.shape[1] % GROUP:
+            rounded = "float32"
+            note += f" (int8 activations: inputs not a multiple of {GROUP}, left float32)"
+        if form == "int4":
+            quantized = classes[form](weight, bias, rounded)
+        else:
+            quantized = classes["int8_q8" if rounded == "int8" else form](weight, bias)
         x = inputs.get(name)
         error = float("nan")
         if x is not None:
@@ -294,5 +367,5 @@ def quantize_linears(model: torch.nn.Module, weights: str, calibration: torch.Te
 
 
 __all__ = ["ACTIVATION_FORMATS", "WEIGHT_FORMATS", "QuantizedLayer", "check_activations", "check_weights",
-           "inputs_not_rounded", "linear_int4_op", "quantize_activations", "quantize_int4", "quantize_int8",
-           "quantize_linears", "unpack_int4"]
+           "inputs_not_rounded", "linear_int4_op", "linear_int8_q8_op", "quantize_activations", "quantize_int4",
+           "quantize_int8", "quantize_linears", "unpack_int4", "unpack_int8"]

@@ -76,13 +76,15 @@ LUT_LANES = 16  # AVX-512: vpermps picks from 16 floats by the low 4 bits of eac
 ROW_BLOCK = 64  # rows whose sums a task keeps in a buffer of its own (linear_int4)
 QUAD = 4  # rows whose sums stay in registers over a group (linear_int4)
 FLOAT16_MIN, FLOAT16_MAX = 2.0 ** -14, 65504.0  # normal float16
-INT4_GEMV_Q8_ATTR = "aicf.int4_gemv_q8"  # "N K rank-of-x scale-dtype pass-vectors vnni"
-INT4_LINEAR_Q8_ATTR = "aicf.int4_linear_q8"  # "N K scale-dtype rows vectors row-block vnni"
+INT4_GEMV_Q8_ATTR = "aicf.int4_gemv_q8"  # "N K rank-of-x scale-dtype pass-vectors vnni weight-bits"
+INT4_LINEAR_Q8_ATTR = "aicf.int4_linear_q8"  # "N K scale-dtype rows vectors row-block vnni weight-bits"
 Q8_ROWS = 2  # rows of linear_int4_q8's register tile (int4_form)
 Q8_MAX = 127  # int8 activations: round(x / s) in [-127, 127], s = max|x| / 127 of the group
 Q8_LANES = 8  # int32 lanes of the AVX2 form
 Q8_VNNI_LANES = 16  # int32 lanes of the AVX-512 VNNI form
+HALVES = GROUP // 4  # the q8 kernels' steps through a group: 4 inputs (one int32 of the row's bytes) each
 _OFFSET = -2004318072  # 0x88888888: each two's complement nibble v to v + 8, in [0, 15]
+_OFFSET8 = -2139062144  # 0x80808080: each int8 v to v + 128, in [1, 255]
 _LOW_NIBBLES = 0x0F0F0F0F
 _EXPONENT = 0x7F800000  # float32's exponent bits
 
@@ -113,6 +115,19 @@ def pack_int4(v: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     packed = np.ascontiguousarray(words.view(np.int32).reshape(n // BLOCK, BLOCK, k // NIBBLES).transpose(0, 2, 1))
     scales = np.ascontiguousarray(scale.reshape(n // BLOCK, BLOCK, k // GROUP).transpose(0, 2, 1))
     return packed, scales
+
+
+def pack_int8(q: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``q [N, K]`` (int8 in [-127, 127]) and its per-output ``scale [N]`` in the int8 q8
+    kernels' layout: ``packed [N / BLOCK, K / 4, BLOCK]`` int32 whose word ``(t, c, j)``
+    holds ``q[t*BLOCK + j, 4c + b]`` in byte ``b``; ``scales [N / BLOCK, 1, BLOCK]`` float32."""
+    n, k = q.shape
+    if not fits_int4(n, k) or scale.shape != (n,):
+        raise ValueError(f"int8 weight [{n}, {k}] with scales {scale.shape}: need N % {BLOCK} == 0, "
+                         f"K % {GROUP} == 0 and [N] scales")
+    words = np.ascontiguousarray(q.astype(np.int8)).view(np.int32)  # [N, K / 4], little-endian bytes
+    packed = np.ascontiguousarray(words.reshape(n // BLOCK, BLOCK, k // 4).transpose(0, 2, 1))
+    return packed, np.ascontiguousarray(scale.astype(np.float32).reshape(n // BLOCK, 1, BLOCK))
 
 
 def _int32(value, lanes: int) -> tirx.Expr:
@@ -194,10 +209,10 @@ def gemv_int4(n: int, k: int, name: str = "gemv_int4", scale: str = "float16", l
 
 
 @T.macro
-def _quantize_group(x, base, g, q, xs, xc, lanes):
+def _quantize_group(x, base, g, q, xs, xc, lanes, offset):
     """Group ``g`` of row ``x`` (its first input at ``base``): its scale ``xs[g]`` (NaN when
     it holds a NaN or an infinity), its int8 values into the local int32 ``q [GROUP]`` and
-    ``xc[g] = 8 * sum(q)``."""
+    ``xc[g] = offset * sum(q)`` (the weights' offset to unsigned bytes, ``_offset``)."""
     peak = T.decl_buffer((lanes,), "float32", scope="local")
     top = T.decl_buffer((1,), "float32", scope="local")
     bad = T.decl_buffer((1,), "int32", scope="local")
@@ -220,16 +235,39 @@ def _quantize_group(x, base, g, q, xs, xc, lanes):
     xs[g] = T.Select(bad[0] != 0, T.float32("nan"), scale)
     xc[g] = 0
     for i in T.serial(GROUP):
-        xc[g] = xc[g] + 8 * q[i]
+        xc[g] = xc[g] + offset * q[i]
 
 
-def _nibble_bytes(packed: tirx.Buffer, t, column, chunk, h: int, lanes: int) -> tirx.Expr:
-    """Bytes ``v + 8`` in [0, 15] of the weights ``8 chunk + 2b + h`` (b = 0 .. 3) of the
-    ``lanes`` outputs from ``column`` of task ``t``: the word offset by 0x88888888, shifted by
-    ``4h``, its low nibbles masked."""
-    word = tirx.bitwise_xor(packed[t, chunk, tirx.Ramp(column, 1, lanes)], _int32(_OFFSET, lanes))
-    nibbles = tirx.bitwise_and(tirx.shift_right(word, _int32(4 * h, lanes)), _int32(_LOW_NIBBLES, lanes))
+def _offset(bits: int) -> int:
+    """What the q8 kernels add to each weight to make it an unsigned byte: 8 for int4
+    (``[-8, 7]`` to ``[0, 15]``), 128 for int8 (``[-127, 127]`` to ``[1, 255]``)."""
+    return 1 << (bits - 1)
+
+
+def _words(k: int, bits: int) -> int:
+    """int32 words of a weight row of ``k`` inputs: 8 int4 or 4 int8 weights each."""
+    return k * bits // 32
+
+
+def _weight_bytes(packed: tirx.Buffer, t, column, g, e, lanes: int, bits: int) -> tirx.Expr:
+    """Unsigned bytes (the weights plus ``_offset``) of the ``lanes`` outputs from ``column``
+    of task ``t`` for the ``e``-th 4 inputs of group ``g`` in ``_row_byte``'s order. int4:
+    word ``4g + e // 2`` offset by 0x88888888, shifted by ``4 (e % 2)``, its low nibbles
+    masked (the weights ``8 (e // 2) + 2b + e % 2``); int8: word ``8g + e`` offset by
+    0x80808080 (the weights ``4e + b``)."""
+    columns = tirx.Ramp(column, 1, lanes) if lanes > 1 else column
+    if bits == 8:
+        word = tirx.bitwise_xor(packed[t, g * 8 + e, columns], _int32(_OFFSET8, lanes))
+        return T.reinterpret(word, dtype=f"int8x{4 * lanes}")
+    word = tirx.bitwise_xor(packed[t, g * 4 + e // 2, columns], _int32(_OFFSET, lanes))
+    nibbles = tirx.bitwise_and(tirx.shift_right(word, _int32(4 * (e % 2), lanes)), _int32(_LOW_NIBBLES, lanes))
     return T.reinterpret(nibbles, dtype=f"int8x{4 * lanes}")
+
+
+def _row_byte(e, b, bits: int):
+    """Which input of its group the row's byte ``4e + b`` holds: int4 the even 4 of each 8
+    inputs, then the odd 4 (as the nibbles come out of a word); int8 in order."""
+    return e * 4 + b if bits == 8 else e // 2 * NIBBLES + 2 * b + e % 2
 
 
 def _broadcast_bytes(four: tirx.Expr, lanes: int) -> tirx.Expr:
@@ -244,37 +282,40 @@ def vpdpbusd(acc: tirx.Expr, a: tirx.Expr, b: tirx.Expr) -> tirx.Expr:
 
 
 def gemv_int4_q8(n: int, k: int, name: str = "gemv_int4_q8", scale: str = "float16",
-                 lead: tuple[int, ...] = (1,), pass_vectors: int = 2, vnni: bool = False) -> tirx.PrimFunc:
+                 lead: tuple[int, ...] = (1,), pass_vectors: int = 2, vnni: bool = False,
+                 bits: int = 4) -> tirx.PrimFunc:
     """``y [*lead, N] = linear(q * s, W)`` for one row with int8 activations (module
     docstring), in AVX2's 8 int32 lanes, or with ``vnni`` AVX-512's 16 and ``vpdpbusd``
     (each 4 products added into int32 at once); a task's ``BLOCK`` outputs are summed
-    ``pass_vectors`` vectors at a time (``int4_form``)."""
+    ``pass_vectors`` vectors at a time (``int4_form``). ``bits=8``: the int8 weights of
+    ``pack_int8`` (VNNI only: ``vpmaddubsw`` could saturate on ``255 * 127`` pairs)."""
     if any(d != 1 for d in lead):
         raise ValueError(f"gemv_int4_q8: one row, not {lead}")
+    _check_bits(bits, vnni)
     lanes = Q8_VNNI_LANES if vnni else Q8_LANES
-    tasks, groups, chunks = n // BLOCK, k // GROUP, GROUP // NIBBLES
+    tasks, groups = n // BLOCK, k // GROUP
     vectors = BLOCK // lanes
     pv = pass_vectors
     if vectors % pv:
         raise ValueError(f"gemv_int4_q8: {BLOCK} outputs a task are not whole passes of {pv} x {lanes} lanes")
     width = pv * lanes
+    scale_groups = groups if bits == 4 else 1
 
     @T.prim_func
-    def kernel(x_in: T.Buffer((*lead, k), "float32"), packed: T.Buffer((tasks, k // NIBBLES, BLOCK), "int32"),
-               scales: T.Buffer((tasks, groups, BLOCK), scale), y_out: T.Buffer((*lead, n), "float32")):
+    def kernel(x_in: T.Buffer((*lead, k), "float32"), packed: T.Buffer((tasks, _words(k, bits), BLOCK), "int32"),
+               scales: T.Buffer((tasks, scale_groups, BLOCK), scale), y_out: T.Buffer((*lead, n), "float32")):
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True, "aicf.kind": "linear_int4"})
         x = T.decl_buffer((k,), "float32", data=x_in.data)
         y = T.decl_buffer((n,), "float32", data=y_out.data)
-        xq = T.decl_buffer((k,), "int8")  # the row's bytes: per 8 inputs, the even 4 then the odd 4
+        xq = T.decl_buffer((k,), "int8")  # the row's bytes in _row_byte's order
         xs = T.decl_buffer((groups,), "float32")
         xc = T.decl_buffer((groups,), "int32")
         q = T.decl_buffer((GROUP,), "int32", scope="local")
         for g in T.serial(groups):
-            _quantize_group(x, g * GROUP, g, q, xs, xc, Q8_LANES)
-            for c in T.unroll(chunks):
-                for h in T.unroll(2):
-                    for b in T.unroll(4):
-                        xq[g * GROUP + c * NIBBLES + h * 4 + b] = T.Cast("int8", q[c * NIBBLES + 2 * b + h])
+            _quantize_group(x, g * GROUP, g, q, xs, xc, Q8_LANES, _offset(bits))
+            for e in T.unroll(HALVES):
+                for b in T.unroll(4):
+                    xq[g * GROUP + e * 4 + b] = T.Cast("int8", q[_row_byte(e, b, bits)])
         for t in T.parallel(tasks):
             for p in T.serial(vectors // pv):
                 acc = T.decl_buffer((width,), "float32", scope="local")
@@ -288,31 +329,35 @@ def gemv_int4_q8(n: int, k: int, name: str = "gemv_int4_q8", scale: str = "float
                             dots[T.ramp(v * lanes, 1, lanes)] = T.Broadcast(T.int32(0) - xc[g], lanes)
                         else:
                             pairs[T.ramp(v * 16, 1, 16)] = T.Broadcast(T.int16(0), 16)
-                    for c in T.unroll(chunks):
-                        for h in T.unroll(2):
-                            xb = T.meta_var(_broadcast_bytes(xq.vload([g * GROUP + c * NIBBLES + h * 4], "int8x4"),
-                                                             lanes))
-                            for v in T.unroll(pv):
-                                if vnni:
-                                    dots[T.ramp(v * lanes, 1, lanes)] = vpdpbusd(
-                                        dots[T.ramp(v * lanes, 1, lanes)],
-                                        _nibble_bytes(packed, t, p * width + v * lanes, g * chunks + c, h, lanes), xb)
-                                else:
-                                    pairs[T.ramp(v * 16, 1, 16)] = pairs[T.ramp(v * 16, 1, 16)] + pmaddubsw(
-                                        _nibble_bytes(packed, t, p * width + v * lanes, g * chunks + c, h, lanes), xb)
+                    for e in T.unroll(HALVES):
+                        xb = T.meta_var(_broadcast_bytes(xq.vload([g * GROUP + e * 4], "int8x4"), lanes))
+                        for v in T.unroll(pv):
+                            w = T.meta_var(_weight_bytes(packed, t, p * width + v * lanes, g, e, lanes, bits))
+                            if vnni:
+                                dots[T.ramp(v * lanes, 1, lanes)] = vpdpbusd(dots[T.ramp(v * lanes, 1, lanes)], w, xb)
+                            else:
+                                pairs[T.ramp(v * 16, 1, 16)] = pairs[T.ramp(v * 16, 1, 16)] + pmaddubsw(w, xb)
                     for v in T.unroll(pv):
                         sums = T.meta_var(dots[T.ramp(v * lanes, 1, lanes)] if vnni  # from -xc[g]
                                           else pmaddwd_ones(pairs[T.ramp(v * 16, 1, 16)]) - T.Broadcast(xc[g], lanes))
                         acc[T.ramp(v * lanes, 1, lanes)] = fma(
                             T.Cast(f"float32x{lanes}", sums),
-                            T.Cast(f"float32x{lanes}", scales[t, g, T.ramp(p * width + v * lanes, 1, lanes)])
+                            T.Cast(f"float32x{lanes}",
+                                   scales[t, g if bits == 4 else 0, T.ramp(p * width + v * lanes, 1, lanes)])
                             * T.Broadcast(xs[g], lanes),
                             acc[T.ramp(v * lanes, 1, lanes)])
                 for v in T.unroll(pv):
                     y[T.ramp(t * BLOCK + p * width + v * lanes, 1, lanes)] = acc[T.ramp(v * lanes, 1, lanes)]
 
-    form = f"{n} {k} {len(lead)} {scale} {pv} {int(vnni)}"
+    form = f"{n} {k} {len(lead)} {scale} {pv} {int(vnni)} {bits}"
     return kernel.with_attr("global_symbol", name).with_attr(INT4_GEMV_Q8_ATTR, form)
+
+
+def _check_bits(bits: int, vnni: bool) -> None:
+    if bits not in (4, 8):
+        raise ValueError(f"q8 kernels: {bits}-bit weights; expected 4 or 8")
+    if bits == 8 and not vnni:
+        raise ValueError("q8 kernels: int8 weights need the VNNI form (vpmaddubsw would saturate 255 x 127 pairs)")
 
 
 def linear_int4(n: int, k: int, name: str = "linear_int4", scale: str = "float16", rows: int = QUAD,
@@ -380,7 +425,7 @@ def linear_int4(n: int, k: int, name: str = "linear_int4", scale: str = "float16
 
 
 def linear_int4_q8(n: int, k: int, name: str = "linear_int4_q8", scale: str = "float16", rows: int = Q8_ROWS,
-                   vectors: int = 2, vnni: bool = False, row_block: int = ROW_BLOCK) -> tirx.PrimFunc:
+                   vectors: int = 2, vnni: bool = False, row_block: int = ROW_BLOCK, bits: int = 4) -> tirx.PrimFunc:
     """``y [M, N] = linear(q * s, W)`` for any number of rows ``M`` with int8 activations
     (module docstring), in integers: each row rounded into a workspace first (its bytes in
     ``gemv_int4_q8``'s order, its groups' scales and ``8 * sum(q)``), in parallel over the
@@ -389,13 +434,15 @@ def linear_int4_q8(n: int, k: int, name: str = "linear_int4_q8", scale: str = "f
     read, and sums ``rows`` x ``vectors`` vectors of outputs at a time from them: with
     ``vnni`` ``vpdpbusd`` into int32 (16 lanes), else ``vpmaddubsw`` into int16 pairs
     (8 lanes; at most ``8 * 2 * 15 * 127 = 30480``), then ``vpmaddwd`` by ones; each sum
-    less ``8 * sum(q)``, times ``scale * s``, added to the row's float sums."""
-    tasks, groups, chunks = n // BLOCK, k // GROUP, GROUP // NIBBLES
+    less ``8 * sum(q)``, times ``scale * s``, added to the row's float sums. ``bits=8``:
+    the int8 weights of ``pack_int8`` (VNNI only), offset by 128."""
+    _check_bits(bits, vnni)
+    tasks, groups = n // BLOCK, k // GROUP
+    scale_groups = groups if bits == 4 else 1
     lanes = Q8_VNNI_LANES if vnni else Q8_LANES
     columns = vectors * lanes
     if BLOCK % columns:
         raise ValueError(f"linear_int4_q8: {vectors} x {lanes} columns a register tile do not divide {BLOCK}")
-    halves = 2 * chunks  # (chunk, h): 4 bytes of the row, one tile row of weight bytes
 
     @T.macro
     def tile_sums(xq, xs, xc, tile, acc, scales, t, g, row, local_row, column, count):
@@ -409,7 +456,7 @@ def linear_int4_q8(n: int, k: int, name: str = "linear_int4_q8", scale: str = "f
                     dots[r, T.ramp(v * lanes, 1, lanes)] = T.Broadcast(T.int32(0) - xc[row + r, g], lanes)
                 else:
                     pairs[r, T.ramp(v * 16, 1, 16)] = T.Broadcast(T.int16(0), 16)
-        for e in T.unroll(halves):
+        for e in T.unroll(HALVES):
             for r in T.unroll(count):
                 xb = T.meta_var(_broadcast_bytes(xq.vload([row + r, g * GROUP + e * 4], "int8x4"), lanes))
                 for v in T.unroll(vectors):
@@ -425,18 +472,18 @@ def linear_int4_q8(n: int, k: int, name: str = "linear_int4_q8", scale: str = "f
                                   pmaddwd_ones(pairs[r, T.ramp(v * 16, 1, 16)]) - T.Broadcast(xc[row + r, g], lanes))
                 acc[local_row + r, T.ramp(column + v * lanes, 1, lanes)] = fma(
                     T.Cast(f"float32x{lanes}", sums),
-                    T.Cast(f"float32x{lanes}", scales[t, g, T.ramp(column + v * lanes, 1, lanes)])
+                    T.Cast(f"float32x{lanes}", scales[t, g if bits == 4 else 0, T.ramp(column + v * lanes, 1, lanes)])
                     * T.Broadcast(xs[row + r, g], lanes),
                     acc[local_row + r, T.ramp(column + v * lanes, 1, lanes)])
 
     @T.prim_func
-    def kernel(var_x: T.handle, packed: T.Buffer((tasks, k // NIBBLES, BLOCK), "int32"),
-               scales: T.Buffer((tasks, groups, BLOCK), scale), var_y: T.handle):
+    def kernel(var_x: T.handle, packed: T.Buffer((tasks, _words(k, bits), BLOCK), "int32"),
+               scales: T.Buffer((tasks, scale_groups, BLOCK), scale), var_y: T.handle):
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True, "aicf.kind": "linear_int4"})
         m_rows = T.int64()
         x = T.match_buffer(var_x, (m_rows, k), "float32")
         y = T.match_buffer(var_y, (m_rows, n), "float32")
-        xq = T.decl_buffer((m_rows, k), "int8")  # per 8 inputs, the even 4 then the odd 4
+        xq = T.decl_buffer((m_rows, k), "int8")  # in _row_byte's order
         xs = T.decl_buffer((m_rows, groups), "float32")
         xc = T.decl_buffer((m_rows, groups), "int32")
         flat = T.decl_buffer((m_rows * k,), "float32", data=x.data)
@@ -445,27 +492,24 @@ def linear_int4_q8(n: int, k: int, name: str = "linear_int4_q8", scale: str = "f
         for m in T.parallel(m_rows):
             q = T.decl_buffer((GROUP,), "int32", scope="local")
             for g in T.serial(groups):
-                _quantize_group(flat, m * k + g * GROUP, m * groups + g, q, xs_flat, xc_flat, Q8_LANES)
-                for c in T.unroll(chunks):
-                    for h in T.unroll(2):
-                        for b in T.unroll(4):
-                            xq[m, g * GROUP + c * NIBBLES + h * 4 + b] = T.Cast("int8", q[c * NIBBLES + 2 * b + h])
+                _quantize_group(flat, m * k + g * GROUP, m * groups + g, q, xs_flat, xc_flat, Q8_LANES, _offset(bits))
+                for e in T.unroll(HALVES):
+                    for b in T.unroll(4):
+                        xq[m, g * GROUP + e * 4 + b] = T.Cast("int8", q[_row_byte(e, b, bits)])
         for tm in T.parallel(tasks * ((m_rows + row_block - 1) // row_block)):
             t = T.meta_var(tm % tasks)
             mb = T.meta_var(tm // tasks)
             count = T.meta_var(T.min(row_block, m_rows - mb * row_block))  # this task's rows
             whole = T.meta_var(count // rows * rows)  # those in whole register tiles
-            tile = T.decl_buffer((halves, BLOCK), "int32", scope="local")
+            tile = T.decl_buffer((HALVES, BLOCK), "int32", scope="local")
             acc = T.decl_buffer((row_block, BLOCK), "float32", scope="local")
             for m in T.serial(count):
                 for j in T.vectorized(BLOCK):
                     acc[m, j] = T.float32(0)
             for g in T.serial(groups):
-                for c in T.unroll(chunks):
-                    for h in T.unroll(2):
-                        for j in T.vectorized(BLOCK):
-                            tile[c * 2 + h, j] = T.bitwise_and(T.shift_right(T.bitwise_xor(
-                                packed[t, g * chunks + c, j], T.int32(_OFFSET)), 4 * h), T.int32(_LOW_NIBBLES))
+                for e in T.unroll(HALVES):
+                    for j in T.vectorized(BLOCK):
+                        tile[e, j] = T.reinterpret(_weight_bytes(packed, t, j, g, e, 1, bits), dtype="int32")
                 for qq in T.serial(count // rows):
                     for cc in T.serial(BLOCK // columns):
                         tile_sums(xq, xs, xc, tile, acc, scales, t, g, mb * row_block + qq * rows, qq * rows,
@@ -478,7 +522,7 @@ def linear_int4_q8(n: int, k: int, name: str = "linear_int4_q8", scale: str = "f
                 for j in T.vectorized(BLOCK):
                     y[mb * row_block + m, t * BLOCK + j] = acc[m, j]
 
-    form = f"{n} {k} {scale} {rows} {vectors} {row_block} {int(vnni)}"
+    form = f"{n} {k} {scale} {rows} {vectors} {row_block} {int(vnni)} {bits}"
     return kernel.with_attr("global_symbol", name).with_attr(INT4_LINEAR_Q8_ATTR, form)
 
 
@@ -516,15 +560,20 @@ def int4_form(target: Target) -> dict[str, int | bool]:
             "q8_vnni": vnni, "q8_vectors": q8_tile}
 
 
-def has_q8(target: Target) -> bool:
-    """Whether ``gemv_int4_q8`` runs on ``target``: an x86 CPU with AVX2."""
-    return target.kind.name == "llvm" and _has_feature(target, "avx2")
+def has_q8(target: Target, bits: int = 4) -> bool:
+    """Whether the int8 activations' kernels run on ``target`` with ``bits``-bit weights: an
+    x86 CPU with AVX2 for int4, with AVX-512 VNNI for int8 (whose unsigned weight bytes
+    reach 255: ``vpmaddubsw``'s int16 pairs would saturate)."""
+    if target.kind.name != "llvm":
+        return False
+    return has_vnni(target) if bits == 8 else _has_feature(target, "avx2")
 
 
-def _refuse_without_q8(name: str, target: Target) -> None:
-    if not has_q8(target):
-        raise ValueError(f"{name}: int8 activations need an x86 CPU with AVX2 (vpmaddubsw); the target "
-                         f"{target} has none")
+def _refuse_without_q8(name: str, target: Target, bits: int = 4) -> None:
+    if not has_q8(target, bits):
+        need = "AVX-512 VNNI (vpdpbusd)" if bits == 8 else "AVX2 (vpmaddubsw)"
+        raise ValueError(f"{name}: int8 activations with int{bits} weights need an x86 CPU with {need}; the "
+                         f"target {target} has none")
 
 
 def for_target(mod: IRModule, target: Target) -> IRModule:
@@ -545,10 +594,10 @@ def for_target(mod: IRModule, target: Target) -> IRModule:
             before = str(attrs[INT4_GEMV_ATTR])
             after = str(rebuilt.attrs[INT4_GEMV_ATTR])
         elif INT4_GEMV_Q8_ATTR in attrs:
-            _refuse_without_q8(name, target)
-            n, k, rank, scale, *_ = str(attrs[INT4_GEMV_Q8_ATTR]).split()
+            n, k, rank, scale, *_, bits = str(attrs[INT4_GEMV_Q8_ATTR]).split()
+            _refuse_without_q8(name, target, int(bits))
             rebuilt = gemv_int4_q8(int(n), int(k), name, scale, (1,) * int(rank), int(form["q8_pass_vectors"]),
-                                   bool(form["q8_vnni"]))
+                                   bool(form["q8_vnni"]), int(bits))
             before, after = str(attrs[INT4_GEMV_Q8_ATTR]), str(rebuilt.attrs[INT4_GEMV_Q8_ATTR])
         elif INT4_LINEAR_ATTR in attrs:
             n, k, scale, *_ = str(attrs[INT4_LINEAR_ATTR]).split()
@@ -556,10 +605,10 @@ def for_target(mod: IRModule, target: Target) -> IRModule:
                                   int(form["row_block"]))
             before, after = str(attrs[INT4_LINEAR_ATTR]), str(rebuilt.attrs[INT4_LINEAR_ATTR])
         elif INT4_LINEAR_Q8_ATTR in attrs:
-            _refuse_without_q8(name, target)
-            n, k, scale, *_ = str(attrs[INT4_LINEAR_Q8_ATTR]).split()
+            n, k, scale, *_, bits = str(attrs[INT4_LINEAR_Q8_ATTR]).split()
+            _refuse_without_q8(name, target, int(bits))
             rebuilt = linear_int4_q8(int(n), int(k), name, scale, Q8_ROWS, int(form["q8_vectors"]),
-                                     bool(form["q8_vnni"]))
+                                     bool(form["q8_vnni"]), bits=int(bits))
             before, after = str(attrs[INT4_LINEAR_Q8_ATTR]), str(rebuilt.attrs[INT4_LINEAR_Q8_ATTR])
         else:
             continue
@@ -571,4 +620,4 @@ def for_target(mod: IRModule, target: Target) -> IRModule:
 
 
 __all__ = ["BLOCK", "GROUP", "NIBBLES", "Q8_MAX", "fits_int4", "for_target", "gemv_int4", "gemv_int4_q8", "has_lut",
-           "has_q8", "int4_form", "linear_int4", "linear_int4_q8", "pack_int4", "scale_dtype", "vpdpbusd"]
+           "has_q8", "int4_form", "linear_int4", "linear_int4_q8", "pack_int4", "pack_int8", "scale_dtype", "vpdpbusd"]

@@ -32,6 +32,7 @@ from schedules.cpu.linear_int4 import (
     linear_int4,
     linear_int4_q8,
     pack_int4,
+    pack_int8,
     scale_dtype,
 )
 from tests.helpers import rounded_int8_groups
@@ -200,14 +201,57 @@ def test_the_many_row_kernel_with_int8_activations_equals_float64_of_the_rounded
 def test_for_target_gives_the_int8_activations_gemv_its_form_by_isa_and_refuses_a_cpu_without_avx2():
     mod = tvm.IRModule({"g": gemv_int4_q8(128, 64, "g", "float16", pass_vectors=8),
                         "l": linear_int4_q8(128, 64, "l", "float16")})
-    assert str(for_target(mod, AVX2)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["2", "0"]
-    assert str(for_target(mod, AVX2)["l"].attrs[INT4_LINEAR_Q8_ATTR]).split()[3:] == ["2", "2", "64", "0"]
-    assert str(for_target(mod, VNNI)["l"].attrs[INT4_LINEAR_Q8_ATTR]).split()[3:] == ["2", "4", "64", "1"]
-    assert str(for_target(mod, AVX512)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["8", "0"]
-    assert str(for_target(mod, VNNI)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["4", "1"]
+    assert str(for_target(mod, AVX2)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["2", "0", "4"]
+    assert str(for_target(mod, AVX2)["l"].attrs[INT4_LINEAR_Q8_ATTR]).split()[3:] == ["2", "2", "64", "0", "4"]
+    assert str(for_target(mod, VNNI)["l"].attrs[INT4_LINEAR_Q8_ATTR]).split()[3:] == ["2", "4", "64", "1", "4"]
+    assert str(for_target(mod, AVX512)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["8", "0", "4"]
+    assert str(for_target(mod, VNNI)["g"].attrs[INT4_GEMV_Q8_ATTR]).split()[4:] == ["4", "1", "4"]
     assert "vpdpbusd" in for_target(mod, VNNI)["g"].script() and "pmadd" not in for_target(mod, VNNI)["g"].script()
     assert has_q8(AVX2) and has_q8(AVX512)
     sse = Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"})
     assert not has_q8(sse)
-    with pytest.raises(ValueError, match="int8 activations need an x86 CPU with AVX2"):
+    with pytest.raises(ValueError, match="int8 activations with int4 weights need an x86 CPU with AVX2"):
         for_target(mod, sse)
+
+
+@pytest.mark.skipif(not has_vnni(HOST), reason="int8 weights with int8 activations need AVX-512 VNNI")
+@pytest.mark.parametrize(("n", "k"), [(64, 32), (192, 96), (128, 256)])
+@pytest.mark.parametrize("rows", [1, 5, ROW_BLOCK + 3])
+def test_the_int8_weight_kernels_equal_float64_of_the_rounded_input(n, k, rows):
+    """``bits=8``: per-channel int8 weights (the extremes -127 and 127 included) packed 4 to a
+    word (``pack_int8``), the rows rounded as numpy does; the GEMV (one row, passes of 1, 2
+    and 4 vectors) and the many-row kernel (tiles of 2 x 4 and 3 x 1 and the rows left)."""
+    rng = np.random.default_rng(n + k + rows)
+    q = rng.integers(-127, 128, (n, k)).astype(np.int8)
+    q[0, :8] = [-127, 127, -127, 127, 127, 127, -127, -127]
+    s = rng.uniform(0.001, 0.02, n).astype(np.float32)
+    w = q.astype(np.float64) * s[:, None].astype(np.float64)
+    x = rng.standard_normal((rows, k)).astype(np.float32) * 3
+    x[0, 5] = 40.0
+    want = rounded_int8_groups(x).astype(np.float64) @ w.T
+    packed = pack_int8(q, s)
+    kernels = [linear_int4_q8(n, k, "l", "float32", 2, 4, True, bits=8),
+               linear_int4_q8(n, k, "l", "float32", 3, 1, True, bits=8)]
+    if rows == 1:
+        kernels += [gemv_int4_q8(n, k, "g", "float32", (1,), passes, True, bits=8) for passes in (1, 2, 4)]
+    for kernel in kernels:
+        got = _run(kernel, x, *packed, n)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    y = x.copy()
+    y[0, 3] = np.nan
+    assert np.isnan(_run(kernels[0], y, *packed, n)[0]).all()
+
+
+def test_int8_weights_pack_four_to_a_word_and_need_vnni():
+    q = np.arange(-64, 64, dtype=np.int8).reshape(1, 128).repeat(64, axis=0)
+    packed, scales = pack_int8(q, np.full(64, 0.5, np.float32))
+    assert packed.shape == (1, 32, 64) and scales.shape == (1, 1, 64)
+    assert packed[0, 0, 0] == np.array([-64, -63, -62, -61], np.int8).view(np.int32)[0]
+    with pytest.raises(ValueError, match="VNNI form"):
+        gemv_int4_q8(64, 32, "g", "float32", bits=8)
+    mod = tvm.IRModule({"g": gemv_int4_q8(128, 64, "g", "float32", vnni=True, bits=8),
+                        "l": linear_int4_q8(128, 64, "l", "float32", vnni=True, bits=8)})
+    assert str(for_target(mod, VNNI)["l"].attrs[INT4_LINEAR_Q8_ATTR]).split()[-2:] == ["1", "8"]
+    assert has_q8(VNNI, 8) and not has_q8(AVX2, 8) and not has_q8(AVX512, 8)
+    with pytest.raises(ValueError, match="int8 weights need an x86 CPU with AVX-512 VNNI"):
+        for_target(mod, AVX2)

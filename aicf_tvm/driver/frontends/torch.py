@@ -183,9 +183,17 @@ def _linear_int4_q8(node: torch.fx.Node, importer: ExportedProgramImporter) -> r
     return importer.block_builder.emit(linear_int4_call(importer.block_builder, x, packed, scales, True))
 
 
+def _linear_int8_q8(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax.Var:
+    """``aicf::linear_int8_q8(x, packed, scales)``: an int8 weight with ``x`` rounded to
+    int8 per group (``compile_causal_lm(weights="int8", activations="int8")``)."""
+    x, packed, scales = (importer.env[a] for a in node.args[:3])
+    return importer.block_builder.emit(linear_int4_call(importer.block_builder, x, packed, scales, True, bits=8))
+
+
 _CONVERTERS = {name: _arange for name in ("arange.default", "arange.start", "arange.start_step")}
 _CONVERTERS["linear_int4.default"] = _linear_int4
 _CONVERTERS["linear_int4_q8.default"] = _linear_int4_q8
+_CONVERTERS["linear_int8_q8.default"] = _linear_int8_q8
 
 
 def from_torch(module: torch.nn.Module, example_args: Sequence[Any],

@@ -196,12 +196,42 @@ def test_int8_activations_equal_the_model_with_numpy_rounded_inputs(tmp_path):
     assert aicf_tvm.load(path).config.activations == "int8"
 
 
-def test_int8_activations_are_refused_without_int4_weights_or_avx2():
-    with pytest.raises(ValueError, match="activations='int8' goes with weights='int4'"):
-        aicf_tvm.compile_causal_lm(build("llama"), max_length=8, weights="int8", activations="int8")
+@pytest.mark.skipif(not has_q8(resolve_target("llvm"), 8),
+                    reason="int8 weights with int8 activations need AVX-512 VNNI")
+def test_int8_weights_with_int8_activations_equal_the_model_with_numpy_rounded_inputs(tmp_path):
+    """``weights="int8", activations="int8"``: per-channel int8 weights (numpy's rounding in
+    the reference) and every layer's input rounded to int8 in groups of 32, summed in
+    integers by the 8-bit form of the q8 kernels (prefill and decode); logits and greedy
+    tokens equal the reference, the report and the library say so."""
+    model = build("llama")
+    lm = compile_quantized(model, "int8", MAX_LENGTH, activations="int8")
+    ref = round_linear_inputs(rounded_copy(model, "int8"))
+    ids = prompts(23, batch=1)
+    with torch.no_grad():
+        want = ref(input_ids=torch.from_numpy(ids)).logits[0].numpy()
+        float_inputs = rounded_copy(model, "int8")(input_ids=torch.from_numpy(ids)).logits[0].numpy()
+    assert not np.allclose(want, float_inputs, rtol=1e-4, atol=1e-4)  # the inputs' rounding shows
+    assert_like_model(lm, ref, want, ids)
+    assert lm.config.activations == "int8" and lm.config.weights == "int8"
+    found = [d for d in lm.model.report.decisions if d.candidate == "approximate:activations_int8"]
+    assert len(found) == len(_linear_shapes(model)) and all(
+        "per-channel symmetric int8, input rounded to int8 in groups of 32" in d.note for d in found)
+    path = lm.export_library(tmp_path / "lm.so")
+    loaded = aicf_tvm.load(path)
+    assert loaded.config.activations == "int8"
+    np.testing.assert_array_equal(loaded.generate(ids[:, :5], max_new_tokens=4, stop_tokens=[]),
+                                  lm.generate(ids[:, :5], max_new_tokens=4, stop_tokens=[]))
+
+
+def test_int8_activations_are_refused_without_quantized_weights_or_the_isa():
+    with pytest.raises(ValueError, match="activations='int8' goes with weights='int4' or 'int8'"):
+        aicf_tvm.compile_causal_lm(build("llama"), max_length=8, weights="float32", activations="int8")
     with pytest.raises(ValueError, match="needs an x86 CPU with AVX2"):
         aicf_tvm.compile_causal_lm(build("llama"), max_length=8, weights="int4", activations="int8",
                                    target={"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"})
+    with pytest.raises(ValueError, match="needs an x86 CPU with AVX-512 VNNI"):  # Zen 3: AVX2, no VNNI
+        aicf_tvm.compile_causal_lm(build("llama"), max_length=8, weights="int8", activations="int8",
+                                   target={"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver3"})
     with pytest.raises(ValueError, match="activations='int16'"):
         aicf_tvm.compile_causal_lm(build("llama"), max_length=8, weights="int4", activations="int16")
 
