@@ -6,7 +6,9 @@ and decode logits and greedy tokens equal it; the weights are stored once, packe
 a byte each; the report lists every layer with its form and error; the library says so
 after export and load. LLaMA's key/value projections (32 outputs) are padded to 64, and
 so is the head of a GPT-2 of 300 tokens; GPT-2 covers transformers' ``Conv1D`` layers and a tied
-head. A layer of 48 inputs takes the int8 form."""
+head. A layer of 48 inputs takes the int8 form. ``activations="int8"`` (with int4 weights,
+and with int8 ones where the CPU has AVX-512 VNNI) against the same reference with numpy's
+rounding of every layer's input."""
 
 from __future__ import annotations
 
@@ -172,52 +174,32 @@ def test_a_layer_of_inputs_that_make_no_whole_group_takes_int8():
                                   reference(rounded_copy(model, "int4"), ids, 6))
 
 
-@pytest.mark.skipif(not has_q8(resolve_target("llvm")),
-                    reason="int8 activations need AVX2")
-def test_int8_activations_equal_the_model_with_numpy_rounded_inputs(tmp_path):
-    """``activations="int8"``: every int4 layer's input rounded to int8 in groups of 32 (by
-    numpy in the reference: ``round_linear_inputs``), the decode step's GEMVs summing in
-    integers; logits and greedy tokens equal the reference, each layer is reported as
-    ``approximate:activations_int8``, and the library keeps the setting."""
+@pytest.mark.parametrize(("weights", "form"), [
+    pytest.param("int4", "symmetric int4 in groups of 32", marks=pytest.mark.skipif(
+        not has_q8(resolve_target("llvm")), reason="int8 activations with int4 weights need AVX2")),
+    pytest.param("int8", "per-channel symmetric int8", marks=pytest.mark.skipif(
+        not has_q8(resolve_target("llvm"), 8), reason="int8 activations with int8 weights need AVX-512 VNNI"))])
+def test_int8_activations_equal_the_model_with_numpy_rounded_inputs(tmp_path, weights, form):
+    """``activations="int8"``: every quantized layer's input rounded to int8 in groups of 32
+    (by numpy in the reference: ``round_linear_inputs``, with numpy's rounding of the
+    weights), the prompt's and the decode step's kernels summing in integers (int4 weights;
+    int8 ones in the kernels' 8-bit form); logits and greedy tokens equal the reference,
+    each layer is reported as ``approximate:activations_int8``, and the library keeps the
+    setting through export and load."""
     model = build("llama")
-    lm = compile_quantized(model, "int4", MAX_LENGTH, activations="int8")
-    ref = round_linear_inputs(rounded_copy(model, "int4"))
+    lm = compile_quantized(model, weights, MAX_LENGTH, activations="int8")
+    ref = round_linear_inputs(rounded_copy(model, weights))
     ids = prompts(19, batch=1)
     with torch.no_grad():
         want = ref(input_ids=torch.from_numpy(ids)).logits[0].numpy()
-        float_inputs = rounded_copy(model, "int4")(input_ids=torch.from_numpy(ids)).logits[0].numpy()
+        float_inputs = rounded_copy(model, weights)(input_ids=torch.from_numpy(ids)).logits[0].numpy()
     assert not np.allclose(want, float_inputs, rtol=1e-4, atol=1e-4)  # the inputs' rounding shows
     assert_like_model(lm, ref, want, ids)
-    assert lm.config.activations == "int8" and lm.config.weights == "int4"
+    assert lm.config.activations == "int8" and lm.config.weights == weights
     found = [d for d in lm.model.report.decisions if d.candidate == "approximate:activations_int8"]
-    assert len(found) == _forms(model)["int4"] and all("input rounded to int8 in groups of 32" in d.note
-                                                        for d in found)
-    path = lm.export_library(tmp_path / "lm.so")
-    assert aicf_tvm.load(path).config.activations == "int8"
-
-
-@pytest.mark.skipif(not has_q8(resolve_target("llvm"), 8),
-                    reason="int8 weights with int8 activations need AVX-512 VNNI")
-def test_int8_weights_with_int8_activations_equal_the_model_with_numpy_rounded_inputs(tmp_path):
-    """``weights="int8", activations="int8"``: per-channel int8 weights (numpy's rounding in
-    the reference) and every layer's input rounded to int8 in groups of 32, summed in
-    integers by the 8-bit form of the q8 kernels (prefill and decode); logits and greedy
-    tokens equal the reference, the report and the library say so."""
-    model = build("llama")
-    lm = compile_quantized(model, "int8", MAX_LENGTH, activations="int8")
-    ref = round_linear_inputs(rounded_copy(model, "int8"))
-    ids = prompts(23, batch=1)
-    with torch.no_grad():
-        want = ref(input_ids=torch.from_numpy(ids)).logits[0].numpy()
-        float_inputs = rounded_copy(model, "int8")(input_ids=torch.from_numpy(ids)).logits[0].numpy()
-    assert not np.allclose(want, float_inputs, rtol=1e-4, atol=1e-4)  # the inputs' rounding shows
-    assert_like_model(lm, ref, want, ids)
-    assert lm.config.activations == "int8" and lm.config.weights == "int8"
-    found = [d for d in lm.model.report.decisions if d.candidate == "approximate:activations_int8"]
-    assert len(found) == len(_linear_shapes(model)) and all(
-        "per-channel symmetric int8, input rounded to int8 in groups of 32" in d.note for d in found)
-    path = lm.export_library(tmp_path / "lm.so")
-    loaded = aicf_tvm.load(path)
+    assert len(found) == len(_linear_shapes(model)) == _forms(model)["int4"]
+    assert all(f"{form}, input rounded to int8 in groups of 32" in d.note for d in found)
+    loaded = aicf_tvm.load(lm.export_library(tmp_path / "lm.so"))
     assert loaded.config.activations == "int8"
     np.testing.assert_array_equal(loaded.generate(ids[:, :5], max_new_tokens=4, stop_tokens=[]),
                                   lm.generate(ids[:, :5], max_new_tokens=4, stop_tokens=[]))
@@ -236,7 +218,8 @@ def test_int8_activations_are_refused_without_quantized_weights_or_the_isa():
         aicf_tvm.compile_causal_lm(build("llama"), max_length=8, weights="int4", activations="int16")
 
 
-def test_the_reference_rounds_inputs_and_inputs_not_rounded_undoes_it():
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_the_reference_rounds_inputs_and_inputs_not_rounded_undoes_it(weights):
     """``quantize_linears(..., activations="int8")``'s PyTorch model equals transformers'
     with numpy-rounded weights and inputs; inside ``inputs_not_rounded`` it equals the one
     with rounded weights only, and after it rounds again (what ``check`` compares with)."""
@@ -247,10 +230,10 @@ def test_the_reference_rounds_inputs_and_inputs_not_rounded_undoes_it():
     model = build("llama")
     ids = torch.from_numpy(prompts(23, batch=1))
     quantized = copy.deepcopy(model)
-    quantize_linears(quantized, "int4", ids, "int8")
+    quantize_linears(quantized, weights, ids, "int8")
     with torch.no_grad():
-        want = round_linear_inputs(rounded_copy(model, "int4"))(input_ids=ids).logits.numpy()
-        weights_only = rounded_copy(model, "int4")(input_ids=ids).logits.numpy()
+        want = round_linear_inputs(rounded_copy(model, weights))(input_ids=ids).logits.numpy()
+        weights_only = rounded_copy(model, weights)(input_ids=ids).logits.numpy()
         np.testing.assert_allclose(quantized(input_ids=ids).logits.numpy(), want, rtol=1e-4, atol=1e-5)
         with inputs_not_rounded(quantized):
             np.testing.assert_allclose(quantized(input_ids=ids).logits.numpy(), weights_only, rtol=1e-4, atol=1e-5)
