@@ -199,6 +199,9 @@ def test_int8_activations_equal_the_model_with_numpy_rounded_inputs(tmp_path, we
     found = [d for d in lm.model.report.decisions if d.candidate == "approximate:activations_int8"]
     assert len(found) == len(_linear_shapes(model)) == _forms(model)["int4"]
     assert all(f"{form}, input rounded to int8 in groups of 32" in d.note for d in found)
+    plans = {k.plan for k in lm.model.kernels if k.schedule == "hand-written"}  # aicf explain's kernel table
+    assert any(p.startswith(f"{weights} weights, int8 activations") and "rows a task" in p for p in plans)
+    assert any(p.startswith(f"{weights} weights, int8 activations") and "passes of" in p for p in plans)
     loaded = aicf_tvm.load(lm.export_library(tmp_path / "lm.so"))
     assert loaded.config.activations == "int8"
     np.testing.assert_array_equal(loaded.generate(ids[:, :5], max_new_tokens=4, stop_tokens=[]),
