@@ -1,8 +1,8 @@
-"""int4 weights with float32 against int8 activations, in one process: ``python -m
-scripts.ab_int8_activations [--folder DIR] [--rounds N]``.
+"""int4 (or int8) weights with float32 against int8 activations, in one process: ``python -m
+scripts.ab_int8_activations [--weights int4|int8] [--folder DIR] [--rounds N]``.
 
 Compiles ``bench_llm``'s 110M LLaMA-style model (its folder, made there if missing) with
-``weights="int4"`` twice, ``activations="float32"`` and ``"int8"``, then generates 64
+``weights`` twice, ``activations="float32"`` and ``"int8"``, then generates 64
 tokens after a 128-token prompt with each in turn, ``--rounds`` times, and prints each
 side's median prefill time and decode rate, and the share of the greedy tokens the two
 sides agree on.
@@ -23,13 +23,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", type=Path, default=DEFAULT_FOLDER)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--weights", choices=("int4", "int8"), default="int4")
     args = parser.parse_args()
 
     import aicf_tvm
 
     make_folder(args.folder)
     prompt = np.random.default_rng(0).integers(3, CONFIG["vocab_size"], (1, 128))
-    lms = {act: aicf_tvm.compile_causal_lm(str(args.folder), max_length=192, weights="int4", activations=act)
+    lms = {act: aicf_tvm.compile_causal_lm(str(args.folder), max_length=192, weights=args.weights,
+                                           activations=act)
            for act in ("float32", "int8")}
     rows: dict[str, dict[str, list]] = {act: {"prefill": [], "decode": []} for act in lms}
     tokens = {}
