@@ -5,6 +5,7 @@ The order the compiler runs them in is listed once, in docs/pipeline.md ("The pa
 
 from .bound_shapes import BoundShapes
 from .channels_first import ChannelsFirst
+from .combine_int4_calls import CombineInt4Calls
 from .combine_projections import CombineProjections
 from .creation_ops import NormalizeCreationOps
 from .eliminate_emits import EliminateEmits
@@ -21,7 +22,7 @@ from .normalize_indices import NormalizeIndices
 from .propagate_contracts import PropagateContracts
 from .sink_reshapes import SinkReshapes
 
-__all__ = ["BoundShapes", "ChannelsFirst", "CombineProjections", "EliminateEmits", "FoldBatchNorm", "FoldConstantEmits",
-           "FoldConstantIEEE", "FoldPadIntoConv", "FuseEmits", "InsertEmits", "LiftEmits", "LowerEmits",
-           "MaterializeEmits", "MaterializeLayouts", "NormalizeCreationOps", "NormalizeIndices", "PropagateContracts",
-           "SinkReshapes"]
+__all__ = ["BoundShapes", "ChannelsFirst", "CombineInt4Calls", "CombineProjections", "EliminateEmits", "FoldBatchNorm",
+           "FoldConstantEmits", "FoldConstantIEEE", "FoldPadIntoConv", "FuseEmits", "InsertEmits", "LiftEmits",
+           "LowerEmits", "MaterializeEmits", "MaterializeLayouts", "NormalizeCreationOps", "NormalizeIndices",
+           "PropagateContracts", "SinkReshapes"]

@@ -43,7 +43,7 @@ from tvm import relax
 
 from aicf_tvm.core.tvm_values import static_shape
 
-from .dataflow_rewrite import rewrite_and_drop_dead, splice_block
+from .dataflow_rewrite import operand_key, rewrite_and_drop_dead, splice_block
 
 _MATMUL, _ADD, _RESHAPE = "relax.matmul", "relax.add", "relax.reshape"
 Block = relax.DataflowBlock
@@ -98,17 +98,6 @@ def _head_split(var: relax.Var, consumers: dict, uses: dict) -> bool:
     return True
 
 
-def _key(binding: relax.VarBinding, reshapes: dict) -> relax.Expr | tuple[relax.Expr, tuple[int, ...]]:
-    """What identifies the matmul's left operand: itself, or (source, shape) of a reshape
-    (a symbolic dim by its expression: within one function a name is one variable)."""
-    lhs = binding.value.args[0]
-    shape = getattr(lhs.ty, "shape", None)
-    if lhs in reshapes and isinstance(shape, relax.ShapeExpr):
-        source, _shape = reshapes[lhs].value.args
-        return (source, tuple(int(d.value) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in shape.values))
-    return lhs
-
-
 def _groups(block: relax.DataflowBlock, uses: dict) -> list[list[_Branch]]:
     reshapes = {b.var: b for b in block.bindings if _op_name(b.value) == _RESHAPE}
     consumers: dict = {}
@@ -136,7 +125,7 @@ def _groups(block: relax.DataflowBlock, uses: dict) -> list[list[_Branch]]:
         out = bias.var if bias is not None else b.var
         if not _head_split(out, consumers, uses):
             continue
-        key = (_key(b, reshapes), w_shape[0], dtype, str(b.value.attrs.out_dtype))
+        key = (operand_key(lhs, reshapes), w_shape[0], dtype, str(b.value.attrs.out_dtype))
         found.setdefault(key, []).append(_Branch(b, bias, rhs.value.numpy(), bias_value))
     return [branches for branches in found.values() if len(branches) > 1]
 

@@ -58,6 +58,17 @@ def rewrite_dataflow_blocks(mod: tvm.IRModule, rewrite: BlockRewrite, *,
     return relax.transform.Normalize()(mod)
 
 
+def operand_key(value: relax.Expr, reshapes: dict) -> relax.Expr | tuple[relax.Expr, tuple]:
+    """What identifies an operand across bindings: itself, or (source, shape) when it is a
+    ``reshape`` binding of ``reshapes`` (var -> binding; frontends flatten an input once per
+    layer), a symbolic dim by its expression (within one function a name is one variable)."""
+    shape = getattr(value.ty, "shape", None)
+    if value in reshapes and isinstance(shape, relax.ShapeExpr):
+        source, _shape = reshapes[value].value.args
+        return (source, tuple(int(d.value) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in shape.values))
+    return value
+
+
 def splice_block(block: relax.DataflowBlock, replace: dict, before: dict | None = None) -> relax.DataflowBlock:
     """``block`` with each binding whose var is a key of ``replace`` replaced by that list
     of bindings (empty: dropped), and the bindings of ``before`` (var -> list) put in front

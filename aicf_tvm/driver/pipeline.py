@@ -45,6 +45,7 @@ from relax_passes.bounded_tables import PrecomputeBoundedTables
 from relax_passes.cache_in_place import CacheInPlace
 from relax_passes.channels_first import ChannelsFirst
 from relax_passes.clip_pool_windows import ClipPoolWindows
+from relax_passes.combine_int4_calls import CombineInt4Calls
 from relax_passes.combine_projections import CombineProjections
 from relax_passes.conv1d_as_conv2d import Conv1dAsConv2d
 from relax_passes.creation_ops import NormalizeCreationOps
@@ -103,7 +104,8 @@ def normalize(mod: tvm.IRModule, options: CompileOptions | None = None,
     an average pool's window that covers its whole input, to that input, ``relax_passes.ClipPoolWindows``),
     merge the projections of one input by constant weights that attention splits into
     heads into one GEMM whose output attention reads through slices, and read a ``split``
-    through slices too (``relax_passes.CombineProjections``),
+    through slices too (``relax_passes.CombineProjections``), and likewise the int4 kernels'
+    calls of one input (``relax_passes.CombineInt4Calls``),
     let ops broadcast their operands themselves instead of through an explicit broadcast
     (``relax_passes.ImplicitBroadcasts``) and move reshapes below the pointwise ops they
     feed (``relax_passes.SinkReshapes``); ``options`` may leave out CombineProjections."""
@@ -128,7 +130,7 @@ def normalize(mod: tvm.IRModule, options: CompileOptions | None = None,
         relax.transform.DecomposeOpsForInference(),
         FoldConstantIEEE(),
         NormalizeIndices(),  # a check of indices that only the folds above made constant
-        *([CombineProjections()] if options.combine_projections else []),
+        *([CombineProjections(), CombineInt4Calls()] if options.combine_projections else []),
         ImplicitBroadcasts(options),
         SinkReshapes(),
         *([GroupQueryHeads()] if options.group_query_heads else []),

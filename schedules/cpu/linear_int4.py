@@ -596,6 +596,26 @@ def has_q8(target: Target, bits: int = 4) -> bool:
     return has_vnni(target) if bits == 8 else _has_feature(target, "avx2")
 
 
+KERNEL_FORMS = (INT4_GEMV_ATTR, INT4_GEMV_Q8_ATTR, INT4_LINEAR_ATTR, INT4_LINEAR_Q8_ATTR)
+
+
+def with_outputs(func: tirx.PrimFunc, n: int, name: str) -> tirx.PrimFunc:
+    """The kernel ``func`` (one of this module's, by its form attribute) for ``n`` outputs,
+    everything else as it is, named ``name``."""
+    attrs = func.attrs
+    if INT4_GEMV_ATTR in attrs:
+        _n, k, rank, scale, lut, lanes, pv = str(attrs[INT4_GEMV_ATTR]).split()
+        return gemv_int4(n, int(k), name, scale, lut == "1", (1,) * int(rank), int(lanes), int(pv))
+    if INT4_GEMV_Q8_ATTR in attrs:
+        _n, k, rank, scale, pv, vnni, bits = str(attrs[INT4_GEMV_Q8_ATTR]).split()
+        return gemv_int4_q8(n, int(k), name, scale, (1,) * int(rank), int(pv), vnni == "1", int(bits))
+    if INT4_LINEAR_ATTR in attrs:
+        _n, k, scale, rows, columns, row_block = str(attrs[INT4_LINEAR_ATTR]).split()
+        return linear_int4(n, int(k), name, scale, int(rows), int(columns), int(row_block))
+    _n, k, scale, rows, vectors, row_block, vnni, bits = str(attrs[INT4_LINEAR_Q8_ATTR]).split()
+    return linear_int4_q8(n, int(k), name, scale, int(rows), int(vectors), vnni == "1", int(row_block), int(bits))
+
+
 def _refuse_without_q8(name: str, target: Target, bits: int = 4) -> None:
     if not has_q8(target, bits):
         need = "AVX-512 VNNI (vpdpbusd)" if bits == 8 else "AVX2 (vpmaddubsw)"
@@ -646,5 +666,6 @@ def for_target(mod: IRModule, target: Target) -> IRModule:
     return out
 
 
-__all__ = ["BLOCK", "GROUP", "NIBBLES", "Q8_MAX", "fits_int4", "for_target", "gemv_int4", "gemv_int4_q8", "has_lut",
-           "has_q8", "int4_form", "linear_int4", "linear_int4_q8", "pack_int4", "pack_int8", "scale_dtype", "vpdpbusd"]
+__all__ = ["BLOCK", "GROUP", "KERNEL_FORMS", "NIBBLES", "Q8_MAX", "fits_int4", "for_target", "gemv_int4",
+           "gemv_int4_q8", "has_lut", "has_q8", "int4_form", "linear_int4", "linear_int4_q8", "pack_int4", "pack_int8",
+           "scale_dtype", "vpdpbusd", "with_outputs"]
