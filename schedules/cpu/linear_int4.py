@@ -48,6 +48,13 @@ nibble to a float (the GEMV), three times fewer than the float multiply-adds
 group holding a NaN or an infinity gets a NaN scale (every output NaN, as the float
 layer's would be).
 
+The same two kernels take per-channel int8 weights with int8 activations (``bits=8``,
+``compile_causal_lm(weights="int8", activations="int8")``; VNNI only): ``pack_int8``
+stores 4 weights a word (``packed [N / BLOCK, K / 4, BLOCK]``, the scales ``[N / BLOCK,
+1, BLOCK]``), each word offset by 0x80808080 to unsigned bytes ``q_w + 128``, the row's
+bytes in order, the sums from ``-128 * sum_k q[k]``. AVX2 has no such form:
+``vpmaddubsw`` would saturate on ``2 * 255 * 127``.
+
 Each is the dot product of ``x`` with the dequantized row up to the order of the
 additions (and, in ``gemv_int4``, where the scale is applied), as in any GEMM. The
 multiply-adds are fused (``fma``): a matrix product states no rounding per product
