@@ -32,7 +32,7 @@ from tvm import relax, tirx
 
 from schedules.cpu.linear_int4 import KERNEL_FORMS, with_outputs
 
-from .dataflow_rewrite import operand_key, splice_block
+from .dataflow_rewrite import operand_key, rewrite_and_drop_dead, splice_block
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -96,25 +96,8 @@ class CombineInt4Calls:
     through slices."""
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        bb = relax.BlockBuilder(mod)
-        changed = False
-        for gv, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-                continue
-            blocks, moved = [], False
-            for block in func.body.blocks:
-                if isinstance(block, relax.DataflowBlock):
-                    block, did = _combine(bb, mod, block)
-                    moved |= did
-                blocks.append(block)
-            if moved:
-                changed = True
-                body = relax.SeqExpr(blocks, func.body.body)
-                bb.update_func(gv, relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs))
-        if not changed:
-            return mod
-        out = relax.transform.DeadCodeElimination()(relax.transform.Normalize()(bb.get()))
-        return _drop_uncalled(out)
+        out = rewrite_and_drop_dead(mod, lambda bb, block, _uses: _combine(bb, mod, block))
+        return out if out.same_as(mod) else _drop_uncalled(out)
 
 
 def _drop_uncalled(mod: tvm.IRModule) -> tvm.IRModule:

@@ -52,8 +52,10 @@ def rewrite_dataflow_blocks(mod: tvm.IRModule, rewrite: BlockRewrite, *,
             updates[gv] = func
     if not updates:
         return mod
+    known = {gv.name_hint for gv in mod.get_global_vars()}
+    added = [(gv, f) for gv, f in bb.get().functions_items() if gv.name_hint not in known]
     mod = mod.clone()
-    for gv, func in updates.items():
+    for gv, func in [*added, *updates.items()]:  # the functions a rewrite added with bb.add_func too
         mod[gv] = func
     return relax.transform.Normalize()(mod)
 
