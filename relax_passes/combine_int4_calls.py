@@ -26,18 +26,22 @@ elements. Tests compare the combined build with the uncombined one bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 import tvm
 from tvm import relax, tirx
-
-from schedules.cpu.linear_int4 import KERNEL_FORMS, with_outputs
 
 from .dataflow_rewrite import operand_key, rewrite_and_drop_dead, splice_block
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
-def _form(mod: tvm.IRModule, binding: relax.VarBinding) -> tuple | None:
+# (kernel, outputs, name) -> the same kernel for that many outputs
+Rebuild = Callable[[tirx.PrimFunc, int, str], tirx.PrimFunc]
+
+
+def _form(mod: tvm.IRModule, binding: relax.VarBinding, forms: Sequence[str]) -> tuple | None:
     """(form attribute, its fields but ``N``, N, input, packed, scales) of an int4 kernel call."""
     value = binding.value
     if not isinstance(value, relax.Call) or not value.op.same_as(_CALL_TIR):
@@ -47,7 +51,7 @@ def _form(mod: tvm.IRModule, binding: relax.VarBinding) -> tuple | None:
     attrs = func.attrs if isinstance(func, tirx.PrimFunc) else None
     if attrs is None or not isinstance(args, relax.Tuple) or len(args.fields) != 3:
         return None
-    found = [a for a in KERNEL_FORMS if a in attrs]
+    found = [a for a in forms if a in attrs]
     x, packed, scales = args.fields
     if not found or not isinstance(packed, tvm.ir.Constant) or not isinstance(scales, tvm.ir.Constant):
         return None
@@ -55,13 +59,14 @@ def _form(mod: tvm.IRModule, binding: relax.VarBinding) -> tuple | None:
     return found[0], tuple(rest), int(n), x, packed, scales
 
 
-def _combine(bb: relax.BlockBuilder, mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[relax.DataflowBlock, bool]:
+def _combine(bb: relax.BlockBuilder, mod: tvm.IRModule, block: relax.DataflowBlock, forms: Sequence[str],
+             rebuild: Rebuild) -> tuple[relax.DataflowBlock, bool]:
     reshapes = {b.var: b for b in block.bindings
                 if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
                 and b.value.op.name == "relax.reshape"}
     groups: dict = {}
     for b in block.bindings:
-        form = _form(mod, b)
+        form = _form(mod, b, forms)
         if form is not None:
             attr, rest, _n, x, _p, _s = form
             groups.setdefault((attr, rest, operand_key(x, reshapes)), []).append((b, form))
@@ -75,7 +80,7 @@ def _combine(bb: relax.BlockBuilder, mod: tvm.IRModule, block: relax.DataflowBlo
         packed = np.concatenate([form[4].value.numpy() for _b, form in members], axis=0)
         scales = np.concatenate([form[5].value.numpy() for _b, form in members], axis=0)
         name = f"{lead.value.args[0].name_hint}_x{len(members)}_{sum(widths)}"
-        kernel = with_outputs(mod[lead.value.args[0]], sum(widths), name)
+        kernel = rebuild(mod[lead.value.args[0]], sum(widths), name)
         gv = bb.add_func(kernel, name)
         shape = [*lead.var.ty.shape.values[:-1], sum(widths)]
         call = relax.call_tir(gv, [x, relax.const(packed, str(packed.dtype)), relax.const(scales, str(scales.dtype))],
@@ -92,15 +97,21 @@ def _combine(bb: relax.BlockBuilder, mod: tvm.IRModule, block: relax.DataflowBlo
 
 @tvm.transform.module_pass(opt_level=0, name="CombineInt4Calls")
 class CombineInt4Calls:
-    """Merge the int4 / int8-activation kernel calls of one input into one call read
-    through slices."""
+    """Merge the calls of one input to the kernels whose form attribute is one of ``forms``
+    (``"N K ..."``: the number of outputs first) into one call read through slices;
+    ``rebuild`` gives such a kernel for more outputs (the driver passes
+    ``schedules.cpu.linear_int4``'s ``KERNEL_FORMS`` and ``with_outputs``: passes do not
+    import the schedules)."""
+
+    def __init__(self, forms: Sequence[str], rebuild: Rebuild) -> None:
+        self.forms, self.rebuild = tuple(forms), rebuild
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        out = rewrite_and_drop_dead(mod, lambda bb, block, _uses: _combine(bb, mod, block))
-        return out if out.same_as(mod) else _drop_uncalled(out)
+        out = rewrite_and_drop_dead(mod, lambda bb, block, _uses: _combine(bb, mod, block, self.forms, self.rebuild))
+        return out if out.same_as(mod) else _drop_uncalled(out, self.forms)
 
 
-def _drop_uncalled(mod: tvm.IRModule) -> tvm.IRModule:
+def _drop_uncalled(mod: tvm.IRModule, forms: Sequence[str]) -> tvm.IRModule:
     """``mod`` without the int4 kernels no Relax function calls any more (the combined
     ones' parts: a PrimFunc with a global symbol outlives DeadCodeElimination)."""
     called: set = set()
@@ -111,7 +122,7 @@ def _drop_uncalled(mod: tvm.IRModule) -> tvm.IRModule:
     out = mod
     for gv, func in mod.functions_items():
         attrs = func.attrs if isinstance(func, tirx.PrimFunc) else None
-        if attrs is not None and any(a in attrs for a in KERNEL_FORMS) and gv.name_hint not in called:
+        if attrs is not None and any(a in attrs for a in forms) and gv.name_hint not in called:
             out = out.clone() if out is mod else out
             del out[gv]
     return out

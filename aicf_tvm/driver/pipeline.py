@@ -69,7 +69,9 @@ from schedules.cpu.comparisons import NaNExactComparisons
 from schedules.cpu.conv2d_int8 import has_vnni, int8_dot
 from schedules.cpu.ieee_arith import IEEEArithmetic
 from schedules.cpu.int_arith import WrappingIntegers
+from schedules.cpu.linear_int4 import KERNEL_FORMS as INT4_KERNEL_FORMS
 from schedules.cpu.linear_int4 import for_target as int4_for_target
+from schedules.cpu.linear_int4 import with_outputs as int4_with_outputs
 from schedules.cpu.parallel_guard import tir_pipeline
 from schedules.cpu.vector_math import VectorizeMath
 from schedules.cuda import host_bound_kernels
@@ -130,7 +132,8 @@ def normalize(mod: tvm.IRModule, options: CompileOptions | None = None,
         relax.transform.DecomposeOpsForInference(),
         FoldConstantIEEE(),
         NormalizeIndices(),  # a check of indices that only the folds above made constant
-        *([CombineProjections(), CombineInt4Calls()] if options.combine_projections else []),
+        *([CombineProjections(), CombineInt4Calls(INT4_KERNEL_FORMS, int4_with_outputs)]
+          if options.combine_projections else []),
         ImplicitBroadcasts(options),
         SinkReshapes(),
         *([GroupQueryHeads()] if options.group_query_heads else []),

@@ -16,7 +16,7 @@ from aicf_tvm.core.options import CompileOptions
 from aicf_tvm.driver.frontends.int4 import linear_int4_call
 from aicf_tvm.runtime.targets import resolve_target
 from relax_passes.combine_int4_calls import CombineInt4Calls
-from schedules.cpu.linear_int4 import GROUP, has_q8, pack_int4
+from schedules.cpu.linear_int4 import GROUP, KERNEL_FORMS, has_q8, pack_int4, with_outputs
 from tests.aicf_tvm.driver.test_llm import build, prompts
 
 pytest.importorskip("transformers")
@@ -52,11 +52,11 @@ def _calls(mod: tvm.IRModule) -> list[str]:
 
 
 def test_calls_of_one_input_become_one_kernel_with_slices():
-    mod = relax.transform.ConvertToDataflow()(_module([64, 128, 64], 64, True))
-    out = CombineInt4Calls()(mod)
+    combine = CombineInt4Calls(KERNEL_FORMS, with_outputs)
+    out = combine(relax.transform.ConvertToDataflow()(_module([64, 128, 64], 64, True)))
     assert _calls(out) == ["gemv_int4_64x64_x3_256"]
-    assert _calls(CombineInt4Calls()(out)) == _calls(out)  # nothing left to combine
-    apart = CombineInt4Calls()(relax.transform.ConvertToDataflow()(_module([64, 128, 64], 64, False)))
+    assert _calls(combine(out)) == _calls(out)  # nothing left to combine
+    apart = combine(relax.transform.ConvertToDataflow()(_module([64, 128, 64], 64, False)))
     assert sorted(_calls(apart)) == ["gemv_int4_128x64", "gemv_int4_64x64_x2_128"]  # y's layer stays apart
 
 
