@@ -47,7 +47,7 @@ def _form(mod: tvm.IRModule, binding: relax.VarBinding, forms: Sequence[str]) ->
     if not isinstance(value, relax.Call) or not value.op.same_as(_CALL_TIR):
         return None
     gv, args = value.args[0], value.args[1]
-    func = mod[gv] if isinstance(gv, relax.GlobalVar) and gv in mod.get_global_vars() else None
+    func = mod[gv] if isinstance(gv, relax.GlobalVar) else None  # a call_tir's callee is in the module
     attrs = func.attrs if isinstance(func, tirx.PrimFunc) else None
     if attrs is None or not isinstance(args, relax.Tuple) or len(args.fields) != 3:
         return None

@@ -159,65 +159,41 @@ def unpack_int8(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return q.to(torch.float32) * scales.reshape(tasks * block, 1).float()
 
 
-_INT4_OPS: dict[str, Any] = {}
+_PACKED_OPS: dict[str, Any] = {}  # op name -> the registered op
+
+
+def _packed_linear_op(name: str, unpack: Any, rounded: bool) -> Any:
+    """``aicf::<name>(x, packed, scales)``: ``linear(x, unpack(packed, scales))``, ``x``
+    first rounded by ``quantize_activations`` when ``rounded``. Registered with PyTorch
+    once; ``torch.export`` keeps it as one node."""
+    if name not in _PACKED_OPS:
+        import torch
+
+        @torch.library.custom_op(f"aicf::{name}", mutates_args=(),
+                                 schema="(Tensor x, Tensor packed, Tensor scales) -> Tensor")
+        def op(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(quantize_activations(x) if rounded else x, unpack(packed, scales))
+
+        @op.register_fake
+        def _(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+            return x.new_empty((*x.shape[:-1], packed.shape[0] * packed.shape[2]))
+
+        _PACKED_OPS[name] = getattr(torch.ops.aicf, name).default
+    return _PACKED_OPS[name]
 
 
 def linear_int4_op(activations: str = "float32") -> Any:
     """``aicf::linear_int4(x, packed, scales)``: ``linear(x, unpack_int4(packed, scales))``;
     with ``activations="int8"`` ``aicf::linear_int4_q8``: ``linear(quantize_activations(x),
-    ...)``. Registered with PyTorch once; ``torch.export`` keeps each as one node."""
-    if activations not in _INT4_OPS:
-        import torch
-
-        rounded = activations == "int8"
-        name = "linear_int4_q8" if rounded else "linear_int4"
-
-        @torch.library.custom_op(f"aicf::{name}", mutates_args=(),
-                                 schema="(Tensor x, Tensor packed, Tensor scales) -> Tensor")
-        def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.linear(quantize_activations(x) if rounded else x, unpack_int4(packed, scales))
-
-        @linear_int4.register_fake
-        def _(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-            return x.new_empty((*x.shape[:-1], packed.shape[0] * packed.shape[2]))
-
-        _INT4_OPS[activations] = getattr(torch.ops.aicf, name).default
-    return _INT4_OPS[activations]
+    ...)``."""
+    rounded = activations == "int8"
+    return _packed_linear_op("linear_int4_q8" if rounded else "linear_int4", unpack_int4, rounded)
 
 
 def linear_int8_q8_op() -> Any:
     """``aicf::linear_int8_q8(x, packed, scales)``: ``linear(quantize_activations(x),
-    unpack_int8(packed, scales))`` (int8 weights with int8 activations). Registered once."""
-    if "int8_q8" not in _INT4_OPS:
-        import torch
-
-        @torch.library.custom_op("aicf::linear_int8_q8", mutates_args=(),
-                                 schema="(Tensor x, Tensor packed, Tensor scales) -> Tensor")
-        def linear_int8_q8(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.linear(quantize_activations(x), unpack_int8(packed, scales))
-
-        @linear_int8_q8.register_fake
-        def _(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-            return x.new_empty((*x.shape[:-1], packed.shape[0] * packed.shape[2]))
-
-        _INT4_OPS["int8_q8"] = torch.ops.aicf.linear_int8_q8.default
-    return _INT4_OPS["int8_q8"]
-
-
-@contextlib.contextmanager
-def inputs_not_rounded(model: torch.nn.Module) -> Iterator[None]:
-    """``model``'s int4 layers with float32 inputs while in the block (their int8
-    activations' rounding undone): how far rounding moves the model's outputs."""
-    rounded = [m for m in model.modules() if getattr(m, "op", None) is not None
-               and getattr(m, "op", None) in (_INT4_OPS.get("int8"), _INT4_OPS.get("int8_q8"))]
-    ops = [m.op for m in rounded]
-    for m in rounded:
-        m.op = linear_int4_op("float32") if m.op is _INT4_OPS.get("int8") else _linear_int8_float
-    try:
-        yield
-    finally:
-        for m, op in zip(rounded, ops, strict=True):
-            m.op = op
+    unpack_int8(packed, scales))`` (int8 weights with int8 activations)."""
+    return _packed_linear_op("linear_int8_q8", unpack_int8, True)
 
 
 def _linear_int8_float(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -225,6 +201,21 @@ def _linear_int8_float(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tens
     import torch
 
     return torch.nn.functional.linear(x, unpack_int8(packed, scales))
+
+
+@contextlib.contextmanager
+def inputs_not_rounded(model: torch.nn.Module) -> Iterator[None]:
+    """``model``'s int4 / int8 layers with float32 inputs while in the block (their int8
+    activations' rounding undone): how far rounding moves the model's outputs."""
+    pairs = ((linear_int4_op("int8"), linear_int4_op("float32")), (linear_int8_q8_op(), _linear_int8_float))
+    rounded = [(m, op, plain) for m in model.modules() for op, plain in pairs if getattr(m, "op", None) is op]
+    for m, _op, plain in rounded:
+        m.op = plain
+    try:
+        yield
+    finally:
+        for m, op, _plain in rounded:
+            m.op = op
 
 
 def _linear_class() -> type:
@@ -249,26 +240,31 @@ def _linear_class() -> type:
             y = torch.nn.functional.linear(x, self.qweight.to(x.dtype)) * self.scale
             return y if self.bias is None else y + self.bias
 
-    class Int4Linear(torch.nn.Module):
-        """``aicf::linear_int4(x, packed, scales) + bias``: the float layer with its weight
-        rounded to group-wise int4 (module docstring)."""
+    class PackedLinear(torch.nn.Module):
+        """``aicf::linear_int4(x, packed, scales) + bias`` (or ``linear_int4_q8``, or with
+        ``bits=8`` ``linear_int8_q8``): the float layer with its weight rounded to
+        group-wise int4 or per-channel int8 and packed for the kernels, its outputs padded
+        to whole blocks of them (module docstring)."""
 
-        def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activations: str = "float32") -> None:
+        def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activations: str = "float32",
+                     bits: int = 4) -> None:
             super().__init__()
             out = weight.shape[0]
             padded = -(-out // BLOCK) * BLOCK  # outputs of the kernels: zero rows up to whole blocks
             weight = torch.nn.functional.pad(weight.detach().float(), (0, 0, 0, padded - out))
-            v, scale = quantize_int4(weight)
-            packed, scales = pack_int4(v.numpy(), scale.numpy())
+            quantize, pack = (quantize_int4, pack_int4) if bits == 4 else (quantize_int8, pack_int8)
+            v, scale = quantize(weight)
+            packed, scales = pack(v.numpy(), scale.numpy())
             self.register_buffer("packed", torch.from_numpy(packed))
             self.register_buffer("scales", torch.from_numpy(scales))
             self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
             self.out_features, self.in_features = out, v.shape[1]
-            self.op = linear_int4_op(activations)
+            self.unpack = unpack_int4 if bits == 4 else unpack_int8
+            self.op = linear_int4_op(activations) if bits == 4 else linear_int8_q8_op()
 
         @property
         def weight(self) -> torch.Tensor:  # transformers asks the LM head for its shape
-            return unpack_int4(self.packed, self.scales)[:self.out_features]
+            return self.unpack(self.packed, self.scales)[:self.out_features]
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             y = self.op(x, self.packed, self.scales)
@@ -276,33 +272,7 @@ def _linear_class() -> type:
                 y = y[..., :self.out_features]
             return y if self.bias is None else y + self.bias
 
-    class Int8Q8Linear(torch.nn.Module):
-        """``aicf::linear_int8_q8(x, packed, scales) + bias``: the float layer with its weight
-        rounded to per-channel int8 and its input to int8 per group (module docstring)."""
-
-        def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-            super().__init__()
-            out = weight.shape[0]
-            padded = -(-out // BLOCK) * BLOCK  # outputs of the kernels: zero rows up to whole blocks
-            q, scale = quantize_int8(torch.nn.functional.pad(weight.detach().float(), (0, 0, 0, padded - out)))
-            packed, scales = pack_int8(q.numpy(), scale.numpy())
-            self.register_buffer("packed", torch.from_numpy(packed))
-            self.register_buffer("scales", torch.from_numpy(scales))
-            self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
-            self.out_features, self.in_features = out, q.shape[1]
-            self.op = linear_int8_q8_op()
-
-        @property
-        def weight(self) -> torch.Tensor:  # transformers asks the LM head for its shape
-            return unpack_int8(self.packed, self.scales)[:self.out_features]
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = self.op(x, self.packed, self.scales)
-            if y.shape[-1] != self.out_features:
-                y = y[..., :self.out_features]
-            return y if self.bias is None else y + self.bias
-
-    return {"int8": Int8Linear, "int4": Int4Linear, "int8_q8": Int8Q8Linear}
+    return {"int8": Int8Linear, "packed": PackedLinear}
 
 
 def _float_linears(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, str, torch.Tensor, Any]]:
@@ -352,9 +322,11 @@ def quantize_linears(model: torch.nn.Module, weights: str, calibration: torch.Te
             rounded = "float32"
             note += f" (int8 activations: inputs not a multiple of {GROUP}, left float32)"
         if form == "int4":
-            quantized = classes[form](weight, bias, rounded)
+            quantized = classes["packed"](weight, bias, rounded)
+        elif rounded == "int8":  # the q8 kernels' 8-bit form
+            quantized = classes["packed"](weight, bias, rounded, bits=8)
         else:
-            quantized = classes["int8_q8" if rounded == "int8" else form](weight, bias)
+            quantized = classes["int8"](weight, bias)
         x = inputs.get(name)
         error = float("nan")
         if x is not None:
