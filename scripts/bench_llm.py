@@ -153,13 +153,14 @@ def eager_runner(folder: Path, prompt: np.ndarray, new: int, threads: int):
 
 
 def ours_runner(folder: Path, prompt: np.ndarray, new: int, threads: int, weights: str = "fp32",
-                activations: str = "float32"):
+                activations: str = "auto"):
     import aicf_tvm
 
     start = time.perf_counter()
     lm = aicf_tvm.compile_causal_lm(str(folder), max_length=prompt.shape[1] + new, threads=threads,
                                     weights=weights, activations=activations)
-    print(f"  ours: compiled in {time.perf_counter() - start:.1f} s", flush=True)
+    print(f"  ours: compiled in {time.perf_counter() - start:.1f} s (activations {lm.config.activations})",
+          flush=True)
 
     deployment(lm)
 
@@ -168,6 +169,7 @@ def ours_runner(folder: Path, prompt: np.ndarray, new: int, threads: int, weight
         t = lm.last_timings
         return out[0, prompt.shape[1]:], t["prefill_ms"] / 1e3, (new - 1) / t["decode_tokens_per_s"]
 
+    run.activations = lm.config.activations  # what "auto" chose on this CPU
     return run
 
 
@@ -347,10 +349,11 @@ def main() -> None:
                              "int4 is llama.cpp q4_0, ORT GenAI int4, OpenVINO int4 (symmetric, groups of "
                              "32), ours weights='int4'; "
                              "eager stays float32, the reference the tokens are compared with")
-    parser.add_argument("--activations", choices=("float32", "int8"), default="float32",
+    parser.add_argument("--activations", choices=("auto", "float32", "int8"), default="auto",
                         help="ours' activations: int8 (with --weights int4 or int8) rounds each layer's input to "
-                             "int8 in groups of 32, as ORT GenAI's int4 CPU kernels (accuracy level 4) and "
-                             "llama.cpp's q8_0 / q4_0 do")
+                             "int8 in groups of 32, as ORT GenAI's int4 CPU kernels (accuracy level 4), "
+                             "OpenVINO's dynamic quantization and llama.cpp's q8_0 / q4_0 do; auto (default, "
+                             "compile_causal_lm's): int8 with quantized weights where the CPU has the kernels")
     args = parser.parse_args()
 
     from aicf_tvm.runtime.threads import thread_count
@@ -401,7 +404,8 @@ def main() -> None:
                        "prefill_ms": round(prefill_ms, 2),
                        "decode_tokens_per_s": round(1 / per_token, 1),
                        "fraction_of_limit": round(limit / per_token, 3)}
-    print(f"\nweights: {args.weights}, ours' activations: {args.activations} (eager: float32, the reference)")
+    activations = getattr(runners.get("ours"), "activations", args.activations)
+    print(f"\nweights: {args.weights}, ours' activations: {activations} (eager: float32, the reference)")
     print(f"{'engine':10} {'tokens':8} {'top-1':>6} {'prefill ms':>10} {'decode tok/s':>12} {'of limit':>9}")
     for name, r in table.items():
         print(f"{name:10} {'equal' if r['tokens_equal_eager'] else 'DIFFER':8} {r['top1_agreement']:6.0%} "
@@ -415,7 +419,7 @@ def main() -> None:
                       f"decode {r['decode_tokens_per_s'] / o['decode_tokens_per_s']:.2f}")
     if args.json:
         args.json.write_text(json.dumps({"isa": isa(), "threads": threads, "prompt": args.prompt, "new": args.new,
-                                         "weights": args.weights, "ours_activations": args.activations,
+                                         "weights": args.weights, "ours_activations": activations,
                                          "bandwidth_gb_s": round(bandwidth / 1e9, 2), "l3_mib": l3 / 2**20,
                                          "limit_ms_per_token": round(limit * 1e3, 3), "engines": table}, indent=1))
 

@@ -2,7 +2,7 @@
 TVM's VM profiler over one prefill of ``--prompt`` tokens and one decode step after it,
 on ``scripts.bench_llm``'s model (``--folder``, the same random-weight 110M LLaMA).
 
-    python -m scripts.profile_llm [--weights fp32|int8|int4] [--activations float32|int8] [--prompt 128] [--top 25]
+    python -m scripts.profile_llm [--weights fp32|int8|int4] [--activations auto|float32|int8] [--prompt 128] [--top 25]
 
 Printed per function: its kernels by time per call of the function (ms, share, calls;
 the VM's own calls such as reshapes and allocations included). Timing each call adds a
@@ -57,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--folder", type=Path, default=DEFAULT_FOLDER)
     parser.add_argument("--weights", choices=["fp32", "int8", "int4"], default="fp32")
-    parser.add_argument("--activations", choices=["float32", "int8"], default="float32")
+    parser.add_argument("--activations", choices=["auto", "float32", "int8"], default="auto")
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
@@ -74,7 +74,7 @@ def main() -> None:
                                  (DECODE, ids[:, :1], ones)):
         rows = profile(lm, name, [tvm.runtime.tensor(step_ids, dev), mask, *caches])
         total = sum(r[1] for r in rows)
-        print(f"\n{name} ({args.weights}, activations {args.activations}, prompt {args.prompt}): "
+        print(f"\n{name} ({args.weights}, activations {lm.config.activations}, prompt {args.prompt}): "
               f"{total:.2f} ms in {len(rows)} functions")
         for kernel, ms, calls in rows[:args.top]:
             print(f"  {ms:8.3f} ms {ms / total:6.1%} {calls:4d}x  {kernel}")

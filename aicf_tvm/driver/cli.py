@@ -322,7 +322,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         lm = compile_causal_lm(args.model, max_length=max_length, target=args.target, threads=args.threads,
                                timings=args.timings, weights=args.weights, activations=args.activations)
-        _status(f"compiled in {time.perf_counter() - start:.1f} s")
+        quantized = (f" (weights {lm.config.weights}, activations {lm.config.activations})"
+                     if lm.config.weights != "float32" else "")
+        _status(f"compiled in {time.perf_counter() - start:.1f} s{quantized}")
         if args.save:
             _status(f"wrote {lm.export_library(args.save)}")
     out = lm.generate(ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -442,10 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int8: round every linear layer's weight to per-channel int8 (an approximation: "
                         "a quarter of the bytes a step reads; the report lists each layer's error); "
                         "int4: to int4 in groups of 32 (about 0.14 of the bytes)")
-    p.add_argument("--activations", choices=("float32", "fp32", "int8"), default="float32",
+    p.add_argument("--activations", choices=("auto", "float32", "fp32", "int8"), default="auto",
                    help="int8 (with --weights int4 on AVX2 CPUs, --weights int8 on AVX-512 VNNI CPUs): also round "
                         "each layer's input to int8 in groups of 32, so the kernels sum in integers (a further "
-                        "approximation)")
+                        "approximation, as llama.cpp, ONNX Runtime GenAI and OpenVINO compute at 4 and 8 bits); "
+                        "auto (default): int8 with --weights int4/int8 where the CPU has those kernels, else float32")
     return parser
 
 

@@ -34,15 +34,14 @@ from aicf_tvm.core.options import CompileOptions, options_or_default
 from aicf_tvm.core.report import Decision, FusionReport
 from aicf_tvm.runtime.compiled import CompiledModel
 from aicf_tvm.runtime.llm import DECODE, CausalLM, LMConfig, cache_shapes_of
-from aicf_tvm.runtime.targets import describe, resolve_target
+from aicf_tvm.runtime.targets import resolve_target
 from relax_passes.creation_ops import NormalizeCreationOps
-from schedules.cpu.linear_int4 import has_q8
 
 from .compiled import compiled_model, signature_of
 from .frontends import from_torch
 from .merge import merge_functions
 from .pipeline import _Clock, build, format_timings, run_pipeline
-from .quantize_weights import QuantizedLayer, check_activations, check_weights, inputs_not_rounded, quantize_linears
+from .quantize_weights import QuantizedLayer, check_weights, inputs_not_rounded, quantize_linears, resolve_activations
 
 if TYPE_CHECKING:
     import torch
@@ -221,7 +220,7 @@ def compile_steps(steps: dict[str, tvm.IRModule], target: Any, *, options: Compi
 def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: Any = "llvm", *,
                       threads: int | None = None,
                       options: CompileOptions | None = None, timings: bool = False,
-                      check: bool = True, weights: str = "float32", activations: str = "float32") -> CausalLM:
+                      check: bool = True, weights: str = "float32", activations: str = "auto") -> CausalLM:
     """Compile a transformers ``*ForCausalLM`` (or the folder it was saved in) for generation
     of up to ``max_length`` tokens (prompt + new). The step function takes one sequence
     (batch 1, the fast path); a ``CausalLM`` runs the rows of a batch one after another.
@@ -237,22 +236,19 @@ def compile_causal_lm(model: Any, max_length: int = DEFAULT_MAX_LENGTH, target: 
     ``activations="int8"`` (with ``weights="int4"`` on x86 CPUs with AVX2, with ``"int8"`` on
     CPUs with AVX-512 VNNI) also rounds each quantized layer's input to int8 in groups of 32,
     and its kernels sum in integers: a further approximation, in the report and in
-    ``check``'s PyTorch model alike.
+    ``check``'s PyTorch model alike. ``activations="auto"`` (the default) takes it with
+    quantized weights where the target has those kernels, as llama.cpp, ONNX Runtime GenAI
+    and OpenVINO do at 4 and 8 bits, and float32 inputs elsewhere (``lm.config.activations``
+    says which); ``"float32"`` keeps the layers' inputs float32 everywhere.
     ``timings`` prints the compile phases (load, export, ... codegen)."""
     if max_length < 2:
         raise ValueError(f"max_length={max_length}: need max_length >= 2")
     weights = check_weights(weights)
-    activations = check_activations(activations, weights)
     resolved = resolve_target(target if target is not None else "llvm")
     if weights == "int4" and resolved.kind.name != "llvm":
         raise ValueError(f"weights='int4' runs on CPU targets (llvm) only, not {target!r}: its kernels are "
                          f"written for CPU vectors; use weights='int8' or 'float32'")
-    if activations == "int8" and not has_q8(resolved, 8 if weights == "int8" else 4):
-        need = ("AVX-512 VNNI (its int8 kernels sum bytes with vpdpbusd; AVX2's vpmaddubsw would saturate on "
-                "int8 weights: weights='int4' runs on AVX2)" if weights == "int8"
-                else "AVX2 (its kernel sums bytes with vpmaddubsw)")
-        raise ValueError(f"activations='int8' with weights={weights!r} needs an x86 CPU with {need}; "
-                         f"the target {describe(resolved)} has none")
+    activations = resolve_activations(activations, weights, resolved)
     clock = _Clock()
     model = clock("load", load_causal_lm, model)
     config = model.config

@@ -34,7 +34,10 @@ or ``aicf::linear_int8_q8`` (``linear(q * s, q_w * scale)``; the int8 weight the
 weights and the int8 inputs in integers (``schedules.cpu.linear_int4.gemv_int4_q8``,
 ``linear_int4_q8``). A layer whose inputs are no multiple of 32 keeps float32 inputs, and
 its decision says so. The layers' errors and decisions (``approximate:activations_int8``)
-include the activations' rounding.
+include the activations' rounding. ``activations="auto"`` (the default) is ``"int8"`` with
+quantized weights where the target runs those kernels (``resolve_activations``), as every
+CPU LLM engine computes at 4 and 8 bits (llama.cpp's q8_0 / q4_0 dot products, ONNX Runtime
+GenAI's int4 accuracy level 4, OpenVINO's dynamic quantization), and ``"float32"`` elsewhere.
 
 The embedding table stays float32 (a step reads one row of it); the LM head is quantized
 like the other layers (tied weights get their own int8 copy).
@@ -49,13 +52,15 @@ from typing import TYPE_CHECKING, Any
 
 from aicf_tvm.core.errors import UnsupportedModelError
 from aicf_tvm.core.report import Decision
-from schedules.cpu.linear_int4 import BLOCK, GROUP, NIBBLES, pack_int4, pack_int8, scale_dtype
+from aicf_tvm.runtime.targets import describe
+from schedules.cpu.linear_int4 import BLOCK, GROUP, NIBBLES, has_q8, pack_int4, pack_int8, scale_dtype
 
 if TYPE_CHECKING:
     import torch
+    from tvm.target import Target
 
 WEIGHT_FORMATS = ("float32", "int8", "int4")
-ACTIVATION_FORMATS = ("float32", "int8")
+ACTIVATION_FORMATS = ("auto", "float32", "int8")
 INT8_MAX = 127
 INT4_MAX = 7
 
@@ -97,6 +102,23 @@ def check_activations(activations: str, weights: str) -> str:
     if name == "int8" and weights not in ("int4", "int8"):
         raise ValueError(f"activations='int8' goes with weights='int4' or 'int8' (their integer kernels), "
                          f"not weights={weights!r}")
+    return name
+
+
+def resolve_activations(activations: str, weights: str, target: Target) -> str:
+    """The activations ``compile_causal_lm`` computes with: ``"auto"`` is ``"int8"`` with
+    quantized weights where ``target`` has their integer kernels (``has_q8``: AVX2 for int4,
+    AVX-512 VNNI for int8), else ``"float32"``; ``"int8"`` where it has none is refused."""
+    name = check_activations(activations, weights)
+    bits = 8 if weights == "int8" else 4
+    if name == "auto":
+        return "int8" if weights in ("int4", "int8") and has_q8(target, bits) else "float32"
+    if name == "int8" and not has_q8(target, bits):
+        need = ("AVX-512 VNNI (its int8 kernels sum bytes with vpdpbusd; AVX2's vpmaddubsw would saturate on "
+                "int8 weights: weights='int4' runs on AVX2)" if weights == "int8"
+                else "AVX2 (its kernel sums bytes with vpmaddubsw)")
+        raise ValueError(f"activations='int8' with weights={weights!r} needs an x86 CPU with {need}; "
+                         f"the target {describe(target)} has none")
     return name
 
 

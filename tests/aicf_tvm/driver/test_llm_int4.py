@@ -12,11 +12,13 @@ rounding of every layer's input."""
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
 import aicf_tvm
-from aicf_tvm.driver.quantize_weights import quantize_int4, unpack_int4
+from aicf_tvm.driver.quantize_weights import quantize_int4, resolve_activations, unpack_int4
 from aicf_tvm.runtime.deploy import manifest, read_metadata
 from aicf_tvm.runtime.targets import resolve_target
 from schedules.cpu.linear_int4 import has_q8, pack_int4
@@ -141,15 +143,22 @@ def test_int4_survives_export_and_load(int4, tmp_path):
 
 
 def test_aicf_generate_with_int4_weights(tmp_path, capsys):
+    """The default activations ("auto"): int8 where this CPU has AVX2, else float32; the
+    tokens those of the model with numpy's rounding of the weights (and of every layer's
+    input where int8), the choice on the status line."""
     from aicf_tvm.driver.cli import main
 
     model = build("llama")
     folder = tmp_path / "tiny-llama"
     model.save_pretrained(folder)
-    want = reference(rounded_copy(model, "int4"), np.array([[5, 7, 9, 11]]), 6)[0].tolist()
+    q8 = has_q8(resolve_target("llvm"))
+    ref = round_linear_inputs(rounded_copy(model, "int4")) if q8 else rounded_copy(model, "int4")
+    want = reference(ref, np.array([[5, 7, 9, 11]]), 6)[0].tolist()
     assert main(["generate", str(folder), "--prompt-ids", "5,7,9,11", "--max-new-tokens", "6",
                  "--max-length", "16", "--weights", "int4"]) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1] == "ids: " + ",".join(map(str, want))
+    out = capsys.readouterr()
+    assert out.out.strip().splitlines()[-1] == "ids: " + ",".join(map(str, want))
+    assert f"(weights int4, activations {'int8' if q8 else 'float32'})" in out.err
 
 
 def test_int4_on_a_gpu_target_is_refused_before_any_work():
@@ -162,7 +171,7 @@ def test_a_layer_of_inputs_that_make_no_whole_group_takes_int8():
     cfg = dict(SMALL, hidden_size=48, num_attention_heads=4, num_key_value_heads=2)  # 48 inputs
     torch.manual_seed(4)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
-    lm = aicf_tvm.compile_causal_lm(model, max_length=MAX_LENGTH, weights="int4")
+    lm = aicf_tvm.compile_causal_lm(model, max_length=MAX_LENGTH, weights="int4", activations="float32")
     forms = _forms(model)
     assert forms["int4"] == 2 and forms["int8"] > 0  # the down projections (128 inputs) are int4
     assert len(weight_decisions(lm, "int4")[0]) == forms["int4"]
@@ -219,6 +228,23 @@ def test_int8_activations_are_refused_without_quantized_weights_or_the_isa():
                                    target={"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver3"})
     with pytest.raises(ValueError, match="activations='int16'"):
         aicf_tvm.compile_causal_lm(build("llama"), max_length=8, weights="int4", activations="int16")
+
+
+@pytest.mark.parametrize(("mcpu", "weights", "want"), [
+    ("znver4", "int4", "int8"), ("znver4", "int8", "int8"),  # AVX-512 VNNI
+    ("znver3", "int4", "int8"), ("znver3", "int8", "float32"),  # AVX2: int8 weights would saturate vpmaddubsw
+    ("x86-64", "int4", "float32"), ("x86-64", "int8", "float32"),  # no AVX2
+    ("znver4", "float32", "float32")])
+def test_auto_activations_are_int8_where_the_cpu_has_the_kernels(mcpu, weights, want):
+    """``activations="auto"`` (the default): int8 with quantized weights on the CPUs whose
+    integer kernels exist, float32 elsewhere; an explicit choice is kept (or refused)."""
+    target = resolve_target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu})
+    assert resolve_activations("auto", weights, target) == want
+    assert resolve_activations("float32", weights, target) == "float32"
+    assert resolve_activations("fp32", weights, target) == "float32"
+    cuda = resolve_target({"kind": "cuda", "arch": "sm_90"})
+    assert resolve_activations("auto", "int8", cuda) == "float32"
+    assert inspect.signature(aicf_tvm.compile_causal_lm).parameters["activations"].default == "auto"
 
 
 @pytest.mark.parametrize("weights", ["int4", "int8"])

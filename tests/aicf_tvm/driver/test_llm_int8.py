@@ -16,8 +16,17 @@ import pytest
 import aicf_tvm
 from aicf_tvm.driver.quantize_weights import quantize_int8
 from aicf_tvm.runtime.deploy import manifest, read_metadata
+from aicf_tvm.runtime.targets import resolve_target
+from schedules.cpu.linear_int4 import has_q8
 from tests.aicf_tvm.driver.test_llm import MAX_LENGTH, assert_like_model, build, prompts, reference
-from tests.helpers import compile_quantized, constant_elements, relax_constants, rounded_copy, weight_decisions
+from tests.helpers import (
+    compile_quantized,
+    constant_elements,
+    relax_constants,
+    round_linear_inputs,
+    rounded_copy,
+    weight_decisions,
+)
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -92,12 +101,19 @@ def test_an_unknown_weight_format_is_refused():
 
 
 def test_aicf_generate_with_int8_weights(tmp_path, capsys):
+    """The default activations ("auto"): int8 where this CPU has AVX-512 VNNI, else float32;
+    the tokens those of the model with numpy's rounding of the weights (and of every layer's
+    input where int8), the choice on the status line."""
     from aicf_tvm.driver.cli import main
 
     model = build("llama")
     folder = tmp_path / "tiny-llama"
     model.save_pretrained(folder)
-    want = reference(rounded_copy(model), np.array([[5, 7, 9, 11]]), 6)[0].tolist()
+    q8 = has_q8(resolve_target("llvm"), 8)
+    ref = round_linear_inputs(rounded_copy(model)) if q8 else rounded_copy(model)
+    want = reference(ref, np.array([[5, 7, 9, 11]]), 6)[0].tolist()
     assert main(["generate", str(folder), "--prompt-ids", "5,7,9,11", "--max-new-tokens", "6",
                  "--max-length", "16", "--weights", "int8"]) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1] == "ids: " + ",".join(map(str, want))
+    out = capsys.readouterr()
+    assert out.out.strip().splitlines()[-1] == "ids: " + ",".join(map(str, want))
+    assert f"(weights int8, activations {'int8' if q8 else 'float32'})" in out.err
