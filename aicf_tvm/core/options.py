@@ -99,6 +99,9 @@ class CompileOptions:
     attention_head_major: bool = True
     # attention's q·kᵀ inside the softmax's tile loop, kᵀ packed in panels of a tile's keys
     attention_one_pass: bool = True
+    # ... also at a constant key count of no whole register tiles (Whisper's 1500, ViT's 197):
+    # q·kᵀ's keys in the tile split into whole tiles and a tail (schedules.cpu.attention._one_pass)
+    attention_one_pass_tail: bool = True
     # kᵀ packed per head inside the tile when a tile holds all of a head's rows (decode)
     attention_pack_in_tile: bool = True
     # v packed per head in slices of p·v's register tile, each slice's keys contiguous, when

@@ -259,8 +259,25 @@ def _rows_and(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV) -> tuple[list[
 
 
 def _schedule_qk(sch: s_tir.Schedule, qk: SBlockRV, tile: LoopRV, plan: AttentionPlan) -> None:
-    """rows x key_vectors vectors of scores accumulated over k in registers."""
+    """rows x key_vectors vectors of scores accumulated over k in registers.  A constant key
+    count of no whole register tiles (one pass: the consumers' count) is split first into
+    the whole tiles, whole vectors and a tail of less than a vector: the key loop moved
+    outside the rows and partitioned (``loop_partition`` of a spatial loop over the one
+    matmul block, before its init is split off), each part a register tile of its own.
+    (A tail of 24 or 28 keys as one vector ran Whisper's 1500 keys 3% slower than two
+    passes; cut at whole vectors, the tail under one vector, it ran as fast as the others.)"""
     rows, (keys, k) = _rows_and(sch, qk, tile)
+    static = static_extent(sch.get(keys).extent)
+    if static is not None and static > plan.key_width and static % plan.key_width:
+        if rows:
+            sch.reorder(keys, *rows)
+        tiles = static // plan.key_width * plan.key_width
+        vectors = (static - tiles) // plan.lanes * plan.lanes
+        sizes = [size for size in (tiles, vectors, static - tiles - vectors) if size]
+        parts = sch.loop_partition(keys, sizes[:-1] + [None])
+        for part, vectors in zip(parts, (plan.key_vectors, None, None)):  # only the first starts at 0
+            _register_tile(sch, sch.get_child_blocks(part)[0], part, vectors, plan)
+        return
     if not _divides(sch, keys, plan.key_width):
         return  # a single key (not padded): nothing to vectorize
     symbolic = static_extent(sch.get(keys).extent) is None
@@ -273,6 +290,28 @@ def _schedule_qk(sch: s_tir.Schedule, qk: SBlockRV, tile: LoopRV, plan: Attentio
     if symbolic:
         _accumulate_locally(sch, qk, outer, plan.lanes)
     init = sch.decompose_reduction(qk, k)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _register_tile(sch: s_tir.Schedule, block: SBlockRV, keys: LoopRV, vectors: int | None,
+                   plan: AttentionPlan) -> None:
+    """One part of a partitioned q·kᵀ (loops keys, rows, k): rows x ``vectors`` vectors of
+    keys a step of k (``None``: all its keys as one vector, whole ones or the tail's short
+    one: ``split`` takes no loop that starts past 0, as the parts after the first do)."""
+    loops = sch.get_loops(block)
+    at = next(i for i, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(keys)))
+    *rows, k = loops[at + 1:]
+    if vectors is None:
+        sch.reorder(k, *rows, keys)
+        sch.vectorize(keys)
+    else:
+        outer, vector, lanes = sch.split(keys, [None, vectors, plan.lanes])
+        sch.reorder(outer, k, *rows, vector, lanes)
+        sch.vectorize(lanes)
+        sch.unroll(vector)
+    for loop in rows:
+        sch.unroll(loop)
+    init = sch.decompose_reduction(block, k)
     sch.vectorize(sch.get_loops(init)[-1])
 
 
@@ -408,13 +447,15 @@ def _is_leaf(sch: s_tir.Schedule, loop: LoopRV) -> bool:
     return isinstance(sch.get(loop).body, s_tir.SBlockRealize)
 
 
-def _one_pass(keys: int | None, plan: AttentionPlan) -> bool:
+def _one_pass(keys: int | None, plan: AttentionPlan, tail: bool = True) -> bool:
     """Whether q·kᵀ runs in the tile loop of the softmax and p·v (one pass, its scores
-    read back from L1): at a constant key count of whole register tiles, where
-    ``compute_at`` leaves its key loop whole.  Elsewhere the consumers need fewer keys
-    than the padded tile computes, and ``compute_at`` would shrink the key loop to them
-    (scalar code)."""
-    return keys is not None and keys % plan.key_width == 0
+    read back from L1): at a constant key count, where ``compute_at`` leaves the key loop
+    at the consumers' count; ``_schedule_qk`` splits a count of more than one register
+    tile but no whole number of them into whole tiles and a tail (``tail=False``: only
+    counts of whole tiles, as before; under one tile's keys, two passes).
+    A symbolic count keeps two passes: the consumers need fewer keys than the padded tile
+    computes, and ``compute_at`` would shrink the key loop to a symbolic count."""
+    return keys is not None and (keys % plan.key_width == 0 or tail and keys > plan.key_width)
 
 
 def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Target,
@@ -458,7 +499,7 @@ def schedule_attention(sch: s_tir.Schedule, found: AttentionBlocks, target: Targ
     for block in (p_copy, *reversed(row_blocks)):
         _compute_at(sch, block, context)
     placed = [(block, context) for block in (*row_blocks, p_copy)]
-    if one_pass and _one_pass(n, plan):
+    if one_pass and _one_pass(n, plan, options.attention_one_pass_tail):
         _compute_at(sch, found.qk, context)
         scores = context
         placed.append((found.qk, context))

@@ -242,6 +242,39 @@ def test_whole_key_tiles_run_in_one_pass_with_the_bits_of_two(rand, seq, masked,
     np.testing.assert_allclose(got[~np.isnan(got)], math[~np.isnan(got)], rtol=2e-5, atol=2e-6)
 
 
+def _haswell() -> tvm.target.Target:
+    return tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2})
+
+
+@pytest.mark.parametrize("seq, masked, target", [(197, False, _host_target), (90, True, _host_target),
+                                                 (1500, False, _host_target), (45, True, _haswell),
+                                                 (197, True, _haswell)],
+                         ids=["vit_host", "vector_and_tail_host", "whisper_host", "avx2_tail", "avx2_vit"])
+def test_keys_of_no_whole_tiles_run_in_one_pass_with_the_bits_of_two(rand, seq, masked, target):
+    """A constant key count past one register tile but no whole number of them (ViT's 197,
+    Whisper's 1500): q·kᵀ runs in the softmax's tile loop too, its keys cut into whole
+    tiles, whole vectors and a tail under a vector; the output has the bits of the two-pass
+    build (the same sums in the same order) and matches float64 numpy."""
+    heads, dim = 2, 64
+    mod = sdpa(seq, heads, dim, mask=masked)
+    compiled = compile_attention(mod, target())
+    [plan] = [k.plan for k in compiled.kernels]
+    assert "one pass" in plan, plan
+    two = compile_attention(mod, target(), options=aicf_tvm.CompileOptions(attention_one_pass_tail=False))
+    assert "two passes" in two.kernels[0].plan
+    [func] = [f for f in compiled.lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
+    assert max(map(_matmuls, _parallel_loops(func))) >= 3  # p·v and q·kᵀ's parts in one loop
+    args = operands(rand, seq, heads, dim, heads)
+    if masked:
+        args.append(causal_mask(seq, masked_row=seq // 3))
+        args[1][0, seq - 2, 1] = np.inf  # a key in the tail: NaN scores in the rows that see it
+    got, want = numpy_of(compiled(*args)), numpy_of(two(*args))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    math = reference(*args, heads, dim) if masked else reference(*args, None, heads, dim)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(math))
+    np.testing.assert_allclose(got[~np.isnan(got)], math[~np.isnan(got)], rtol=2e-5, atol=2e-6)
+
+
 def test_grouped_query_attention_matches_torch_sdpa(rand):
     torch = pytest.importorskip("torch")
     seq, heads, dim, kv_heads = 45, 4, 32, 2
