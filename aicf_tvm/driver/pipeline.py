@@ -414,7 +414,9 @@ def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: S
         # the library written once: an export of this model copies it (CompiledModel.exported)
         model.exported = clock("cache", store.put, entry, model)
     if warm_up:
-        clock("jit", model.warm_up)
+        # the machine code of the library just written, where there is one: the JIT would
+        # generate the same code a second time (BERT: 4.2 s, the library's load 1.9 s)
+        clock("jit", model.run_from_library if model.exported is not None else model.warm_up)
     return _done(model, clock.timings, timings)
 
 

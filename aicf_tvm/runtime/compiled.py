@@ -35,7 +35,17 @@ from aicf_tvm.runtime.call_checks import BoundDim, Requirement, check_requiremen
 
 from .cpu_features import unrunnable_here
 from .cuda_binary import install_hook
-from .deploy import DeviceLike, check_target, copy_library, device_for, export, read_metadata, verify_digest
+from .deploy import (
+    DeviceLike,
+    check_target,
+    copy_library,
+    device_for,
+    export,
+    load_fresh,
+    mapped_here,
+    read_metadata,
+    verify_digest,
+)
 from .targets import describe
 from .threads import thread_count, use_threads
 
@@ -280,6 +290,10 @@ class CompiledModel:
         for source in (self.exported, self.path):
             if source is not None and (copied := copy_library(source, path)) is not None:
                 return copied
+        if isinstance(self.executable, tvm.runtime.Module):  # runs from a library's machine code
+            raise DeployError(f"{self.exported or self.path}: the library this model runs from is gone or was "
+                              f"changed, and its code cannot be written again from memory; compile the model "
+                              f"again to export it")
         return export(self, path)
 
     @property
@@ -311,6 +325,27 @@ class CompiledModel:
         model cannot run here (a CPU without the target's instructions, an absent GPU)."""
         if not self.lacking_features and self.device.exist:
             _ = self.vm
+
+    def run_from_library(self) -> None:
+        """``warm_up`` from the library ``exported`` names (just written by the compile
+        cache): its kernels' machine code is loaded instead of generated again by the JIT,
+        and the executable built in this process (its own copy of the weights) is let go.
+        Only a CPU target that runs here; elsewhere, or when the library cannot be loaded,
+        ``warm_up`` as before."""
+        if (self.exported is None or self.lacking_features or not self.device.exist
+                or self.target_spec.get("kind") != "llvm"):
+            self.warm_up()
+            return
+        try:
+            lib = load_fresh(self.exported)
+        except Exception:  # noqa: BLE001 - the built executable still runs
+            self.warm_up()
+            return
+        if lib.kind != "relax.VMExecutable":
+            self.warm_up()
+            return
+        self.executable, self._vms = lib, threading.local()
+        self.warm_up()
 
     def signature(self, function: str = "main") -> Signature:
         """The inputs, outputs, dim bounds and requirements of ``function``."""
@@ -367,6 +402,8 @@ def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int
     # the file's digest is checked while TVM loads it (hashing releases the GIL): a library
     # of hundreds of MB loads in about the time TVM alone takes
     with ThreadPoolExecutor(1) as pool:
+        if mapped_here(name):  # dlopen would hand back this process's mapping, which a rewrite in place changed
+            verify_digest(name)
         digest = pool.submit(verify_digest, name)
         try:
             lib = tvm.runtime.load_module(name)

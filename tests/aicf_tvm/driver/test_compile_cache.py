@@ -117,6 +117,33 @@ def test_an_export_of_a_cached_model_is_a_copy_of_its_library(tmp_path):
     np.testing.assert_allclose(np.asarray(aicf_tvm.load(out)(_x(6))), _expected(_x(6)), rtol=1e-5, atol=1e-5)
 
 
+def test_a_fresh_compile_runs_the_machine_code_of_the_library_it_cached(tmp_path):
+    """The compile that writes the cache entry runs from that library (no second code
+    generation by the JIT), with the bits of a build run from memory (``cache=False``),
+    and keeps its optimized and lowered modules; an export copies the entry, and once the
+    entry is gone an export is refused by name, never written from half a model."""
+    import tvm
+
+    mod = aicf_tvm.from_onnx(_linear_onnx())
+    fresh = aicf_tvm.compile(mod, cache_dir=tmp_path / "cache")
+    in_memory = aicf_tvm.compile(mod, cache=False)
+    assert isinstance(fresh.executable, tvm.runtime.Module) and fresh.executable.kind == "relax.VMExecutable"
+    assert not isinstance(in_memory.executable, tvm.runtime.Module)  # the JIT's code
+    assert "jit" in fresh.timings and fresh.lowered is not None and fresh.optimized is not None
+    for seed in (7, 8):
+        x = _x(seed)
+        np.testing.assert_array_equal(np.asarray(fresh(x)), np.asarray(in_memory(x)))
+        np.testing.assert_allclose(np.asarray(fresh(x)), _expected(x), rtol=1e-5, atol=1e-5)
+    assert fresh.export(tmp_path / "a.so").read_bytes() == fresh.exported.read_bytes()
+    fresh.exported.unlink()
+    with pytest.raises(aicf_tvm.DeployError, match="the library this model runs from is gone"):
+        fresh.export(tmp_path / "b.so")
+    assert not (tmp_path / "b.so").exists()
+    in_memory.export(tmp_path / "c.so")  # a model built in memory writes its code
+    np.testing.assert_allclose(np.asarray(aicf_tvm.load(tmp_path / "c.so")(_x(9))), _expected(_x(9)),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_concurrent_compiles_of_one_model_leave_a_whole_entry(tmp_path):
     path, cache = tmp_path / "linear.onnx", tmp_path / "cache"
     onnx.save(_linear_onnx(), path)
