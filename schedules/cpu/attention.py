@@ -281,16 +281,10 @@ def _schedule_qk(sch: s_tir.Schedule, qk: SBlockRV, tile: LoopRV, plan: Attentio
     if not _divides(sch, keys, plan.key_width):
         return  # a single key (not padded): nothing to vectorize
     symbolic = static_extent(sch.get(keys).extent) is None
-    outer, vectors, lanes = sch.split(keys, [None, plan.key_vectors, plan.lanes])
-    sch.reorder(outer, k, *rows, vectors, lanes)
-    sch.vectorize(lanes)
-    sch.unroll(vectors)
-    for loop in rows:
-        sch.unroll(loop)
+    outer = _register_steps(sch, keys, [None, plan.key_vectors, plan.lanes], k, rows)
     if symbolic:
         _accumulate_locally(sch, qk, outer, plan.lanes)
-    init = sch.decompose_reduction(qk, k)
-    sch.vectorize(sch.get_loops(init)[-1])
+    _init_vectorized(sch, qk, k)
 
 
 def _register_tile(sch: s_tir.Schedule, block: SBlockRV, keys: LoopRV, vectors: int | None,
@@ -304,14 +298,30 @@ def _register_tile(sch: s_tir.Schedule, block: SBlockRV, keys: LoopRV, vectors: 
     if vectors is None:
         sch.reorder(k, *rows, keys)
         sch.vectorize(keys)
+        for loop in rows:
+            sch.unroll(loop)
     else:
-        outer, vector, lanes = sch.split(keys, [None, vectors, plan.lanes])
-        sch.reorder(outer, k, *rows, vector, lanes)
-        sch.vectorize(lanes)
-        sch.unroll(vector)
+        _register_steps(sch, keys, [None, vectors, plan.lanes], k, rows)
+    _init_vectorized(sch, block, k)
+
+
+def _register_steps(sch: s_tir.Schedule, spatial: LoopRV, factors: list[int | None], reduction: LoopRV,
+                    rows: list[LoopRV]) -> LoopRV:
+    """A register tile: ``spatial`` split by ``factors`` into (outer, vectors, lanes), the
+    loops ordered (outer, ``reduction``, rows, vectors, lanes), the lanes vectorized, the
+    vectors and rows unrolled; the outer loop."""
+    outer, vectors, lanes = sch.split(spatial, factors)
+    sch.reorder(outer, reduction, *rows, vectors, lanes)
+    sch.vectorize(lanes)
+    sch.unroll(vectors)
     for loop in rows:
         sch.unroll(loop)
-    init = sch.decompose_reduction(block, k)
+    return outer
+
+
+def _init_vectorized(sch: s_tir.Schedule, block: SBlockRV, reduction: LoopRV) -> None:
+    """``block``'s init split off above ``reduction``, its innermost loop vectorized."""
+    init = sch.decompose_reduction(block, reduction)
     sch.vectorize(sch.get_loops(init)[-1])
 
 
@@ -330,14 +340,8 @@ def _accumulate_locally(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, lane
 def _schedule_pv(sch: s_tir.Schedule, pv: SBlockRV, tile: LoopRV, plan: AttentionPlan) -> None:
     """rows x (head vectors / head_splits) vectors of the output accumulated over the keys."""
     rows, (head, keys) = _rows_and(sch, pv, tile)
-    part, vectors, lanes = sch.split(head, [plan.head_splits, None, plan.head_lanes])
-    sch.reorder(part, keys, *rows, vectors, lanes)
-    sch.vectorize(lanes)
-    sch.unroll(vectors)
-    for loop in rows:
-        sch.unroll(loop)
-    init = sch.decompose_reduction(pv, keys)
-    sch.vectorize(sch.get_loops(init)[-1])
+    _register_steps(sch, head, [plan.head_splits, None, plan.head_lanes], keys, rows)
+    _init_vectorized(sch, pv, keys)
 
 
 def _schedule_row_block(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV, lanes: int,

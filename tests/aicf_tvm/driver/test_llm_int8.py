@@ -18,15 +18,9 @@ from aicf_tvm.driver.quantize_weights import quantize_int8
 from aicf_tvm.runtime.deploy import manifest, read_metadata
 from aicf_tvm.runtime.targets import resolve_target
 from schedules.cpu.linear_int4 import has_q8
+from tests import helpers
 from tests.aicf_tvm.driver.test_llm import MAX_LENGTH, assert_like_model, build, prompts, reference
-from tests.helpers import (
-    compile_quantized,
-    constant_elements,
-    relax_constants,
-    round_linear_inputs,
-    rounded_copy,
-    weight_decisions,
-)
+from tests.helpers import compile_quantized, constant_elements, relax_constants, rounded_copy, weight_decisions
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -110,7 +104,7 @@ def test_aicf_generate_with_int8_weights(tmp_path, capsys):
     folder = tmp_path / "tiny-llama"
     model.save_pretrained(folder)
     q8 = has_q8(resolve_target("llvm"), 8)
-    ref = round_linear_inputs(rounded_copy(model)) if q8 else rounded_copy(model)
+    ref = helpers.round_linear_inputs(rounded_copy(model)) if q8 else rounded_copy(model)
     want = reference(ref, np.array([[5, 7, 9, 11]]), 6)[0].tolist()
     assert main(["generate", str(folder), "--prompt-ids", "5,7,9,11", "--max-new-tokens", "6",
                  "--max-length", "16", "--weights", "int8"]) == 0
