@@ -416,7 +416,7 @@ def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: S
     if warm_up:
         # the machine code of the library just written, where there is one: the JIT would
         # generate the same code a second time (BERT: 4.2 s, the library's load 1.9 s)
-        clock("jit", model.run_from_library if model.exported is not None else model.warm_up)
+        clock("jit", model.run_from_library)
     return _done(model, clock.timings, timings)
 
 

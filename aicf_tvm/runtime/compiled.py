@@ -332,19 +332,15 @@ class CompiledModel:
         and the executable built in this process (its own copy of the weights) is let go.
         Only a CPU target that runs here; elsewhere, or when the library cannot be loaded,
         ``warm_up`` as before."""
-        if (self.exported is None or self.lacking_features or not self.device.exist
-                or self.target_spec.get("kind") != "llvm"):
-            self.warm_up()
-            return
-        try:
-            lib = load_fresh(self.exported)
-        except Exception:  # noqa: BLE001 - the built executable still runs
-            self.warm_up()
-            return
-        if lib.kind != "relax.VMExecutable":
-            self.warm_up()
-            return
-        self.executable, self._vms = lib, threading.local()
+        lib = None
+        if (self.exported is not None and not self.lacking_features and self.device.exist
+                and self.target_spec.get("kind") == "llvm"):
+            try:
+                lib = load_fresh(self.exported)
+            except Exception:  # noqa: BLE001 - the built executable still runs
+                lib = None
+        if lib is not None and lib.kind == "relax.VMExecutable":
+            self.executable, self._vms = lib, threading.local()
         self.warm_up()
 
     def signature(self, function: str = "main") -> Signature:
@@ -401,16 +397,22 @@ def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int
         install_hook()  # the kernels' fatbin travels in the library: no CUDA compiler needed here
     # the file's digest is checked while TVM loads it (hashing releases the GIL): a library
     # of hundreds of MB loads in about the time TVM alone takes
+    # (before it where this process has the file mapped: dlopen would hand back that mapping,
+    # which a rewrite in place changed); TVM loads it under a name of its own (``load_fresh``)
     with ThreadPoolExecutor(1) as pool:
-        if mapped_here(name):  # dlopen would hand back this process's mapping, which a rewrite in place changed
+        if mapped_here(name):
             verify_digest(name)
-        digest = pool.submit(verify_digest, name)
+            digest = None
+        else:
+            digest = pool.submit(verify_digest, name)
         try:
-            lib = tvm.runtime.load_module(name)
+            lib = load_fresh(name)
         except Exception as err:
-            digest.result()  # a corrupt file is named as such
+            if digest is not None:
+                digest.result()  # a corrupt file is named as such
             raise DeployError(f"{name}: cannot be loaded: {str(err).strip().splitlines()[0]}") from err
-        digest.result()
+        if digest is not None:
+            digest.result()
     if lib.kind != "relax.VMExecutable":
         raise DeployError(f"{name}: holds a {lib.kind} module, not a Relax VM executable")
     try:

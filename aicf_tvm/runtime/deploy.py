@@ -199,7 +199,8 @@ def load_fresh(path: str | os.PathLike) -> tvm.runtime.Module:
     """``tvm.runtime.load_module`` of the library at ``path`` under a name of its own (a
     hard link beside it, removed once loaded): ``dlopen`` hands back a library loaded
     before under the same name, even after the file was replaced by another (a compile
-    cache entry rebuilt); where no link can be made, ``path`` itself."""
+    cache entry rebuilt, a model exported again to the same path); where no link can be
+    made (a read-only folder), ``path`` itself."""
     source = Path(path)
     link = source.with_name(f".{source.stem}-{os.getpid()}-{next(_LINKS)}{source.suffix}")
     try:

@@ -148,6 +148,33 @@ def test_corrupt_library_is_caught_before_loading(exported, tmp_path, damage):
         aicf_tvm.load(path)
 
 
+def test_a_library_exported_again_to_the_same_path_loads_as_the_new_one(tmp_path):
+    """Another model exported over a library this process loaded: ``load`` runs the new
+    file's code (``dlopen`` alone would hand back the library it loaded under that name),
+    and the old model keeps running its own."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def relu_of_matmul(w: np.ndarray) -> aicf_tvm.CompiledModel:
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [numpy_helper.from_array(w, "w")])
+        return aicf_tvm.compile(aicf_tvm.from_onnx(helper.make_model(graph, opset_imports=[
+            helper.make_opsetid("", 17)])), cache=False)
+
+    rng = np.random.default_rng(5)
+    w1, w2 = (rng.standard_normal((8, 6)).astype(np.float32) for _ in range(2))
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    path = tmp_path / "m.so"
+    relu_of_matmul(w1).export(path)
+    first = aicf_tvm.load(path)
+    relu_of_matmul(w2).export(path)
+    second = aicf_tvm.load(path)
+    np.testing.assert_allclose(np.asarray(second(x)), np.maximum(x.astype(np.float64) @ w2, 0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(first(x)), np.maximum(x.astype(np.float64) @ w1, 0), rtol=1e-5, atol=1e-5)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the load's own names are gone
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(DeployError, match=r"gone\.so: no such file"):
         aicf_tvm.load(tmp_path / "gone.so")
