@@ -47,8 +47,8 @@ skips consumer points its producers do not cover, and it and ``compute_at`` drop
 predicate of the block they move (so the row max is ``rfactor``-ed over lanes only once its
 keys are whole vectors, step 1); ``loop_partition`` of a reduction loop re-runs the init in
 every part; ``merge`` checks no dependence.  ``loop_partition`` is
-used only on a constant key loop directly around one spatial block (on a loop with several
-blocks under it, it crashed the process).
+used only on a constant key loop over one block: a spatial row block, or q·kᵀ before its
+init is split off (on a loop with several blocks under it, it crashed the process).
 """
 
 from __future__ import annotations
@@ -275,8 +275,8 @@ def _schedule_qk(sch: s_tir.Schedule, qk: SBlockRV, tile: LoopRV, plan: Attentio
         vectors = (static - tiles) // plan.lanes * plan.lanes
         sizes = [size for size in (tiles, vectors, static - tiles - vectors) if size]
         parts = sch.loop_partition(keys, sizes[:-1] + [None])
-        for part, vectors in zip(parts, (plan.key_vectors, None, None)):  # only the first starts at 0
-            _register_tile(sch, sch.get_child_blocks(part)[0], part, vectors, plan)
+        for part, width in zip(parts, (plan.key_vectors, None, None)):  # only the first starts at 0
+            _register_tile(sch, sch.get_child_blocks(part)[0], part, width, plan)
         return
     if not _divides(sch, keys, plan.key_width):
         return  # a single key (not padded): nothing to vectorize
