@@ -53,6 +53,7 @@ from aicf_tvm.core.options import CompileOptions
 from aicf_tvm.core.tvm_values import to_python
 from schedules.tuning.choices import apply_choice, choice_label
 
+from .cpu.conv2d_int8 import register_intrinsics
 from .cpu.gemm_blocks import LAYOUT_FREE_ATTR
 
 _LOG = logging.getLogger(__name__)
@@ -108,6 +109,13 @@ def signature_key(signature: dict) -> str:
     """A short stable key for a signature: ``<kind>-<16 hex digits>``."""
     text = json.dumps(signature, sort_keys=True, separators=(",", ":"))
     return f"{signature['kind']}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def replay(trace: Any, sch: tvm.s_tir.Schedule) -> None:
+    """``trace`` applied to ``sch`` with its postprocessing: a tuning record (or a candidate
+    of the rules) replayed, the tensor intrinsics it may name registered first."""
+    register_intrinsics()
+    trace.apply_to_schedule(sch, remove_postproc=False)
 
 
 def record_digest(trace: Any) -> str:
@@ -320,7 +328,7 @@ def _chosen_schedule(db: Any, workload: tvm.IRModule, target: tvm.target.Target,
     for candidate in db.get_top_k(db.commit_workload(workload), 1 << 30):
         if record_digest(candidate.trace) == record:
             sch = tvm.s_tir.Schedule(workload)
-            candidate.trace.apply_to_schedule(sch, remove_postproc=False)
+            replay(candidate.trace, sch)
             return sch
     _LOG.warning("the tuned record %s chosen for %s is not in the database: using the default rule",
                  record, workload["main"].attrs[SIGNATURE_ATTR])

@@ -24,6 +24,7 @@ the float rule.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from tvm import s_tir, tirx
@@ -47,41 +48,10 @@ from .conv2d_blocked import (
 from .gemm_blocks import mark_prepack, schedule_injective, static_reduction_block
 
 VNNI_INTRIN = "aicf_dot_16x4_u8i8i32_vnni_local"
-
-
-# TVM's ``dot_16x4_vnni`` with the accumulators in ``local`` scope (the register tile) and
-# byte-vector operands (the intrinsic's signature in the LLVM TVM 0.27 links): 16 int32
-# lanes, each adding the products of 4 unsigned by 4 signed bytes.
-@T.prim_func(s_tir=True)
-def _dot_desc(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
-              c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
-    with T.sblock("root"):
-        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
-        T.writes(c[0:16])
-        for i in T.serial(0, 16):
-            for k in T.serial(0, 4):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
-
-
-@T.prim_func(s_tir=True)
-def _dot_vnni(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
-              c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
-    with T.sblock("root"):
-        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
-        T.writes(c[0:16])
-        a_i32 = T.reinterpret(a.vload([0], "uint8x4"), dtype="int32")
-        c[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), c.vload([0], dtype="int32x16"),
-            T.reinterpret(T.broadcast(a_i32, 16), dtype="int8x64"), b.vload([0, 0], dtype="int8x64"),
-            dtype="int32x16")
-
-
-TensorIntrin.register(VNNI_INTRIN, _dot_desc, _dot_vnni, override=True)
-
 AVX2_INTRIN = "aicf_dot_16x4_u8i8i32_avx2_local"
 _LOW7, _HIGH1 = 0x7F7F7F7F, -0x7F7F7F80  # each byte's low 7 bits; each byte's top bit (0x80808080)
+PAIRS_INTRIN = "aicf_dot_8x2_i16i16i32_avx2_local"
+PAIRS_LANES, PAIRS_DEPTH = 8, 2  # int32 accumulators of one vpmaddwd, int16 products each adds
 
 
 def pmaddubsw(a: tirx.Expr, b: tirx.Expr) -> tirx.Expr:
@@ -94,64 +64,97 @@ def pmaddwd_ones(x: tirx.Expr) -> tirx.Expr:
     return T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", x, T.broadcast(T.int16(1), 16))
 
 
-# The same 16 x 4 dot product on AVX2, exact: ``vpmaddubsw`` adds two u8 x s8 products
-# into an int16 with saturation, which |a0 b0 + a1 b1| <= 255 * 256 can exceed. With the
-# data split into its low 7 bits and its top bit, each ``vpmaddubsw`` stays in range
-# (127 * 256 = 32512; 128 * (b0 + b1) in [-32768, 32512]), and ``vpmaddwd`` by ones adds
-# the pairs into int32: the same sums as vpdpbusd, in two halves of 8 lanes.
-@T.prim_func(s_tir=True)
-def _dot_avx2(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
-              c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
-    with T.sblock("root"):
-        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
-        T.writes(c[0:16])
-        a_i32 = T.reinterpret(a.vload([0], "uint8x4"), dtype="int32")
-        low = T.reinterpret(T.broadcast(T.bitwise_and(a_i32, T.int32(_LOW7)), 8), dtype="int8x32")
-        high = T.reinterpret(T.broadcast(T.bitwise_and(a_i32, T.int32(_HIGH1)), 8), dtype="int8x32")
-        for h in T.unroll(2):
-            c[T.ramp(8 * h, 1, 8)] = c[T.ramp(8 * h, 1, 8)] \
-                + pmaddwd_ones(pmaddubsw(low, b.vload([8 * h, 0], dtype="int8x32"))) \
-                + pmaddwd_ones(pmaddubsw(high, b.vload([8 * h, 0], dtype="int8x32")))
+@functools.cache
+def register_intrinsics() -> None:
+    """Register the three tensor intrinsics (``VNNI_INTRIN``, ``AVX2_INTRIN``,
+    ``PAIRS_INTRIN``) with TVM, once: on first use, not at import, since parsing TVMScript
+    reads the source of every frame of the caller's stack (``inspect.stack``), 0.35 s a
+    function under an import of this module (3.6 s of every model's import before)."""
+    # TVM's ``dot_16x4_vnni`` with the accumulators in ``local`` scope (the register tile) and
+    # byte-vector operands (the intrinsic's signature in the LLVM TVM 0.27 links): 16 int32
+    # lanes, each adding the products of 4 unsigned by 4 signed bytes.
+    @T.prim_func(s_tir=True)
+    def _dot_desc(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
+                  c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+            T.writes(c[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def _dot_vnni(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
+                  c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+            T.writes(c[0:16])
+            a_i32 = T.reinterpret(a.vload([0], "uint8x4"), dtype="int32")
+            c[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), c.vload([0], dtype="int32x16"),
+                T.reinterpret(T.broadcast(a_i32, 16), dtype="int8x64"), b.vload([0, 0], dtype="int8x64"),
+                dtype="int32x16")
+
+    # The same 16 x 4 dot product on AVX2, exact: ``vpmaddubsw`` adds two u8 x s8 products
+    # into an int16 with saturation, which |a0 b0 + a1 b1| <= 255 * 256 can exceed. With the
+    # data split into its low 7 bits and its top bit, each ``vpmaddubsw`` stays in range
+    # (127 * 256 = 32512; 128 * (b0 + b1) in [-32768, 32512]), and ``vpmaddwd`` by ones adds
+    # the pairs into int32: the same sums as vpdpbusd, in two halves of 8 lanes.
+    @T.prim_func(s_tir=True)
+    def _dot_avx2(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
+                  c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+            T.writes(c[0:16])
+            a_i32 = T.reinterpret(a.vload([0], "uint8x4"), dtype="int32")
+            low = T.reinterpret(T.broadcast(T.bitwise_and(a_i32, T.int32(_LOW7)), 8), dtype="int8x32")
+            high = T.reinterpret(T.broadcast(T.bitwise_and(a_i32, T.int32(_HIGH1)), 8), dtype="int8x32")
+            for h in T.unroll(2):
+                c[T.ramp(8 * h, 1, 8)] = c[T.ramp(8 * h, 1, 8)] \
+                    + pmaddwd_ones(pmaddubsw(low, b.vload([8 * h, 0], dtype="int8x32"))) \
+                    + pmaddwd_ones(pmaddubsw(high, b.vload([8 * h, 0], dtype="int8x32")))
+
+    # The matmul's form on AVX2 (``legalize_int8_matmul``, pairs form): the uint8 data and int8
+    # weights widened to int16 first (exactly), then ``vpmaddwd``: 8 int32 lanes, each adding
+    # two int16 products.  A product is within [-32640, 32385] and a pair within
+    # [-65280, 64770]: no saturation and no wrap (vpmaddwd wraps only -32768 * -32768 twice,
+    # which widened bytes never are), so the sums are vpdpbusd's.  One instruction per 16
+    # products where the split-byte form takes 6 per 32 (``_dot_avx2``).
+    @T.prim_func(s_tir=True)
+    def _pairs_desc(a: T.Buffer((2,), "int16", offset_factor=1), b: T.Buffer((8, 2), "int16", offset_factor=1),
+                    c: T.Buffer((8,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:8], a[0:2], b[0:8, 0:2])
+            T.writes(c[0:8])
+            for i in T.serial(0, 8):
+                for k in T.serial(0, 2):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def _pairs_avx2(a: T.Buffer((2,), "int16", offset_factor=1), b: T.Buffer((8, 2), "int16", offset_factor=1),
+                    c: T.Buffer((8,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:8], a[0:2], b[0:8, 0:2])
+            T.writes(c[0:8])
+            a_i32 = T.reinterpret(a.vload([0], "int16x2"), dtype="int32")
+            c[T.ramp(0, 1, 8)] = c[T.ramp(0, 1, 8)] + T.call_llvm_pure_intrin(
+                "int32x8", "llvm.x86.avx2.pmadd.wd", T.reinterpret(T.broadcast(a_i32, 8), dtype="int16x16"),
+                b.vload([0, 0], dtype="int16x16"))
+
+    TensorIntrin.register(VNNI_INTRIN, _dot_desc, _dot_vnni, override=True)
+    TensorIntrin.register(AVX2_INTRIN, _dot_desc, _dot_avx2, override=True)
+    TensorIntrin.register(PAIRS_INTRIN, _pairs_desc, _pairs_avx2, override=True)
 
 
-TensorIntrin.register(AVX2_INTRIN, _dot_desc, _dot_avx2, override=True)
+def intrinsic(name: str) -> str:
+    """``name``, one of this module's tensor intrinsics, registered."""
+    register_intrinsics()
+    return name
 
-PAIRS_INTRIN = "aicf_dot_8x2_i16i16i32_avx2_local"
-PAIRS_LANES, PAIRS_DEPTH = 8, 2  # int32 accumulators of one vpmaddwd, int16 products each adds
-
-
-# The matmul's form on AVX2 (``legalize_int8_matmul``, pairs form): the uint8 data and int8
-# weights widened to int16 first (exactly), then ``vpmaddwd``: 8 int32 lanes, each adding
-# two int16 products.  A product is within [-32640, 32385] and a pair within
-# [-65280, 64770]: no saturation and no wrap (vpmaddwd wraps only -32768 * -32768 twice,
-# which widened bytes never are), so the sums are vpdpbusd's.  One instruction per 16
-# products where the split-byte form takes 6 per 32 (``_dot_avx2``).
-@T.prim_func(s_tir=True)
-def _pairs_desc(a: T.Buffer((2,), "int16", offset_factor=1), b: T.Buffer((8, 2), "int16", offset_factor=1),
-                c: T.Buffer((8,), "int32", offset_factor=1, scope="local")) -> None:
-    with T.sblock("root"):
-        T.reads(c[0:8], a[0:2], b[0:8, 0:2])
-        T.writes(c[0:8])
-        for i in T.serial(0, 8):
-            for k in T.serial(0, 2):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
-
-
-@T.prim_func(s_tir=True)
-def _pairs_avx2(a: T.Buffer((2,), "int16", offset_factor=1), b: T.Buffer((8, 2), "int16", offset_factor=1),
-                c: T.Buffer((8,), "int32", offset_factor=1, scope="local")) -> None:
-    with T.sblock("root"):
-        T.reads(c[0:8], a[0:2], b[0:8, 0:2])
-        T.writes(c[0:8])
-        a_i32 = T.reinterpret(a.vload([0], "int16x2"), dtype="int32")
-        c[T.ramp(0, 1, 8)] = c[T.ramp(0, 1, 8)] + T.call_llvm_pure_intrin(
-            "int32x8", "llvm.x86.avx2.pmadd.wd", T.reinterpret(T.broadcast(a_i32, 8), dtype="int16x16"),
-            b.vload([0, 0], dtype="int16x16"))
-
-
-TensorIntrin.register(PAIRS_INTRIN, _pairs_desc, _pairs_avx2, override=True)
 
 # The pairs form's register tile, (8-column blocks, rows): 12 int32 accumulators.  On BERT's
 # matmul shapes (128 rows, 768-3072 columns) on Zen 3 it ran in 0.88-0.91x the time of the
@@ -212,7 +215,7 @@ def schedule_vnni(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: Con
     sch.vectorize(sch.get_loops(init)[-1])
     sch.unroll(xi)
     sch.unroll(oi)
-    sch.tensorize(j, int8_dot(target))
+    sch.tensorize(j, intrinsic(int8_dot(target)))
 
 
 def _pairs_reads(stmt: s_tir.SBlock) -> bool:
@@ -277,7 +280,7 @@ def schedule_vnni_matmul(sch: s_tir.Schedule, main: SBlockRV, target: Target,
     sch.vectorize(sch.get_loops(init)[-1])
     sch.unroll(mi)
     sch.unroll(noi)
-    sch.tensorize(ni, intrin)
+    sch.tensorize(ni, intrinsic(intrin))
 
 
 class _VNNIRule(CPUScheduleRule):

@@ -29,7 +29,7 @@ import tvm_ffi
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
-from schedules.select import record_digest
+from schedules.select import record_digest, replay
 from schedules.tuning.space import has_unplain_rewrite, timed_form
 from schedules.tuning.tasks import (
     FAILED_SECS,
@@ -88,7 +88,7 @@ def _replays(trace: Any, workload: tvm.IRModule, expected: tvm.IRModule) -> bool
     """Whether ``trace`` rebuilds ``expected`` from ``workload`` (then it can be a record)."""
     try:
         sch = tvm.s_tir.Schedule(workload)
-        trace.apply_to_schedule(sch, remove_postproc=False)
+        replay(trace, sch)
         return bool(tvm_ffi.structural_equal(sch.mod, expected))
     except Exception:  # noqa: BLE001
         return False
@@ -203,7 +203,7 @@ def _replayed(trace: Any, workload: tvm.IRModule) -> tvm.IRModule | None:
     """The kernel ``trace`` builds from ``workload``; None if it no longer replays."""
     sch = s_tir.Schedule(workload)
     try:
-        trace.apply_to_schedule(sch, remove_postproc=False)
+        replay(trace, sch)
     except Exception:  # noqa: BLE001 - such a record cannot be chosen: compile could not use it
         return None
     return sch.mod

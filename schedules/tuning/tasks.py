@@ -65,7 +65,7 @@ from schedules.cpu.ieee_arith import IEEEArithmetic
 from schedules.cpu.int_arith import WrappingIntegers
 from schedules.cpu.parallel_guard import tir_pipeline
 from schedules.cpu.vector_math import VectorizeMath
-from schedules.select import SIGNATURE_ATTR, contract_signature, workload_of
+from schedules.select import SIGNATURE_ATTR, contract_signature, replay, workload_of
 from schedules.tuning.space import space_generator
 
 from .choices import tunable_rule
@@ -352,7 +352,7 @@ def _warm_start(context: ms.TuneContext, db: Any, task: Task, cost_model: Any) -
     for record in valid_records(db, task.workload):
         sch = s_tir.Schedule(task.workload)
         try:
-            record.trace.apply_to_schedule(sch, remove_postproc=False)
+            replay(record.trace, sch)
         except Exception:  # noqa: BLE001 - a record that no longer replays teaches nothing
             continue
         candidates.append(ms.MeasureCandidate(sch, record.args_info))

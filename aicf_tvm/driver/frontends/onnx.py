@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -136,15 +137,40 @@ def from_onnx(path_or_model: OnnxModel, shapes: Mapping[str, Sequence[int | str]
     the module docstring)."""
     model, name = _load_onnx(path_or_model)
     shape_dict = input_shapes(model, shapes, name)
-    prepared = fold_shapes(model, lambda light: _set_shapes(light, shape_dict))
+    prepared = fold_shapes(model, lambda light: _set_shapes(light, shape_dict), _check_model)
     _check_ops(prepared, name)
     try:
         with _own_converters():
-            mod = relax.frontend.onnx.from_onnx(prepared, shape_dict=shape_dict, keep_params_in_input=False)
+            mod = _tvm_import(prepared, shape_dict)
     except Exception as err:
         raise UnsupportedModelError(f"{name}: the ONNX frontend failed: {type(err).__name__}: "
                                     f"{first_line(err)}") from err
     return normalize_import(with_dim_bounds(mod, bounds or {}))
+
+
+def _check_model(weightless: onnx.ModelProto) -> None:
+    """``onnx.checker.check_model`` as TVM's ``from_onnx`` runs it (a warning, not an
+    error), on the graph without its weights' bytes (``onnx_fold.weightless``)."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(weightless)
+    except Exception as err:  # noqa: BLE001 - TVM's frontend warns and goes on; so do we
+        warnings.warn(str(err), stacklevel=3)
+
+
+def _tvm_import(model: onnx.ModelProto, shape_dict: Mapping[str, Sequence[Dim]]) -> tvm.IRModule:
+    """TVM's ``relax.frontend.onnx.from_onnx(model, shape_dict, keep_params_in_input=False)``
+    less its ``check_model`` of the whole model, which serializes every weight
+    (``_check_model`` checks the graph instead)."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    if model.ir_version < 3:
+        raise UnsupportedModelError(f"ONNX IR version {model.ir_version} is not supported (at least 3)")
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    importer = onnx_frontend.ONNXGraphImporter(dict(shape_dict), "float32", keep_params_in_input=False,
+                                               sanitize=True)
+    return importer.from_onnx(model.graph, opset)
 
 
 @contextlib.contextmanager

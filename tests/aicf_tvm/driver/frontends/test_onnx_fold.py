@@ -72,3 +72,31 @@ def test_weights_are_folded_without_their_data_and_come_back_whole():
     x = np.random.default_rng(4).standard_normal((2, 8)).astype(np.float32)
     y = np.asarray(aicf_tvm.compile(aicf_tvm.from_onnx(model))(x))
     np.testing.assert_allclose(y, x.astype(np.float64) @ weight + table[[3]], rtol=1e-5, atol=1e-5)
+
+
+def test_the_onnx_checker_runs_on_the_graph_without_the_weights_bytes():
+    """TVM's frontend ran ``check_model`` on the whole model (serializing every weight);
+    ours checks the folded graph with empty weights: the same finding, a warning as
+    TVM gives it, and the model still imports with its weights whole."""
+    from aicf_tvm.driver.frontends.onnx_fold import weightless
+
+    model, weight, table = _model_with_weights()
+    del model.graph.output[:]  # the checker wants the output's shape
+    model.graph.output.append(helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, weight.shape[1]]))
+    onnx.checker.check_model(model)
+    model.graph.node[2].attribute.append(helper.make_attribute("bogus", 1))  # MatMul has no such attribute
+    with pytest.raises(onnx.checker.ValidationError, match="bogus"):
+        onnx.checker.check_model(model)
+    seen = []
+    folded = fold_shapes(model, check=seen.append)
+    light = seen[0]
+    assert [list(i.dims) for i in light.graph.initializer if i.name == "W"] == [[0]]  # the table: folded away
+    assert not any(i.raw_data for i in light.graph.initializer if i.name == "W")
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(next(i for i in folded.graph.initializer
+                                                                   if i.name == "W")), weight)
+    assert weightless(folded, {}).SerializeToString() == folded.SerializeToString()  # no weight named: a copy
+    with pytest.warns(UserWarning, match="bogus"):
+        mod = aicf_tvm.from_onnx(model)
+    x = np.random.default_rng(5).standard_normal((2, 8)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(aicf_tvm.compile(mod)(x)), x.astype(np.float64) @ weight + table[[3]],
+                               rtol=1e-5, atol=1e-5)
