@@ -47,7 +47,7 @@ from .deploy import (
     verify_digest,
 )
 from .targets import describe
-from .threads import thread_count, use_threads
+from .threads import available_cpus, thread_count, use_threads
 
 # Every kernel buffer assumes TVM's allocation alignment (LowerEmits records it per port
 # as ``aicf.abi``); external inputs are proven only ``align1``.
@@ -324,6 +324,7 @@ class CompiledModel:
         ten steady calls' time); a loaded library has it already. Does nothing where the
         model cannot run here (a CPU without the target's instructions, an absent GPU)."""
         if not self.lacking_features and self.device.exist:
+            jit_in_parallel(self.executable)
             _ = self.vm
 
     def run_from_library(self) -> None:
@@ -384,6 +385,24 @@ class CompiledModel:
         arrays = [tvm.runtime.tensor(_contiguous(a), self.device) for a in args]
         timer = self.vm.time_evaluator(function, self.device, number=number, repeat=repeat)
         return float(timer(*arrays).median)
+
+
+def jit_in_parallel(executable: Any) -> None:
+    """Have TVM's JIT make the machine code of the LLVM modules ``executable`` imports (the
+    kernels ``pipeline.build_in_parts`` built apart) on every core, where the first VM
+    would make them one after the other. Any lookup starts a module's JIT; a missing name is
+    looked up so that nothing else runs. Nothing to do for a loaded library."""
+    modules = [m for m in getattr(executable, "mod", executable).imports if m.kind == "llvm"]
+
+    def jit(module: tvm.runtime.Module) -> None:
+        try:
+            module.get_function("__aicf_jit__", query_imports=False)
+        except AttributeError:  # the name is not there: the module's code is made all the same
+            pass
+
+    if len(modules) > 1:
+        with ThreadPoolExecutor(min(len(modules), len(available_cpus()))) as pool:
+            list(pool.map(jit, modules))
 
 
 def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int | None = None) -> CompiledModel:

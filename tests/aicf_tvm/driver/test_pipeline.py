@@ -173,3 +173,37 @@ def test_compile_makes_the_machine_code_and_vm_before_the_first_call():
     args = [np.random.default_rng(i).standard_normal([int(d) for d in spec.shape]).astype(spec.dtype)
             for i, spec in enumerate(warm.inputs)]
     np.testing.assert_array_equal(np.asarray(warm(*args)), np.asarray(cold(*args)))
+
+
+def test_each_kernel_is_a_module_of_its_own_with_the_bits_of_one_module():
+    """``build_in_parts``: one LLVM module per kernel, imports of the executable, built and
+    JIT-compiled by one thread per core; the outputs are the bits of TVM's one-module build
+    of the same scheduled kernels, and both are near TVM's unoptimized build."""
+    from tvm import relax
+
+    from aicf_tvm.driver.pipeline import backend_passes, build_in_parts, device_checks
+    from aicf_tvm.runtime.compiled import jit_in_parallel
+    from schedules.cpu.codegen import codegen_target
+    from schedules.cpu.parallel_guard import tir_pipeline
+    from tests.conftest import random_inputs
+
+    target = resolve_target({"kind": "llvm", "num-cores": 2})
+    mod = BUILTIN_MODELS["encoder_layer_small"]()
+    lowered = device_checks(run_pipeline(mod, target, until="schedule").lowered, target)
+    kernels = [gv for gv, f in lowered.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    machine, passes = codegen_target(target), tvm.transform.Sequential(backend_passes(target))
+    parts = build_in_parts(lowered, machine, passes, tir_pipeline(), 2)
+    llvm = [m for m in parts.mod.imports if m.kind == "llvm"]
+    assert len(llvm) == len(kernels) > 1
+    jit_in_parallel(parts)
+    with machine:
+        whole = tvm.compile(lowered, target=machine, relax_pipeline=passes, tir_pipeline=tir_pipeline())
+    assert len([m for m in whole.mod.imports if m.kind == "llvm"]) == 1
+    args = random_inputs(mod)
+    runs = [relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+            for ex in (parts, whole)]
+    np.testing.assert_array_equal(runs[0], runs[1])
+    np.testing.assert_allclose(runs[0], run_vm(mod, *args)[0], rtol=1e-4, atol=1e-4)
+    other = random_inputs(mod, seed=1)
+    assert not np.array_equal(relax.VirtualMachine(parts, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in other]).numpy(), runs[0])
