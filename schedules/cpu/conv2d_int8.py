@@ -64,6 +64,25 @@ def pmaddwd_ones(x: tirx.Expr) -> tirx.Expr:
     return T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", x, T.broadcast(T.int16(1), 16))
 
 
+def _dot_description(lanes: int, depth: int, a_dtype: str, b_dtype: str) -> tirx.PrimFunc:
+    """A tensor intrinsic's description: ``lanes`` int32 accumulators (in ``local`` scope,
+    the register tile), each adding the ``depth`` products of ``a`` by its row of ``b``."""
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.Buffer((depth,), a_dtype, offset_factor=1), b: T.Buffer((lanes, depth), b_dtype, offset_factor=1),
+             c: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:lanes], a[0:depth], b[0:lanes, 0:depth])
+            T.writes(c[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, depth):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
+
+    return desc
+
+
 @functools.cache
 def register_intrinsics() -> None:
     """Register the three tensor intrinsics (``VNNI_INTRIN``, ``AVX2_INTRIN``,
@@ -73,17 +92,7 @@ def register_intrinsics() -> None:
     # TVM's ``dot_16x4_vnni`` with the accumulators in ``local`` scope (the register tile) and
     # byte-vector operands (the intrinsic's signature in the LLVM TVM 0.27 links): 16 int32
     # lanes, each adding the products of 4 unsigned by 4 signed bytes.
-    @T.prim_func(s_tir=True)
-    def _dot_desc(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
-                  c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:16], a[0:4], b[0:16, 0:4])
-            T.writes(c[0:16])
-            for i in T.serial(0, 16):
-                for k in T.serial(0, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
+    _dot_desc = _dot_description(16, 4, "uint8", "int8")
 
     @T.prim_func(s_tir=True)
     def _dot_vnni(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
@@ -122,17 +131,7 @@ def register_intrinsics() -> None:
     # [-65280, 64770]: no saturation and no wrap (vpmaddwd wraps only -32768 * -32768 twice,
     # which widened bytes never are), so the sums are vpdpbusd's.  One instruction per 16
     # products where the split-byte form takes 6 per 32 (``_dot_avx2``).
-    @T.prim_func(s_tir=True)
-    def _pairs_desc(a: T.Buffer((2,), "int16", offset_factor=1), b: T.Buffer((8, 2), "int16", offset_factor=1),
-                    c: T.Buffer((8,), "int32", offset_factor=1, scope="local")) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:8], a[0:2], b[0:8, 0:2])
-            T.writes(c[0:8])
-            for i in T.serial(0, 8):
-                for k in T.serial(0, 2):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
+    _pairs_desc = _dot_description(PAIRS_LANES, PAIRS_DEPTH, "int16", "int16")
 
     @T.prim_func(s_tir=True)
     def _pairs_avx2(a: T.Buffer((2,), "int16", offset_factor=1), b: T.Buffer((8, 2), "int16", offset_factor=1),
