@@ -41,6 +41,7 @@ from .index_forms import FoldNestedMods, after_opaque_blocks, opaque_blocks
 from .llvm_pass import llvm_prim_func_pass
 from .stack_tiles import StackLocalTiles
 from .tail_partition import PartitionVectorTails
+from .zero_fill import FlatZeroFill
 
 # Marks the parallel loop of a guard (so a second run leaves it).
 GUARDED = "aicf.work_guarded"
@@ -179,11 +180,12 @@ PIPELINE = "aicf_cpu"
 def _pipeline() -> tuple:
     """The S-TIR pipeline, with one form for nested head indices before its buffer
     compaction (``index_forms``) and vector tails split off by us (``tail_partition``),
-    then ``GuardSmallParallel``, and the OS's permission asked first by each kernel that uses
+    then ``GuardSmallParallel``, a fresh buffer's zeroing as one flat loop (``zero_fill``),
+    and the OS's permission asked first by each kernel that uses
     AMX tiles (``amx_int8.AMXPermission``); its finalization passes."""
     lower, host, device = tirx.get_tir_pipeline("s_tir")
     passes = [*opaque_blocks(), FoldNestedMods(), PartitionVectorTails(), after_opaque_blocks(lower),
-              GuardSmallParallel(), PrefetchNextPanel(), StackLocalTiles(), AMXPermission()]
+              GuardSmallParallel(), PrefetchNextPanel(), StackLocalTiles(), FlatZeroFill(), AMXPermission()]
     return tvm.transform.Sequential(passes), host, device
 
 
