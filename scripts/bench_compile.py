@@ -14,7 +14,8 @@ of the run so that "cold" is cold): the ONNX file is written beforehand by
 * ``nocache``: ``compile(cache=False)``: import and compile (its phases, ``model.timings``),
   the first call and the median of 10 later ones (output checked against PyTorch eager;
   two inputs must give two outputs), ``export`` to a library, then ``aicf_tvm.load`` and
-  ``tvm.runtime.load_module`` of it (3 times each, alternating; the medians); for the
+  ``tvm.runtime.load_module`` of it (3 times each, alternating, each in a new process; the
+  medians); for the
   ONNX path also the seconds ONNX Runtime takes to create a session on the same file.
 * ``cold``: the compile cache on and empty: import + compile (with the cache's export) +
   first call; then ``export`` as a user of the default compile exports.
@@ -48,7 +49,6 @@ DEFAULT_MODELS = ("bert", "gpt2", "vit", "resnet50", "mobilenetv2")
 
 def _one(name: str, path: str, work: Path, mode: str) -> dict[str, Any]:
     """The child: ``mode`` (``nocache``, ``cold``, ``warm``) of ``name`` through ``path``."""
-    import tvm
 
     import aicf_tvm
     from scripts.bench_peers import _first, _numpy, eager
@@ -94,13 +94,9 @@ def _one(name: str, path: str, work: Path, mode: str) -> dict[str, Any]:
     compiled.export(lib)
     out["export_s"] = time.perf_counter() - start
     loads, raw = [], []
-    for _ in range(3):
-        start = time.perf_counter()
-        tvm.runtime.load_module(str(lib))
-        raw.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        aicf_tvm.load(lib)
-        loads.append(time.perf_counter() - start)
+    for _ in range(3):  # each in a process of its own, as a user loads: a library mapped before is another case
+        raw.append(_load_in_fresh_process(lib, "tvm.runtime.load_module(path)"))
+        loads.append(_load_in_fresh_process(lib, "aicf_tvm.load(path)"))
     out["load_s"], out["load_module_s"] = statistics.median(loads), statistics.median(raw)
     if path == "onnx":
         import onnxruntime as ort
@@ -110,6 +106,15 @@ def _one(name: str, path: str, work: Path, mode: str) -> dict[str, Any]:
         out["ort_session_s"] = time.perf_counter() - start
     lib.unlink()
     return out
+
+
+def _load_in_fresh_process(lib: Path, call: str) -> float:
+    """Seconds ``call`` (with ``path`` the library) takes in a new interpreter, its imports
+    done before the clock starts."""
+    code = ("import sys, time, tvm, aicf_tvm, aicf_tvm.runtime.compiled; path = sys.argv[1]; "
+            f"start = time.perf_counter(); {call}; print('SECONDS', time.perf_counter() - start)")
+    proc = subprocess.run([sys.executable, "-c", code, str(lib)], check=True, capture_output=True, text=True)
+    return float(next(ln for ln in proc.stdout.splitlines() if ln.startswith("SECONDS ")).split()[1])
 
 
 def _child(name: str, path: str, work: Path, mode: str) -> dict[str, Any]:
