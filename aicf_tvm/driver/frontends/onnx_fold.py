@@ -44,7 +44,7 @@ FOLDABLE = frozenset(["Abs", "Add", "And", "Cast", "CastLike", "Ceil", "Concat",
                       "Expand", "Flatten", "Floor", "Gather", "GatherElements", "Greater", "GreaterOrEqual", "Identity",
                       "Less", "LessOrEqual", "Max", "Min", "Mod", "Mul", "Neg", "Not", "Or", "Range", "ReduceMax",
                       "ReduceMin", "Reshape", "Slice", "Sqrt", "Squeeze", "Sub", "Tile", "Transpose", "Unsqueeze",
-                      "Where", "Xor", "CumSum", "ReduceSum", "ReduceProd"])
+                      "Where", "Xor", "CumSum", "ReduceSum", "ReduceProd", "NonZero"])
 
 # Sums and products round once per step, in an order each runtime picks: folded only
 # on integers (and bools), where every order gives the same value.

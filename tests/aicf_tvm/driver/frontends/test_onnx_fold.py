@@ -100,3 +100,59 @@ def test_the_onnx_checker_runs_on_the_graph_without_the_weights_bytes():
     x = np.random.default_rng(5).standard_normal((2, 8)).astype(np.float32)
     np.testing.assert_allclose(np.asarray(aicf_tvm.compile(mod)(x)), x.astype(np.float64) @ weight + table[[3]],
                                rtol=1e-5, atol=1e-5)
+
+
+def _model_with_nonzero(mask_is_input: bool) -> onnx.ModelProto:
+    """``x[:, nonzero(mask)][:, -1:]`` broadcast to [3, 2, 1] (Longformer's exported
+    attention windows): with a constant mask the indices are constants; with the mask an
+    input they are known only at run time."""
+    nodes = [helper.make_node("NonZero", ["mask"], ["nz"]),
+             helper.make_node("Reshape", ["nz", "flat"], ["idx"]),
+             helper.make_node("Gather", ["x", "idx"], ["picked"], axis=1),
+             helper.make_node("Slice", ["picked", "start", "end", "axes"], ["last"]),
+             helper.make_node("Expand", ["last", "out_shape"], ["y"])]
+    consts = {"flat": np.array([-1], np.int64), "start": np.array([-1], np.int64),
+              "end": np.array([np.iinfo(np.int64).max], np.int64), "axes": np.array([1], np.int64),
+              "out_shape": np.array([3, 2, 1], np.int64)}
+    inputs = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 5])]
+    if mask_is_input:
+        inputs.append(helper.make_tensor_value_info("mask", onnx.TensorProto.BOOL, [5]))
+    else:
+        consts["mask"] = np.array([False, True, True, False, True])
+    output = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    graph = helper.make_graph(nodes, "nonzero", inputs, [output],
+                              initializer=[onnx.numpy_helper.from_array(v, k) for k, v in consts.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_nonzero_of_constants_folds_and_its_indices_are_static():
+    """NonZero is exact and deterministic: of a constant it is a constant, so the shapes
+    after it are static (unfolded, TVM's shape analysis crashed on the slice to INT64_MAX
+    of a data-dependent length)."""
+    ort = pytest.importorskip("onnxruntime")
+    model = _model_with_nonzero(mask_is_input=False)
+    folded = fold_shapes(model)
+    assert "NonZero" not in {n.op_type for n in folded.graph.node}
+    np.testing.assert_array_equal(next(onnx.numpy_helper.to_array(i) for i in folded.graph.initializer
+                                       if i.name == "idx"), [1, 2, 4])
+    compiled = aicf_tvm.compile(aicf_tvm.from_onnx(model))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(6)
+    outs = []
+    for _ in range(2):
+        x = rng.standard_normal((2, 5)).astype(np.float32)
+        outs.append(np.asarray(compiled(x)))
+        np.testing.assert_array_equal(outs[-1], sess.run(None, {"x": x})[0])
+    assert not np.array_equal(outs[0], outs[1])
+
+
+def test_a_nonzero_of_an_input_is_left_to_run_time():
+    ort = pytest.importorskip("onnxruntime")
+    model = _model_with_nonzero(mask_is_input=True)
+    assert "NonZero" in {n.op_type for n in fold_shapes(model).graph.node}
+    compiled = aicf_tvm.compile(aicf_tvm.from_onnx(model))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(7).standard_normal((2, 5)).astype(np.float32)
+    for mask in ([0, 1, 1, 0, 1], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]):
+        feeds = {"x": x, "mask": np.array(mask, bool)}
+        np.testing.assert_array_equal(np.asarray(compiled(**feeds)), sess.run(None, feeds)[0])
