@@ -15,7 +15,8 @@ of the run so that "cold" is cold): the ONNX file is written beforehand by
   the first call and the median of 10 later ones (output checked against PyTorch eager;
   two inputs must give two outputs), ``export`` to a library, then ``aicf_tvm.load`` and
   ``tvm.runtime.load_module`` of it (3 times each, alternating, each in a new process; the
-  medians); for the
+  medians), and ``load_module`` of the model exported with its weights inside the
+  executable (TVM's layout: what TVM's loader deserializes); for the
   ONNX path also the seconds ONNX Runtime takes to create a session on the same file.
 * ``cold``: the compile cache on and empty: import + compile (with the cache's export) +
   first call; then ``export`` as a user of the default compile exports.
@@ -23,8 +24,9 @@ of the run so that "cold" is cold): the ONNX file is written beforehand by
 
 Printed per model and path: import, compile and first call without the cache, first /
 steady, export (without the cache: code generated again), the cold total and then its
-export (the default: the cache's library copied), the warm total, load / load_module,
-ORT's session time; the CPU's ISA in the header.
+export (the default: the cache's library copied), the warm total, load, load /
+load_module of the same file and of the weights-inside library, ORT's session time; the
+CPU's ISA in the header.
 """
 
 from __future__ import annotations
@@ -96,11 +98,17 @@ def _one(name: str, path: str, work: Path, mode: str) -> dict[str, Any]:
     start = time.perf_counter()
     compiled.export(lib)
     out["export_s"] = time.perf_counter() - start
-    loads, raw = [], []
+    from aicf_tvm.runtime.deploy import export
+
+    inside = export(compiled, work / f"{name}-{path}-inside.so", mapped=False)  # TVM's layout: weights inside
+    loads, raw, raw_inside = [], [], []
     for _ in range(3):  # each in a process of its own, as a user loads: a library mapped before is another case
         raw.append(_load_in_fresh_process(lib, "tvm.runtime.load_module(path)"))
+        raw_inside.append(_load_in_fresh_process(inside, "tvm.runtime.load_module(path)"))
         loads.append(_load_in_fresh_process(lib, "aicf_tvm.load(path)"))
     out["load_s"], out["load_module_s"] = statistics.median(loads), statistics.median(raw)
+    out["load_module_inside_s"] = statistics.median(raw_inside)
+    inside.unlink()
     if path == "onnx":
         import onnxruntime as ort
 
@@ -156,9 +164,9 @@ def main() -> None:
     print(f"# bench_compile on {_isa()}; each row three fresh processes (no cache, cold cache, warm cache)",
           flush=True)
     print(f"{'model':<12} {'path':<5} {'import':>7} {'compile':>8} {'first':>6} {'first/':>7} {'export':>7} "
-          f"{'cold':>6} {'export':>7} {'warm':>6} {'load':>6} {'load/':>7} {'ORT':>6}\n"
+          f"{'cold':>6} {'export':>7} {'warm':>6} {'load':>6} {'load/':>7} {'load/':>7} {'ORT':>6}\n"
           f"{'':<12} {'':<5} {'s':>7} {'s':>8} {'s':>6} {'steady':>7} {'s':>7} "
-          f"{'s':>6} {'cold s':>7} {'s':>6} {'s':>6} {'ld_mod':>7} {'sess s':>6}", flush=True)
+          f"{'s':>6} {'cold s':>7} {'s':>6} {'s':>6} {'ld_mod':>7} {'inside':>7} {'sess s':>6}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="aicf-bench-compile-") as tmp:
         for name in args.models:
@@ -180,7 +188,8 @@ def main() -> None:
                       f"{r['first_call_s'] / r['steady_call_s']:7.2f} {r['export_s']:7.2f} "
                       f"{runs['cold']['total_s']:6.2f} {runs['cold']['export_s']:7.2f} "
                       f"{runs['warm']['total_s']:6.2f} {r['load_s']:6.2f} "
-                      f"{r['load_s'] / r['load_module_s']:7.2f} {r.get('ort_session_s', float('nan')):6.2f}"
+                      f"{r['load_s'] / r['load_module_s']:7.2f} {r['load_s'] / r['load_module_inside_s']:7.2f} "
+                      f"{r.get('ort_session_s', float('nan')):6.2f}"
                       f"{'' if ok else '  MISMATCH'}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"isa": _isa(), "rows": rows}, indent=1))

@@ -230,14 +230,15 @@ def run_model(entry: dict, seed: int, torch: Any, args: argparse.Namespace) -> d
         n = entry["tensors"]
         tensors = [tvm.runtime.tensor(a, dev) for a in check.arrays]
         groups = (tuple(tensors[:n]), tuple(tensors[n:2 * n]), tuple(tensors[2 * n:]))
-        ours = model.vm["main"](*groups)  # updates P, M, V in place (donated)
+        ours = model.function("main")(*groups)  # updates P, M, V in place (donated)
         stage("ran")
         row["ok"], row["diff"] = check.compare(_flat(ours)[:n] + _flat(ours)[n + 3:])
         stage("compared")
         fresh = lambda: [tvm.runtime.tensor(a, dev) for a in check.arrays]
         t = fresh()
         timer = model.vm.time_evaluator("main", dev, number=args.number, repeat=args.repeat)
-        row["ours"] = float(np.median(timer(tuple(t[:n]), tuple(t[n:2 * n]), tuple(t[2 * n:])).results)) * 1e3
+        row["ours"] = float(np.median(timer(tuple(t[:n]), tuple(t[n:2 * n]), tuple(t[2 * n:]),
+                                            *model.weights_args).results)) * 1e3
     else:
         row["ok"], row["diff"] = check.compare(_flat(model(*check.arrays)))
         stage("ran and compared")

@@ -56,7 +56,7 @@ def profile_run(compiled: Any, arrays: list) -> list[tuple[str, float]]:
         return int(VMInstrumentReturnKind.NO_OP)
 
     vm.set_instrument(instrument)
-    vm["main"](*[to_device(a, compiled.device)[0] for a in arrays])
+    vm["main"](*[to_device(a, compiled.device)[0] for a in arrays], *compiled.weights_args)
     return calls
 
 

@@ -37,6 +37,7 @@ def profile(lm, name: str, args: list, runs: int = 5) -> list[tuple[str, float, 
         return 0
 
     vm = lm.model.vm
+    args = [*args, *lm.model.weights_args]
     vm[name](*args)  # warm
     vm.set_instrument(instrument)
     try:

@@ -83,6 +83,7 @@ from schedules.select import apply_database
 from .compile_cache import cache_for, cacheable, file_key, module_key
 from .frontends import is_onnx_file, load_model
 from .frontends.common import first_line
+from .weights_apart import WeightsApart, lift_weights
 
 MAX_ROUNDS = 4
 
@@ -278,6 +279,7 @@ def build_in_parts(mod: tvm.IRModule, target: tvm.target.Target, relax_pipeline:
     with target:
         mod = relax_pipeline(mod)
     attrs = dict(mod.attrs) if mod.attrs else {}
+    lifted = lift_weights(mod)
     builder = relax.ExecBuilder()
     mod = vm_build._vmcodegen(builder, mod, "bytecode")
     kernels = sorted(((len(tvm.ir.save_json(f)), gv, f) for gv, f in mod.functions.items()
@@ -295,10 +297,17 @@ def build_in_parts(mod: tvm.IRModule, target: tvm.target.Target, relax_pipeline:
 
     with ThreadPoolExecutor(max(1, threads)) as pool:
         libs = list(pool.map(one, groups))
-    executable = vm_build._ffi_api.VMLink(builder, target, libs[0] if libs else None,
-                                          [*libs[1:], *attrs.get("external_mods", [])],
-                                          dict(attrs.get("const_name_to_constant", {})))
-    return relax.VMExecutable(executable)
+    def link(builder: relax.ExecBuilder) -> relax.VMExecutable:
+        return relax.VMExecutable(vm_build._ffi_api.VMLink(builder, target, libs[0] if libs else None,
+                                                           [*libs[1:], *attrs.get("external_mods", [])],
+                                                           dict(attrs.get("const_name_to_constant", {}))))
+
+    executable = link(builder)
+    if lifted is not None:  # the same kernels, the weights passed in (what an export writes)
+        apart = relax.ExecBuilder()
+        vm_build._vmcodegen(apart, lifted[0], "bytecode")
+        executable.weights_apart = WeightsApart(link(apart), lifted[1])
+    return executable
 
 
 def backend_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import tvm
+import tvm_ffi
 from tvm.runtime.vm import VirtualMachine
 
 from aicf_tvm.core.emit import plain
@@ -46,6 +47,7 @@ from .deploy import (
     read_metadata,
     verify_digest,
 )
+from .mapped_weights import map_weights
 from .targets import describe
 from .threads import available_cpus, thread_count, use_threads
 
@@ -237,8 +239,10 @@ class CompiledModel:
                  path: str | None = None, dim_bounds: Mapping[str, Sequence] | None = None,
                  requirements: Sequence[Requirement] | None = None,
                  emit_listing: Callable[[], tuple[list, str]] | None = None,
-                 functions: Mapping[str, Signature] | None = None) -> None:
+                 functions: Mapping[str, Signature] | None = None, weights: Any = None) -> None:
         self.executable = executable
+        # what every function of ``executable`` takes last: a library's mapped weights (None: inside it)
+        self.weights = weights
         self._target = None if isinstance(target, Mapping) else target
         self.target_spec = _spec_of(target)
         self.report = report if report is not None else FusionReport()
@@ -317,6 +321,21 @@ class CompiledModel:
             vm = self._vms.vm = VirtualMachine(self.executable, self.device)
         return vm
 
+    @property
+    def weights_args(self) -> list[Any]:
+        """What a VM function of this model takes after its inputs: a library's mapped
+        weights, or nothing (the executable holds them)."""
+        return [] if self.weights is None else [self.weights]
+
+    def function(self, name: str = "main") -> Callable[..., Any]:
+        """The calling thread's VM function ``name``, taking the model's inputs (the weights
+        of a library that keeps them apart passed on by it): unchecked, on TVM tensors."""
+        vm_function = self.vm[name]
+        if self.weights is None:
+            return vm_function
+        weights = self.weights
+        return lambda *args: vm_function(*args, weights)
+
     def warm_up(self) -> None:
         """Make the kernels' machine code and the calling thread's VM now, not at the first
         call: an executable fresh from ``compile`` holds its kernels as LLVM IR, which TVM
@@ -330,7 +349,8 @@ class CompiledModel:
     def run_from_library(self) -> None:
         """``warm_up`` from the library ``exported`` names (just written by the compile
         cache): its kernels' machine code is loaded instead of generated again by the JIT,
-        and the executable built in this process (its own copy of the weights) is let go.
+        and the executable built in this process is let go. Its weights, where the library
+        keeps them apart, are the tensors this process holds already (not mapped again).
         Only a CPU target that runs here; elsewhere, or when the library cannot be loaded,
         ``warm_up`` as before."""
         lib = None
@@ -338,10 +358,13 @@ class CompiledModel:
                 and self.target_spec.get("kind") == "llvm"):
             try:
                 lib = load_fresh(self.exported)
+                apart = getattr(self.executable, "weights_apart", None)
+                weights = (map_weights(os.fspath(self.exported), read_metadata(self.exported, verify=False))
+                           if apart is None else tvm_ffi.convert(apart.weights))  # the very tensors it wrote
             except Exception:  # noqa: BLE001 - the built executable still runs
                 lib = None
         if lib is not None and lib.kind == "relax.VMExecutable":
-            self.executable, self._vms = lib, threading.local()
+            self.executable, self.weights, self._vms = lib, weights, threading.local()
         self.warm_up()
 
     def signature(self, function: str = "main") -> Signature:
@@ -374,7 +397,7 @@ class CompiledModel:
         signature.check(arrays)
         moved = [to_device(a, self.device) for a in arrays]
         self.boundary_copies = [spec.name for spec, (_, copied) in zip(signature.inputs, moved) if copied]
-        return _to_numpy(self.vm[function](*[t for t, _ in moved]))
+        return _to_numpy(self.function(function)(*[t for t, _ in moved]))
 
     def __call__(self, *args: np.ndarray, **named: np.ndarray) -> Outputs:
         return self.call("main", *args, **named)
@@ -384,7 +407,7 @@ class CompiledModel:
         self.signature(function)  # an unknown name is refused by name
         arrays = [tvm.runtime.tensor(_contiguous(a), self.device) for a in args]
         timer = self.vm.time_evaluator(function, self.device, number=number, repeat=repeat)
-        return float(timer(*arrays).median)
+        return float(timer(*arrays, *self.weights_args).median)
 
 
 def jit_in_parallel(executable: Any) -> None:
@@ -418,6 +441,7 @@ def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int
     # of hundreds of MB loads in about the time TVM alone takes
     # (before it where this process has the file mapped: dlopen would hand back that mapping,
     # which a rewrite in place changed); TVM loads it under a name of its own (``load_fresh``)
+    # A library's weights apart from its code are mapped meanwhile (``mapped_weights``).
     with ThreadPoolExecutor(1) as pool:
         if mapped_here(name):
             verify_digest(name)
@@ -426,9 +450,12 @@ def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int
             digest = pool.submit(verify_digest, name)
         try:
             lib = load_fresh(name)
+            weights = map_weights(name, meta)
         except Exception as err:
             if digest is not None:
                 digest.result()  # a corrupt file is named as such
+            if isinstance(err, DeployError):
+                raise
             raise DeployError(f"{name}: cannot be loaded: {str(err).strip().splitlines()[0]}") from err
         if digest is not None:
             digest.result()
@@ -445,6 +472,7 @@ def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int
             outputs=main.outputs,
             kernels=[Kernel(k["name"], k["kind"], k["schedule"], k.get("plan", "")) for k in meta["kernels"]],
             functions={f: Signature.from_json(sig) for f, sig in meta.get("functions", {}).items()},
+            weights=weights,
         )
     except (KeyError, TypeError, ValueError) as err:
         raise DeployError(f"{name}: incomplete AICF metadata ({type(err).__name__}: {err})") from err

@@ -46,7 +46,7 @@ from aicf_tvm.core.errors import DeployError
 from aicf_tvm.core.report import APPROXIMATE
 from aicf_tvm.core.version import __version__
 
-from . import cpu_features
+from . import cpu_features, mapped_weights
 from .cpu_features import LLVM_TO_CPUINFO, missing_features, target_isa
 from .targets import describe
 from .threads import available_cpus
@@ -58,7 +58,9 @@ if TYPE_CHECKING:
 DeviceLike = tvm.runtime.Device | str
 
 MAGIC = b"\x00AICF-TVM-MODULE\x00"
-FORMAT_VERSION = 1
+# 2: the weights may follow the code, mapped at load (``mapped_weights``); 1 (still read): none do
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 _HASH_LEN = 64
 _HEADER_LEN = len(MAGIC) + 2 + 8 + _HASH_LEN
 _ELF = b"\x7fELF"
@@ -187,12 +189,20 @@ def _export_library(executable: tvm.runtime.Executable, out: Path, addon: str,
     cc.create_shared(str(out), files, **_link_options())
 
 
-def export(model: CompiledModel, path: str | os.PathLike) -> Path:
-    """Write ``model`` as a shared library at ``path`` that carries its metadata."""
+def export(model: CompiledModel, path: str | os.PathLike, mapped: bool = True) -> Path:
+    """Write ``model`` as a shared library at ``path`` that carries its metadata, its
+    weights after its code (``mapped_weights``) where its executable has a twin that takes
+    them as an argument (``driver.weights_apart``), else (or ``mapped=False``) inside the
+    executable, as TVM's own export keeps them."""
     out = Path(path)
     if not out.resolve().parent.is_dir():
         raise DeployError(f"{out}: directory {out.parent} does not exist")
-    payload = json.dumps(metadata_of(model), separators=(",", ":"), default=str).encode()
+    meta = metadata_of(model)
+    apart = getattr(model.executable, "weights_apart", None) if mapped else None
+    executable, views = (apart.executable, None) if apart is not None else (model.executable, None)
+    if apart is not None:
+        meta["weights"], views = mapped_weights.describe(apart.weights)
+    payload = json.dumps(meta, separators=(",", ":"), default=str).encode()
     header = MAGIC + b"%02d" % FORMAT_VERSION + b"%08x" % len(payload)
     frame = header + b"0" * _HASH_LEN + payload
     from tvm.runtime import _ffi_api
@@ -200,11 +210,13 @@ def export(model: CompiledModel, path: str | os.PathLike) -> Path:
     with tempfile.TemporaryDirectory(prefix="aicf-export-") as tmp, ThreadPoolExecutor(1) as pool:
         addon = _blob_addon("aicf_metadata", frame, Path(tmp))
         packed = pool.submit(lambda: _blob_addon("__tvm_ffi__library_bin",
-                                                 _ffi_api.ModulePackImportsToTensor(model.executable.mod), Path(tmp)))
+                                                 _ffi_api.ModulePackImportsToTensor(executable.mod), Path(tmp)))
         try:
-            _export_library(model.executable, out, addon, _pack_imports(packed), tmp)
+            _export_library(executable, out, addon, _pack_imports(packed), tmp)
         except Exception as err:
             raise DeployError(f"{out}: export failed: {str(err).strip().splitlines()[0]}") from err
+    if views is not None:
+        mapped_weights.pad_to_page(out)
     with open(out, "r+b") as f, mmap.mmap(f.fileno(), 0) as data:
         at = data.find(frame)
         if at < 0 or data.find(MAGIC, at + 1) >= 0:
@@ -212,19 +224,22 @@ def export(model: CompiledModel, path: str | os.PathLike) -> Path:
         digest = hashlib.sha256(data).hexdigest().encode()  # the hash field still zeros
         hash_at = at + len(header)
         data[hash_at:hash_at + _HASH_LEN] = digest
+    if views is not None:  # after the digest of the code: each weight has its own, in the metadata
+        mapped_weights.append(out, meta["weights"], views)
     return out
 
 
 def mapped_here(path: str | os.PathLike) -> bool:
-    """Whether this process has the file at ``path`` mapped (``/proc/self/maps``; False
-    where there is none): a library loaded before, which ``dlopen`` hands back as it is
-    mapped, however the file's bytes changed since. Linux only."""
+    """Whether this process has the file at ``path`` loaded (an executable mapping of it
+    in ``/proc/self/maps``; False where there is none): a library loaded before, which
+    ``dlopen`` hands back as it is mapped, however the file's bytes changed since (its
+    weights mapped by ``mapped_weights`` do not count). Linux only."""
     try:
         st = os.stat(path)
         device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
         with open("/proc/self/maps") as maps:
             return any(len(f := line.split(None, 5)) > 4 and f[4] == str(st.st_ino) and f[3] == device
-                       for line in maps)
+                       and "x" in f[1] for line in maps)
     except OSError:
         return False
 
@@ -278,27 +293,31 @@ def read_metadata(path: str | os.PathLike, verify: bool = True) -> dict:
             length = int(header[len(MAGIC) + 2:len(MAGIC) + 10], 16)
         except ValueError:
             raise DeployError(f"{name}: corrupt AICF metadata header") from None
-        if version != FORMAT_VERSION:
-            raise DeployError(f"{name}: AICF module format {version}, this aicf_tvm reads {FORMAT_VERSION}; "
-                              f"recompile the model")
-        if verify:
-            _check_digest(name, data, at)
+        if version not in READABLE_VERSIONS:
+            raise DeployError(f"{name}: AICF module format {version}, this aicf_tvm reads "
+                              f"{', '.join(map(str, READABLE_VERSIONS))}; recompile the model")
         payload = data[at + _HEADER_LEN:at + _HEADER_LEN + length]
-    try:
-        meta = json.loads(payload)
-    except ValueError as err:
-        raise DeployError(f"{name}: corrupt AICF metadata ({err})") from err
-    if not isinstance(meta, dict) or meta.get("magic") != "aicf-tvm":
-        raise DeployError(f"{name}: corrupt AICF metadata (no magic tag)")
+        try:
+            meta = json.loads(payload)
+        except ValueError as err:
+            _check_digest(name, data, at, len(data))  # a damaged frame is named corrupt as such
+            raise DeployError(f"{name}: corrupt AICF metadata ({err})") from err
+        if not isinstance(meta, dict) or meta.get("magic") != "aicf-tvm":
+            raise DeployError(f"{name}: corrupt AICF metadata (no magic tag)")
+        if verify:
+            _verify(name, data, at, meta)
     return meta
 
 
 def verify_digest(path: str | os.PathLike) -> None:
-    """``DeployError`` unless the file's bytes are those ``export`` wrote (its SHA-256,
-    recorded in the metadata frame)."""
-    name = os.fspath(path)
-    with _mapped(name) as data:
-        _check_digest(name, data, _frame_at(name, data))
+    """``DeployError`` unless the file's bytes are those ``export`` wrote (the SHA-256 of
+    its code, recorded in the metadata frame, and of each weight after it)."""
+    read_metadata(path, verify=True)
+
+
+def _verify(name: str, data: mmap.mmap | bytes, at: int, meta: dict) -> None:
+    _check_digest(name, data, at, mapped_weights.code_end(name, len(data), _elf_size(data), meta))
+    mapped_weights.check(name, data, meta)
 
 
 @contextlib.contextmanager
@@ -330,14 +349,16 @@ def _frame_at(name: str, data: mmap.mmap | bytes) -> int:
     return at
 
 
-def _check_digest(name: str, data: mmap.mmap | bytes, at: int) -> None:
+def _check_digest(name: str, data: mmap.mmap | bytes, at: int, end: int) -> None:
+    """The digest of the file's first ``end`` bytes (all but a format-2 file's weights)
+    with its own hash field zeroed, against the one it records."""
     hash_at = at + len(MAGIC) + 10
     stored = bytes(data[hash_at:hash_at + _HASH_LEN])
     digest = hashlib.sha256()
-    with memoryview(data) as view:  # the digest of the file with its own hash field zeroed
+    with memoryview(data) as view:
         digest.update(view[:hash_at])
         digest.update(b"0" * _HASH_LEN)
-        digest.update(view[hash_at + _HASH_LEN:])
+        digest.update(view[hash_at + _HASH_LEN:end])
     if digest.hexdigest().encode() != stored:
         raise DeployError(f"{name}: corrupt file (checksum mismatch: truncated or modified after export)")
 
@@ -376,6 +397,8 @@ def manifest(meta: dict, name: str) -> str:
         f"target: {meta.get('target_description')}",
         f"needs CPU features: {', '.join(meta.get('isa_features', [])) or 'none recorded'}",
         f"built on: {meta.get('build_host', {}).get('mcpu', '?')}",
+        *([(f"weights: {len(weights['tensors'])} tensors, {weights['size'] / 2**20:.1f} MiB after the code, "
+           f"mapped at load")] if (weights := meta.get("weights")) else []),
         *([f"functions: main, {', '.join(functions)} (main's signature first)"] if functions else []),
         *signature(meta),
         *(line for fname, sig in functions.items() for line in [f"function {fname}:", *signature(sig, "  ")]),

@@ -208,7 +208,7 @@ class CausalLM:
         mask = self._ones._create_view((1, total))
         if self._has_decode is None:  # a library written before the decode function had main alone
             self._has_decode = bool(vm.module.implements_function(DECODE))
-        step = vm[DECODE if new == 1 and self._has_decode else "main"]
+        step = self.model.function(DECODE if new == 1 and self._has_decode else "main")
         logits = []
         for row, cache in enumerate(self._caches):
             out = step(tvm.runtime.tensor(ids[row:row + 1], dev), mask, *cache)

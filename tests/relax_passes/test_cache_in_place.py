@@ -43,9 +43,8 @@ def reference(cache: np.ndarray, rows: np.ndarray, t: int, read_again: bool):
 
 
 def run(compiled, cache: np.ndarray, rows: np.ndarray, t: int):
-    vm = compiled.vm
     buf = tvm.runtime.tensor(cache)
-    out = vm["main"](buf, tvm.runtime.tensor(rows), tvm.runtime.tensor(np.zeros(t, np.int64)))
+    out = compiled.function("main")(buf, tvm.runtime.tensor(rows), tvm.runtime.tensor(np.zeros(t, np.int64)))
     return buf, out
 
 
