@@ -20,7 +20,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -40,7 +39,7 @@ from aicf_tvm.library import DEFAULT_CANDIDATES
 from aicf_tvm.runtime.compiled import CompiledModel
 from aicf_tvm.runtime.cuda_binary import precompiled
 from aicf_tvm.runtime.targets import resolve_target
-from aicf_tvm.runtime.threads import available_cpus, thread_count
+from aicf_tvm.runtime.threads import on_every_cpu, thread_count
 from relax_passes import FuseEmits, LiftEmits, LowerEmits, PropagateContracts
 from relax_passes.bound_shapes import BoundShapes
 from relax_passes.bounded_tables import PrecomputeBoundedTables
@@ -257,7 +256,7 @@ def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
     # LLVM's vectorizers kept from gathers on x86: the same results, faster row reductions
     machine = codegen_target(target)
     if "gpu" not in target.keys and target.kind.name == "llvm":
-        return build_in_parts(mod, machine, tvm.transform.Sequential(passes), tir, len(available_cpus()))
+        return build_in_parts(mod, machine, tvm.transform.Sequential(passes), tir)
     with machine, precompiled(target):  # CUDA kernels exported compiled, not as source
         return tvm.compile(mod, target=machine, relax_pipeline=tvm.transform.Sequential(passes),
                            tir_pipeline=tir)
@@ -267,10 +266,10 @@ MAX_KERNEL_MODULES = 64  # beyond it, kernels share LLVM modules (each module ha
 
 
 def build_in_parts(mod: tvm.IRModule, target: tvm.target.Target, relax_pipeline: tvm.transform.Pass,
-                   tir: Any, threads: int) -> relax.VMExecutable:
+                   tir: Any) -> relax.VMExecutable:
     """``tvm.compile(mod, target, relax_pipeline, tir_pipeline=tir)`` with each kernel in an
-    LLVM module of its own (up to ``MAX_KERNEL_MODULES``), built by ``threads`` threads
-    (TVM's builds release the GIL). LLVM writes the machine code of one module in one
+    LLVM module of its own (up to ``MAX_KERNEL_MODULES``), built by one thread per CPU
+    (``threads.on_every_cpu``: TVM's builds release the GIL). LLVM writes the machine code of one module in one
     thread: with the kernels apart, the JIT (``runtime.compiled.jit_in_parallel``) and the
     export (``runtime.deploy``) run on every core; BERT's JIT took 3.8-4.6 s instead of
     4.6-6.5 s on 2 cores, its four GEMMs most of it. The modules are ordered largest IR
@@ -295,8 +294,8 @@ def build_in_parts(mod: tvm.IRModule, target: tvm.target.Target, relax_pipeline:
         with context, target:  # both are per thread
             return tvm.tirx.build(tvm.IRModule(group, attrs=mod.attrs), target=target, pipeline=tir)
 
-    with ThreadPoolExecutor(max(1, threads)) as pool:
-        libs = list(pool.map(one, groups))
+    libs = on_every_cpu(one, groups)
+
     def link(builder: relax.ExecBuilder) -> relax.VMExecutable:
         return relax.VMExecutable(vm_build._ffi_api.VMLink(builder, target, libs[0] if libs else None,
                                                            [*libs[1:], *attrs.get("external_mods", [])],

@@ -49,7 +49,7 @@ from .deploy import (
 )
 from .mapped_weights import map_weights
 from .targets import describe
-from .threads import available_cpus, thread_count, use_threads
+from .threads import on_every_cpu, thread_count, use_threads
 
 # Every kernel buffer assumes TVM's allocation alignment (LowerEmits records it per port
 # as ``aicf.abi``); external inputs are proven only ``align1``.
@@ -423,9 +423,7 @@ def jit_in_parallel(executable: Any) -> None:
         except AttributeError:  # the name is not there: the module's code is made all the same
             pass
 
-    if len(modules) > 1:
-        with ThreadPoolExecutor(min(len(modules), len(available_cpus()))) as pool:
-            list(pool.map(jit, modules))
+    on_every_cpu(jit, modules)
 
 
 def load(path: str | os.PathLike, device: DeviceLike | None = None, threads: int | None = None) -> CompiledModel:

@@ -49,7 +49,7 @@ from aicf_tvm.core.version import __version__
 from . import cpu_features, mapped_weights
 from .cpu_features import LLVM_TO_CPUINFO, missing_features, target_isa
 from .targets import describe
-from .threads import available_cpus
+from .threads import on_every_cpu
 
 if TYPE_CHECKING:
     from .compiled import CompiledModel
@@ -179,8 +179,7 @@ def _export_library(executable: tvm.runtime.Executable, out: Path, addon: str,
                                   **_link_options())
         return
     objects = [os.path.join(workspace, f"lib{i}.o") for i in range(len(modules))]
-    with ThreadPoolExecutor(max(1, min(len(modules), len(available_cpus())))) as pool:
-        list(pool.map(lambda m, o: m.write_to_file(o), modules, objects))
+    on_every_cpu(lambda pair: pair[0].write_to_file(pair[1]), zip(modules, objects))
     system = any(m.get_function("__tvm_is_system_module")() for m in modules)
     prefix = next((p for m in modules if (p := m.get_function("__tvm_get_system_lib_prefix")())), "")
     files = [addon, *objects]

@@ -20,8 +20,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ import tvm
 
 from aicf_tvm.core.errors import DeployError
 
-from .threads import available_cpus
+from .threads import on_every_cpu
 
 PAGE = 4096  # the region starts on a page: its mapping's offsets are the file's
 ALIGN = 64
@@ -53,12 +52,6 @@ def _numpy_dtype(name: str) -> np.dtype:
         return np.dtype(getattr(ml_dtypes, name))
 
 
-def _in_parallel(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-    """``fn`` over ``items`` on every usable CPU (hashing releases the GIL)."""
-    with ThreadPoolExecutor(max(1, min(len(items), len(available_cpus())))) as pool:
-        return list(pool.map(fn, items))
-
-
 def _sha256(data: Any) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -68,7 +61,7 @@ def describe(weights: Sequence[tvm.runtime.Tensor]) -> tuple[dict, list[np.ndarr
     SHA-256) and their bytes to write."""
     views = [byte_view(w) for w in weights]
     entries, at = [], 0
-    for weight, view, digest in zip(weights, views, _in_parallel(_sha256, views)):
+    for weight, view, digest in zip(weights, views, on_every_cpu(_sha256, views)):
         at = -(-at // ALIGN) * ALIGN
         entries.append({"shape": [int(d) for d in weight.shape], "dtype": str(weight.dtype), "offset": at,
                         "nbytes": int(view.size), "sha256": digest})
@@ -118,7 +111,7 @@ def check(name: str, data: Any, meta: dict) -> None:
     with memoryview(data) as view:
         regions = [view[start + e["offset"]:start + e["offset"] + e["nbytes"]] for e in info["tensors"]]
         try:
-            digests = _in_parallel(_sha256, regions)
+            digests = on_every_cpu(_sha256, regions)
         finally:
             for region in regions:
                 region.release()

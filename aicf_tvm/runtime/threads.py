@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import tvm  # loads libtvm_runtime, which registers runtime.config_threadpool
@@ -37,6 +38,16 @@ def available_cpus() -> list[int]:
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))
     return list(range(os.cpu_count() or 1))
+
+
+def on_every_cpu(fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+    """``fn`` over ``items`` in order, by one thread per usable CPU (at most one per item):
+    for work that releases the GIL, such as TVM's builds and LLVM's code generation."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(min(len(items), len(available_cpus()))) as pool:
+        return list(pool.map(fn, items))
 
 
 def _positive(value: Any, what: str) -> int:

@@ -192,7 +192,7 @@ def test_each_kernel_is_a_module_of_its_own_with_the_bits_of_one_module():
     lowered = device_checks(run_pipeline(mod, target, until="schedule").lowered, target)
     kernels = [gv for gv, f in lowered.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
     machine, passes = codegen_target(target), tvm.transform.Sequential(backend_passes(target))
-    parts = build_in_parts(lowered, machine, passes, tir_pipeline(), 2)
+    parts = build_in_parts(lowered, machine, passes, tir_pipeline())
     llvm = [m for m in parts.mod.imports if m.kind == "llvm"]
     assert len(llvm) == len(kernels) > 1
     jit_in_parallel(parts)
