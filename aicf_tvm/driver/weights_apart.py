@@ -43,9 +43,16 @@ class WeightsApart:
 
 
 def is_weight(const: tvm.ir.expr.GenericConst) -> bool:
+    """A CPU tensor of at least ``MIN_BYTES`` bytes whose dtype numpy has (its bytes are
+    written and mapped as that dtype: bfloat16 or a sub-byte type stays inside)."""
     value = const.value
-    return (isinstance(value, tvm.runtime.Tensor) and value.device.dlpack_device_type() == 1
-            and int(np.prod(value.shape, dtype=np.int64)) * np.dtype(str(value.dtype)).itemsize >= MIN_BYTES)
+    if not isinstance(value, tvm.runtime.Tensor) or value.device.dlpack_device_type() != 1:
+        return False
+    try:
+        itemsize = np.dtype(str(value.dtype)).itemsize
+    except TypeError:
+        return False
+    return int(np.prod(value.shape, dtype=np.int64)) * itemsize >= MIN_BYTES
 
 
 def _weights_of(func: relax.Function) -> list[tvm.ir.expr.GenericConst]:

@@ -35,21 +35,9 @@ ALIGN = 64
 
 
 def byte_view(tensor: tvm.runtime.Tensor) -> np.ndarray:
-    """A CPU tensor's bytes as uint8 (its own memory where numpy takes its dtype)."""
-    try:
-        array = np.from_dlpack(tensor)
-    except (BufferError, TypeError, ValueError):  # a dtype numpy lacks: a copy
-        array = tensor.numpy()
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-
-
-def _numpy_dtype(name: str) -> np.dtype:
-    try:
-        return np.dtype(name)
-    except TypeError:
-        import ml_dtypes  # bfloat16 and the float8 types, as TVM's numpy() gives them
-
-        return np.dtype(getattr(ml_dtypes, name))
+    """A CPU tensor's bytes as uint8, its own memory (a dtype numpy has: ``weights_apart``
+    lifts no other)."""
+    return np.from_dlpack(tensor).reshape(-1).view(np.uint8)
 
 
 def _sha256(data: Any) -> str:
@@ -138,7 +126,7 @@ def map_weights(name: str, meta: dict) -> Any:
                            offset=start)
     tensors = []
     for entry in info["tensors"]:
-        dtype = _numpy_dtype(entry["dtype"])
+        dtype = np.dtype(entry["dtype"])
         count = entry["nbytes"] // dtype.itemsize
         array = np.frombuffer(mapped, dtype, count, entry["offset"]).reshape(entry["shape"])
         tensors.append(tvm.runtime.from_dlpack(array))  # keeps the array, and so the mapping, alive

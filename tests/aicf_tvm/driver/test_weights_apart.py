@@ -71,3 +71,13 @@ def test_the_lifted_module_computes_the_same_bits():
 def test_a_weight_in_a_function_no_caller_passes_it_to_is_left_inside():
     mod, _, _ = _module(private_weight=True)
     assert lift_weights(mod) is None
+
+
+def test_a_weight_is_a_large_cpu_tensor_of_a_dtype_numpy_has():
+    from aicf_tvm.driver.weights_apart import is_weight
+
+    big = MIN_BYTES // 4
+    assert is_weight(relax.const(np.zeros(big, np.float32)))
+    assert not is_weight(relax.const(np.zeros(big - 1, np.float32)))  # below MIN_BYTES: stays
+    assert is_weight(relax.const(np.zeros(MIN_BYTES, np.int8)))
+    assert not is_weight(relax.const(tvm.runtime.empty((MIN_BYTES,), "bfloat16")))  # written as numpy cannot

@@ -156,3 +156,34 @@ def test_a_nonzero_of_an_input_is_left_to_run_time():
     for mask in ([0, 1, 1, 0, 1], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]):
         feeds = {"x": x, "mask": np.array(mask, bool)}
         np.testing.assert_array_equal(np.asarray(compiled(**feeds)), sess.run(None, feeds)[0])
+
+
+def test_a_chain_of_computed_reshapes_folds_to_its_end():
+    """Each layer's reshape target is computed from the shape of the layer before
+    (``Shape -> Slice -> Div -> Concat -> Reshape``): each fold round makes one more layer's shape
+    static; all of them fold, however many layers (the rounds once stopped at 8), and the
+    model matches ONNX Runtime."""
+    ort = pytest.importorskip("onnxruntime")
+    layers = 20
+    nodes, inits, x = [], [], "x"
+    inits.append(onnx.numpy_helper.from_array(np.array([0], np.int64), "zero"))
+    inits.append(onnx.numpy_helper.from_array(np.array([1], np.int64), "one"))
+    inits.append(onnx.numpy_helper.from_array(np.array([-1], np.int64), "minus_one"))
+    inits.append(onnx.numpy_helper.from_array(np.array([1.5], np.float32), "one_f"))
+    for i in range(layers):
+        shape, batch, target, y = f"shape{i}", f"batch{i}", f"target{i}", f"y{i}"
+        nodes += [helper.make_node("Shape", [x], [shape]),
+                  helper.make_node("Slice", [shape, "zero", "one"], [f"s{i}"]),
+                  helper.make_node("Div", [f"s{i}", "one"], [batch]),  # ONNX's data propagation stops here
+                  helper.make_node("Concat", [batch, "minus_one"], [target], axis=0),
+                  helper.make_node("Reshape", [x, target], [f"r{i}"]),
+                  helper.make_node("Add", [f"r{i}", "one_f"], [y])]
+        x = y
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 4])],
+                              [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert "Shape" not in {n.op_type for n in fold_shapes(model).graph.node}
+    compiled = aicf_tvm.compile(aicf_tvm.from_onnx(model))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    v = np.random.default_rng(8).standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(compiled(v)), sess.run(None, {"x": v})[0])
