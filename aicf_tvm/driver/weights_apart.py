@@ -42,17 +42,19 @@ class WeightsApart:
     weights: list[tvm.runtime.Tensor]
 
 
+# what numpy takes through DLPack, which the export writes and the load maps: bfloat16,
+# float8 and sub-byte types stay inside the executable
+MAPPABLE_DTYPES = frozenset(["bool", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+                             "uint16", "uint32", "uint64"])
+
+
 def is_weight(const: tvm.ir.expr.GenericConst) -> bool:
-    """A CPU tensor of at least ``MIN_BYTES`` bytes whose dtype numpy has (its bytes are
-    written and mapped as that dtype: bfloat16 or a sub-byte type stays inside)."""
+    """A CPU tensor of at least ``MIN_BYTES`` bytes of a ``MAPPABLE_DTYPES`` dtype."""
     value = const.value
-    if not isinstance(value, tvm.runtime.Tensor) or value.device.dlpack_device_type() != 1:
+    if (not isinstance(value, tvm.runtime.Tensor) or value.device.dlpack_device_type() != 1
+            or str(value.dtype) not in MAPPABLE_DTYPES):
         return False
-    try:
-        itemsize = np.dtype(str(value.dtype)).itemsize
-    except TypeError:
-        return False
-    return int(np.prod(value.shape, dtype=np.int64)) * itemsize >= MIN_BYTES
+    return int(np.prod(value.shape, dtype=np.int64)) * np.dtype(str(value.dtype)).itemsize >= MIN_BYTES
 
 
 def _weights_of(func: relax.Function) -> list[tvm.ir.expr.GenericConst]:

@@ -73,11 +73,11 @@ def test_a_weight_in_a_function_no_caller_passes_it_to_is_left_inside():
     assert lift_weights(mod) is None
 
 
-def test_a_weight_is_a_large_cpu_tensor_of_a_dtype_numpy_has():
+def test_a_weight_is_a_large_cpu_tensor_of_a_dtype_numpy_maps():
     from aicf_tvm.driver.weights_apart import is_weight
 
     big = MIN_BYTES // 4
     assert is_weight(relax.const(np.zeros(big, np.float32)))
     assert not is_weight(relax.const(np.zeros(big - 1, np.float32)))  # below MIN_BYTES: stays
     assert is_weight(relax.const(np.zeros(MIN_BYTES, np.int8)))
-    assert not is_weight(relax.const(tvm.runtime.empty((MIN_BYTES,), "bfloat16")))  # written as numpy cannot
+    assert not is_weight(relax.const(tvm.runtime.empty((MIN_BYTES,), "bfloat16")))  # numpy takes no DLPack bf16
