@@ -68,6 +68,7 @@ from aicf_tvm.core.numerics import is_relaxed
 from aicf_tvm.core.options import CompileOptions, options_or_default
 
 from ..constants import inlines_a_constant
+from ..inline_growth import inlines_too_much
 from .attention_analysis import (
     AttentionBlocks,
     AttentionPlan,
@@ -127,7 +128,7 @@ def _inline_views(sch: s_tir.Schedule, kept: list[SBlockRV]) -> None:
                 continue
             if calls_math(stmt.body) and len(sch.get_consumers(block)) > 1:
                 continue
-            if inlines_a_constant(sch, block, reverse=False):
+            if inlines_a_constant(sch, block, reverse=False) or inlines_too_much(sch, block, reverse=False):
                 continue
             try:
                 sch.compute_inline(block)

@@ -24,6 +24,7 @@ from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
 from ..constants import inlines_a_constant
+from ..inline_growth import inlines_too_much
 from .common import (
     MIN_PARALLEL_WORK,
     calls_scalar_math,
@@ -77,6 +78,8 @@ def inline_blocks(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockI
         for i, info in enumerate(blocks):
             if inlines_a_constant(sch, info.block_rv, reverse):
                 continue  # TVM would fold the immediate (schedules.constants)
+            if inlines_too_much(sch, info.block_rv, reverse):
+                continue  # copies of copies (schedules.inline_growth)
             try:
                 primitive(info.block_rv)
             except s_tir.ScheduleError:

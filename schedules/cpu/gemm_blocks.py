@@ -14,6 +14,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..constants import inlines_a_constant
+from ..inline_growth import inlines_too_much
 from .common import loop_extent
 
 # TVM's names (relax.transform.SplitLayoutRewritePreproc reads the annotation); this
@@ -60,8 +61,8 @@ def _inline_first(sch: s_tir.Schedule, blocks: list[SBlockRV], skip_outputs: boo
     for block in blocks:
         if skip_outputs and not sch.get_consumers(block):
             continue  # an output block: the chain ends here
-        if inlines_a_constant(sch, block, reverse=False):
-            continue  # TVM would fold the immediate (schedules.constants)
+        if inlines_a_constant(sch, block, reverse=False) or inlines_too_much(sch, block, reverse=False):
+            continue  # TVM would fold the immediate (schedules.constants), or copies of copies
         try:
             sch.compute_inline(block)
             return True
