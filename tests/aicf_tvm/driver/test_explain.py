@@ -12,6 +12,7 @@ from tvm import relax
 import aicf_tvm
 from aicf_tvm import explain
 from aicf_tvm.driver.models import BUILTIN_MODELS
+from aicf_tvm.runtime.deploy import FORMAT_VERSION
 
 from ...conftest import light_model_path
 
@@ -118,6 +119,6 @@ def test_cli_explain_on_a_compiled_library_prints_its_manifest(tmp_path):
     res = subprocess.run([sys.executable, "-c", code, str(lib)], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
     text = res.stdout
-    assert text.startswith(f"{lib}: AICF module (format 1") and "target: llvm" in text
+    assert text.startswith(f"{lib}: AICF module (format {FORMAT_VERSION}") and "target: llvm" in text
     assert "x: float32[n, 8]" in text and "output: float32[n, 8]" in text
     assert "kernels (1):" in text and "fused_elementwise" in text and "fusion:" in text
