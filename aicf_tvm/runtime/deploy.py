@@ -198,8 +198,9 @@ def export(model: CompiledModel, path: str | os.PathLike, mapped: bool = True) -
         raise DeployError(f"{out}: directory {out.parent} does not exist")
     meta = metadata_of(model)
     apart = getattr(model.executable, "weights_apart", None) if mapped else None
-    executable, views = (apart.executable, None) if apart is not None else (model.executable, None)
+    executable, views = model.executable, None
     if apart is not None:
+        executable = apart.executable
         meta["weights"], views = mapped_weights.describe(apart.weights)
     payload = json.dumps(meta, separators=(",", ":"), default=str).encode()
     header = MAGIC + b"%02d" % FORMAT_VERSION + b"%08x" % len(payload)
