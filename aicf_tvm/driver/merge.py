@@ -50,7 +50,8 @@ class Merged(NamedTuple):
     own_bytes: int
 
 
-def _constants(func: relax.Function) -> list[tvm.ir.expr.GenericConst]:
+def constants_of(func: relax.Function) -> list[tvm.ir.expr.GenericConst]:
+    """Every constant ``func`` holds, in post order (one per occurrence)."""
     out: list[tvm.ir.expr.GenericConst] = []
     relax.analysis.post_order_visit(func, lambda e: out.append(e) if isinstance(e, tvm.ir.expr.GenericConst) else None)
     return out
@@ -83,7 +84,7 @@ def merge_functions(base: tvm.IRModule, other: tvm.IRModule, name: str) -> Merge
     if name in taken:
         raise ValueError(f"merge_functions: the base module already has a function {name!r}")
     keys = _Keys()
-    shared = {keys[c]: c for f in base.functions.values() if isinstance(f, relax.Function) for c in _constants(f)}
+    shared = {keys[c]: c for f in base.functions.values() if isinstance(f, relax.Function) for c in constants_of(f)}
     bb = relax.BlockBuilder(base)
     renamed: dict[str, tvm.ir.GlobalVar] = {}
     rewriter = _Rewriter(renamed, shared, keys)
@@ -106,4 +107,4 @@ def merge_functions(base: tvm.IRModule, other: tvm.IRModule, name: str) -> Merge
     return Merged(bb.get(), shared_bytes, own_bytes)
 
 
-__all__ = ["Merged", "merge_functions"]
+__all__ = ["Merged", "constants_of", "merge_functions"]

@@ -6,7 +6,7 @@ again, and a load deserializes every weight into fresh memory (BERT-base: 440 MB
 of its export, most of its 1 s load). Lifted, every entry function of the module takes
 the weights as one more parameter, last, a tuple: the executable is the kernels and the
 bytecode, and ``runtime.deploy.export`` writes the weights' bytes after the library's
-code, where ``runtime.deploy.map_weights`` maps them (no copy) for every call to take.
+code, where ``runtime.mapped_weights.map_weights`` maps them (no copy) for every call to take.
 
 Runs on the module the VM's code generator gets (the backend's lowering done: no pass
 after it folds or reads a constant's value). A constant of at least ``MIN_BYTES``
@@ -28,6 +28,8 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .merge import constants_of
 
 MIN_BYTES = 4096
 PARAM = "aicf_weights"
@@ -57,13 +59,6 @@ def is_weight(const: tvm.ir.expr.GenericConst) -> bool:
     return int(np.prod(value.shape, dtype=np.int64)) * np.dtype(str(value.dtype)).itemsize >= MIN_BYTES
 
 
-def _weights_of(func: relax.Function) -> list[tvm.ir.expr.GenericConst]:
-    out: list[tvm.ir.expr.GenericConst] = []
-    relax.analysis.post_order_visit(
-        func, lambda e: out.append(e) if isinstance(e, tvm.ir.expr.GenericConst) and is_weight(e) else None)
-    return out
-
-
 def _is_entry(func: relax.Function) -> bool:
     return func.attrs is not None and "global_symbol" in func.attrs
 
@@ -85,7 +80,7 @@ def lift_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[tvm.runtime.Tens
     and the weights in the tuple's order (module docstring); None when there is no
     weight, or a function that is not an entry holds one."""
     funcs = {gv: f for gv, f in mod.functions_items() if isinstance(f, relax.Function)}
-    found = {gv: _weights_of(f) for gv, f in funcs.items()}
+    found = {gv: [c for c in constants_of(f) if is_weight(c)] for gv, f in funcs.items()}
     if not any(found.values()) or any(consts and not _is_entry(funcs[gv]) for gv, consts in found.items()):
         return None
     position: dict[Any, int] = {}  # by tensor: constants of one tensor are one weight

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import tvm
+import tvm_ffi
 
 from aicf_tvm.core.errors import DeployError
 
@@ -118,9 +119,7 @@ def map_weights(name: str, meta: dict) -> Any:
         return None
     with open(name, "rb") as f:
         length = os.fstat(f.fileno()).st_size
-        start = length - int(info["size"])
-        if start < 0 or start % PAGE:
-            raise DeployError(f"{name}: corrupt file (its weights do not fit it as recorded)")
+        start = code_end(name, length, 0, meta)  # the code's own end: its digest, checked beside this
         flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
         mapped = mmap.mmap(f.fileno(), length - start, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE,
                            offset=start)
@@ -130,8 +129,6 @@ def map_weights(name: str, meta: dict) -> Any:
         count = entry["nbytes"] // dtype.itemsize
         array = np.frombuffer(mapped, dtype, count, entry["offset"]).reshape(entry["shape"])
         tensors.append(tvm.runtime.from_dlpack(array))  # keeps the array, and so the mapping, alive
-    import tvm_ffi
-
     return tvm_ffi.convert(tensors)
 
 
