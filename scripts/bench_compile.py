@@ -11,15 +11,17 @@ of the run so that "cold" is cold): the ONNX file is written beforehand by
 ``torch.onnx.export`` (``scripts.bench_peers.onnx_file``, not timed) and compiled by path
 (``aicf_tvm.compile("model.onnx")``); the PyTorch path times ``aicf_tvm.from_torch``.
 
-* ``nocache``: ``compile(cache=False)``: import and compile (its phases, ``model.timings``),
-  the first call and the median of 10 later ones (output checked against PyTorch eager;
-  two inputs must give two outputs), ``export`` to a library, then ``aicf_tvm.load`` and
-  ``tvm.runtime.load_module`` of it (3 times each, alternating, each in a new process; the
-  medians), and ``load_module`` of the model exported with its weights inside the
-  executable (TVM's layout: what TVM's loader deserializes); for the
-  ONNX path also the seconds ONNX Runtime takes to create a session on the same file.
-* ``cold``: the compile cache on and empty: import + compile (with the cache's export) +
-  first call; then ``export`` as a user of the default compile exports.
+* ``nocache``: ``from_torch(cache=False)`` and ``compile(cache=False)``: import and
+  compile (its phases, ``model.timings``), the first call and the median of 10 later
+  ones (output checked against PyTorch eager; two inputs must give two outputs),
+  ``export`` to a library, then ``aicf_tvm.load`` and ``tvm.runtime.load_module`` of it
+  (3 times each, alternating, each in a new process; the medians), and ``load_module``
+  of the model exported with its weights inside the executable (TVM's layout: what
+  TVM's loader deserializes); for the ONNX path also the seconds ONNX Runtime takes to
+  create a session on the same file.
+* ``cold``: the compile cache (and ``from_torch``'s import cache) on and empty: import
+  + compile (with the cache's export) + first call; then ``export`` as a user of the
+  default compile exports.
 * ``warm``: the same in a new process, the cache now holding the model.
 
 Printed per model and path: import, compile and first call without the cache, first /
@@ -66,7 +68,7 @@ def _one(name: str, path: str, work: Path, mode: str) -> dict[str, Any]:
         compiled = aicf_tvm.compile(str(work / f"{name}.onnx"), cache=mode != "nocache")
         out["phases"] = dict(compiled.timings)
     else:
-        mod = aicf_tvm.from_torch(model.module, model.inputs)
+        mod = aicf_tvm.from_torch(model.module, model.inputs, cache=mode != "nocache")
         imported = time.perf_counter() - start
         compiled = aicf_tvm.compile(mod, cache=mode != "nocache")
         out["phases"] = {"import": imported, **compiled.timings}

@@ -7,7 +7,9 @@ versions of TVM, tvm-ffi and ours (the digest of our source files too, so a chan
 rule never reuses a stale build). A hit is the library an earlier compile exported,
 loaded with ``aicf_tvm.load`` (its digest checked); a miss compiles and exports into the
 cache. An ONNX file given by path is also keyed by its bytes and import arguments, so a
-hit skips the import too.
+hit skips the import too. A PyTorch module's import has entries of its own, keyed by
+the program ``torch.export`` traced (``frontends.import_cache``): ``from_torch`` of a
+module imported before reads the module back instead of decomposing and translating it.
 
 Where: ``$AICF_CACHE_DIR``, else ``$XDG_CACHE_HOME/aicf/compiled``, else
 ``~/.cache/aicf/compiled``; ``compile(cache_dir=...)`` moves it, ``compile(cache=False)``
@@ -33,7 +35,7 @@ import json
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,7 @@ from aicf_tvm.runtime.cpu_features import is_x86, unrunnable_here
 
 FORMAT = 1
 SUFFIX = ".so"
+SUFFIXES = (SUFFIX, ".import")  # a library; an imported module (frontends.import_cache)
 _PACKAGES = ("aicf_tvm", "relax_passes", "schedules")
 _code: str | None = None
 
@@ -96,13 +99,21 @@ def _options_json(options: CompileOptions) -> dict:
     return {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name not in skip}
 
 
+def versions() -> dict[str, str]:
+    """What an entry was made by: our version and source digest, TVM's and tvm-ffi's."""
+    return {"aicf": __version__, "code": code_digest(), "tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__}
+
+
+def digest_of(material: Mapping[str, Any]) -> str:
+    """An entry name: the SHA-256 of ``material`` as sorted JSON."""
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def key(what: Mapping[str, Any], options: CompileOptions, target: tvm.target.Target) -> str:
     """The entry name for a module or file described by ``what`` built with ``options`` for
     ``target``."""
-    material = {"format": FORMAT, "aicf": __version__, "code": code_digest(), "tvm": tvm.__version__,
-                "tvm_ffi": tvm_ffi.__version__, "target": json.dumps(target.export(), sort_keys=True, default=str),
-                "options": _options_json(options), **what}
-    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+    spec = json.dumps(target.export(), sort_keys=True, default=str)
+    return digest_of({"format": FORMAT, **versions(), "target": spec, "options": _options_json(options), **what})
 
 
 def module_key(mod: tvm.IRModule, options: CompileOptions, target: tvm.target.Target) -> str:
@@ -127,8 +138,8 @@ class CompileCache:
         self.root = Path(root)
         self.limit = max_bytes() if limit is None else limit
 
-    def path(self, name: str) -> Path:
-        return self.root / f"{name}{SUFFIX}"
+    def path(self, name: str, suffix: str = SUFFIX) -> Path:
+        return self.root / f"{name}{suffix}"
 
     def get(self, name: str, threads: int | None = None) -> CompiledModel | None:
         """The entry ``name`` loaded, or None; a corrupt entry is removed with a warning."""
@@ -143,32 +154,38 @@ class CompileCache:
             warnings.warn(f"aicf compile cache: {path} is unusable ({err}); compiling again", stacklevel=3)
             path.unlink(missing_ok=True)
             return None
-        try:
-            os.utime(path)  # recently used: evicted last
-        except OSError:
-            pass
+        used(path)
         return model
 
     def put(self, name: str, model: CompiledModel) -> Path | None:
         """Export ``model`` as entry ``name`` (atomically), then trim the folder to the
         size limit; None (with a warning) when the folder cannot be written."""
+        return self.write(name, SUFFIX, model.export)
+
+    def write(self, name: str, suffix: str, fill: Callable[[str], None]) -> Path | None:
+        """Entry ``name`` of kind ``suffix`` written by ``fill(path)`` under a temporary
+        name and renamed into place (module docstring), then the folder trimmed to its
+        limit; None (with a warning) when the folder cannot be written."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{name[:16]}-", suffix=SUFFIX, dir=self.root)
+            fd, tmp = tempfile.mkstemp(prefix=f".{name[:16]}-", suffix=suffix, dir=self.root)
             os.close(fd)
         except OSError as err:
-            warnings.warn(f"aicf compile cache: cannot write in {self.root} ({err}); not cached", stacklevel=3)
+            warnings.warn(f"aicf compile cache: cannot write in {self.root} ({err}); not cached", stacklevel=4)
             return None
         try:
-            model.export(tmp)
-            os.replace(tmp, self.path(name))
+            fill(tmp)
+            os.replace(tmp, self.path(name, suffix))
         finally:
             Path(tmp).unlink(missing_ok=True)
         self.trim(keep=name)
-        return self.path(name)
+        return self.path(name, suffix)
 
     def entries(self) -> list[Path]:
-        return [p for p in self.root.glob(f"*{SUFFIX}") if not p.name.startswith(".")] if self.root.is_dir() else []
+        """Every entry: libraries, and the imported modules of ``frontends.import_cache``."""
+        if not self.root.is_dir():
+            return []
+        return [p for p in self.root.iterdir() if p.suffix in SUFFIXES and not p.name.startswith(".")]
 
     def trim(self, keep: str | None = None) -> None:
         """Remove the least recently used entries until the folder fits the limit."""
@@ -189,6 +206,14 @@ class CompileCache:
             total -= size
 
 
+def used(path: Path) -> None:
+    """Mark an entry recently used: trimmed last."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
 def cache_for(cache: bool, cache_dir: str | os.PathLike | None) -> CompileCache | None:
     """The cache ``compile(cache=..., cache_dir=...)`` uses, or None."""
     if not cache:
@@ -197,4 +222,5 @@ def cache_for(cache: bool, cache_dir: str | os.PathLike | None) -> CompileCache 
     return None if root is None else CompileCache(root)
 
 
-__all__ = ["CompileCache", "cache_for", "cacheable", "code_digest", "default_dir", "file_key", "module_key"]
+__all__ = ["CompileCache", "cache_for", "cacheable", "code_digest", "default_dir", "digest_of", "file_key",
+           "module_key", "used", "versions"]

@@ -177,8 +177,10 @@ def export_step(model: torch.nn.Module, shapes: list[tuple[int, ...]], max_lengt
     mask = torch.ones(1, 5, dtype=torch.long)
     total = torch.export.Dim("total", min=1, max=max_length)
     prompt = {} if tokens else {1: torch.export.Dim("prompt", min=1, max=max_length)}
+    # not cached: the steps' library is not (compile_steps), and an import entry would only
+    # write the weights once more per step
     return from_torch(_step_module(model), (ids, mask, *kv),
-                      dynamic_shapes=(prompt, {1: total}, tuple({} for _ in kv)))
+                      dynamic_shapes=(prompt, {1: total}, tuple({} for _ in kv)), cache=False)
 
 
 def compile_steps(steps: dict[str, tvm.IRModule], target: Any, *, options: CompileOptions | None = None,

@@ -64,8 +64,8 @@ def _is_entry(func: relax.Function) -> bool:
 
 
 @mutator
-class _Lift(PyExprMutator):
-    """Each weight replaced by the variable bound to its element of the parameter."""
+class ReplaceWeights(PyExprMutator):
+    """Each weight (by tensor) replaced by the variable ``bound`` gives it."""
 
     def __init__(self, bound: dict[Any, relax.Var]) -> None:
         super().__init__()
@@ -104,10 +104,10 @@ def lift_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[tvm.runtime.Tens
                 var = bound[const.value] = relax.Var(f"weight{at}", relax.TensorType(const.value.shape,
                                                                                     str(const.value.dtype)))
                 bindings.append(relax.VarBinding(var, relax.TupleGetItem(param, at)))
-        body = _Lift(bound).visit_expr(func.body)
+        body = ReplaceWeights(bound).visit_expr(func.body)
         body = relax.SeqExpr([relax.BindingBlock(bindings), *body.blocks], body.body)
         out[gv] = relax.Function([*func.params, param], body, func.ret_ty, func.is_pure, func.attrs, func.span)
     return out, weights
 
 
-__all__ = ["MIN_BYTES", "PARAM", "WeightsApart", "is_weight", "lift_weights"]
+__all__ = ["MIN_BYTES", "PARAM", "ReplaceWeights", "WeightsApart", "is_weight", "lift_weights"]

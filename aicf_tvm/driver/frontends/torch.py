@@ -13,6 +13,7 @@ Before the decomposition, ``views_as_reshapes`` keeps a dynamic batch from break
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,10 +24,12 @@ from tvm import relax, tirx
 from aicf_tvm.core.errors import UnsupportedModelError
 from relax_passes.creation_ops import arange_form
 
+from ..compile_cache import cache_for
 from ..symbolic import rename_dims, torch_dim_names
+from . import import_cache
 from .common import first_line, normalize_import
 from .int4 import linear_int4_call
-from .torch_export import capture
+from .torch_export import capture, trace
 from .torch_indices import index_converters
 
 if TYPE_CHECKING:
@@ -196,8 +199,8 @@ _CONVERTERS["linear_int4_q8.default"] = _linear_int4_q8
 _CONVERTERS["linear_int8_q8.default"] = _linear_int8_q8
 
 
-def from_torch(module: torch.nn.Module, example_args: Sequence[Any],
-               dynamic_shapes: Any = None) -> tvm.IRModule:
+def from_torch(module: torch.nn.Module, example_args: Sequence[Any], dynamic_shapes: Any = None, *,
+               cache: bool = True, cache_dir: str | os.PathLike | None = None) -> tvm.IRModule:
     """Import a ``torch.nn.Module`` through ``torch.export`` (needs the ``torch`` extra).
 
     ``dynamic_shapes`` is ``torch.export``'s argument, one entry per example argument, e.g.
@@ -205,6 +208,10 @@ def from_torch(module: torch.nn.Module, example_args: Sequence[Any],
     named as the ``Dim`` is, and their bounds become the function's ``tir_var_*_bound``
     (checked at every call). A branch on the value of the module's own tensors is
     specialized to its outcome, one on an input's values refused (see ``torch_export``).
+
+    ``cache`` (on by default, in ``compile``'s cache folder; ``cache_dir`` moves it): a
+    program ``torch.export`` traced before, to the last weight's byte, is read back from
+    the import cache instead of decomposed and translated again (``import_cache``).
     """
     try:
         import torch
@@ -213,8 +220,15 @@ def from_torch(module: torch.nn.Module, example_args: Sequence[Any],
     from tvm.relax.frontend.torch import from_exported_program
 
     module = module.eval()
+    store = cache_for(cache, cache_dir)
     with torch.no_grad():
-        ep = capture(module, example_args, dynamic_shapes)
+        traced = trace(module, example_args, dynamic_shapes)
+        key = None
+        if store is not None and not isinstance(traced, Exception):
+            key = import_cache.torch_key(traced, torch_dim_names(traced, dynamic_shapes))
+            if key is not None and (hit := import_cache.get(store, key)) is not None:
+                return hit
+        ep = capture(module, example_args, dynamic_shapes, traced)
         if canonicalize_dtypes(ep.graph) + drop_empty_cat_inputs(ep.graph):
             ep.graph_module.recompile()
         try:
@@ -229,4 +243,7 @@ def from_torch(module: torch.nn.Module, example_args: Sequence[Any],
                                             "not supported by TVM's PyTorch frontend") from err
             raise UnsupportedModelError(f"TVM's PyTorch frontend could not import {type(module).__name__}: "
                                         f"{text}") from err
-    return normalize_import(rename_dims(mod, torch_dim_names(ep, dynamic_shapes)))
+    mod = normalize_import(rename_dims(mod, torch_dim_names(ep, dynamic_shapes)))
+    if key is not None:
+        import_cache.put(store, key, mod)
+    return mod

@@ -50,23 +50,35 @@ _SYMBOL = re.compile(r"\b[a-z]+\d+\b")
 _DATA_TAGS = {"data_dependent_output", "dynamic_output_shape"}
 
 
-def capture(module: torch.nn.Module, args: Sequence[Any],
-            dynamic_shapes: Any = None) -> torch.export.ExportedProgram:
-    """``torch.export.export(module, args)`` decomposed to core ATen, or its
-    ``draft_export`` when the only obstacle is a data-dependent guard on the module's
-    constants (module docstring)."""
+def trace(module: torch.nn.Module, args: Sequence[Any],
+          dynamic_shapes: Any = None) -> torch.export.ExportedProgram | Exception:
+    """``torch.export.export(module, args)``'s program as traced (not decomposed), or the
+    data-dependent guard error that stopped it, for ``capture`` to draft past; any other
+    failure is an ``UnsupportedModelError``."""
     import torch
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-    name = type(module).__name__
     try:
-        return _decomposed(torch.export.export(module, tuple(args), dynamic_shapes=dynamic_shapes), name)
-    except UnsupportedModelError:
-        raise
+        return torch.export.export(module, tuple(args), dynamic_shapes=dynamic_shapes)
     except Exception as err:
         if not _caused_by(err, GuardOnDataDependentSymNode):
-            raise UnsupportedModelError(f"torch.export could not capture {name}: {whole_message(err)}") from err
-        guard_error = err
+            raise UnsupportedModelError(
+                f"torch.export could not capture {type(module).__name__}: {whole_message(err)}") from err
+        return err
+
+
+def capture(module: torch.nn.Module, args: Sequence[Any], dynamic_shapes: Any = None,
+            traced: torch.export.ExportedProgram | Exception | None = None) -> torch.export.ExportedProgram:
+    """``torch.export.export(module, args)`` decomposed to core ATen, or its
+    ``draft_export`` when the only obstacle is a data-dependent guard on the module's
+    constants (module docstring); ``traced`` is ``trace``'s result where the caller has it."""
+    import torch
+
+    name = type(module).__name__
+    traced = trace(module, args, dynamic_shapes) if traced is None else traced
+    if not isinstance(traced, Exception):
+        return _decomposed(traced, name)
+    guard_error = traced
     try:
         with _quiet(_DRAFT_LOGGERS):
             draft = torch.export.draft_export(module, tuple(args), dynamic_shapes=dynamic_shapes)
