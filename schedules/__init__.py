@@ -14,6 +14,7 @@ library, and the core's ``CompileOptions`` (the rules' knobs).
 """
 
 import logging
+from typing import Protocol
 
 import tvm
 from tvm import tirx
@@ -27,9 +28,19 @@ from aicf_tvm.core.options import CompileOptions
 from .cpu.common import plan_of
 from .rules import default_rules
 
-__all__ = ["apply_default_schedules", "default_rules", "is_scheduled", "schedule_func"]
+__all__ = ["ScheduleMemo", "apply_default_schedules", "default_rules", "is_scheduled", "schedule_func"]
 
 _LOG = logging.getLogger(__name__)
+
+
+class ScheduleMemo(Protocol):
+    """Where ``apply_default_schedules`` finds a kernel scheduled before (the driver's
+    kernel cache): ``get`` gives the scheduled form of an unscheduled PrimFunc for a target,
+    or None; ``put`` records one."""
+
+    def get(self, func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc | None: ...
+
+    def put(self, func: tirx.PrimFunc, target: Target, scheduled: tirx.PrimFunc) -> None: ...
 
 
 def schedule_func(
@@ -52,13 +63,14 @@ def schedule_func(
     return None
 
 
-def apply_default_schedules(target: Target | None = None,
-                            options: CompileOptions | None = None) -> tvm.transform.Pass:
+def apply_default_schedules(target: Target | None = None, options: CompileOptions | None = None,
+                            memo: ScheduleMemo | None = None) -> tvm.transform.Pass:
     """Module pass scheduling every unscheduled PrimFunc with ``default_rules``, whose
     knobs come from ``options`` (the default ones when None).
 
     The target comes from the PrimFunc's ``target`` attr, else ``target``, else the
-    enclosing ``with target:``.
+    enclosing ``with target:``. ``memo`` (made for ``options``) gives the kernels it holds
+    as they were scheduled before and records the others.
     """
 
     @tvm.transform.module_pass(opt_level=0, name="ApplyDefaultSchedules")
@@ -74,7 +86,11 @@ def apply_default_schedules(target: Target | None = None,
                     f"apply_default_schedules: no target for PrimFunc {gvar.name_hint}; "
                     "pass one (apply_default_schedules(target)) or run inside `with target:`"
                 )
-            scheduled = schedule_func(func, func_target, default_rules(func_target, options))
+            scheduled = memo.get(func, func_target) if memo is not None else None
+            if scheduled is None:
+                scheduled = schedule_func(func, func_target, default_rules(func_target, options))
+                if scheduled is not None and memo is not None:
+                    memo.put(func, func_target, scheduled)
             if scheduled is not None:
                 updates[gvar] = scheduled
         for gvar, func in updates.items():

@@ -41,6 +41,7 @@ from typing import Any
 
 import tvm
 import tvm_ffi
+from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 
 from aicf_tvm.core.emit import plain
 from aicf_tvm.core.errors import AicfError
@@ -51,7 +52,8 @@ from aicf_tvm.runtime.cpu_features import is_x86, unrunnable_here
 
 FORMAT = 1
 SUFFIX = ".so"
-SUFFIXES = (SUFFIX, ".import")  # a library; an imported module (frontends.import_cache)
+KERNEL = ".kernel"
+SUFFIXES = (SUFFIX, ".import", KERNEL)  # a library; an imported module (frontends.import_cache); a kernel
 _PACKAGES = ("aicf_tvm", "relax_passes", "schedules")
 _code: str | None = None
 
@@ -162,10 +164,10 @@ class CompileCache:
         size limit; None (with a warning) when the folder cannot be written."""
         return self.write(name, SUFFIX, model.export)
 
-    def write(self, name: str, suffix: str, fill: Callable[[str], None]) -> Path | None:
+    def write(self, name: str, suffix: str, fill: Callable[[str], None], trim: bool = True) -> Path | None:
         """Entry ``name`` of kind ``suffix`` written by ``fill(path)`` under a temporary
-        name and renamed into place (module docstring), then the folder trimmed to its
-        limit; None (with a warning) when the folder cannot be written."""
+        name and renamed into place (module docstring), then (with ``trim``) the folder
+        trimmed to its limit; None (with a warning) when the folder cannot be written."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{name[:16]}-", suffix=suffix, dir=self.root)
@@ -178,7 +180,8 @@ class CompileCache:
             os.replace(tmp, self.path(name, suffix))
         finally:
             Path(tmp).unlink(missing_ok=True)
-        self.trim(keep=name)
+        if trim:
+            self.trim(keep=name)
         return self.path(name, suffix)
 
     def entries(self) -> list[Path]:
@@ -206,6 +209,73 @@ class CompileCache:
             total -= size
 
 
+class KernelCache:
+    """The schedules of kernels, one entry per distinct kernel (``schedules.ScheduleMemo``).
+
+    A kernel is the unscheduled PrimFunc LowerEmits makes of one Emit: its computation,
+    shapes and dtypes, and in its attributes the Emit's kind, attributes, interface and
+    contract. The key is its structural hash with the target, the options that change code
+    and the versions (``key``); an entry holds the kernel and its scheduled form, and is
+    used only when the kernel in it is structurally equal to the one asked for. The rules
+    read nothing else (not the model around the kernel), so a model that shares a layer's
+    shapes with one compiled before (RoBERTa after BERT) takes its schedules from here.
+    The schedule phase is then cheap; the kernels' code is still generated per model.
+    Entries are written without trimming the folder (they are small; the library written
+    after them trims it), and a damaged one is removed with a warning and scheduled again.
+    """
+
+    MAGIC = b"AICF-KERNEL"
+
+    def __init__(self, store: CompileCache, options: CompileOptions) -> None:
+        self.store, self.options = store, options
+        self.hits = self.misses = 0
+        self.writable = True
+
+    def _name(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> str:
+        return key({"kernel": str(tvm_ffi.structural_hash(func))}, self.options, target)
+
+    def get(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> tvm.tirx.PrimFunc | None:
+        path = self.store.path(self._name(func, target), KERNEL)
+        try:
+            data = path.read_bytes()
+        except OSError:  # none, or a folder that cannot be read (the library's write says so)
+            self.misses += 1
+            return None
+        head, _, body = data.partition(b"\n")
+        if head != self.MAGIC + b" " + hashlib.sha256(body).hexdigest().encode():
+            self._unusable(path, "modified or cut")
+            return None
+        try:
+            entry = json.loads(body)
+            kernel, scheduled = (from_json_graph_str(entry[k]) for k in ("kernel", "scheduled"))
+        except (ValueError, KeyError, RuntimeError) as err:
+            self._unusable(path, err)
+            return None
+        if not tvm_ffi.structural_equal(kernel, func):  # another kernel of the same hash
+            self.misses += 1
+            return None
+        used(path)
+        self.hits += 1
+        return scheduled
+
+    def put(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target, scheduled: tvm.tirx.PrimFunc) -> None:
+        body = json.dumps({"kernel": to_json_graph_str(func), "scheduled": to_json_graph_str(scheduled)}).encode()
+
+        def fill(path: str) -> None:
+            Path(path).write_bytes(self.MAGIC + b" " + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+
+        if self.writable:  # one warning for a folder that cannot be written
+            self.writable = self.store.write(self._name(func, target), KERNEL, fill, trim=False) is not None
+
+    def _unusable(self, path: Path, why: object) -> None:
+        warnings.warn(f"aicf compile cache: {path} is unusable ({why}); scheduling again", stacklevel=4)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        self.misses += 1
+
+
 def used(path: Path) -> None:
     """Mark an entry recently used: trimmed last."""
     try:
@@ -222,5 +292,5 @@ def cache_for(cache: bool, cache_dir: str | os.PathLike | None) -> CompileCache 
     return None if root is None else CompileCache(root)
 
 
-__all__ = ["CompileCache", "cache_for", "cacheable", "code_digest", "default_dir", "digest_of", "file_key",
-           "module_key", "used", "versions"]
+__all__ = ["CompileCache", "KernelCache", "cache_for", "cacheable", "code_digest", "default_dir", "digest_of",
+           "file_key", "module_key", "used", "versions"]

@@ -63,7 +63,7 @@ from relax_passes.numeric_levels import RelaxNumerics
 from relax_passes.rewrites import rewrite_passes
 from relax_passes.single_pointer_noalias import SinglePointerNoAlias
 from relax_passes.sink_reshapes import SinkReshapes
-from schedules import apply_default_schedules
+from schedules import ScheduleMemo, apply_default_schedules
 from schedules.cpu.codegen import codegen_target
 from schedules.cpu.common import float32_lanes
 from schedules.cpu.comparisons import NaNExactComparisons
@@ -79,7 +79,7 @@ from schedules.cuda import host_bound_kernels
 from schedules.prepack_weights import mark_layout_free, prepack_weights
 from schedules.select import apply_database
 
-from .compile_cache import cache_for, cacheable, file_key, module_key
+from .compile_cache import KernelCache, cache_for, cacheable, file_key, module_key
 from .frontends import is_onnx_file, load_model
 from .frontends.common import first_line
 from .weights_apart import WeightsApart, lift_weights
@@ -196,12 +196,13 @@ def lower_emits(mod: tvm.IRModule, target: tvm.target.Target,
 def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = None,
              report: FusionReport | None = None, *, vector_math: bool = True,
              choices: Mapping[str, dict] | None = None,
-             options: CompileOptions | None = None) -> tvm.IRModule:
+             options: CompileOptions | None = None, memo: ScheduleMemo | None = None) -> tvm.IRModule:
     """Kernel selection, weight prepacking and VectorizeMath; returns the module ready to build.
 
     ``choices`` replaces the tuning outcomes of the work dir ``database`` (``apply_database``).
     ``options`` carries the schedule rules' knobs (its target and database yield to the
-    arguments).
+    arguments). ``memo``: the kernel cache (``compile_cache.KernelCache``) the default
+    schedules are taken from and recorded in.
 
     ``vector_math=False`` leaves transcendental calls to libm (to measure what
     ``VectorizeMath`` gains; both keep the ``exact`` contract, docs/numerics.md).
@@ -215,7 +216,7 @@ def schedule(kernels: tvm.IRModule, target: tvm.target.Target, database: Any = N
         mod = mark_layout_free(kernels.clone())  # before the records: tuning saw the kernels marked
         if database is not None:  # records are keyed by the PrimFuncs as tuning saw them
             mod = apply_database(mod, target, database, choices, options)  # records of these knobs
-        mod = apply_default_schedules(target, options)(mod)
+        mod = apply_default_schedules(target, options, memo)(mod)
         mod = int4_for_target(mod, target)  # the int4 GEMVs' form for this target's vectors
         packed, refused = [], []
         if options.prepack_weights:
@@ -344,14 +345,15 @@ def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target | None = None, *, 
                  database: Any = None, report: FusionReport | None = None,
                  candidates: Sequence[Any] | None = None, before_optimize: Sequence[Pass] = (),
                  after_optimize: Sequence[Pass] = (), vector_math: bool = True,
-                 options: CompileOptions | None = None) -> Stages:
+                 options: CompileOptions | None = None, memo: ScheduleMemo | None = None) -> Stages:
     """Run the pipeline on ``mod`` for ``target`` up to stage ``until`` (one of ``STAGES``).
 
     ``options`` carries every setting; ``target``, ``database`` and ``candidates`` given
     replace its own (``vector_math=False`` switches VectorizeMath off whatever it says).
     ``before_optimize`` passes run between normalize and the fusion fixpoint,
     ``after_optimize`` ones after it (the optimizer step's Adam passes); ``report``
-    (a fresh one by default) collects every decision.
+    (a fresh one by default) collects every decision; ``memo`` is the kernel cache
+    (``schedule``).
     """
     options = options_or_default(options).updated(target=target, database=database, candidates=candidates)
     if options.target is None:
@@ -379,7 +381,7 @@ def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target | None = None, *, 
     stages.kernels = clock("lower", lower_emits, mod, target, options)
     if until == "kernels":
         return stages
-    stages.lowered = clock("schedule", schedule, stages.kernels, target, report=report, options=options)
+    stages.lowered = clock("schedule", schedule, stages.kernels, target, report=report, options=options, memo=memo)
     if until == "build":
         stages.executable = clock("codegen", build, stages.lowered, target)
     return stages
@@ -457,7 +459,7 @@ def compile(mod: Any, target: Any = None, database: Any = None, *, candidates: S
             return _done(hit, dict(clock.timings), timings)
     if progress is not None:
         progress()
-    stages = run_pipeline(mod, options=options)
+    stages = run_pipeline(mod, options=options, memo=None if store is None else KernelCache(store, options))
     model = compiled_model(stages.executable, tgt, mod["main"], report=stages.report, lowered=stages.lowered,
                            optimized=stages.optimized, threads=threads)
     clock = _Clock({**clock.timings, **stages.timings})

@@ -1,10 +1,12 @@
 """The compile cache (``aicf_tvm/driver/compile_cache.py``): a second compile of a model
 loads the library the first exported; other options, another model or a changed file
 miss; a corrupt entry is rebuilt with a warning; the folder keeps to its size limit;
-concurrent writers leave a whole library; ``aicf compile`` uses it unless ``--no-cache``."""
+concurrent writers leave a whole library; ``aicf compile`` uses it unless ``--no-cache``;
+a model of the same layers takes their schedules from its kernel entries."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -199,3 +201,61 @@ def test_a_size_limit_that_is_not_a_number_is_our_error(tmp_path, monkeypatch):
     monkeypatch.setenv("AICF_CACHE_MAX_GB", "lots")
     with pytest.raises(AicfError, match="AICF_CACHE_MAX_GB='lots': not a number"):
         aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx()), cache_dir=tmp_path)
+
+
+def _counting_schedules(monkeypatch) -> list:
+    """The kernels the rules schedule (``schedules.schedule_func`` calls), as names."""
+    import schedules
+
+    calls, real = [], schedules.schedule_func
+
+    def counted(func, target, rules):
+        calls.append(func)
+        return real(func, target, rules)
+
+    monkeypatch.setattr(schedules, "schedule_func", counted)
+    return calls
+
+
+def test_a_model_with_the_same_layers_takes_their_schedules_from_the_kernel_cache(tmp_path, monkeypatch):
+    """Another model of the same layer shapes (other weights: another library) schedules
+    no kernel; its kernels are the ones the rules make (the bits of a build without the
+    cache) and it computes its own weights' results."""
+    calls = _counting_schedules(monkeypatch)
+    aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx()), cache_dir=tmp_path, warm_up=False)
+    kernels = sorted(tmp_path.glob("*.kernel"))
+    assert kernels and len(calls) == len(kernels)
+    calls.clear()
+    other_w = W * -0.5 + 0.25
+    other = aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx(other_w)), cache_dir=tmp_path)
+    assert calls == [] and sorted(tmp_path.glob("*.kernel")) == kernels and len(_entries(tmp_path)) == 2
+    plain = aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx(other_w)), cache=False)
+    assert len(calls) == len(kernels)  # without the cache: scheduled
+    for seed in (10, 11):
+        x = _x(seed)
+        np.testing.assert_array_equal(np.asarray(other(x)), np.asarray(plain(x)))
+        np.testing.assert_allclose(np.asarray(other(x)), _expected(x, other_w), rtol=1e-5, atol=1e-5)
+    calls.clear()
+    aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx(W + 2)), cache_dir=tmp_path,
+                     options=CompileOptions(numerics="relaxed"))
+    assert len(calls) == len(kernels)  # other options: other entries
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "cut", "not json"])
+def test_a_damaged_kernel_entry_is_scheduled_again_with_a_warning(tmp_path, monkeypatch, damage):
+    aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx()), cache_dir=tmp_path, warm_up=False)
+    kernels = sorted(tmp_path.glob("*.kernel"))
+    entry = max(kernels, key=lambda p: p.stat().st_size)  # the matmul's
+    data = entry.read_bytes()
+    if damage == "flipped byte":
+        data = data[:-40] + bytes([data[-40] ^ 0x04]) + data[-39:]
+    elif damage == "cut":
+        data = data[: len(data) // 2]
+    else:  # a whole entry (its digest right) of no kernel
+        data = data.split()[0] + b" " + hashlib.sha256(b"{").hexdigest().encode() + b"\n{"
+    entry.write_bytes(data)
+    calls = _counting_schedules(monkeypatch)
+    with pytest.warns(UserWarning, match="unusable .*scheduling again"):
+        model = aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx(W * 3)), cache_dir=tmp_path)
+    assert len(calls) == 1 and entry.read_bytes() != data  # that kernel alone, written again
+    np.testing.assert_allclose(np.asarray(model(_x(12))), _expected(_x(12), W * 3), rtol=1e-5, atol=1e-5)
