@@ -10,6 +10,8 @@ cache. An ONNX file given by path is also keyed by its bytes and import argument
 hit skips the import too. A PyTorch module's import has entries of its own, keyed by
 the program ``torch.export`` traced (``frontends.import_cache``): ``from_torch`` of a
 module imported before reads the module back instead of decomposing and translating it.
+Each kernel's schedule has an entry of its own (``KernelCache``), which models sharing a
+layer's shapes share.
 
 Where: ``$AICF_CACHE_DIR``, else ``$XDG_CACHE_HOME/aicf/compiled``, else
 ``~/.cache/aicf/compiled``; ``compile(cache_dir=...)`` moves it, ``compile(cache=False)``
