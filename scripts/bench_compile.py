@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m scripts.bench_compile [--models bert resnet50 ...] [--paths onnx torch]
+    python -m scripts.bench_compile [--models bert resnet50 ...] [--paths onnx torch] [--shared-cache]
                                     [--json bench_compile.json]
 
 Each row is three fresh processes, as a user runs them (the default target, no other
@@ -23,6 +23,10 @@ of the run so that "cold" is cold): the ONNX file is written beforehand by
   + compile (with the cache's export) + first call; then ``export`` as a user of the
   default compile exports.
 * ``warm``: the same in a new process, the cache now holding the model.
+
+``--shared-cache``: one cache folder for every row, so that ``cold`` is this model's
+first compile with the models before it in the cache (``--models bert roberta``:
+RoBERTa after BERT, whose kernels' schedules it shares).
 
 Printed per model and path: import, compile and first call without the cache, first /
 steady, export (without the cache: code generated again), the cold total and then its
@@ -130,8 +134,8 @@ def _load_in_fresh_process(lib: Path, call: str) -> float:
     return float(next(ln for ln in proc.stdout.splitlines() if ln.startswith("SECONDS ")).split()[1])
 
 
-def _child(name: str, path: str, work: Path, mode: str) -> dict[str, Any]:
-    env = {**os.environ, "AICF_CACHE_DIR": str(work / "cache")}
+def _child(name: str, path: str, work: Path, mode: str, cache: Path) -> dict[str, Any]:
+    env = {**os.environ, "AICF_CACHE_DIR": str(cache)}
     proc = subprocess.run([sys.executable, "-m", "scripts.bench_compile", "--one", name, path, str(work), mode],
                           check=False, capture_output=True, text=True, env=env)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -155,6 +159,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", type=model_name, default=list(DEFAULT_MODELS))
     parser.add_argument("--paths", nargs="+", choices=("onnx", "torch"), default=["onnx", "torch"])
     parser.add_argument("--json", type=Path, help="write every row here")
+    parser.add_argument("--shared-cache", action="store_true", help="one cache folder for every row (docstring)")
     parser.add_argument("--one", nargs=4, metavar=("MODEL", "PATH", "WORK", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -163,7 +168,8 @@ def main() -> None:
         return
     from scripts.bench_peers import onnx_file
 
-    print(f"# bench_compile on {_isa()}; each row three fresh processes (no cache, cold cache, warm cache)",
+    print(f"# bench_compile on {_isa()}; each row three fresh processes (no cache, cold cache, warm cache)"
+          + ("; one cache for every row: cold = with the rows before it cached" if args.shared_cache else ""),
           flush=True)
     print(f"{'model':<12} {'path':<5} {'import':>7} {'compile':>8} {'first':>6} {'first/':>7} {'export':>7} "
           f"{'cold':>6} {'export':>7} {'warm':>6} {'load':>6} {'load/':>7} {'load/':>7} {'ORT':>6}\n"
@@ -178,7 +184,8 @@ def main() -> None:
                 if path == "onnx":
                     onnx_file(build(name, SEQ), work)
                 try:
-                    runs = {mode: _child(name, path, work, mode) for mode in ("nocache", "cold", "warm")}
+                    cache = Path(tmp) / "cache" if args.shared_cache else work / "cache"
+                    runs = {mode: _child(name, path, work, mode, cache) for mode in ("nocache", "cold", "warm")}
                 except RuntimeError as err:
                     print(f"{name:<12} {path:<5} FAILED: {err}", flush=True)
                     continue
@@ -194,7 +201,7 @@ def main() -> None:
                       f"{r.get('ort_session_s', float('nan')):6.2f}"
                       f"{'' if ok else '  MISMATCH'}", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"isa": _isa(), "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"isa": _isa(), "shared_cache": args.shared_cache, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
