@@ -9,8 +9,9 @@ with an attention mask (``NAME+mask``: the last two positions padded), text mode
 which then runs in one pass), each on two paths:
 
 * ``torch``: ``aicf_tvm.from_torch`` against PyTorch eager;
-* ``onnx``: ``torch.onnx.export`` (TorchScript exporter, opset 17), then
-  ``aicf_tvm.from_onnx`` against ONNX Runtime.
+* ``onnx``: ``torch.onnx.export`` (TorchScript exporter, opset 17; opset 18 where 17
+  has no export of an op, as MobileViTV2's ``col2im``), then ``aicf_tvm.from_onnx``
+  against ONNX Runtime.
 
 Beside ours, TVM alone on the same path: its own frontend
 (``relax.frontend.torch.from_exported_program`` / ``relax.frontend.onnx.from_onnx``) and
@@ -405,9 +406,16 @@ def _run_row(row: str, path: str, with_tvm: bool) -> dict:
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 file = os.path.join(tmp, "model.onnx")
-                with torch.no_grad():
-                    torch.onnx.export(module, args[0], file, dynamo=False, opset_version=17, input_names=names,
-                                      output_names=["out"])
+                for opset in (17, 18):  # 18 exports col2im (F.fold)
+                    try:
+                        with torch.no_grad():
+                            torch.onnx.export(module, args[0], file, dynamo=False, opset_version=opset,
+                                              input_names=names, output_names=["out"])
+                        break
+                    except torch.onnx.errors.UnsupportedOperatorError:
+                        if opset == 18:
+                            raise
+                result["opset"] = opset
                 proto = onnx.load(file)
             sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
             want = [sess.run(None, f)[0] for f in feeds]

@@ -24,6 +24,9 @@ layout). Reading it back maps the weights (no copy), checks every digest and bin
 in place of the parameters (``relax.transform.BindParams``): the module is structurally
 equal to the one imported, and ``compile``'s cache finds its library by the same key.
 
+``from_torch`` writes an entry in a thread of its own while the caller goes on (BERT-base:
+440 MB, a second where the disk's write-back throttles the page cache).
+
 Layout: ``AICF-IMPORT <format> <header bytes> <header SHA-256>\\n``, the header (JSON:
 the module and the weights' metadata), zeros to a page boundary, the weights. A cut,
 modified or unreadable entry is removed with a warning and the module imported again.
@@ -35,6 +38,7 @@ import hashlib
 import json
 import mmap
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +62,7 @@ FORMAT = 1
 SUFFIX = ".import"
 MAGIC = b"AICF-IMPORT"
 PREFIX = "aicf_import_weight"  # main's parameters that stand for its weights in an entry
+_writing: list[threading.Thread] = []  # put's threads still writing
 
 
 def torch_key(ep: torch.export.ExportedProgram, dim_names: dict[str, str]) -> str | None:
@@ -81,24 +86,47 @@ def torch_key(ep: torch.export.ExportedProgram, dim_names: dict[str, str]) -> st
     })
 
 
-def put(store: CompileCache, key: str, mod: tvm.IRModule) -> Path | None:
-    """Write ``mod`` as entry ``key`` (module docstring); None where it cannot be (a
-    function other than ``main`` holds a weight, or the folder is not writable)."""
+def put(store: CompileCache, key: str, mod: tvm.IRModule, background: bool = False) -> bool:
+    """Write ``mod`` as entry ``key`` (module docstring), in a thread of its own with
+    ``background`` (``wait`` waits for it); False where it is not written (a function
+    other than ``main`` holds a weight). A folder that cannot be written warns."""
     apart = _weights_apart(mod)
     if apart is None:
-        return None
+        return False
     lifted, weights = apart
-    info, views = mapped_weights.describe(weights)
-    header = json.dumps({"module": tvm.ir.save_json(lifted), "weights": info}).encode()
+    module = tvm.ir.save_json(lifted)
 
-    def fill(path: str) -> None:
-        with open(path, "wb") as f:
-            f.write(b"%s %d %d %s\n" % (MAGIC, FORMAT, len(header), hashlib.sha256(header).hexdigest().encode()))
-            f.write(header)
-        mapped_weights.pad_to_page(path)
-        mapped_weights.append(path, info, views)
+    def write() -> None:
+        info, views = mapped_weights.describe(weights)
+        header = json.dumps({"module": module, "weights": info}).encode()
 
-    return store.write(key, SUFFIX, fill)
+        def fill(path: str) -> None:
+            with open(path, "wb") as f:
+                f.write(b"%s %d %d %s\n" % (MAGIC, FORMAT, len(header), hashlib.sha256(header).hexdigest().encode()))
+                f.write(header)
+            mapped_weights.pad_to_page(path)
+            mapped_weights.append(path, info, views)
+
+        try:
+            store.write(key, SUFFIX, fill)
+        except OSError as err:  # the disk full, say: the temporary file is gone
+            warnings.warn(f"aicf compile cache: cannot write in {store.root} ({err}); not cached", stacklevel=2)
+
+    if not background:
+        write()
+        return True
+    # the weights are constants (read-only): the thread writes them while the caller
+    # compiles; the interpreter waits for it at exit, so an entry is whole or absent
+    thread = threading.Thread(target=write, name=f"aicf-import-cache-{key[:12]}")
+    thread.start()
+    _writing.append(thread)
+    return True
+
+
+def wait() -> None:
+    """Return once every entry ``put`` writes in the background is written."""
+    while _writing:
+        _writing.pop().join()
 
 
 def get(store: CompileCache, key: str) -> tvm.IRModule | None:
@@ -160,4 +188,4 @@ def _weights_apart(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[tvm.runtime.Te
     return lifted, weights
 
 
-__all__ = ["SUFFIX", "get", "put", "torch_key"]
+__all__ = ["SUFFIX", "get", "put", "torch_key", "wait"]

@@ -138,13 +138,15 @@ def from_onnx(path_or_model: OnnxModel, shapes: Mapping[str, Sequence[int | str]
     model, name = _load_onnx(path_or_model)
     shape_dict = input_shapes(model, shapes, name)
     prepared = fold_shapes(model, lambda light: _set_shapes(light, shape_dict), _check_model)
-    _check_ops(prepared, name)
-    try:
-        with _own_converters():
+    with _own_converters():
+        _check_ops(prepared, name)
+        try:
             mod = _tvm_import(prepared, shape_dict)
-    except Exception as err:
-        raise UnsupportedModelError(f"{name}: the ONNX frontend failed: {type(err).__name__}: "
-                                    f"{first_line(err)}") from err
+        except UnsupportedModelError as err:
+            raise UnsupportedModelError(f"{name}: {err}") from err
+        except Exception as err:
+            raise UnsupportedModelError(f"{name}: the ONNX frontend failed: {type(err).__name__}: "
+                                        f"{first_line(err)}") from err
     return normalize_import(with_dim_bounds(mod, bounds or {}))
 
 
@@ -184,7 +186,8 @@ def _own_converters() -> Iterator[None]:
     def ours() -> dict:
         return {**table(), "Expand": _expand_class(onnx_frontend.Expand), "Clip": _clip_class(onnx_frontend.Clip),
                 "Pad": _pad_class(onnx_frontend.Pad),
-                "MatMulInteger": _matmul_integer_class(onnx_frontend.MatMulInteger)}
+                "MatMulInteger": _matmul_integer_class(onnx_frontend.MatMulInteger),
+                "Col2Im": _col2im_class(onnx_frontend.OnnxOpConverter)}
 
     onnx_frontend._get_convert_map = ours
     try:
@@ -281,6 +284,57 @@ def _pad_class(base: type) -> type:
             return super()._lower_pad(bb, inputs, attr, params, allowed_modes)
 
     return Pad
+
+
+def _col2im_class(base: type) -> type:
+    """``Col2Im`` (opset 18; PyTorch's ``F.fold``, MobileViTV2's), which TVM's frontend
+    lacks, for two spatial dims, a constant image and block shape: the input read as
+    ``[N, C, kh, kw, nh, nw]``, each block position's ``[N, C, nh, nw]`` spread over the
+    padded image at its stride (zeros between, a reshape and a pad) and offset (its
+    dilation), the ``kh * kw`` of them added to zeros in block order, as ONNX's reference
+    and ONNX Runtime accumulate (a position's contributions in increasing block index,
+    after a zero: ``-0.0`` sums to ``+0.0`` as theirs do), then the pads cut off."""
+
+    def ints(name: str, attr: dict, default: list[int]) -> list[int]:
+        return [int(v) for v in attr.get(name, default)]
+
+    class Col2Im(base):
+        @classmethod
+        def _impl_v18(cls, bb, inputs, attr, params):
+            data, image, block = inputs
+            if not (isinstance(image, tvm.ir.GenericConst) and isinstance(block, tvm.ir.GenericConst)):
+                raise UnsupportedModelError("Col2Im with an image or block shape computed at run time")
+            (height, width), (kh, kw) = ([int(v) for v in c.value.numpy()] for c in (image, block))
+            dh, dw = ints("dilations", attr, [1, 1])
+            sh, sw = ints("strides", attr, [1, 1])
+            top, left, bottom, right = ints("pads", attr, [0, 0, 0, 0])
+            dims = list(data.ty.shape.values)
+            if len(dims) != 3 or not all(isinstance(d, tirx.IntImm) for d in dims[1:]):
+                raise UnsupportedModelError("Col2Im of an input whose channels or blocks are not constant")
+            batch, channels_blocks, blocks = dims[0], int(dims[1]), int(dims[2])
+            tall, wide = height + top + bottom, width + left + right
+            nh, nw = (tall - (dh * (kh - 1) + 1)) // sh + 1, (wide - (dw * (kw - 1) + 1)) // sw + 1
+            if channels_blocks % (kh * kw) or nh * nw != blocks or nh < 1 or nw < 1:
+                raise UnsupportedModelError(f"Col2Im of a [{channels_blocks}, {blocks}] input into a "
+                                            f"{height}x{width} image by {kh}x{kw} blocks: the sizes disagree")
+            channels = channels_blocks // (kh * kw)
+            dtype = str(data.ty.dtype)
+            cols = bb.emit(relax.op.reshape(data, [batch, channels, kh, kw, nh, nw]))
+            out = bb.emit(relax.op.zeros([batch, channels, tall, wide], dtype))
+            span_h, span_w = (nh - 1) * sh + 1, (nw - 1) * sw + 1
+            for i in range(kh):
+                for j in range(kw):
+                    part = relax.op.strided_slice(cols, [2, 3], [i, j], [i + 1, j + 1])
+                    part = relax.op.reshape(part, [batch, channels, nh, 1, nw, 1])
+                    part = relax.op.nn.pad(part, [0, 0, 0, 0, 0, 0, 0, sh - 1, 0, 0, 0, sw - 1])
+                    part = relax.op.reshape(part, [batch, channels, nh * sh, nw * sw])
+                    part = relax.op.strided_slice(part, [2, 3], [0, 0], [span_h, span_w])
+                    part = relax.op.nn.pad(part, [0, 0, 0, 0, i * dh, tall - i * dh - span_h,
+                                                  j * dw, wide - j * dw - span_w])
+                    out = bb.emit(relax.op.add(out, part))
+            return relax.op.strided_slice(out, [2, 3], [top, left], [top + height, left + width])
+
+    return Col2Im
 
 
 # MatMulInteger's sums of uint8 x int8 products fit int32 for K below 2^31 / (255 * 128)

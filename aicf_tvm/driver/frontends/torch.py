@@ -245,5 +245,5 @@ def from_torch(module: torch.nn.Module, example_args: Sequence[Any], dynamic_sha
                                         f"{text}") from err
     mod = normalize_import(rename_dims(mod, torch_dim_names(ep, dynamic_shapes)))
     if key is not None:
-        import_cache.put(store, key, mod)
+        import_cache.put(store, key, mod, background=True)
     return mod

@@ -39,6 +39,13 @@ class Block(torch.nn.Module):
         return self.norm(self.down(h) + x)
 
 
+def _import(*args, **kwargs):
+    """``from_torch``, its entry written (``import_cache.wait``)."""
+    mod = aicf_tvm.from_torch(*args, **kwargs)
+    import_cache.wait()
+    return mod
+
+
 def _x(seed: int, rows: int = 6) -> torch.Tensor:
     return torch.randn(rows, 32, generator=torch.Generator().manual_seed(seed))
 
@@ -63,7 +70,7 @@ def _check_against_float64(mod, module: torch.nn.Module, rows: int = 6) -> None:
 
 def test_a_second_import_reads_the_first_ones_module_back(tmp_path, monkeypatch):
     module = Block()
-    first = aicf_tvm.from_torch(module, (_x(0),), cache_dir=tmp_path)
+    first = _import(module, (_x(0),), cache_dir=tmp_path)
     [entry] = _entries(tmp_path)
     weights = sum(p.numel() for p in module.parameters()) * 4
     assert entry.stat().st_size >= weights  # the weights are in the entry, after the module
@@ -72,7 +79,7 @@ def test_a_second_import_reads_the_first_ones_module_back(tmp_path, monkeypatch)
         raise AssertionError("decomposed again")
 
     monkeypatch.setattr(torch_export, "_decomposed", no_decomposition)
-    second = aicf_tvm.from_torch(module, (_x(0),), cache_dir=tmp_path)
+    second = _import(module, (_x(0),), cache_dir=tmp_path)
     assert tvm_ffi.structural_equal(second, first)
     assert tvm_ffi.structural_hash(second) == tvm_ffi.structural_hash(first)  # compile's cache key
     entry.unlink()  # trimmed by another process: the mapping stays valid
@@ -81,27 +88,27 @@ def test_a_second_import_reads_the_first_ones_module_back(tmp_path, monkeypatch)
 
 def test_a_changed_weight_forward_shape_or_dim_name_misses(tmp_path):
     module = Block()
-    aicf_tvm.from_torch(module, (_x(0),), cache_dir=tmp_path)
+    _import(module, (_x(0),), cache_dir=tmp_path)
     with torch.no_grad():
         module.down.weight[3, 5] += 0.25  # one weight of one layer
-    changed = aicf_tvm.from_torch(module, (_x(0),), cache_dir=tmp_path)
+    changed = _import(module, (_x(0),), cache_dir=tmp_path)
     _check_against_float64(changed, module)
     relu = Block("relu")  # the same parameters, another forward
-    _check_against_float64(aicf_tvm.from_torch(relu, (_x(0),), cache_dir=tmp_path), relu)
-    _check_against_float64(aicf_tvm.from_torch(relu, (_x(0, rows=3),), cache_dir=tmp_path), relu, rows=3)
+    _check_against_float64(_import(relu, (_x(0),), cache_dir=tmp_path), relu)
+    _check_against_float64(_import(relu, (_x(0, rows=3),), cache_dir=tmp_path), relu, rows=3)
     for name in ("rows", "tokens"):
         dims = ({0: torch.export.Dim(name, max=64)},)
-        mod = aicf_tvm.from_torch(relu, (_x(0),), dims, cache_dir=tmp_path)
+        mod = _import(relu, (_x(0),), dims, cache_dir=tmp_path)
         assert name in mod["main"].script()
     assert len(_entries(tmp_path)) == 6
-    again = aicf_tvm.from_torch(relu, (_x(0),), ({0: torch.export.Dim("tokens", max=64)},), cache_dir=tmp_path)
+    again = _import(relu, (_x(0),), ({0: torch.export.Dim("tokens", max=64)},), cache_dir=tmp_path)
     assert "tokens" in again["main"].script() and len(_entries(tmp_path)) == 6
 
 
 @pytest.mark.parametrize("damage", ["weight byte", "cut", "header byte", "not an entry"])
 def test_a_corrupt_entry_is_imported_again_with_a_warning(tmp_path, damage):
     module = Block()
-    first = aicf_tvm.from_torch(module, (_x(0),), cache_dir=tmp_path)
+    first = _import(module, (_x(0),), cache_dir=tmp_path)
     [entry] = _entries(tmp_path)
     data = bytearray(entry.read_bytes())
     if damage == "weight byte":
@@ -114,21 +121,21 @@ def test_a_corrupt_entry_is_imported_again_with_a_warning(tmp_path, damage):
         data = bytearray(b"\x7fELF" + bytes(100))
     entry.write_bytes(bytes(data))
     with pytest.warns(UserWarning, match="is unusable"):
-        again = aicf_tvm.from_torch(module, (_x(0),), cache_dir=tmp_path)
+        again = _import(module, (_x(0),), cache_dir=tmp_path)
     assert tvm_ffi.structural_equal(again, first)
     [rewritten] = _entries(tmp_path)
     assert rewritten.read_bytes() != bytes(data)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        aicf_tvm.from_torch(module, (_x(0),), cache_dir=tmp_path)
+        _import(module, (_x(0),), cache_dir=tmp_path)
 
 
 def test_no_cache_writes_nothing_and_entries_are_trimmed_with_libraries(tmp_path):
     module = Block()
-    aicf_tvm.from_torch(module, (_x(0),), cache=False, cache_dir=tmp_path)
+    _import(module, (_x(0),), cache=False, cache_dir=tmp_path)
     assert not any(tmp_path.iterdir())
-    aicf_tvm.from_torch(module, (_x(0),), cache_dir=tmp_path)
-    aicf_tvm.from_torch(Block("relu"), (_x(0),), cache_dir=tmp_path)
+    _import(module, (_x(0),), cache_dir=tmp_path)
+    _import(Block("relu"), (_x(0),), cache_dir=tmp_path)
     older, newer = sorted(_entries(tmp_path), key=lambda p: p.stat().st_mtime_ns)
     store = CompileCache(tmp_path, limit=newer.stat().st_size)
     assert set(store.entries()) == {older, newer}
@@ -155,4 +162,4 @@ def test_a_module_whose_weight_another_function_holds_is_not_written(tmp_path):
             return cls.helper(x)
 
     assert isinstance(Mod["helper"], relax.Function)
-    assert import_cache.put(CompileCache(tmp_path), "k", Mod) is None and not any(tmp_path.iterdir())
+    assert import_cache.put(CompileCache(tmp_path), "k", Mod) is False and not any(tmp_path.iterdir())

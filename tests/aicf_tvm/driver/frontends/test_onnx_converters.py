@@ -169,3 +169,58 @@ def test_matmul_integer_equals_onnx_reference(a_zero_point, b_zero_point, target
         np.testing.assert_array_equal(got, reference.run(None, {"a": a})[0])
         outputs.append(got)
     assert not np.array_equal(*outputs)
+
+
+def _col2im_model(block, image, strides, dilations, pads, channels=3, batch="n") -> tuple[onnx.ModelProto, int]:
+    """Col2Im of an input [batch, channels * kh * kw, L] into ``image`` (opset 18)."""
+    (kh, kw), (h, w) = block, image
+    nh = (h + pads[0] + pads[2] - (dilations[0] * (kh - 1) + 1)) // strides[0] + 1
+    nw = (w + pads[1] + pads[3] - (dilations[1] * (kw - 1) + 1)) // strides[1] + 1
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], strides=strides, dilations=dilations, pads=pads)
+    graph = helper.make_graph(
+        [node], "col2im", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [batch, channels * kh * kw,
+                                                                                          nh * nw])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        initializer=[onnx.numpy_helper.from_array(np.array(image, np.int64), "image"),
+                     onnx.numpy_helper.from_array(np.array(block, np.int64), "block")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), nh * nw
+
+
+@pytest.mark.parametrize("block, image, strides, dilations, pads", [
+    ((2, 2), (8, 6), [2, 2], [1, 1], [0, 0, 0, 0]),  # MobileViTV2's fold: blocks side by side
+    ((3, 3), (7, 7), [1, 1], [1, 1], [1, 1, 1, 1]),  # overlapping, padded
+    ((2, 3), (9, 8), [2, 1], [2, 1], [0, 1, 1, 0]),  # dilated rows, uneven pads
+])
+def test_col2im_matches_onnx_runtime_and_pytorch_fold(block, image, strides, dilations, pads):
+    """TVM's frontend has no Col2Im: ours gives ONNX Runtime's values on two batches, with
+    PyTorch's ``F.fold`` (where its padding is symmetric) as a second reference, and the
+    bits of ORT where -0.0 and overlapping blocks meet (zero + contributions in order)."""
+    import onnxruntime as ort
+    import torch
+
+    model, blocks = _col2im_model(block, image, strides, dilations, pads)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    compiled = aicf_tvm.compile(aicf_tvm.from_onnx(model), cache=False)
+    rng = np.random.default_rng(3)
+    outs = []
+    for batch in (1, 2):
+        x = rng.standard_normal((batch, 3 * block[0] * block[1], blocks)).astype(np.float32)
+        got = np.asarray(compiled(x))
+        np.testing.assert_allclose(got, session.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
+        if pads[:2] == pads[2:]:
+            fold = torch.nn.functional.fold(torch.from_numpy(x).double(), image, block, dilation=dilations,
+                                            padding=pads[:2], stride=strides).numpy()
+            np.testing.assert_allclose(got, fold, rtol=1e-5, atol=1e-6)
+        outs.append(got)
+    assert outs[0].shape[0] == 1 and outs[1].shape[0] == 2
+    zeros = np.full((1, 3 * block[0] * block[1], blocks), -0.0, np.float32)
+    np.testing.assert_array_equal(np.signbit(np.asarray(compiled(zeros))),
+                                  np.signbit(session.run(None, {"x": zeros})[0]))
+
+
+def test_col2im_with_an_image_shape_given_at_run_time_is_refused_by_name():
+    model, _ = _col2im_model((2, 2), (4, 4), [2, 2], [1, 1], [0, 0, 0, 0])
+    del model.graph.initializer[0]
+    model.graph.input.append(helper.make_tensor_value_info("image", onnx.TensorProto.INT64, [2]))
+    with pytest.raises(aicf_tvm.UnsupportedModelError, match="Col2Im with an image or block shape computed at run"):
+        aicf_tvm.from_onnx(model)
