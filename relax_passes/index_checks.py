@@ -115,7 +115,8 @@ def folded_check(call: relax.Call, mod: tvm.IRModule,
         raise UnsupportedModelError(f"{info['op']}: constant index {value} at {list(at)} is out "
                                     f"of range [{low}, {high})")
     out_ty = call.ty_args[0] if call.ty_args else call.ty  # an emitted call's own type
-    return relax.const(fixed.astype(str(out_ty.dtype)))
+    # the dtype named: relax.const makes an int64 array int32 when not told
+    return relax.const(fixed.astype(str(out_ty.dtype)), str(out_ty.dtype))
 
 
 def checked_extents(value: relax.Expr, mod: tvm.IRModule,

@@ -10,8 +10,9 @@ which then runs in one pass), each on two paths:
 
 * ``torch``: ``aicf_tvm.from_torch`` against PyTorch eager;
 * ``onnx``: ``torch.onnx.export`` (TorchScript exporter, opset 17; opset 18 where 17
-  has no export of an op, as MobileViTV2's ``col2im``), then ``aicf_tvm.from_onnx``
-  against ONNX Runtime.
+  has no export of an op, as MobileViTV2's ``col2im``; PyTorch's dynamo exporter where
+  the TorchScript one fails, as on Cohere's rotary code: ``_export_onnx``), then
+  ``aicf_tvm.from_onnx`` against ONNX Runtime.
 
 Beside ours, TVM alone on the same path: its own frontend
 (``relax.frontend.torch.from_exported_program`` / ``relax.frontend.onnx.from_onnx``) and
@@ -21,8 +22,8 @@ Weights are random (``torch.manual_seed``); batch-norm statistics are calibrated
 batches (train mode, cumulative averages) so no layer is input-independent, and every row
 checks that two different inputs give two different reference outputs. Rel err: max |got -
 want| / max |want| over both inputs; right means <= 1e-3. A row whose reference cannot be
-made (the model itself fails, or PyTorch's ONNX exporter does: Cohere's rotary code trips
-its shape inference) reads ``no reference`` and is not counted against either compiler.
+made (the model itself fails, or every ONNX exporter does) reads ``no reference`` and is
+not counted against either compiler.
 Every (model, path) runs in its own subprocess under ``--timeout``.
 """
 
@@ -264,7 +265,9 @@ def _register_export_fixes() -> None:
     """Two ops the TorchScript ONNX exporter gets wrong in transformers' mask code (the
     packed-sequence check ``(torch.diff(position_ids, prepend=...) != 1).cumsum(-1)``, run
     when no mask is given): it has no ``aten::diff``, and it exports ``cumsum`` of a bool
-    tensor as a bool ``CumSum``, which ONNX does not allow (PyTorch sums in int64)."""
+    tensor as a bool ``CumSum``, which ONNX does not allow (PyTorch sums in int64). And
+    its opset-18 ``col2im`` (``F.fold``) reads the output size as a tensor's shape, which
+    MobileViTV2's Python ints are not: written here as ONNX's ``Col2Im`` of constants."""
     import torch
     from torch.onnx import symbolic_helper as sh
     from torch.onnx._internal.torchscript_exporter import symbolic_opset11
@@ -286,8 +289,44 @@ def _register_export_fixes() -> None:
             x = g.op("Cast", x, to_i=7)  # TensorProto.INT64
         return symbolic_opset11.cumsum(g, x, dim, dtype)
 
+    @sh.parse_args("v", "is", "is", "is", "is", "is")
+    def col2im(g, x, output_size, kernel_size, dilation, padding, stride):
+        image = g.op("Constant", value_t=torch.tensor(output_size, dtype=torch.int64))
+        block = g.op("Constant", value_t=torch.tensor(kernel_size, dtype=torch.int64))
+        return g.op("Col2Im", x, image, block, dilations_i=dilation, pads_i=[*padding, *padding], strides_i=stride)
+
+    torch.onnx.register_custom_op_symbolic("aten::col2im", col2im, 18)
     torch.onnx.register_custom_op_symbolic("aten::diff", diff, 17)
     torch.onnx.register_custom_op_symbolic("aten::cumsum", cumsum, 17)
+
+
+def _export_onnx(module: Any, args: tuple, file: str, names: list[str]) -> str:
+    """``torch.onnx.export`` as the module docstring says; returns which exporter wrote
+    ``file``: the TorchScript one at opset 17, at 18 where 17 has no export of an op, else
+    (where the TorchScript exporter itself fails: Cohere's rotary code trips its shape
+    inference) the ``torch.export``-based one (``dynamo=True``, needs ``onnxscript``)."""
+    import torch
+
+    errors = []
+    for opset in (17, 18):  # 18 exports col2im (F.fold)
+        try:
+            with torch.no_grad():
+                torch.onnx.export(module, args, file, dynamo=False, opset_version=opset, input_names=names,
+                                  output_names=["out"])
+            return f"torchscript, opset {opset}"
+        except torch.onnx.errors.UnsupportedOperatorError as err:
+            errors.append(err)
+        except RuntimeError as err:
+            errors.append(err)
+            break
+    try:
+        import onnxscript  # noqa: F401 - the dynamo exporter's dependency
+    except ImportError:
+        raise errors[-1] from None
+    with torch.no_grad():
+        torch.onnx.export(module, args, file, dynamo=True, input_names=names, output_names=["out"],
+                          external_data=False, verbose=False)
+    return "dynamo"
 
 
 def _rel_err(got: list[np.ndarray], want: list[np.ndarray]) -> float:
@@ -406,16 +445,7 @@ def _run_row(row: str, path: str, with_tvm: bool) -> dict:
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 file = os.path.join(tmp, "model.onnx")
-                for opset in (17, 18):  # 18 exports col2im (F.fold)
-                    try:
-                        with torch.no_grad():
-                            torch.onnx.export(module, args[0], file, dynamo=False, opset_version=opset,
-                                              input_names=names, output_names=["out"])
-                        break
-                    except torch.onnx.errors.UnsupportedOperatorError:
-                        if opset == 18:
-                            raise
-                result["opset"] = opset
+                result["exporter"] = _export_onnx(module, args[0], file, names)
                 proto = onnx.load(file)
             sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
             want = [sess.run(None, f)[0] for f in feeds]

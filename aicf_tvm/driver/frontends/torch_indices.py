@@ -181,7 +181,7 @@ def _as_strided(node: torch.fx.Node, importer: ExportedProgramImporter) -> relax
     if positions.size and (positions.min() < 0 or positions.max() >= numel):
         return importer._as_strided(node)  # past the operand: TVM's error
     flat = bb.emit(relax.op.reshape(data, [numel]))
-    return bb.emit(relax.op.take(flat, relax.const(positions), axis=0, mode="clip"))
+    return bb.emit(relax.op.take(flat, relax.const(positions, "int64"), axis=0, mode="clip"))
 
 
 def index_converters() -> dict[str, Converter]:

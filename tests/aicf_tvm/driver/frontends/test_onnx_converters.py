@@ -224,3 +224,30 @@ def test_col2im_with_an_image_shape_given_at_run_time_is_refused_by_name():
     model.graph.input.append(helper.make_tensor_value_info("image", onnx.TensorProto.INT64, [2]))
     with pytest.raises(aicf_tvm.UnsupportedModelError, match="Col2Im with an image or block shape computed at run"):
         aicf_tvm.from_onnx(model)
+
+
+def test_gather_nd_by_indices_folded_from_the_shape_keeps_int64_indices():
+    """Indices made of a constant and the data's shape (``where(c < 0, c + shape, c)``,
+    PyTorch's dynamo exporter's ``aten.index`` of a mask): the import folds them to a
+    constant and its bounds check is decided at compile time, where ``relax.const`` would
+    make the checked int64 indices int32, which Relax's ``gather_nd`` refuses. Matches ONNX
+    Runtime, a negative index counted from the end."""
+    import onnxruntime as ort
+
+    const = np.array([[0, 1], [0, -3], [0, 6], [0, -8]], np.int64)
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Less", ["c", "zero"], ["negative"]),
+             helper.make_node("Add", ["c", "shape"], ["wrapped"]),
+             helper.make_node("Where", ["negative", "wrapped", "c"], ["indices"]),
+             helper.make_node("GatherND", ["x", "indices"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "gather_nd", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        initializer=[onnx.numpy_helper.from_array(const, "c"),
+                     onnx.numpy_helper.from_array(np.array(0, np.int64), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    compiled = aicf_tvm.compile(aicf_tvm.from_onnx(model), cache=False)
+    for seed in (0, 1):
+        x = np.random.default_rng(seed).standard_normal((1, 8)).astype(np.float32)
+        np.testing.assert_array_equal(np.asarray(compiled(x)), session.run(None, {"x": x})[0])
