@@ -75,7 +75,10 @@ def torch_key(ep: torch.export.ExportedProgram, dim_names: dict[str, str]) -> st
     if not all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" and t.layout == torch.strided
                and not t.is_quantized for _, t in state):
         return None
-    views = [t.detach().contiguous().reshape(-1).view(torch.uint8).numpy() for _, t in state]
+    try:
+        views = [t.detach().contiguous().reshape(-1).view(torch.uint8).numpy() for _, t in state]
+    except (RuntimeError, TypeError):  # bytes torch will not show as uint8 (a conjugate view, say): not cached
+        return None
     digests = on_every_cpu(lambda view: hashlib.sha256(view).hexdigest(), views)
     return digest_of({
         "format": FORMAT, **versions(), "torch": torch.__version__,
