@@ -55,7 +55,9 @@ from aicf_tvm.runtime.cpu_features import is_x86, unrunnable_here
 FORMAT = 1
 SUFFIX = ".so"
 KERNEL = ".kernel"
-SUFFIXES = (SUFFIX, ".import", KERNEL)  # a library; an imported module (frontends.import_cache); a kernel
+CODE = ".ll"
+# a library; an imported module (frontends.import_cache); a kernel's schedule; its code
+SUFFIXES = (SUFFIX, ".import", KERNEL, CODE)
 _PACKAGES = ("aicf_tvm", "relax_passes", "schedules")
 _code: str | None = None
 
@@ -221,9 +223,15 @@ class KernelCache:
     used only when the kernel in it is structurally equal to the one asked for. The rules
     read nothing else (not the model around the kernel), so a model that shares a layer's
     shapes with one compiled before (RoBERTa after BERT) takes its schedules from here.
-    The schedule phase is then cheap; the kernels' code is still generated per model.
+    Their code likewise (``get_code``/``put_code``): each LLVM module of a CPU build
+    (``pipeline.build_in_parts``: a kernel, or a few of a model of many) is kept as the
+    LLVM IR TVM's code generator made and optimized, keyed by the module (its kernels as
+    they were scheduled and finalized, their names included), the target, the build's
+    PassContext and the versions; a hit is that IR read back by LLVM (``load_module`` of
+    a ``.ll``: the target's CPU and features are in it), which the JIT and the export turn
+    into machine code as they do a module built here.
     Entries are written without trimming the folder (they are small; the library written
-    after them trims it), and a damaged one is removed with a warning and scheduled again.
+    after them trims it), and a damaged one is removed with a warning and made again.
     """
 
     MAGIC = b"AICF-KERNEL"
@@ -269,8 +277,48 @@ class KernelCache:
         if self.writable:  # one warning for a folder that cannot be written
             self.writable = self.store.write(self._name(func, target), KERNEL, fill, trim=False) is not None
 
-    def _unusable(self, path: Path, why: object) -> None:
-        warnings.warn(f"aicf compile cache: {path} is unusable ({why}); scheduling again", stacklevel=4)
+    def get_code(self, part: tvm.IRModule, target: tvm.target.Target,
+                 context: tvm.transform.PassContext) -> tvm.runtime.Module | None:
+        """The LLVM module built before from ``part`` (class docstring), or None."""
+        path = self.store.path(self._code_name(part, target, context), CODE)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            self.misses += 1
+            return None
+        head, _, body = data.partition(b"\n")
+        if head != b"; " + self.MAGIC + b" " + hashlib.sha256(body).hexdigest().encode():
+            self._unusable(path, "modified or cut", "building again")
+            return None
+        try:
+            lib = tvm.runtime.load_module(str(path))
+        except Exception as err:  # noqa: BLE001 - LLVM's parser: any failure is an unusable entry
+            self._unusable(path, (str(err).strip().splitlines() or [type(err).__name__])[0], "building again")
+            return None
+        used(path)
+        self.hits += 1
+        return lib
+
+    def put_code(self, part: tvm.IRModule, target: tvm.target.Target, context: tvm.transform.PassContext,
+                 lib: tvm.runtime.Module) -> None:
+        if not self.writable or lib.kind != "llvm":
+            return
+
+        def fill(path: str) -> None:
+            lib.write_to_file(path)  # LLVM IR, by the suffix
+            body = Path(path).read_bytes()
+            Path(path).write_bytes(b"; " + self.MAGIC + b" " + hashlib.sha256(body).hexdigest().encode() + b"\n"
+                                   + body)
+
+        self.writable = self.store.write(self._code_name(part, target, context), CODE, fill, trim=False) is not None
+
+    def _code_name(self, part: tvm.IRModule, target: tvm.target.Target, context: tvm.transform.PassContext) -> str:
+        config = {str(k): str(v) for k, v in context.config.items()}
+        return key({"code": str(tvm_ffi.structural_hash(part)), "opt_level": int(context.opt_level),
+                    "config": config}, self.options, target)
+
+    def _unusable(self, path: Path, why: object, then: str = "scheduling again") -> None:
+        warnings.warn(f"aicf compile cache: {path} is unusable ({why}); {then}", stacklevel=4)
         try:
             path.unlink(missing_ok=True)
         except OSError:

@@ -249,7 +249,9 @@ def device_checks(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     return mod
 
 
-def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
+def build(mod: tvm.IRModule, target: tvm.target.Target, code: KernelCache | None = None) -> Any:
+    """The executable of ``mod`` for ``target``; ``code``: where a CPU build finds the
+    machine code of kernels built before (``build_in_parts``)."""
     mod = device_checks(mod, target)
     passes = backend_passes(target)
     # CPU kernels decide per call whether a symbolic-size parallel loop is worth the pool
@@ -257,7 +259,7 @@ def build(mod: tvm.IRModule, target: tvm.target.Target) -> Any:
     # LLVM's vectorizers kept from gathers on x86: the same results, faster row reductions
     machine = codegen_target(target)
     if "gpu" not in target.keys and target.kind.name == "llvm":
-        return build_in_parts(mod, machine, tvm.transform.Sequential(passes), tir)
+        return build_in_parts(mod, machine, tvm.transform.Sequential(passes), tir, code)
     with machine, precompiled(target):  # CUDA kernels exported compiled, not as source
         return tvm.compile(mod, target=machine, relax_pipeline=tvm.transform.Sequential(passes),
                            tir_pipeline=tir)
@@ -267,7 +269,7 @@ MAX_KERNEL_MODULES = 64  # beyond it, kernels share LLVM modules (each module ha
 
 
 def build_in_parts(mod: tvm.IRModule, target: tvm.target.Target, relax_pipeline: tvm.transform.Pass,
-                   tir: Any) -> relax.VMExecutable:
+                   tir: Any, code: KernelCache | None = None) -> relax.VMExecutable:
     """``tvm.compile(mod, target, relax_pipeline, tir_pipeline=tir)`` with each kernel in an
     LLVM module of its own (up to ``MAX_KERNEL_MODULES``), built by one thread per CPU
     (``threads.on_every_cpu``: TVM's builds release the GIL). LLVM writes the machine code of one module in one
@@ -275,7 +277,9 @@ def build_in_parts(mod: tvm.IRModule, target: tvm.target.Target, relax_pipeline:
     export (``runtime.deploy``) run on every core; BERT's JIT took 3.8-4.6 s instead of
     4.6-6.5 s on 2 cores, its four GEMMs most of it. The modules are ordered largest IR
     first (its JSON's length), so that the last one a thread takes is a small one; the VM
-    finds a kernel in whichever module holds it (they are imports of its executable)."""
+    finds a kernel in whichever module holds it (they are imports of its executable).
+    ``code`` (the kernel cache) gives a module built before from the same kernels, read
+    from its LLVM IR (``KernelCache.get_code``), and keeps each one built here."""
     with target:
         mod = relax_pipeline(mod)
     attrs = dict(mod.attrs) if mod.attrs else {}
@@ -292,8 +296,14 @@ def build_in_parts(mod: tvm.IRModule, target: tvm.target.Target, relax_pipeline:
     context = tvm.transform.PassContext.current()
 
     def one(group: dict) -> tvm.runtime.Module:
+        part = tvm.IRModule(group, attrs=mod.attrs)
+        if code is not None and (lib := code.get_code(part, target, context)) is not None:
+            return lib
         with context, target:  # both are per thread
-            return tvm.tirx.build(tvm.IRModule(group, attrs=mod.attrs), target=target, pipeline=tir)
+            lib = tvm.tirx.build(part, target=target, pipeline=tir)
+        if code is not None:
+            code.put_code(part, target, context, lib)
+        return lib
 
     libs = on_every_cpu(one, groups)
 
@@ -353,7 +363,7 @@ def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target | None = None, *, 
     ``before_optimize`` passes run between normalize and the fusion fixpoint,
     ``after_optimize`` ones after it (the optimizer step's Adam passes); ``report``
     (a fresh one by default) collects every decision; ``memo`` is the kernel cache
-    (``schedule``).
+    (``schedule``, ``build``).
     """
     options = options_or_default(options).updated(target=target, database=database, candidates=candidates)
     if options.target is None:
@@ -383,7 +393,7 @@ def run_pipeline(mod: tvm.IRModule, target: tvm.target.Target | None = None, *, 
         return stages
     stages.lowered = clock("schedule", schedule, stages.kernels, target, report=report, options=options, memo=memo)
     if until == "build":
-        stages.executable = clock("codegen", build, stages.lowered, target)
+        stages.executable = clock("codegen", build, stages.lowered, target, memo)
     return stages
 
 

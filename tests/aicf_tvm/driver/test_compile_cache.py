@@ -217,23 +217,42 @@ def _counting_schedules(monkeypatch) -> list:
     return calls
 
 
-def test_a_model_with_the_same_layers_takes_their_schedules_from_the_kernel_cache(tmp_path, monkeypatch):
+def _counting_builds(monkeypatch) -> list:
+    """The LLVM modules ``build_in_parts`` generates code for (``tvm.tirx.build`` calls)."""
+    import tvm
+
+    calls, real = [], tvm.tirx.build
+
+    def counted(mod, *args, **kwargs):
+        calls.append(mod)
+        return real(mod, *args, **kwargs)
+
+    monkeypatch.setattr(tvm.tirx, "build", counted)
+    return calls
+
+
+def test_a_model_with_the_same_layers_takes_their_kernels_from_the_kernel_cache(tmp_path, monkeypatch):
     """Another model of the same layer shapes (other weights: another library) schedules
-    no kernel; its kernels are the ones the rules make (the bits of a build without the
-    cache) and it computes its own weights' results."""
-    calls = _counting_schedules(monkeypatch)
+    no kernel and generates no code; its kernels are the ones the rules make (the bits of
+    a build without the cache, run in-process and exported) and it computes its own
+    weights' results."""
+    calls, builds = _counting_schedules(monkeypatch), _counting_builds(monkeypatch)
     aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx()), cache_dir=tmp_path, warm_up=False)
-    kernels = sorted(tmp_path.glob("*.kernel"))
-    assert kernels and len(calls) == len(kernels)
+    kernels, code = sorted(tmp_path.glob("*.kernel")), sorted(tmp_path.glob("*.ll"))
+    assert kernels and len(calls) == len(kernels) and code and len(builds) == len(code)
     calls.clear()
+    builds.clear()
     other_w = W * -0.5 + 0.25
     other = aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx(other_w)), cache_dir=tmp_path)
-    assert calls == [] and sorted(tmp_path.glob("*.kernel")) == kernels and len(_entries(tmp_path)) == 2
+    assert calls == [] and builds == [] and len(_entries(tmp_path)) == 2
+    assert sorted(tmp_path.glob("*.kernel")) == kernels and sorted(tmp_path.glob("*.ll")) == code
     plain = aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx(other_w)), cache=False)
     assert len(calls) == len(kernels)  # without the cache: scheduled
+    exported = aicf_tvm.load(other.export(tmp_path / "other.so"))
     for seed in (10, 11):
         x = _x(seed)
         np.testing.assert_array_equal(np.asarray(other(x)), np.asarray(plain(x)))
+        np.testing.assert_array_equal(np.asarray(exported(x)), np.asarray(plain(x)))
         np.testing.assert_allclose(np.asarray(other(x)), _expected(x, other_w), rtol=1e-5, atol=1e-5)
     calls.clear()
     aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx(W + 2)), cache_dir=tmp_path,
@@ -241,21 +260,25 @@ def test_a_model_with_the_same_layers_takes_their_schedules_from_the_kernel_cach
     assert len(calls) == len(kernels)  # other options: other entries
 
 
+@pytest.mark.parametrize("kind", ["kernel", "ll"])
 @pytest.mark.parametrize("damage", ["flipped byte", "cut", "not json"])
-def test_a_damaged_kernel_entry_is_scheduled_again_with_a_warning(tmp_path, monkeypatch, damage):
+def test_a_damaged_kernel_entry_is_made_again_with_a_warning(tmp_path, monkeypatch, damage, kind):
+    """A kernel's schedule or code entry flipped, cut, or whole (its digest right) but of
+    nothing the reader takes: warned, that kernel alone scheduled or built again."""
     aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx()), cache_dir=tmp_path, warm_up=False)
-    kernels = sorted(tmp_path.glob("*.kernel"))
-    entry = max(kernels, key=lambda p: p.stat().st_size)  # the matmul's
+    entry = max(tmp_path.glob(f"*.{kind}"), key=lambda p: p.stat().st_size)  # the matmul's
     data = entry.read_bytes()
     if damage == "flipped byte":
         data = data[:-40] + bytes([data[-40] ^ 0x04]) + data[-39:]
     elif damage == "cut":
         data = data[: len(data) // 2]
-    else:  # a whole entry (its digest right) of no kernel
-        data = data.split()[0] + b" " + hashlib.sha256(b"{").hexdigest().encode() + b"\n{"
+    else:
+        head = data.split(b"\n")[0].rsplit(b" ", 1)[0]
+        data = head + b" " + hashlib.sha256(b"{").hexdigest().encode() + b"\n{"
     entry.write_bytes(data)
-    calls = _counting_schedules(monkeypatch)
-    with pytest.warns(UserWarning, match="unusable .*scheduling again"):
+    calls = _counting_schedules(monkeypatch) if kind == "kernel" else _counting_builds(monkeypatch)
+    then = "scheduling again" if kind == "kernel" else "building again"
+    with pytest.warns(UserWarning, match=f"unusable .*{then}"):
         model = aicf_tvm.compile(aicf_tvm.from_onnx(_linear_onnx(W * 3)), cache_dir=tmp_path)
     assert len(calls) == 1 and entry.read_bytes() != data  # that kernel alone, written again
     np.testing.assert_allclose(np.asarray(model(_x(12))), _expected(_x(12), W * 3), rtol=1e-5, atol=1e-5)
