@@ -122,7 +122,7 @@ def put(store: CompileCache, key: str, mod: tvm.IRModule, background: bool = Fal
     # compiles; the interpreter waits for it at exit, so an entry is whole or absent
     thread = threading.Thread(target=write, name=f"aicf-import-cache-{key[:12]}")
     thread.start()
-    _writing.append(thread)
+    _writing[:] = [t for t in _writing if t.is_alive()] + [thread]
     return True
 
 
