@@ -10,8 +10,8 @@ cache. An ONNX file given by path is also keyed by its bytes and import argument
 hit skips the import too. A PyTorch module's import has entries of its own, keyed by
 the program ``torch.export`` traced (``frontends.import_cache``): ``from_torch`` of a
 module imported before reads the module back instead of decomposing and translating it.
-Each kernel's schedule has an entry of its own (``KernelCache``), which models sharing a
-layer's shapes share.
+Each kernel's schedule and code have entries of their own (``KernelCache``), which
+models sharing a layer's shapes share.
 
 Where: ``$AICF_CACHE_DIR``, else ``$XDG_CACHE_HOME/aicf/compiled``, else
 ``~/.cache/aicf/compiled``; ``compile(cache_dir=...)`` moves it, ``compile(cache=False)``
@@ -189,7 +189,8 @@ class CompileCache:
         return self.path(name, suffix)
 
     def entries(self) -> list[Path]:
-        """Every entry: libraries, and the imported modules of ``frontends.import_cache``."""
+        """Every entry: libraries, the imported modules of ``frontends.import_cache``, and
+        the kernels' schedules and code (``KernelCache``)."""
         if not self.root.is_dir():
             return []
         return [p for p in self.root.iterdir() if p.suffix in SUFFIXES and not p.name.startswith(".")]
@@ -238,57 +239,33 @@ class KernelCache:
 
     def __init__(self, store: CompileCache, options: CompileOptions) -> None:
         self.store, self.options = store, options
-        self.hits = self.misses = 0
         self.writable = True
-
-    def _name(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> str:
-        return key({"kernel": str(tvm_ffi.structural_hash(func))}, self.options, target)
 
     def get(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> tvm.tirx.PrimFunc | None:
         path = self.store.path(self._name(func, target), KERNEL)
-        try:
-            data = path.read_bytes()
-        except OSError:  # none, or a folder that cannot be read (the library's write says so)
-            self.misses += 1
-            return None
-        head, _, body = data.partition(b"\n")
-        if head != self.MAGIC + b" " + hashlib.sha256(body).hexdigest().encode():
-            self._unusable(path, "modified or cut")
+        body = self._read(path, b"", "scheduling again")
+        if body is None:
             return None
         try:
             entry = json.loads(body)
             kernel, scheduled = (from_json_graph_str(entry[k]) for k in ("kernel", "scheduled"))
         except (ValueError, KeyError, RuntimeError) as err:
-            self._unusable(path, err)
+            self._unusable(path, err, "scheduling again")
             return None
         if not tvm_ffi.structural_equal(kernel, func):  # another kernel of the same hash
-            self.misses += 1
             return None
         used(path)
-        self.hits += 1
         return scheduled
 
     def put(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target, scheduled: tvm.tirx.PrimFunc) -> None:
         body = json.dumps({"kernel": to_json_graph_str(func), "scheduled": to_json_graph_str(scheduled)}).encode()
-
-        def fill(path: str) -> None:
-            Path(path).write_bytes(self.MAGIC + b" " + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
-
-        if self.writable:  # one warning for a folder that cannot be written
-            self.writable = self.store.write(self._name(func, target), KERNEL, fill, trim=False) is not None
+        self._write(self._name(func, target), KERNEL, b"", lambda path: Path(path).write_bytes(body))
 
     def get_code(self, part: tvm.IRModule, target: tvm.target.Target,
                  context: tvm.transform.PassContext) -> tvm.runtime.Module | None:
         """The LLVM module built before from ``part`` (class docstring), or None."""
         path = self.store.path(self._code_name(part, target, context), CODE)
-        try:
-            data = path.read_bytes()
-        except OSError:
-            self.misses += 1
-            return None
-        head, _, body = data.partition(b"\n")
-        if head != b"; " + self.MAGIC + b" " + hashlib.sha256(body).hexdigest().encode():
-            self._unusable(path, "modified or cut", "building again")
+        if self._read(path, b"; ", "building again") is None:  # "; ": a comment to LLVM's parser
             return None
         try:
             lib = tvm.runtime.load_module(str(path))
@@ -296,34 +273,55 @@ class KernelCache:
             self._unusable(path, (str(err).strip().splitlines() or [type(err).__name__])[0], "building again")
             return None
         used(path)
-        self.hits += 1
         return lib
 
     def put_code(self, part: tvm.IRModule, target: tvm.target.Target, context: tvm.transform.PassContext,
                  lib: tvm.runtime.Module) -> None:
-        if not self.writable or lib.kind != "llvm":
-            return
+        if lib.kind == "llvm":  # LLVM IR, by the suffix
+            self._write(self._code_name(part, target, context), CODE, b"; ", lib.write_to_file)
 
-        def fill(path: str) -> None:
-            lib.write_to_file(path)  # LLVM IR, by the suffix
-            body = Path(path).read_bytes()
-            Path(path).write_bytes(b"; " + self.MAGIC + b" " + hashlib.sha256(body).hexdigest().encode() + b"\n"
-                                   + body)
-
-        self.writable = self.store.write(self._code_name(part, target, context), CODE, fill, trim=False) is not None
+    def _name(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> str:
+        return key({"kernel": str(tvm_ffi.structural_hash(func))}, self.options, target)
 
     def _code_name(self, part: tvm.IRModule, target: tvm.target.Target, context: tvm.transform.PassContext) -> str:
         config = {str(k): str(v) for k, v in context.config.items()}
         return key({"code": str(tvm_ffi.structural_hash(part)), "opt_level": int(context.opt_level),
                     "config": config}, self.options, target)
 
-    def _unusable(self, path: Path, why: object, then: str = "scheduling again") -> None:
-        warnings.warn(f"aicf compile cache: {path} is unusable ({why}); {then}", stacklevel=4)
+    def _read(self, path: Path, lead: bytes, then: str) -> bytes | None:
+        """The body of the entry at ``path`` (after its line ``lead MAGIC sha256``), None
+        where there is none or it does not match its digest (removed, with a warning)."""
+        try:
+            data = path.read_bytes()
+        except OSError:  # none, or a folder that cannot be read (the library's write says so)
+            return None
+        head, _, body = data.partition(b"\n")
+        if head != lead + self.MAGIC + b" " + hashlib.sha256(body).hexdigest().encode():
+            self._unusable(path, "modified or cut", then)
+            return None
+        return body
+
+    def _write(self, name: str, suffix: str, lead: bytes, fill: Callable[[str], None]) -> None:
+        """Entry ``name`` of kind ``suffix``: what ``fill(path)`` writes, after the line
+        ``lead MAGIC sha256`` of it; no more writes once the folder refused one (one warning)."""
+        if not self.writable:
+            return
+
+        def framed(path: str) -> None:
+            fill(path)
+            body = Path(path).read_bytes()
+            Path(path).write_bytes(lead + self.MAGIC + b" " + hashlib.sha256(body).hexdigest().encode() + b"\n"
+                                   + body)
+
+        self.writable = self.store.write(name, suffix, framed, trim=False) is not None
+
+    @staticmethod
+    def _unusable(path: Path, why: object, then: str) -> None:
+        warnings.warn(f"aicf compile cache: {path} is unusable ({why}); {then}", stacklevel=5)
         try:
             path.unlink(missing_ok=True)
         except OSError:
             pass
-        self.misses += 1
 
 
 def used(path: Path) -> None:

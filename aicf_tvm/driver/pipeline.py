@@ -251,7 +251,7 @@ def device_checks(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
 
 def build(mod: tvm.IRModule, target: tvm.target.Target, code: KernelCache | None = None) -> Any:
     """The executable of ``mod`` for ``target``; ``code``: where a CPU build finds the
-    machine code of kernels built before (``build_in_parts``)."""
+    code (LLVM IR) of kernels built before (``build_in_parts``)."""
     mod = device_checks(mod, target)
     passes = backend_passes(target)
     # CPU kernels decide per call whether a symbolic-size parallel loop is worth the pool
