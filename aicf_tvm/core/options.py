@@ -69,6 +69,9 @@ class CompileOptions:
     gemm_kc_near_by_area: int = 128
     # GEMM column blocks split evenly over the cores, not the widest (gemm_plan.choose_nc)
     gemm_even_column_blocks: bool = True
+    # the GEMM's row blocks parallel too where its column blocks split unevenly over the cores
+    # (gemm_plan.plan_gemm: 3 column blocks on 2 cores keep one idle a third of the time)
+    gemm_rows_for_balance: bool = True
     # the GEMM's next B panel prefetched inside its K loop (schedules.cpu.gemm_prefetch)
     gemm_prefetch_b_panels: bool = True
     # each K block of a float GEMM (each input-channel block of a blocked convolution) summed

@@ -11,7 +11,9 @@ with B packed as ``[S, N/nr, K, nr]``:
   well from a 48 KiB L1 plus L2 on this machine); C stays in memory between ``kc`` blocks
   and LLVM promotes the tile to registers inside the ``kc`` loop.
 * ``nc`` is the per-thread column block: the parallel loop runs over ``S x N/nc``; when that
-  gives fewer chunks than cores the M blocks become parallel too (``parallel_m``).
+  gives fewer chunks than cores, or chunks that fill the cores' rounds less evenly than
+  ``S x N/nc x M/mc`` would (3 column blocks on 2 cores), the M blocks become parallel too
+  (``parallel_m``; ``CompileOptions.gemm_rows_for_balance``).
 
 The numbers were measured on an AVX-512 host against OpenBLAS (1024^3 single-threaded:
 mr=4..6, nr=64, kc=256 came closest to it; kc=128 or nr=32 fell further behind). mr prefers
@@ -302,7 +304,11 @@ def plan_gemm(
         choose_nc = _choose_nc if options.gemm_even_column_blocks else _widest_nc
         nc = choose_nc(n_padded, nr * panels, batch or 1, cores)
         chunks = (batch or 1) * (n_padded // nc)
-        parallel = chunks < cores and (m_padded is None or m_padded // mc > 1)
+        row_blocks = None if m_padded is None else m_padded // mc
+        parallel = chunks < cores and (row_blocks is None or row_blocks > 1)
+        if (options.gemm_rows_for_balance and not parallel and row_blocks is not None
+                and _balance(chunks * row_blocks, cores) > _balance(chunks, cores)):
+            parallel = True  # column blocks alone leave a core idle part of the time
     parallel_m = parallel if parallel_m is None else parallel_m
     if parallel_m and m_padded is None:
         mc = mr  # the strips are the parallel loop: one per iteration

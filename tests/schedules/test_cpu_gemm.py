@@ -240,16 +240,50 @@ def test_column_blocks_split_evenly_over_the_cores_when_any_split_can(n, batch, 
     """The parallel loop's chunks (batch x N/nc) fill whole rounds of the cores whenever
     some block size of at most NC_MAX columns makes them, and of those the widest is
     taken: 1536 columns in 4 chunks of 384, not 3 of 512 (one core idle a third of the
-    time); 17 panels of 64 have no even split, so the most even (17 chunks of one panel)."""
+    time); 17 panels of 64 have no even split, so the most even (17 chunks of one panel),
+    and then the row blocks are parallel too (34 chunks)."""
     plan = plan_gemm(batch, 128, n, 1024, lanes=16, cores=cores)
     splits = [size for size in range(plan.nr, NC_MAX + 1, plan.nr) if plan.n_padded % size == 0]
     even = [size for size in splits if batch * (plan.n_padded // size) % cores == 0]
     chunks = batch * (plan.n_padded // plan.nc)
     if even:
-        assert chunks % cores == 0 and plan.nc == max(even)
+        assert chunks % cores == 0 and plan.nc == max(even) and not plan.parallel_m
     else:
-        assert plan.nc == min(splits)
-    assert plan.nc <= NC_MAX and not plan.parallel_m
+        assert plan.nc == min(splits) and plan.parallel_m
+    assert plan.nc <= NC_MAX
+
+
+@pytest.mark.parametrize(("m", "n", "cores", "rows"), [(784, 192, 2, True), (784, 576, 2, True),
+                                                      (784, 384, 2, False), (784, 192, 3, False),
+                                                      (4, 192, 2, False)])
+def test_row_blocks_join_the_parallel_loop_where_column_blocks_split_unevenly(m, n, cores, rows):
+    """Swin's 784 x 768 -> 192 GEMM has 3 column blocks of 64: on 2 cores the row blocks
+    join the parallel loop (42 chunks); 384 columns split evenly (2 blocks of 192), 3
+    blocks on 3 cores too, and one row block has nothing to add. Off with
+    ``CompileOptions(gemm_rows_for_balance=False)``."""
+    plan = plan_gemm(1, m, n, 768, lanes=16, cores=cores)
+    assert plan.parallel_m == rows
+    if rows:
+        chunks = (plan.n_padded // plan.nc) * (plan.m_padded // plan.mc)
+        assert chunks % cores == 0 or chunks > 8 * cores
+        off = plan_gemm(1, m, n, 768, 16, cores, options=CompileOptions(gemm_rows_for_balance=False))
+        assert not off.parallel_m and off.nc == plan.nc
+
+
+def test_row_blocks_parallel_for_balance_match_numpy(target):
+    """A GEMM whose 3 column blocks join its row blocks in the parallel loop on the 2-core
+    target, with a bias and GELU epilogue, against numpy."""
+    m, n, k = 112, 192, 96
+    shapes = {"x": (m, k), "w": (k, n), "b": (n,)}
+
+    def build(bb, x, w, b):
+        y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, w)), b))
+        return relax.op.nn.gelu(y)
+
+    assert plan_gemm(1, m, n, k, lanes=16, cores=2).parallel_m
+    a = random_inputs(shapes)
+    sch = check_rule(Gemm(), fused_primfunc(build, shapes), target, a, _gelu(a["x"] @ a["w"] + a["b"]))
+    assert "parallel over rows" in plan_of(sch.mod["main"])
 
 
 def test_plan_blocks_symbolic_extents():
