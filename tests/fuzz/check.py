@@ -7,7 +7,12 @@ own build is not IEEE-faithful there (its TIR simplifier folds ``x * 0.0`` to ``
 and ``x + 0.0`` to ``x``; max/min by ``select`` drop NaN), and a compiler that keeps
 the IEEE value is right. Where both the reference and numpy are finite, ours must also
 be close to numpy in magnitude (with a margin for float32 vs float64; float32 programs
-only), so that a lowering bug we share with TVM does not pass unseen.
+only), so that a lowering bug we share with TVM does not pass unseen; where ours has the
+reference's bits, within a wider margin (``SHARED_WIDENING``: an ill-conditioned program
+amplifies float32's own rounding). A float16 output summed in another order than the
+reference's passes when it is as accurate as the reference against numpy, norm-wise
+(``as_accurate``): element by element, two float16 sums of hundreds of products in
+different orders differ by more than any useful tolerance.
 
 Tolerances are per dtype and norm-wise: an element may be off by ``atol + rtol |ref|``
 plus ``scale`` times the largest reference magnitude of that output, because a sum of K
@@ -40,6 +45,17 @@ TOLERANCES = {"float16": (1e-2, 1e-2, 1e-2), "float32": (1e-4, 1e-5, 1e-5)}
 # intermediate to float16, so a K=300 sum is off by ~0.1 and a softmax turns a 1e-3 logit
 # error into 10%; numpy's exact values are no oracle for float16 chains).
 NUMPY_TOLERANCE = {"rtol": 1e-3, "atol": 1e-4, "scale": 1e-5}
+# Where ours has the bits of TVM's build and both are off numpy by more than that margin,
+# the program is ill-conditioned there (a softmax over scores in the hundreds turns float32's
+# rounding of q·k into 0.2% of an output): such an element passes within this many times the
+# margin. A lowering bug shared with TVM is still caught as a gross error.
+SHARED_WIDENING = 10.0
+# A float16 output ours sums in another order than TVM's build (a blocked convolution over
+# 425 products) differs from it by more than float16's tolerance at some elements, either
+# one closer to the exact value there. Such an output passes when it is, over the whole
+# output, about as close to numpy's (float64, rounded once per op) as TVM's build is: its
+# error's norm within this factor of TVM's and its largest error within twice TVM's.
+FLOAT16_NORM_SLACK = 1.25
 
 
 class ReferenceFailed(Exception):
@@ -166,6 +182,8 @@ def compare(ours: list[np.ndarray], ref: list[np.ndarray], numpy_out: list[np.nd
         ok = close(a, b, tol["rtol"], _atol(tol, b))
         if w is not None:
             ok |= ieee_special(a, w)
+        if not ok.all() and w is not None and a.dtype == np.float16 and as_accurate(a, b, w, ok):
+            ok[...] = True
         if not ok.all():
             bad = ~ok
             af, bf = a.astype(np.float64), b.astype(np.float64)
@@ -175,8 +193,28 @@ def compare(ours: list[np.ndarray], ref: list[np.ndarray], numpy_out: list[np.nd
         if w is not None and loose is not None:  # magnitudes only: a zero's sign is judged against the reference above
             checked = np.isfinite(w.astype(np.float64)) & np.isfinite(b.astype(np.float64))
             bad = checked & ~close(np.abs(a), np.abs(w), loose["rtol"], _atol(loose, w))
+            if bad.any():  # ill-conditioned where ours has the reference's bits: a wider margin
+                wide = {key: SHARED_WIDENING * value for key, value in loose.items()}
+                shared = (a == b) & close(np.abs(a), np.abs(w), wide["rtol"], _atol(wide, w))
+                bad &= ~shared
             if bad.any():
                 raise FuzzFailure("numpy", f"aicf vs numpy: output {k}: {_describe(bad, a, w, None)}")
+
+
+def as_accurate(a: np.ndarray, b: np.ndarray, w: np.ndarray, ok: np.ndarray) -> bool:
+    """Whether a float16 output ``a`` that differs from the reference ``b`` where ``ok`` is
+    False is about as accurate as ``b`` against numpy's ``w`` (``FLOAT16_NORM_SLACK``):
+    every differing element finite in all three, and over the finite elements the error's
+    norm within the slack of the reference's and the largest error within twice its own."""
+    af, bf, wf = (x.astype(np.float64) for x in (a, b, w))
+    finite = np.isfinite(af) & np.isfinite(bf) & np.isfinite(wf)
+    if not finite[~ok].all():
+        return False
+    ea, eb, ww = np.abs(af - wf)[finite], np.abs(bf - wf)[finite], wf[finite]
+    ulp = 2.0 ** -11  # float16's relative rounding
+    norm = np.linalg.norm
+    return (float(norm(ea)) <= FLOAT16_NORM_SLACK * float(norm(eb)) + ulp * float(norm(ww))
+            and float(ea.max()) <= 2 * float(eb.max()) + ulp * float(np.abs(ww).max()))
 
 
 def check_module(mod: tvm.IRModule, inputs: list[np.ndarray], dtypes: set[str],

@@ -56,6 +56,40 @@ def test_compare_checks_numpy_where_both_are_finite() -> None:
     assert err.value.kind == "numpy"
 
 
+def test_compare_widens_the_numpy_margin_only_where_ours_has_the_references_bits() -> None:
+    """0.2% off numpy (an ill-conditioned softmax): passes where ours is TVM's build bit for
+    bit, not where ours differs from it; 20% off fails even with the same bits."""
+    compare([arr(1.0, 1.0672)], [arr(1.0, 1.0672)], [arr(1.0, 1.0691)], F32)
+    with pytest.raises(FuzzFailure) as err:
+        compare([arr(1.0, 1.0672)], [arr(1.0, 1.06721)], [arr(1.0, 1.0691)], F32)
+    assert err.value.kind == "numpy"
+    with pytest.raises(FuzzFailure, match="numpy"):
+        compare([arr(1.0, 2.0)], [arr(1.0, 2.0)], [arr(1.0, 2.5)], F32)
+
+
+def test_float16_output_in_another_order_passes_when_as_accurate_as_the_reference() -> None:
+    """Two float16 sums in different orders: element by element beyond float16's tolerance,
+    norm-wise as close to numpy as the reference, passes; twice the reference's error
+    norm, or one element far worse, or an infinity where numpy is finite, fails."""
+    rng = np.random.default_rng(0)
+    exact = rng.uniform(-1, 1, 4096)
+    ref = (exact + rng.normal(0, 0.02, exact.size)).astype(np.float16)
+    ours = (exact + rng.normal(0, 0.02, exact.size)).astype(np.float16)
+    want = exact.astype(np.float16)
+    f16 = tolerance({"float16"})
+    compare([ours], [ref], [want], f16, None)
+    worse = (exact + rng.normal(0, 0.05, exact.size)).astype(np.float16)
+    spike = ours.copy()
+    spike[7] = np.float16(exact[7] + 0.5)
+    infinite = ours.copy()
+    infinite[7] = np.float16(np.inf)
+    for bad in (worse, spike, infinite):
+        with pytest.raises(FuzzFailure, match="values"):
+            compare([bad], [ref], [want], f16, None)
+    with pytest.raises(FuzzFailure, match="values"):  # no numpy: the element-wise rule alone
+        compare([ours], [ref], None, f16, None)
+
+
 def test_compare_rejects_shape_and_count() -> None:
     with pytest.raises(FuzzFailure, match="shape"):
         compare([arr(1.0)], [arr(1.0, 2.0)], None, F32)
