@@ -53,10 +53,13 @@ import numpy as np
 import tvm
 
 from tests.fuzz.check import check_module
-from tests.fuzz.program import make_input
+from tests.fuzz.numpy_eval import eval_numpy
+from tests.fuzz.program import Program, make_input
 {worker_import}
 SOURCE = {source}
 
+# the program itself: its numpy meaning is the oracle beside TVM's build, as in the fuzz run
+PROGRAM = Program.from_json({program_json})
 INPUTS = {inputs!r}  # (shape, dtype, with IEEE specials) of each input, drawn from default_rng(0)
 DTYPES = {dtypes!r}
 
@@ -65,7 +68,7 @@ def test_{name}() -> None:
     mod = tvm.script.from_source(SOURCE)
     rng = np.random.default_rng(0)
     inputs = [make_input(rng, shape, dtype, special) for shape, dtype, special in INPUTS]
-    check_module(mod, inputs, set(DTYPES){runner})
+    check_module(mod, inputs, set(DTYPES), eval_numpy(PROGRAM, inputs){runner})
 '''
 
 
@@ -82,6 +85,7 @@ def write_regression(prog: Program, err: FuzzFailure, found_by: str) -> Path | N
     crash = err.kind in ("crash", "timeout")  # run it in a worker, or the abort ends pytest
     path.write_text(TEMPLATE.format(
         name=name, summary=summary, found_by=found_by, source=literal, program=textwrap.indent(repr(prog), "    "),
+        program_json=repr(prog.to_json()),
         inputs=inputs, dtypes=sorted(prog.dtypes()),
         worker_import="from tests.fuzz.worker import shared\n" if crash else "",
         runner=", runner=shared()" if crash else ""))

@@ -10,6 +10,7 @@ the two agree on every value.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,23 @@ class Program:
         lines = [f"family={self.family!r}, inputs={self.inputs!r}, n={self.n}, specials={self.specials}"]
         lines += [f"  v{len(self.inputs) + i} = {s.op}{s.args} {s.params}" for i, s in enumerate(self.steps)]
         return "\n".join(lines + [f"  outputs={self.outputs}"])
+
+    def to_json(self) -> str:
+        """The program as JSON (NaN and infinities as Python's ``json`` writes them)."""
+        return json.dumps({"inputs": self.inputs, "steps": [[st.op, st.args, st.params] for st in self.steps],
+                           "outputs": self.outputs, "n": self.n, "specials": self.specials,
+                           "family": self.family})
+
+    @staticmethod
+    def from_json(text: str) -> Program:
+        """``to_json``'s program back, its tuples tuples again."""
+        def tuples(value: Any) -> Any:
+            return tuple(tuples(v) for v in value) if isinstance(value, list) else value
+
+        d = json.loads(text)
+        return Program([(tuple(shape), dtype) for shape, dtype in d["inputs"]],
+                       [Step(op, tuple(args), params) for op, args, params in d["steps"]],
+                       tuples(d["outputs"]), d["n"], tuple(d["specials"]), d["family"])
 
     def dtypes(self) -> set[str]:
         """Every dtype a value of the program has (inputs, constants, casts)."""

@@ -155,3 +155,36 @@ def test_worker_times_out() -> None:
     with pytest.raises(FuzzFailure, match="timeout"):
         worker.ours(_relu_module(), [np.zeros(2, np.float32)])
     worker.discard()
+
+
+def test_program_json_round_trip_keeps_tuples_and_special_values() -> None:
+    b = Builder("special")
+    x = b.input([4, "n"], special=True)
+    c = b.step("add", x, const={"shape": [], "seed": 0, "fill": "value", "dtype": "float32", "value": float("nan")})
+    prog = b.build((b.step("relu", c), (c,)))
+    back = type(prog).from_json(prog.to_json())
+    assert repr(back) == repr(prog) and back.outputs == prog.outputs and back.inputs == prog.inputs
+    assert isinstance(back.steps[0].args, tuple) and np.isnan(back.steps[0].params["const"]["value"])
+
+
+def test_a_regression_file_checks_against_numpy_as_the_fuzz_run_did(tmp_path, monkeypatch) -> None:
+    """The file ``scripts.fuzz`` writes for a failure carries the program, so a failure
+    found against numpy fails the file too: here the file's oracle gets a numpy meaning
+    patched 25% off, and its test must raise."""
+    import importlib.util
+
+    from scripts import fuzz
+
+    b = Builder("graph")
+    x = b.input([3])
+    prog = b.build(b.step("relu", x))
+    monkeypatch.setattr(fuzz, "REGRESSIONS", tmp_path)
+    path = fuzz.write_regression(prog, FuzzFailure("numpy", "example"), "a test")
+    spec = importlib.util.spec_from_file_location("regression", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    test = getattr(module, f"test_{path.stem[len('test_'):]}")
+    test()  # ours is right: passes
+    monkeypatch.setattr(module, "eval_numpy", lambda p, inputs: [1.25 * eval_numpy(p, inputs)[0] + 1.0])
+    with pytest.raises(FuzzFailure, match="numpy"):
+        test()
