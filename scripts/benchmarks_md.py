@@ -185,9 +185,16 @@ def commands(group: Group) -> list[str]:
     return [f"    {cmd}" for cmd in cmds]
 
 
+def is_peers_run(data: Any) -> bool:
+    """Whether a JSON file is a ``bench_peers.py`` run (the folder also holds other
+    benchmarks' JSON: ``bench_compile.py`` rows, ``sweep_models.py`` lists)."""
+    return isinstance(data, dict) and isinstance(data.get("run"), dict) and isinstance(data.get("models"), dict)
+
+
 def load_groups(paths: list[Path]) -> list[Group]:
     groups: dict[tuple[str, str, str], Group] = {}
-    runs = [Run(path, json.loads(path.read_text())) for path in paths]
+    loaded = [(path, json.loads(path.read_text())) for path in paths]
+    runs = [Run(path, data) for path, data in loaded if is_peers_run(data)]
     for run in sorted(runs, key=lambda r: (str(r.info.get("date", "")), r.path.name)):
         groups.setdefault(run.key, Group()).runs.append(run)
     return sorted(groups.values(), key=lambda g: (g.runs[0].day, str(g.info.get("date", ""))), reverse=True)
