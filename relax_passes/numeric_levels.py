@@ -3,7 +3,7 @@
 Runs after the fusion fixpoint when ``CompileOptions(numerics="relaxed")`` asks for it
 (``aicf_tvm.core.numerics``; docs/numerics.md, "Numeric levels").  An Emit function is
 relaxed when its body calls an op whose kernel the level computes differently: exp,
-sigmoid, tanh and softmax's exp (in float32, ``schedules.cpu.relaxed_math``); in fused
+sigmoid, tanh, erf (GELU's) and softmax's exp (in float32, ``schedules.cpu.relaxed_math``); in fused
 attention also the softmax's row sums (per vector lane, ``schedules.cpu.attention``).
 Such a function gets ``NUMERICS_ATTR`` = ``relaxed`` (``LowerEmits`` copies it onto the
 kernel, where the schedule rules and ``VectorizeMath`` read it), its math tag and its
@@ -32,6 +32,8 @@ RELAXED_OPS = {
     "relax.nn.silu": "sigmoid in float32",
     "relax.tanh": "tanh in float32",
     "relax.nn.gelu_tanh": "tanh in float32",
+    "relax.nn.gelu": "erf in float32",
+    "relax.erf": "erf in float32",
     "relax.nn.softmax": "softmax's exp in float32",
     "relax.nn.log_softmax": "log_softmax's exp in float32",
 }

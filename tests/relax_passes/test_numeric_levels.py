@@ -2,7 +2,7 @@
 
 The default compile is ``exact``: no Emit is relaxed and the report lists no approximation.
 ``numerics="relaxed"`` relaxes exactly the Emits whose kernels the level changes (exp,
-sigmoid, tanh, softmax; fused attention's row sums), each listed in the report with what
+sigmoid, tanh, erf, softmax; fused attention's row sums), each listed in the report with what
 changes, its math tag joined with ``approx:relaxed`` and the level on its kernel; a GEMM
 and a layer norm stay exact.  Outputs are checked against numpy in float64, at both levels.
 """
@@ -108,6 +108,29 @@ def test_relaxed_attention_sums_rows_per_lane():
         got = np.asarray(aicf_tvm.compile(mod, options=options, cache=False)(q, k, v))
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
     assert rf_blocks["relaxed"] == rf_blocks["exact"] + 1
+
+
+def test_relaxed_gelu_computes_its_erf_in_float32():
+    """A GEMM + GELU (erf) kernel: at ``relaxed`` marked, listed with "erf in float32", and
+    its erf evaluated without float64 (the exact level's kernel has float64 arithmetic);
+    both against float64 PyTorch, with the output not the exact level's bits."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(96, 160), torch.nn.GELU()).eval()
+    x = torch.randn(24, 96) * 3.0
+    mod = aicf_tvm.from_torch(model, (x,))
+    want = _reference(model, x)
+    exact = aicf_tvm.compile(mod, cache=False)
+    relaxed = aicf_tvm.compile(mod, numerics="relaxed", cache=False)
+    assert "erf in float32" in " ".join(d.note for d in relaxed.report.approximations)
+
+    def float64_ops(compiled) -> int:
+        return sum(f.script().count("float64") for f in _kernels(compiled.lowered).values())
+
+    assert float64_ops(exact) > 0 and float64_ops(relaxed) == 0
+    got = {name: np.asarray(c(x.numpy())) for name, c in (("exact", exact), ("relaxed", relaxed))}
+    for out in got.values():
+        np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+    assert not np.array_equal(got["exact"], got["relaxed"])
 
 
 def test_unknown_level_is_refused():
