@@ -206,12 +206,13 @@ def isa_class(group: Group) -> str:
 
 
 def current_groups(groups: list[Group]) -> tuple[list[Group], list[Group]]:
-    """(the newest group of each ISA class, newest first; the others): a rule tuned on one
-    class of machine is shown beside its result on the other."""
-    current: dict[str, Group] = {}
+    """(the newest day's groups of each ISA class on its newest target, newest first; the
+    others): a rule tuned on one class of machine is shown beside its result on the other,
+    and a day's runs at two commits (the transformers, then the convnets) both."""
+    newest: dict[str, tuple[str, str]] = {}
     for group in groups:
-        current.setdefault(isa_class(group), group)
-    chosen = list(current.values())
+        newest.setdefault(isa_class(group), (group.runs[0].day, group.runs[0].key[2]))
+    chosen = [g for g in groups if (g.runs[0].day, g.runs[0].key[2]) == newest[isa_class(g)]]
     return chosen, [g for g in groups if not any(g is c for c in chosen)]
 
 
