@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from tests.fuzz.check import FuzzFailure, ReferenceFailed, check_program
 from tests.fuzz.known_bugs import known_bug
-from tests.fuzz.program import Program, random_inputs
+from tests.fuzz.program import Program
 from tests.fuzz.relax_build import build_module
 from tests.fuzz.stats import Stats, stats_of
 from tests.fuzz.strategies import CI_CASES, PROFILES, draw_program, programs
@@ -49,26 +49,23 @@ Found by {found_by}; the shrunk program:
 {program}
 """
 
-import numpy as np
 import tvm
 
 from tests.fuzz.check import check_module
 from tests.fuzz.numpy_eval import eval_numpy
-from tests.fuzz.program import Program, make_input
+from tests.fuzz.program import Program, random_inputs
 {worker_import}
 SOURCE = {source}
 
-# the program itself: its numpy meaning is the oracle beside TVM's build, as in the fuzz run
+# the program itself: its inputs (drawn from default_rng(0)), its dtypes, and its numpy
+# meaning, the oracle beside TVM's build, as in the fuzz run
 PROGRAM = Program.from_json({program_json})
-INPUTS = {inputs!r}  # (shape, dtype, with IEEE specials) of each input, drawn from default_rng(0)
-DTYPES = {dtypes!r}
 
 
 def test_{name}() -> None:
     mod = tvm.script.from_source(SOURCE)
-    rng = np.random.default_rng(0)
-    inputs = [make_input(rng, shape, dtype, special) for shape, dtype, special in INPUTS]
-    check_module(mod, inputs, set(DTYPES), eval_numpy(PROGRAM, inputs){runner})
+    inputs = random_inputs(PROGRAM)
+    check_module(mod, inputs, PROGRAM.dtypes(), eval_numpy(PROGRAM, inputs){runner})
 '''
 
 
@@ -79,14 +76,12 @@ def write_regression(prog: Program, err: FuzzFailure, found_by: str) -> Path | N
     path = REGRESSIONS / f"test_{name}.py"
     if path.exists():
         return None
-    inputs = [(list(a.shape), str(a.dtype), k in prog.specials) for k, a in enumerate(random_inputs(prog))]
     summary = f"[{err.kind}] {err.message.strip().splitlines()[0][:160] if err.message.strip() else ''}"
     literal = f"r'''{source}'''" if "'''" not in source and not source.endswith("\\") else repr(source)
     crash = err.kind in ("crash", "timeout")  # run it in a worker, or the abort ends pytest
     path.write_text(TEMPLATE.format(
         name=name, summary=summary, found_by=found_by, source=literal, program=textwrap.indent(repr(prog), "    "),
         program_json=repr(prog.to_json()),
-        inputs=inputs, dtypes=sorted(prog.dtypes()),
         worker_import="from tests.fuzz.worker import shared\n" if crash else "",
         runner=", runner=shared()" if crash else ""))
     return path

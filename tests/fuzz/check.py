@@ -58,7 +58,7 @@ SHARED_WIDENING = 10.0
 # passes when it is, over the whole output, about as close to numpy's (float64, rounded
 # once per op) as TVM's build is: its error's norm within this factor of TVM's and its
 # largest error within twice TVM's.
-FLOAT16_NORM_SLACK = 1.25
+NORM_SLACK = 1.25
 
 
 class ReferenceFailed(Exception):
@@ -206,7 +206,7 @@ def compare(ours: list[np.ndarray], ref: list[np.ndarray], numpy_out: list[np.nd
 
 def as_accurate(a: np.ndarray, b: np.ndarray, w: np.ndarray, ok: np.ndarray) -> bool:
     """Whether a float output ``a`` that differs from the reference ``b`` where ``ok`` is
-    False is about as accurate as ``b`` against numpy's ``w`` (``FLOAT16_NORM_SLACK``):
+    False is about as accurate as ``b`` against numpy's ``w`` (``NORM_SLACK``):
     every differing element finite in all three, and over the finite elements the error's
     norm within the slack of the reference's and the largest error within twice its own."""
     af, bf, wf = (x.astype(np.float64) for x in (a, b, w))
@@ -216,7 +216,7 @@ def as_accurate(a: np.ndarray, b: np.ndarray, w: np.ndarray, ok: np.ndarray) -> 
     ea, eb, ww = np.abs(af - wf)[finite], np.abs(bf - wf)[finite], wf[finite]
     ulp = float(np.finfo(a.dtype).eps) / 2  # the dtype's relative rounding
     norm = np.linalg.norm
-    return (float(norm(ea)) <= FLOAT16_NORM_SLACK * float(norm(eb)) + ulp * float(norm(ww))
+    return (float(norm(ea)) <= NORM_SLACK * float(norm(eb)) + ulp * float(norm(ww))
             and float(ea.max()) <= 2 * float(eb.max()) + ulp * float(np.abs(ww).max()))
 
 
